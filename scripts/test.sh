@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The test command: installs the system packages the build and the tests need, builds
+# everything from scratch, and runs every test (unit, property, integration as root,
+# rootless as `nobody`), then checks that nothing was left behind.
+#
+#   scripts/test.sh              everything
+#   HATCHERY_SKIP_APT=1 ...      do not touch system packages (they must be present)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+say() { printf '\n== %s\n' "$*" >&2; }
+
+if [ "${HATCHERY_SKIP_APT:-0}" != 1 ] && [ "$(id -u)" = 0 ]; then
+    say "installing system packages"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends \
+        libseccomp-dev pkg-config gcc libc6-dev python3 util-linux procps iproute2 bubblewrap >/dev/null
+fi
+
+say "format and lints"
+cargo fmt --all -- --check
+cargo clippy --all-targets --locked -- -D warnings
+
+say "build"
+cargo build --all-targets --locked
+
+say "tests"
+cargo test --locked -- --test-threads="$(nproc)"
+
+say "leftovers"
+scripts/check-leftovers.sh

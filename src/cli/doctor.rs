@@ -1,0 +1,209 @@
+//! `hatchery doctor`: what this host (and this user) can enforce, and what `run` would
+//! have to degrade, with the fix for each gap.
+
+use clap::Args;
+use serde::Serialize;
+
+use hatchery::sandbox::{self, Host};
+
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:\n  hatchery doctor\n  hatchery doctor --json")]
+pub struct DoctorArgs {
+    /// Machine-readable output
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Check {
+    name: &'static str,
+    ok: bool,
+    detail: String,
+    /// How to fix it, when not ok.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fix: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Diagnosis {
+    kernel: String,
+    uid: u32,
+    rootless: bool,
+    checks: Vec<Check>,
+    /// What `run` would refuse without --allow-degraded.
+    degraded: Vec<String>,
+}
+
+fn kernel_release() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| {
+            format!(
+                "{} {}",
+                u.release().to_string_lossy(),
+                u.machine().to_string_lossy()
+            )
+        })
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn diagnose() -> Diagnosis {
+    let host = Host::detect();
+    let uid = nix::unistd::geteuid().as_raw();
+    let rootless = uid != 0;
+    let mut checks = Vec::new();
+    let mut degraded = Vec::new();
+
+    let userns = sandbox::userns::probe();
+    checks.push(Check {
+        name: "user namespaces",
+        ok: userns.is_ok(),
+        detail: match &userns {
+            Ok(()) => "available: the sandbox gets user, pid, mount, net, ipc, uts and cgroup namespaces".into(),
+            Err(e) => format!("unavailable: {e}"),
+        },
+        fix: userns.err().map(|_| {
+            "sysctl -w user.max_user_namespaces=15000; for non-root also kernel.unprivileged_userns_clone=1 and kernel.apparmor_restrict_unprivileged_userns=0".to_string()
+        }),
+    });
+
+    match &host.cgroups {
+        Some(m) => {
+            let c = m.controllers();
+            let mut have = Vec::new();
+            let mut missing = Vec::new();
+            for (name, ok) in [("memory", c.memory), ("cpu", c.cpu), ("pids", c.pids)] {
+                if ok {
+                    have.push(name)
+                } else {
+                    missing.push(name)
+                }
+            }
+            checks.push(Check {
+                name: "cgroups",
+                ok: missing.is_empty(),
+                detail: format!(
+                    "{} at {}: {} (swap {})",
+                    m.version(),
+                    m.base().display(),
+                    if have.is_empty() {
+                        "no limit controllers".to_string()
+                    } else {
+                        have.join(", ")
+                    },
+                    if c.swap_off {
+                        "held at zero or absent"
+                    } else {
+                        "NOT limitable"
+                    },
+                ),
+                fix: (!missing.is_empty())
+                    .then(|| format!("enable the {} controller(s)", missing.join(", "))),
+            });
+            for m in missing {
+                degraded.push(format!("--{}", if m == "cpu" { "cpus" } else { m }));
+            }
+        }
+        None => {
+            let why = host.cgroup_problem.clone().unwrap_or_default();
+            checks.push(Check {
+                name: "cgroups",
+                ok: false,
+                detail: format!("no limits possible: {why}"),
+                fix: Some(if rootless {
+                    "run inside a delegated cgroup v2 scope: systemd-run --user --scope -p Delegate=yes hatchery run ...".into()
+                } else {
+                    "mount the memory, cpu and pids controllers (cgroup v2 recommended)".into()
+                }),
+            });
+            degraded.push("--memory, --cpus, --pids (no cgroups)".into());
+        }
+    }
+
+    checks.push(Check {
+        name: "landlock",
+        ok: host.landlock_abi.is_some(),
+        detail: match host.landlock_abi {
+            Some(abi) => format!(
+                "ABI {abi}: filesystem rules{}{}",
+                if abi >= 4 {
+                    ", TCP bind/connect denied"
+                } else {
+                    ""
+                },
+                if abi >= 6 {
+                    ", abstract unix sockets and signals scoped"
+                } else {
+                    ""
+                }
+            ),
+            None => "not available".into(),
+        },
+        fix: host
+            .landlock_abi
+            .is_none()
+            .then(|| "boot a 5.13+ kernel with landlock in the lsm= list".into()),
+    });
+    if host.landlock_abi.is_none() {
+        degraded.push("Landlock filesystem rules".into());
+    }
+    checks.push(Check {
+        name: "seccomp",
+        ok: host.seccomp,
+        detail: if host.seccomp {
+            "filters available".into()
+        } else {
+            "not available".into()
+        },
+        fix: (!host.seccomp).then(|| "use a kernel with CONFIG_SECCOMP_FILTER".into()),
+    });
+    if !host.seccomp {
+        degraded.push("seccomp".into());
+    }
+    Diagnosis {
+        kernel: kernel_release(),
+        uid,
+        rootless,
+        checks,
+        degraded,
+    }
+}
+
+pub fn main(args: DoctorArgs) -> i32 {
+    let d = diagnose();
+    if args.json {
+        match serde_json::to_string_pretty(&d) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("hatchery: {e}");
+                return 1;
+            }
+        }
+        return 0;
+    }
+    println!("kernel      {}", d.kernel);
+    println!(
+        "user        uid {}{}",
+        d.uid,
+        if d.rootless { " (rootless)" } else { " (root)" }
+    );
+    for c in &d.checks {
+        println!(
+            "{:<16} {} {}",
+            c.name,
+            if c.ok { "ok  " } else { "FAIL" },
+            c.detail
+        );
+        if let Some(fix) = &c.fix {
+            println!("{:<16}      fix: {fix}", "");
+        }
+    }
+    if d.degraded.is_empty() {
+        println!("\nrun enforces everything it is asked for on this host.");
+    } else {
+        println!(
+            "\nrun refuses (exit 125) unless --allow-degraded: {}",
+            d.degraded.join("; ")
+        );
+    }
+    0
+}

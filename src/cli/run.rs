@@ -1,0 +1,212 @@
+//! `hatchery run`: one command in a new sandbox, supervised until it ends.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use nix::sys::signal::{SigSet, SigmaskHow};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+
+use hatchery::paths::check_host_path;
+use hatchery::profile::Profile;
+use hatchery::report::{LimitsRequested, Report};
+use hatchery::sandbox::cgroup::{Limits, unique_name};
+use hatchery::sandbox::{self, Exposure, Host, RunRequest, SandboxError, spec};
+use hatchery::units;
+
+/// Exit status when the sandbox could not be set up.
+pub const EXIT_SETUP: i32 = 125;
+
+const RUN_EXAMPLES: &str = "\
+Exit status: the command's own; 128+N if killed by signal N; 137 OOM kill; 124 timeout;
+125 the sandbox could not be set up; 126 not executable; 127 not found.
+
+Examples:
+  hatchery run -- sh -c 'id; hostname; ls /'
+  hatchery run --memory 256M --cpus 0.5 --pids 64 --timeout 30s --rw \"$PWD/workspace\" -- python3 agent.py
+  hatchery run --profile strict --report out.json -- python3 -c 'print(1)'";
+
+#[derive(Args, Debug)]
+#[command(after_help = RUN_EXAMPLES)]
+pub struct RunArgs {
+    /// Memory limit (64M, 1G); swap off; an OOM kill exits 137
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = units::parse_memory)]
+    pub memory: Option<u64>,
+    /// CPU quota in cores (0.5)
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = units::parse_cpus)]
+    pub cpus: Option<f64>,
+    /// Maximum number of tasks (processes + threads)
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = units::parse_pids)]
+    pub pids: Option<u64>,
+    /// Wall-clock limit (500ms, 5s, 1m); kills everything in the sandbox; exit 124
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true, value_parser = units::parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Expose a host path read-only at the same path (repeatable)
+    #[arg(long = "ro", value_name = "PATH")]
+    pub ro: Vec<PathBuf>,
+    /// Expose a host path read-write at the same path (repeatable)
+    #[arg(long = "rw", value_name = "PATH")]
+    pub rw: Vec<PathBuf>,
+    /// Working directory inside (default: the current directory if exposed, else /)
+    #[arg(long, value_name = "PATH")]
+    pub cwd: Option<PathBuf>,
+    /// Extra environment variable (the environment is otherwise minimal; repeatable)
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Security profile: a shipped name or a TOML file
+    #[arg(long, value_name = "NAME|FILE", default_value = "default")]
+    pub profile: String,
+    /// Write a JSON report here after the command ends
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    /// Run even where a requested limit cannot be enforced here (the report says what was not)
+    #[arg(long)]
+    pub allow_degraded: bool,
+    /// Host uid[:gid] the sandbox runs as when hatchery runs as root (default 65534:65534)
+    #[arg(long, value_name = "UID[:GID]", value_parser = parse_host_ids)]
+    pub host_uid: Option<(u32, u32)>,
+    /// Hostname inside the sandbox
+    #[arg(long, default_value = "hatchery")]
+    pub hostname: String,
+    /// The command and its arguments
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+fn parse_host_ids(s: &str) -> Result<(u32, u32), String> {
+    let (u, g) = s.split_once(':').unwrap_or((s, s));
+    let u: u32 = u
+        .parse()
+        .map_err(|_| format!("{s:?}: expected UID or UID:GID"))?;
+    let g: u32 = g
+        .parse()
+        .map_err(|_| format!("{s:?}: expected UID or UID:GID"))?;
+    if u == 0 || g == 0 {
+        return Err("the sandbox must not be root on the host (uid/gid 0)".into());
+    }
+    Ok((u, g))
+}
+
+/// Resolves `--ro`/`--rw` paths: relative paths are refused (say what you mean), as are
+/// `..`, symlinks and missing paths.
+fn exposures(ro: &[PathBuf], rw: &[PathBuf]) -> Result<Vec<Exposure>, SandboxError> {
+    let mut out = Vec::new();
+    for (paths, writable) in [(ro, false), (rw, true)] {
+        for p in paths {
+            let flag = if writable { "--rw" } else { "--ro" };
+            let host =
+                check_host_path(p).map_err(|e| SandboxError::Invalid(format!("{flag} {e}")))?;
+            out.push(Exposure { host, writable });
+        }
+    }
+    Ok(out)
+}
+
+/// Blocks the signals `run` forwards and returns a signalfd that delivers them.
+fn forwarded_signals() -> Option<SignalFd> {
+    let mut set = SigSet::empty();
+    for s in sandbox::init::FORWARDED {
+        set.add(s);
+    }
+    nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None).ok()?;
+    SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC).ok()
+}
+
+pub fn main(args: RunArgs) -> i32 {
+    let report_path = args.report.clone();
+    let command = args.command.clone();
+    let limits = LimitsRequested {
+        memory_bytes: args.memory,
+        cpus: args.cpus,
+        pids: args.pids,
+        timeout_ms: args.timeout.map(|t| t.as_millis()),
+    };
+    match run(args) {
+        Ok((outcome, enforcement)) => {
+            if let Some(f) = &outcome.failure {
+                match f {
+                    sandbox::Failure::Exec { .. } => {
+                        eprintln!(
+                            "hatchery: cannot execute {}: {f}",
+                            command.first().map(String::as_str).unwrap_or("")
+                        );
+                    }
+                    sandbox::Failure::Setup { .. } => eprintln!("hatchery: {f}"),
+                }
+            } else if outcome.timed_out {
+                eprintln!("hatchery: timed out; the sandbox was killed");
+            } else if outcome.oom_killed {
+                eprintln!("hatchery: out of memory; the sandbox was killed by the OOM killer");
+            }
+            if let Some(err) = &outcome.cleanup_error {
+                eprintln!("hatchery: warning: cleanup incomplete: {err}");
+            }
+            let code = outcome.exit_code;
+            if let Some(path) = report_path {
+                let report = Report::new(&outcome, enforcement, command, limits);
+                if let Err(e) = report.write(&path) {
+                    eprintln!("hatchery: cannot write the report {}: {e}", path.display());
+                }
+            }
+            code
+        }
+        Err(e) => {
+            eprintln!("hatchery: {e}");
+            EXIT_SETUP
+        }
+    }
+}
+
+fn run(args: RunArgs) -> Result<(sandbox::Outcome, sandbox::Enforcement), SandboxError> {
+    let profile =
+        Profile::resolve(&args.profile).map_err(|e| SandboxError::Invalid(e.to_string()))?;
+    let env = args
+        .env
+        .iter()
+        .map(|a| spec::parse_env(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let request = RunRequest {
+        command: args.command,
+        env,
+        cwd: args.cwd,
+        exposures: exposures(&args.ro, &args.rw)?,
+        limits: Limits {
+            memory: args.memory,
+            cpus: args.cpus,
+            pids: args.pids,
+        },
+        host_ids: args.host_uid,
+        hostname: args.hostname,
+        allow_degraded: args.allow_degraded,
+        cgroup_name: unique_name("run"),
+    };
+    let timeout = args.timeout.or(profile
+        .default_limits()
+        .map_err(|e| SandboxError::Invalid(e.to_string()))?
+        .timeout);
+    let caller_cwd = std::env::current_dir().ok();
+    let spec = spec::build(
+        request,
+        &profile,
+        caller_cwd
+            .as_deref()
+            .filter(|p| p.is_absolute())
+            .map(Path::new),
+    )?;
+    let host = Host::detect();
+    if let Some(m) = &host.cgroups {
+        for stale in m.sweep_stale() {
+            tracing::info!(path = %stale.display(), "removed a cgroup left by a hatchery process that no longer exists");
+        }
+    }
+    let enforcement = sandbox::preflight(&spec, &host)?;
+    let signals = forwarded_signals();
+    let result = sandbox::start(&spec, enforcement, host.cgroups.as_deref()).map(|sb| {
+        let enforcement = sb.enforcement.clone();
+        (sb.wait(timeout, signals.as_ref()), enforcement)
+    });
+    if let Some(m) = &host.cgroups {
+        m.release();
+    }
+    result
+}

@@ -1,0 +1,489 @@
+//! Security profiles: the seccomp policy, Landlock rules, mounts, namespaces, rlimits and
+//! default limits a sandbox starts with.
+//!
+//! Profiles are TOML files. The shipped ones live in `profiles/` and are embedded in the
+//! binary, so `--profile default` never depends on what is installed next to it; any other
+//! value of `--profile` is read as a path. Parsing rejects unknown keys (with the line) so
+//! a misspelt rule can never silently turn into no rule.
+
+pub mod names;
+pub mod seccomp;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::units;
+
+pub use seccomp::{Action, ArgCondition, CompareOp, SeccompPolicy, SeccompProgram, SyscallRule};
+
+/// Profiles larger than this are refused before parsing: a profile is a policy a person
+/// reads, and a multi-megabyte one is either a mistake or an attack on the parser.
+pub const MAX_PROFILE_BYTES: usize = 1 << 20;
+
+/// The profiles shipped inside the binary: (name, TOML source).
+pub const BUILTIN: &[(&str, &str)] = &[("default", include_str!("../../profiles/default.toml"))];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error(
+        "unknown profile {0:?}: not a shipped profile (see `hatchery profile list`) and not a path to a file"
+    )]
+    Unknown(String),
+    #[error("cannot read profile {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("profile {origin} is too large ({size} bytes; the limit is {MAX_PROFILE_BYTES})")]
+    TooLarge { origin: String, size: u64 },
+    #[error("profile {origin}: {message}")]
+    Parse { origin: String, message: String },
+    #[error("profile {origin}: {message}")]
+    Invalid { origin: String, message: String },
+    #[error("profile {origin}: seccomp: {message}")]
+    Seccomp { origin: String, message: String },
+}
+
+/// A parsed, validated profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub seccomp: SeccompPolicy,
+    #[serde(default)]
+    pub landlock: LandlockPolicy,
+    #[serde(default)]
+    pub namespaces: NamespacePolicy,
+    #[serde(default)]
+    pub mounts: MountPolicy,
+    /// Resource limits set with setrlimit(2) before the command starts (name → value).
+    #[serde(default)]
+    pub rlimits: BTreeMap<String, RlimitValue>,
+    /// Resource limits applied when the command line does not give them.
+    #[serde(default)]
+    pub limits: DefaultLimits,
+    /// Where the profile came from ("builtin:default" or a path); not part of the file.
+    #[serde(skip)]
+    pub origin: String,
+    /// SHA-256 of the profile's source bytes, hex; not part of the file.
+    #[serde(skip)]
+    pub sha256: String,
+}
+
+/// Landlock filesystem rules: paths inside the sandbox and what may be done beneath them.
+/// Paths exposed with `--ro` get read + execute, `--rw` read + write + execute, on top.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LandlockPolicy {
+    /// Read files and list directories.
+    #[serde(default)]
+    pub read: Vec<PathBuf>,
+    /// Create, write, truncate, rename and remove (implies read).
+    #[serde(default)]
+    pub write: Vec<PathBuf>,
+    /// Execute files.
+    #[serde(default)]
+    pub execute: Vec<PathBuf>,
+    /// Lowest Landlock ABI that enforces this profile's filesystem rules. A kernel below it
+    /// makes `run` fail closed (exit 125) unless `--allow-degraded`.
+    #[serde(default = "default_min_abi")]
+    pub min_abi: u8,
+}
+
+fn default_min_abi() -> u8 {
+    1
+}
+
+/// Which namespaces the sandbox gets. User, pid and mount namespaces are not optional:
+/// the rootfs, the pid-1 reaper and the identity mapping depend on them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespacePolicy {
+    /// A private network namespace with only loopback (false shares the host's network).
+    #[serde(default = "yes")]
+    pub net: bool,
+    #[serde(default = "yes")]
+    pub ipc: bool,
+    #[serde(default = "yes")]
+    pub uts: bool,
+    #[serde(default = "yes")]
+    pub cgroup: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for NamespacePolicy {
+    fn default() -> Self {
+        NamespacePolicy {
+            net: true,
+            ipc: true,
+            uts: true,
+            cgroup: true,
+        }
+    }
+}
+
+/// What of the host appears in the sandbox besides `--ro`/`--rw` paths.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountPolicy {
+    /// Host directories bound read-only at the same path. The `/bin /lib /lib64 /sbin`
+    /// links (or directories) of the host follow `/usr` as the host has them.
+    #[serde(default = "default_system_mounts")]
+    pub system: Vec<PathBuf>,
+    /// Size cap of the private `/tmp` tmpfs (its pages are also charged to the memory limit).
+    #[serde(default = "default_tmp_size")]
+    pub tmp_size: String,
+    /// Mount a private `/dev/shm` tmpfs (shares `tmp_size`'s cap).
+    #[serde(default = "yes")]
+    pub dev_shm: bool,
+}
+
+fn default_system_mounts() -> Vec<PathBuf> {
+    vec![PathBuf::from("/usr"), PathBuf::from("/etc")]
+}
+
+fn default_tmp_size() -> String {
+    "256M".to_string()
+}
+
+impl Default for MountPolicy {
+    fn default() -> Self {
+        MountPolicy {
+            system: default_system_mounts(),
+            tmp_size: default_tmp_size(),
+            dev_shm: true,
+        }
+    }
+}
+
+impl MountPolicy {
+    /// The tmpfs size cap in bytes (validated when the profile is loaded).
+    pub fn tmp_size_bytes(&self) -> u64 {
+        units::parse_size(&self.tmp_size).unwrap_or(256 << 20)
+    }
+}
+
+/// An rlimit value: one number for soft = hard, `"unlimited"`, or `{ soft, hard }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RlimitValue {
+    Both(u64),
+    Named(String),
+    Pair { soft: u64, hard: u64 },
+}
+
+/// Soft and hard values, `u64::MAX` meaning unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Rlimit {
+    pub resource: RlimitResource,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// The rlimits a profile may set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RlimitResource {
+    As,
+    Core,
+    Cpu,
+    Data,
+    Fsize,
+    Memlock,
+    Nofile,
+    Nproc,
+    Stack,
+}
+
+impl RlimitResource {
+    pub const ALL: &'static [(&'static str, RlimitResource)] = &[
+        ("as", RlimitResource::As),
+        ("core", RlimitResource::Core),
+        ("cpu", RlimitResource::Cpu),
+        ("data", RlimitResource::Data),
+        ("fsize", RlimitResource::Fsize),
+        ("memlock", RlimitResource::Memlock),
+        ("nofile", RlimitResource::Nofile),
+        ("nproc", RlimitResource::Nproc),
+        ("stack", RlimitResource::Stack),
+    ];
+
+    pub fn name(self) -> &'static str {
+        RlimitResource::ALL
+            .iter()
+            .find(|(_, r)| *r == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("?")
+    }
+}
+
+/// Limits a profile applies when the command line gives none.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DefaultLimits {
+    pub memory: Option<String>,
+    pub cpus: Option<f64>,
+    pub pids: Option<u64>,
+    pub timeout: Option<String>,
+}
+
+/// [`DefaultLimits`] with units resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ResolvedLimits {
+    pub memory: Option<u64>,
+    pub cpus: Option<f64>,
+    pub pids: Option<u64>,
+    pub timeout: Option<Duration>,
+}
+
+impl Profile {
+    /// Resolves `--profile NAME|FILE`: a shipped profile by name, otherwise a file path.
+    pub fn resolve(name_or_path: &str) -> Result<Profile, ProfileError> {
+        if let Some((name, source)) = BUILTIN.iter().find(|(n, _)| *n == name_or_path) {
+            return Profile::from_toml(source, &format!("builtin:{name}"));
+        }
+        let looks_like_path = name_or_path.contains('/') || name_or_path.ends_with(".toml");
+        let path = Path::new(name_or_path);
+        if !looks_like_path && !path.exists() {
+            return Err(ProfileError::Unknown(name_or_path.to_string()));
+        }
+        Profile::from_file(path)
+    }
+
+    /// Reads and validates a profile file, refusing files above [`MAX_PROFILE_BYTES`].
+    pub fn from_file(path: &Path) -> Result<Profile, ProfileError> {
+        let read_err = |source| ProfileError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(read_err)?;
+        if meta.len() > MAX_PROFILE_BYTES as u64 {
+            return Err(ProfileError::TooLarge {
+                origin: path.display().to_string(),
+                size: meta.len(),
+            });
+        }
+        let bytes = std::fs::read(path).map_err(read_err)?;
+        let text = String::from_utf8(bytes).map_err(|_| ProfileError::Parse {
+            origin: path.display().to_string(),
+            message: "not valid UTF-8".to_string(),
+        })?;
+        Profile::from_toml(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates profile TOML; `origin` names it in errors.
+    pub fn from_toml(source: &str, origin: &str) -> Result<Profile, ProfileError> {
+        if source.len() > MAX_PROFILE_BYTES {
+            return Err(ProfileError::TooLarge {
+                origin: origin.to_string(),
+                size: source.len() as u64,
+            });
+        }
+        let mut profile: Profile = toml::from_str(source).map_err(|e| ProfileError::Parse {
+            origin: origin.to_string(),
+            message: describe_toml_error(source, &e),
+        })?;
+        profile.origin = origin.to_string();
+        profile.sha256 = hex::encode(Sha256::digest(source.as_bytes()));
+        profile.validate()?;
+        Ok(profile)
+    }
+
+    fn invalid(&self, message: impl Into<String>) -> ProfileError {
+        ProfileError::Invalid {
+            origin: self.origin.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// Checks everything serde cannot: paths, units, rlimit names, seccomp rule sanity.
+    fn validate(&self) -> Result<(), ProfileError> {
+        if self.name.is_empty() || self.name.len() > 64 {
+            return Err(self.invalid("name must be 1 to 64 characters"));
+        }
+        let lists = [
+            ("landlock.read", &self.landlock.read),
+            ("landlock.write", &self.landlock.write),
+            ("landlock.execute", &self.landlock.execute),
+            ("mounts.system", &self.mounts.system),
+        ];
+        for (what, paths) in lists {
+            for p in paths {
+                crate::paths::check_absolute_clean(p)
+                    .map_err(|e| self.invalid(format!("{what}: {e}")))?;
+            }
+        }
+        if self.landlock.min_abi == 0 || self.landlock.min_abi > 10 {
+            return Err(self.invalid("landlock.min_abi must be between 1 and 10"));
+        }
+        units::parse_size(&self.mounts.tmp_size)
+            .map_err(|e| self.invalid(format!("mounts.tmp_size: {e}")))?;
+        self.rlimits()?;
+        self.default_limits()?;
+        self.seccomp
+            .validate()
+            .map_err(|message| ProfileError::Seccomp {
+                origin: self.origin.clone(),
+                message,
+            })?;
+        Ok(())
+    }
+
+    /// The rlimits with names and values resolved.
+    pub fn rlimits(&self) -> Result<Vec<Rlimit>, ProfileError> {
+        let mut out = Vec::new();
+        for (name, value) in &self.rlimits {
+            let resource = RlimitResource::ALL
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, r)| *r)
+                .ok_or_else(|| {
+                    self.invalid(format!(
+                        "rlimits: unknown resource {name:?} (known: as, core, cpu, data, fsize, memlock, nofile, nproc, stack)"
+                    ))
+                })?;
+            let (soft, hard) = match value {
+                RlimitValue::Both(v) => (*v, *v),
+                RlimitValue::Named(s) if s == "unlimited" => (u64::MAX, u64::MAX),
+                RlimitValue::Named(s) => {
+                    return Err(self.invalid(format!(
+                        "rlimits.{name}: {s:?} is not a number or \"unlimited\""
+                    )));
+                }
+                RlimitValue::Pair { soft, hard } => (*soft, *hard),
+            };
+            if soft > hard {
+                return Err(self.invalid(format!("rlimits.{name}: soft {soft} above hard {hard}")));
+            }
+            out.push(Rlimit {
+                resource,
+                soft,
+                hard,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The default limits with units resolved and bounds checked.
+    pub fn default_limits(&self) -> Result<ResolvedLimits, ProfileError> {
+        let l = &self.limits;
+        Ok(ResolvedLimits {
+            memory: l
+                .memory
+                .as_deref()
+                .map(units::parse_memory)
+                .transpose()
+                .map_err(|e| self.invalid(format!("limits.memory: {e}")))?,
+            cpus: l
+                .cpus
+                .map(|c| units::parse_cpus(&c.to_string()))
+                .transpose()
+                .map_err(|e| self.invalid(format!("limits.cpus: {e}")))?,
+            pids: l
+                .pids
+                .map(|p| units::parse_pids(&p.to_string()))
+                .transpose()
+                .map_err(|e| self.invalid(format!("limits.pids: {e}")))?,
+            timeout: l
+                .timeout
+                .as_deref()
+                .map(units::parse_duration)
+                .transpose()
+                .map_err(|e| self.invalid(format!("limits.timeout: {e}")))?,
+        })
+    }
+
+    /// Compiles the seccomp policy for this machine's architecture with libseccomp: the
+    /// exact filter program the kernel will be given.
+    pub fn compile_seccomp(&self) -> Result<SeccompProgram, ProfileError> {
+        self.seccomp
+            .compile()
+            .map_err(|message| ProfileError::Seccomp {
+                origin: self.origin.clone(),
+                message,
+            })
+    }
+}
+
+/// Turns a toml error into "line N, column M: message" with the offending line quoted.
+fn describe_toml_error(source: &str, err: &toml::de::Error) -> String {
+    let message = err.message().trim().to_string();
+    match err.span() {
+        Some(span) => {
+            let upto = &source[..span.start.min(source.len())];
+            let line = upto.matches('\n').count() + 1;
+            let col = upto
+                .rfind('\n')
+                .map(|i| span.start - i)
+                .unwrap_or(span.start + 1);
+            let text = source.lines().nth(line - 1).unwrap_or("").trim();
+            format!("line {line}, column {col}: {message} (at `{text}`)")
+        }
+        None => message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_profiles_parse_and_compile() -> Result<(), ProfileError> {
+        for (name, _) in BUILTIN {
+            let p = Profile::resolve(name)?;
+            assert_eq!(&p.name, name);
+            assert_eq!(p.sha256.len(), 64);
+            let prog = p.compile_seccomp()?;
+            assert!(!prog.is_empty());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_with_a_line_number() {
+        let src = "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\nbogus = 1\n";
+        match Profile::from_toml(src, "test") {
+            Err(ProfileError::Parse { message, .. }) => {
+                assert!(message.contains("line 4"), "{message}");
+                assert!(message.contains("bogus"), "{message}");
+            }
+            other => panic!("expected a parse error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn relative_paths_and_bad_units_are_refused() {
+        let base = "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n";
+        for extra in [
+            "[landlock]\nread = [\"usr\"]\n",
+            "[landlock]\nwrite = [\"/tmp/../etc\"]\n",
+            "[mounts]\ntmp_size = \"0\"\n",
+            "[limits]\nmemory = \"-1M\"\n",
+            "[rlimits]\nbogus = 1\n",
+            "[rlimits]\nnofile = { soft = 10, hard = 5 }\n",
+        ] {
+            let src = format!("{base}{extra}");
+            assert!(
+                Profile::from_toml(&src, "test").is_err(),
+                "accepted: {extra}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_names_are_not_files() {
+        assert!(matches!(
+            Profile::resolve("no-such-profile"),
+            Err(ProfileError::Unknown(_))
+        ));
+    }
+}

@@ -1,0 +1,628 @@
+//! The seccomp part of a profile: a default action, rules that name syscalls (optionally
+//! with argument conditions), the architectures the filter accepts, and the compilation of
+//! all that into the classic-BPF program the kernel loads.
+//!
+//! Compilation goes through libseccomp, and the bytes it exports are the bytes the sandbox
+//! hands to seccomp(2): what `profile show --format bpf` prints is what is enforced.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Seek};
+
+use libseccomp::{
+    ScmpAction, ScmpArch, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall,
+};
+use serde::{Deserialize, Serialize};
+
+use super::names;
+
+/// Most rules a profile may hold; the strictest real-world allow-lists have a few hundred.
+pub const MAX_RULES: usize = 4096;
+
+/// What the filter does with a syscall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Action {
+    Allow,
+    Errno(i32),
+    /// Kill the whole process (SECCOMP_RET_KILL_PROCESS).
+    Kill,
+    /// Allow, and log to the audit log.
+    Log,
+    /// Deliver SIGSYS to the thread.
+    Trap,
+}
+
+impl Action {
+    pub fn kind(&self) -> ActionKind {
+        match self {
+            Action::Allow => ActionKind::Allow,
+            Action::Errno(_) => ActionKind::Errno,
+            Action::Kill => ActionKind::Kill,
+            Action::Log => ActionKind::Log,
+            Action::Trap => ActionKind::Trap,
+        }
+    }
+
+    fn to_scmp(self) -> ScmpAction {
+        match self {
+            Action::Allow => ScmpAction::Allow,
+            Action::Errno(e) => ScmpAction::Errno(e),
+            Action::Kill => ScmpAction::KillProcess,
+            Action::Log => ScmpAction::Log,
+            Action::Trap => ScmpAction::Trap,
+        }
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Action::Errno(e) => match names::errno_name(*e) {
+                Some(n) => write!(f, "errno {n} ({e})"),
+                None => write!(f, "errno {e}"),
+            },
+            other => f.write_str(other.kind().as_str()),
+        }
+    }
+}
+
+/// The action names used in profile files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActionKind {
+    Allow,
+    Errno,
+    Kill,
+    Log,
+    Trap,
+}
+
+impl ActionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionKind::Allow => "allow",
+            ActionKind::Errno => "errno",
+            ActionKind::Kill => "kill",
+            ActionKind::Log => "log",
+            ActionKind::Trap => "trap",
+        }
+    }
+}
+
+/// An errno given by name (`"EPERM"`) or number (`1`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ErrnoValue {
+    Number(i32),
+    Name(String),
+}
+
+impl ErrnoValue {
+    fn resolve(&self) -> Result<i32, String> {
+        match self {
+            ErrnoValue::Number(n) if (1..=4095).contains(n) => Ok(*n),
+            ErrnoValue::Number(n) => Err(format!("errno {n} is out of range (1..4095)")),
+            ErrnoValue::Name(s) => {
+                names::errno_by_name(s).ok_or_else(|| format!("unknown errno name {s:?}"))
+            }
+        }
+    }
+}
+
+/// A number or a constant expression such as `"CLONE_NEWUSER|CLONE_NEWNS"`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ValueSpec {
+    Number(u64),
+    Expr(String),
+}
+
+impl ValueSpec {
+    pub fn resolve(&self) -> Result<u64, String> {
+        match self {
+            ValueSpec::Number(n) => Ok(*n),
+            ValueSpec::Expr(s) => names::parse_value_expr(s),
+        }
+    }
+}
+
+/// Comparison of one syscall argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompareOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    /// `(arg & mask) == value`
+    MaskedEq,
+    /// `(arg & mask) != 0`: any of the mask's bits set. Compiled as one rule per bit.
+    AnyBits,
+}
+
+/// A condition on one argument; all conditions of a rule must hold for it to apply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArgCondition {
+    /// Argument index, 0 to 5.
+    pub index: u8,
+    pub op: CompareOp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<ValueSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask: Option<ValueSpec>,
+}
+
+/// One rule: an action for some syscalls, optionally only when argument conditions hold.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyscallRule {
+    pub action: ActionKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errno: Option<ErrnoValue>,
+    pub syscalls: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<ArgCondition>,
+    /// Why the rule exists; shown by `profile check`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+impl SyscallRule {
+    /// The resolved action.
+    pub fn action(&self) -> Result<Action, String> {
+        action_of(self.action, self.errno.as_ref())
+    }
+}
+
+fn action_of(kind: ActionKind, errno: Option<&ErrnoValue>) -> Result<Action, String> {
+    match (kind, errno) {
+        (ActionKind::Errno, Some(e)) => Ok(Action::Errno(e.resolve()?)),
+        (ActionKind::Errno, None) => {
+            Err("action \"errno\" needs an errno (e.g. errno = \"EPERM\")".into())
+        }
+        (_, Some(_)) => Err(format!(
+            "errno is only valid with action \"errno\", not {:?}",
+            kind.as_str()
+        )),
+        (ActionKind::Allow, None) => Ok(Action::Allow),
+        (ActionKind::Kill, None) => Ok(Action::Kill),
+        (ActionKind::Log, None) => Ok(Action::Log),
+        (ActionKind::Trap, None) => Ok(Action::Trap),
+    }
+}
+
+/// The seccomp section of a profile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeccompPolicy {
+    /// Action for syscalls no rule matches.
+    pub default_action: ActionKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_errno: Option<ErrnoValue>,
+    /// ABIs the filter accepts (`native`, `x86_64`, `x86`, `x32`, `aarch64`, ...). Syscalls
+    /// entering through any other ABI (the classic i386/x32 bypass) get `bad_arch_action`.
+    #[serde(default = "native_only")]
+    pub architectures: Vec<String>,
+    #[serde(default = "kill")]
+    pub bad_arch_action: ActionKind,
+    #[serde(default, rename = "rule", skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<SyscallRule>,
+}
+
+fn native_only() -> Vec<String> {
+    vec!["native".to_string()]
+}
+
+fn kill() -> ActionKind {
+    ActionKind::Kill
+}
+
+/// A compiled filter: an array of `struct sock_filter` in native byte order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeccompProgram {
+    bytes: Vec<u8>,
+}
+
+/// One classic-BPF instruction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BpfInstruction {
+    pub code: u16,
+    pub jt: u8,
+    pub jf: u8,
+    pub k: u32,
+}
+
+impl SeccompProgram {
+    /// Wraps raw `sock_filter` bytes; the length must be a non-zero multiple of 8.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<SeccompProgram, String> {
+        if bytes.is_empty() || bytes.len() % 8 != 0 || bytes.len() / 8 > 4096 {
+            return Err(format!("invalid BPF program length {}", bytes.len()));
+        }
+        Ok(SeccompProgram { bytes })
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len() / 8
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    pub fn instructions(&self) -> impl Iterator<Item = BpfInstruction> + '_ {
+        self.bytes.chunks_exact(8).map(|c| BpfInstruction {
+            code: u16::from_ne_bytes([c[0], c[1]]),
+            jt: c[2],
+            jf: c[3],
+            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+        })
+    }
+}
+
+/// One libseccomp rule after expansion (`any_bits` split into one rule per bit).
+struct ExpandedRule {
+    action: Action,
+    syscall: String,
+    conditions: Vec<ScmpArgCompare>,
+}
+
+impl SeccompPolicy {
+    pub fn default_action(&self) -> Result<Action, String> {
+        action_of(self.default_action, self.default_errno.as_ref())
+            .map_err(|e| format!("default_action: {e}"))
+    }
+
+    pub fn bad_arch_action(&self) -> Result<Action, String> {
+        action_of(self.bad_arch_action, None).map_err(|e| format!("bad_arch_action: {e}"))
+    }
+
+    /// The libseccomp architectures of the filter, native first.
+    pub fn arches(&self) -> Result<Vec<ScmpArch>, String> {
+        let native = ScmpArch::native();
+        let mut out = vec![native];
+        for name in &self.architectures {
+            let arch = if name == "native" {
+                native
+            } else {
+                parse_arch(name)?
+            };
+            if !out.contains(&arch) {
+                out.push(arch);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Checks the policy without compiling it.
+    pub fn validate(&self) -> Result<(), String> {
+        self.default_action()?;
+        self.bad_arch_action()?;
+        self.arches()?;
+        if self.rules.len() > MAX_RULES {
+            return Err(format!(
+                "{} rules; at most {MAX_RULES} are allowed",
+                self.rules.len()
+            ));
+        }
+        let mut unconditional: BTreeMap<&str, (Action, usize)> = BTreeMap::new();
+        let mut conditional: BTreeMap<&str, Vec<(Action, usize)>> = BTreeMap::new();
+        for (i, rule) in self.rules.iter().enumerate() {
+            let n = i + 1;
+            let action = rule.action().map_err(|e| format!("rule {n}: {e}"))?;
+            if rule.syscalls.is_empty() {
+                return Err(format!("rule {n}: no syscalls listed"));
+            }
+            let mut any_bits = 0;
+            for cond in &rule.args {
+                check_condition(cond).map_err(|e| format!("rule {n}: {e}"))?;
+                if cond.op == CompareOp::AnyBits {
+                    any_bits += 1;
+                }
+            }
+            if any_bits > 1 {
+                return Err(format!("rule {n}: at most one any_bits condition per rule"));
+            }
+            for name in &rule.syscalls {
+                resolve_syscall(name).map_err(|e| format!("rule {n}: {e}"))?;
+                if rule.args.is_empty() {
+                    if let Some((prev, at)) = unconditional.insert(name.as_str(), (action, n)) {
+                        if prev != action {
+                            return Err(format!(
+                                "rule {n} contradicts rule {at}: {name} is both {action} and {prev}"
+                            ));
+                        }
+                    }
+                } else {
+                    conditional
+                        .entry(name.as_str())
+                        .or_default()
+                        .push((action, n));
+                }
+            }
+        }
+        for (name, conds) in &conditional {
+            if let Some((action, at)) = unconditional.get(name) {
+                if let Some((other, n)) = conds.iter().find(|(a, _)| a != action) {
+                    return Err(format!(
+                        "rule {n} contradicts rule {at}: {name} is {action} unconditionally, so the conditional {other} could never apply"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn expanded_rules(&self) -> Result<Vec<ExpandedRule>, String> {
+        let default = self.default_action()?;
+        let mut out = Vec::new();
+        for (i, rule) in self.rules.iter().enumerate() {
+            let action = rule.action().map_err(|e| format!("rule {}: {e}", i + 1))?;
+            if action == default {
+                // Same as the default: libseccomp refuses such rules, and they change nothing.
+                continue;
+            }
+            for variant in
+                expand_conditions(&rule.args).map_err(|e| format!("rule {}: {e}", i + 1))?
+            {
+                for name in &rule.syscalls {
+                    out.push(ExpandedRule {
+                        action,
+                        syscall: name.clone(),
+                        conditions: variant.clone(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Builds the libseccomp filter context for this policy.
+    pub fn filter_context(&self) -> Result<ScmpFilterContext, String> {
+        self.validate()?;
+        let err = |what: &str, e: libseccomp::error::SeccompError| format!("{what}: {e}");
+        let mut ctx = ScmpFilterContext::new(self.default_action()?.to_scmp())
+            .map_err(|e| err("create filter", e))?;
+        ctx.set_act_badarch(self.bad_arch_action()?.to_scmp())
+            .map_err(|e| err("bad arch action", e))?;
+        // The sandbox sets no_new_privs itself, before Landlock; libseccomp must not.
+        ctx.set_ctl_nnp(false).map_err(|e| err("nnp", e))?;
+        for arch in self.arches()?.into_iter().skip(1) {
+            ctx.add_arch(arch).map_err(|e| err("add arch", e))?;
+        }
+        for rule in self.expanded_rules()? {
+            let sc = resolve_syscall(&rule.syscall)?;
+            let res = if rule.conditions.is_empty() {
+                ctx.add_rule(rule.action.to_scmp(), sc)
+            } else {
+                ctx.add_rule_conditional(rule.action.to_scmp(), sc, &rule.conditions)
+            };
+            res.map_err(|e| format!("syscall {}: {e}", rule.syscall))?;
+        }
+        Ok(ctx)
+    }
+
+    /// Compiles the policy into the BPF program for this machine.
+    pub fn compile(&self) -> Result<SeccompProgram, String> {
+        let ctx = self.filter_context()?;
+        let mut memfd = memfd("hatchery-bpf")?;
+        ctx.export_bpf(&memfd).map_err(|e| format!("export: {e}"))?;
+        let mut bytes = Vec::new();
+        memfd
+            .rewind()
+            .and_then(|_| memfd.read_to_end(&mut bytes))
+            .map_err(|e| format!("read back the compiled filter: {e}"))?;
+        SeccompProgram::from_bytes(bytes)
+    }
+
+    /// libseccomp's pseudo-filter-code (PFC) listing of the compiled filter.
+    pub fn pfc(&self) -> Result<String, String> {
+        let ctx = self.filter_context()?;
+        let mut memfd = memfd("hatchery-pfc")?;
+        ctx.export_pfc(&memfd).map_err(|e| format!("export: {e}"))?;
+        let mut text = String::new();
+        memfd
+            .rewind()
+            .and_then(|_| memfd.read_to_string(&mut text))
+            .map_err(|e| format!("read back the PFC listing: {e}"))?;
+        Ok(text)
+    }
+}
+
+fn memfd(name: &str) -> Result<std::fs::File, String> {
+    nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+        .map(std::fs::File::from)
+        .map_err(|e| format!("memfd_create: {e}"))
+}
+
+/// Parses an architecture name as libseccomp and the OCI format spell them.
+pub fn parse_arch(name: &str) -> Result<ScmpArch, String> {
+    let n = name.trim().to_ascii_lowercase();
+    let n = n.strip_prefix("scmp_arch_").unwrap_or(&n);
+    Ok(match n {
+        "native" => ScmpArch::native(),
+        "x86_64" | "amd64" => ScmpArch::X8664,
+        "x86" | "i386" | "i686" => ScmpArch::X86,
+        "x32" => ScmpArch::X32,
+        "aarch64" | "arm64" => ScmpArch::Aarch64,
+        "arm" => ScmpArch::Arm,
+        "riscv64" => ScmpArch::Riscv64,
+        "ppc64le" => ScmpArch::Ppc64Le,
+        "s390x" => ScmpArch::S390X,
+        _ => return Err(format!("unknown architecture {name:?}")),
+    })
+}
+
+/// Resolves a syscall name with libseccomp; names unknown on every architecture are errors.
+pub fn resolve_syscall(name: &str) -> Result<ScmpSyscall, String> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    {
+        return Err(format!("invalid syscall name {name:?}"));
+    }
+    ScmpSyscall::from_name(name).map_err(|_| format!("unknown syscall {name:?}"))
+}
+
+fn check_condition(c: &ArgCondition) -> Result<(), String> {
+    if c.index > 5 {
+        return Err(format!("argument index {} out of range (0..5)", c.index));
+    }
+    match c.op {
+        CompareOp::MaskedEq => {
+            let mask = c.mask.as_ref().ok_or("masked_eq needs a mask")?.resolve()?;
+            let value = c
+                .value
+                .as_ref()
+                .ok_or("masked_eq needs a value")?
+                .resolve()?;
+            if value & !mask != 0 {
+                return Err(format!(
+                    "masked_eq value {value:#x} has bits outside mask {mask:#x}; it can never match"
+                ));
+            }
+        }
+        CompareOp::AnyBits => {
+            if c.value.is_some() {
+                return Err("any_bits takes a mask, not a value".into());
+            }
+            let mask = c.mask.as_ref().ok_or("any_bits needs a mask")?.resolve()?;
+            if mask == 0 {
+                return Err("any_bits mask is zero; it can never match".into());
+            }
+        }
+        _ => {
+            if c.mask.is_some() {
+                return Err(format!("{:?} takes a value, not a mask", c.op));
+            }
+            c.value
+                .as_ref()
+                .ok_or("condition needs a value")?
+                .resolve()?;
+        }
+    }
+    Ok(())
+}
+
+/// Turns a rule's conditions into one or more libseccomp condition lists (any_bits fans out).
+fn expand_conditions(conds: &[ArgCondition]) -> Result<Vec<Vec<ScmpArgCompare>>, String> {
+    let mut base = Vec::new();
+    let mut fan: Option<(u32, u64)> = None;
+    for c in conds {
+        let index = u32::from(c.index);
+        let value = c
+            .value
+            .as_ref()
+            .map(ValueSpec::resolve)
+            .transpose()?
+            .unwrap_or(0);
+        let cmp = match c.op {
+            CompareOp::Eq => ScmpCompareOp::Equal,
+            CompareOp::Ne => ScmpCompareOp::NotEqual,
+            CompareOp::Lt => ScmpCompareOp::Less,
+            CompareOp::Le => ScmpCompareOp::LessOrEqual,
+            CompareOp::Gt => ScmpCompareOp::Greater,
+            CompareOp::Ge => ScmpCompareOp::GreaterEqual,
+            CompareOp::MaskedEq => {
+                let mask = c
+                    .mask
+                    .as_ref()
+                    .map(ValueSpec::resolve)
+                    .transpose()?
+                    .unwrap_or(0);
+                ScmpCompareOp::MaskedEqual(mask)
+            }
+            CompareOp::AnyBits => {
+                let mask = c
+                    .mask
+                    .as_ref()
+                    .map(ValueSpec::resolve)
+                    .transpose()?
+                    .unwrap_or(0);
+                fan = Some((index, mask));
+                continue;
+            }
+        };
+        base.push(ScmpArgCompare::new(index, cmp, value));
+    }
+    Ok(match fan {
+        None => vec![base],
+        Some((index, mask)) => (0..64)
+            .map(|b| 1u64 << b)
+            .filter(|bit| mask & bit != 0)
+            .map(|bit| {
+                let mut v = base.clone();
+                v.push(ScmpArgCompare::new(
+                    index,
+                    ScmpCompareOp::MaskedEqual(bit),
+                    bit,
+                ));
+                v
+            })
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(src: &str) -> Result<SeccompPolicy, String> {
+        toml::from_str(src).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn contradicting_unconditional_rules_are_refused() -> Result<(), String> {
+        let p = policy(
+            "default_action = \"allow\"\n[[rule]]\naction = \"kill\"\nsyscalls = [\"ptrace\"]\n[[rule]]\naction = \"errno\"\nerrno = 1\nsyscalls = [\"ptrace\"]\n",
+        )?;
+        let e = p.validate().err().unwrap_or_default();
+        assert!(e.contains("contradicts"), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn unknown_syscalls_and_actions_are_refused() -> Result<(), String> {
+        let p = policy(
+            "default_action = \"allow\"\n[[rule]]\naction = \"kill\"\nsyscalls = [\"no_such_call\"]\n",
+        )?;
+        assert!(
+            p.validate()
+                .err()
+                .unwrap_or_default()
+                .contains("unknown syscall")
+        );
+        assert!(policy("default_action = \"explode\"\n").is_err());
+        let p = policy("default_action = \"errno\"\n")?;
+        assert!(p.validate().is_err(), "errno default without an errno");
+        Ok(())
+    }
+
+    #[test]
+    fn any_bits_fans_out_into_one_rule_per_bit() -> Result<(), String> {
+        let conds = vec![ArgCondition {
+            index: 0,
+            op: CompareOp::AnyBits,
+            value: None,
+            mask: Some(ValueSpec::Expr("CLONE_NEWUSER|CLONE_NEWNS".into())),
+        }];
+        assert_eq!(expand_conditions(&conds)?.len(), 2);
+        Ok(())
+    }
+
+    #[test]
+    fn compiled_programs_are_whole_instructions() -> Result<(), String> {
+        let p = policy(
+            "default_action = \"allow\"\n[[rule]]\naction = \"errno\"\nerrno = \"EPERM\"\nsyscalls = [\"mount\"]\n",
+        )?;
+        let prog = p.compile()?;
+        assert!(prog.len() > 3);
+        assert_eq!(prog.instructions().count(), prog.len());
+        Ok(())
+    }
+}

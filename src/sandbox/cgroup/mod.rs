@@ -1,0 +1,319 @@
+//! Resource limits and accounting through cgroups: one [`CgroupManager`] trait with a v1
+//! and a v2 backend, chosen from what the host actually mounts.
+//!
+//! Every sandbox gets its own cgroup, created before the sandbox starts and removed after
+//! its last process is gone. Limits are written with cgroups-rs's controllers; accounting
+//! (peak memory, CPU time, peak tasks, OOM kills) is read from the cgroup's own files so
+//! the report states what the kernel counted, not what hatchery estimated.
+
+pub mod layout;
+mod v1;
+mod v2;
+
+use std::fmt;
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+pub use layout::Layout;
+
+/// Prefix of every cgroup hatchery creates; the sweep only ever touches these.
+pub const NAME_PREFIX: &str = "hatchery-";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum CgroupVersion {
+    #[serde(rename = "v1")]
+    V1,
+    #[serde(rename = "v2")]
+    V2,
+}
+
+impl fmt::Display for CgroupVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CgroupVersion::V1 => "v1",
+            CgroupVersion::V2 => "v2",
+        })
+    }
+}
+
+/// The limits a sandbox asks for; `None` means unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct Limits {
+    pub memory: Option<u64>,
+    pub cpus: Option<f64>,
+    pub pids: Option<u64>,
+}
+
+impl Limits {
+    pub fn is_empty(&self) -> bool {
+        self.memory.is_none() && self.cpus.is_none() && self.pids.is_none()
+    }
+}
+
+/// Which limit-enforcing controllers a backend can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct Controllers {
+    pub memory: bool,
+    pub cpu: bool,
+    pub pids: bool,
+    /// Swap can be held at zero (v1 `memsw`, v2 `memory.swap.max`), or the host has no swap.
+    pub swap_off: bool,
+}
+
+/// What the kernel counted for a sandbox's cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct Usage {
+    pub cpu_usec: Option<u64>,
+    pub memory_peak_bytes: Option<u64>,
+    pub pids_peak: Option<u64>,
+    /// Processes the OOM killer killed in this cgroup.
+    pub oom_kills: u64,
+    /// Forks refused because the pids limit was reached.
+    pub pids_limit_hits: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{0}")]
+    Controller(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}: still has processes after the kill deadline")]
+    Busy(PathBuf),
+}
+
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
+    move |source| CgroupError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+pub(crate) fn controller_err(what: &str, path: &Path, e: impl fmt::Display) -> CgroupError {
+    CgroupError::Controller(format!("{what} in {}: {e}", path.display()))
+}
+
+/// A host's cgroup backend: creates sandbox cgroups where this process may.
+pub trait CgroupManager: Send + Sync {
+    fn version(&self) -> CgroupVersion;
+    /// The controllers that can enforce limits here.
+    fn controllers(&self) -> Controllers;
+    /// Where sandbox cgroups are created (for diagnostics).
+    fn base(&self) -> PathBuf;
+    /// Creates a cgroup named `name` with `limits` applied. Fails without leaving a trace.
+    fn create(&self, name: &str, limits: &Limits) -> Result<Box<dyn SandboxCgroup>, CgroupError>;
+    /// Removes cgroups left behind by hatchery processes that no longer exist.
+    fn sweep_stale(&self) -> Vec<PathBuf>;
+    /// Undoes what preparing the base did (v2: the supervisor's move into a leaf).
+    fn release(&self) {}
+}
+
+/// One sandbox's cgroup.
+pub trait SandboxCgroup: Send {
+    /// The cgroup's directory (the memory hierarchy's on v1).
+    fn path(&self) -> &Path;
+    /// A directory fd for `clone3(CLONE_INTO_CGROUP)`, where the backend supports it.
+    fn clone_into_fd(&self) -> Option<BorrowedFd<'_>>;
+    /// Moves a process (all its threads) into the cgroup.
+    fn attach(&self, pid: i32) -> Result<(), CgroupError>;
+    fn usage(&self) -> Usage;
+    /// Kills every process in the cgroup.
+    fn kill_all(&self) -> Result<(), CgroupError>;
+    fn is_empty(&self) -> bool;
+    /// Kills what is left, waits until the cgroup is empty, and removes it.
+    fn destroy(&mut self) -> Result<(), CgroupError>;
+}
+
+/// Detects the host's backend: v2 when `/sys/fs/cgroup`-style unified mode offers
+/// controllers, else v1 when memory/cpu/pids hierarchies are mounted, else none.
+pub fn detect() -> Result<Option<Box<dyn CgroupManager>>, CgroupError> {
+    let layout = Layout::current().map_err(io_err(Path::new("/proc/self/mountinfo")))?;
+    let root_user = nix::unistd::geteuid().is_root();
+    let has_v1 = ["memory", "cpu", "pids"]
+        .iter()
+        .any(|c| layout.v1_mount(c).is_some());
+    if !has_v1 {
+        if let Some(m) = v2::V2Manager::detect(&layout, root_user)? {
+            return Ok(Some(Box::new(m)));
+        }
+    }
+    if let Some(m) = v1::V1Manager::detect(&layout, root_user) {
+        return Ok(Some(Box::new(m)));
+    }
+    Ok(None)
+}
+
+/// A cgroup name unique to this process: `hatchery-<kind>-<pid>-<starttime>`. The start
+/// time lets the sweep tell a dead owner from a recycled pid.
+pub fn unique_name(kind: &str) -> String {
+    let pid = std::process::id();
+    let start = process_start_time(pid).unwrap_or(0);
+    format!("{NAME_PREFIX}{kind}-{pid}-{start}")
+}
+
+/// The start time (clock ticks since boot, field 22 of `/proc/PID/stat`) of a process.
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether a hatchery cgroup name belongs to a process that no longer exists.
+pub(crate) fn is_stale(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(NAME_PREFIX) else {
+        return false;
+    };
+    let mut parts = rest.rsplitn(3, '-');
+    let (Some(start), Some(pid)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let (Ok(start), Ok(pid)) = (start.parse::<u64>(), pid.parse::<u32>()) else {
+        return false;
+    };
+    process_start_time(pid) != Some(start)
+}
+
+pub(crate) fn read_string(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path).ok()
+}
+
+pub(crate) fn read_u64(path: &Path) -> Option<u64> {
+    read_string(path)?.trim().parse().ok()
+}
+
+/// Reads `key value` from a flat-keyed file such as `memory.events` or `cpu.stat`.
+pub(crate) fn read_key(path: &Path, key: &str) -> Option<u64> {
+    let text = read_string(path)?;
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+pub(crate) fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
+    std::fs::write(path, value).map_err(io_err(path))
+}
+
+/// PIDs listed in a `cgroup.procs` file.
+pub(crate) fn procs(dir: &Path) -> Vec<i32> {
+    read_string(&dir.join("cgroup.procs"))
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// SIGKILLs the processes of a cgroup until it is empty or the deadline passes.
+pub(crate) fn kill_procs_until_empty(dir: &Path, deadline: Instant) -> Result<(), CgroupError> {
+    loop {
+        let pids = procs(dir);
+        if pids.is_empty() {
+            return Ok(());
+        }
+        for pid in pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if Instant::now() >= deadline {
+            return Err(CgroupError::Busy(dir.to_path_buf()));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Removes an empty cgroup directory, retrying while the kernel still reports it busy.
+///
+/// Right after its last process exits a cgroup stays busy for a fraction of a millisecond
+/// (the exiting tasks are unlinked asynchronously); poll with a short, growing back-off
+/// instead of sleeping a fixed, long time.
+pub(crate) fn remove_when_empty(dir: &Path, deadline: Instant) -> Result<(), CgroupError> {
+    let mut pause = Duration::from_micros(20);
+    loop {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+            Err(e) => return Err(io_err(dir)(e)),
+        }
+    }
+}
+
+/// Removes a stale hatchery cgroup tree depth-first (children first), killing stragglers.
+pub(crate) fn remove_tree(dir: &Path) -> Result<(), CgroupError> {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_tree(&e.path())?;
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    kill_procs_until_empty(dir, deadline)?;
+    remove_when_empty(dir, deadline)
+}
+
+/// Sweeps stale hatchery cgroups directly under `base`.
+pub(crate) fn sweep_dir(base: &Path) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return removed;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if is_stale(name) && remove_tree(&e.path()).is_ok() {
+            removed.push(e.path());
+        }
+    }
+    removed
+}
+
+/// Whether the host has any swap configured (then swap must be limited explicitly).
+pub(crate) fn host_has_swap() -> bool {
+    read_string(Path::new("/proc/meminfo"))
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("SwapTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .is_some_and(|kb| kb > 0)
+}
+
+/// CFS quota in microseconds per 100 ms period for `cpus` cores.
+pub(crate) fn cfs_quota_us(cpus: f64) -> i64 {
+    ((cpus * CFS_PERIOD_US as f64).round() as i64).max(1000)
+}
+
+pub(crate) const CFS_PERIOD_US: u64 = 100_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_of_live_processes_are_not_stale() {
+        let own = unique_name("run");
+        assert!(own.starts_with("hatchery-run-"));
+        assert!(!is_stale(&own));
+        assert!(is_stale("hatchery-run-999999999-1"));
+        assert!(!is_stale("not-ours-1-2"));
+        assert!(!is_stale("hatchery-garbage"));
+    }
+
+    #[test]
+    fn quota_has_a_floor() {
+        assert_eq!(cfs_quota_us(0.5), 50_000);
+        assert_eq!(cfs_quota_us(0.001), 1000);
+    }
+}

@@ -1,0 +1,252 @@
+//! The cgroup v1 backend: one directory per controller hierarchy (memory, cpu, cpuacct,
+//! pids), each created under this process's own cgroup in that hierarchy.
+
+use std::os::fd::BorrowedFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cgroups_rs::CgroupPid;
+use cgroups_rs::fs::cpu::CpuController;
+use cgroups_rs::fs::memory::MemController;
+use cgroups_rs::fs::pid::PidController;
+use cgroups_rs::fs::{Controller, MaxValue};
+
+use super::{
+    CgroupError, CgroupManager, CgroupVersion, Controllers, Layout, Limits, SandboxCgroup, Usage,
+    controller_err, host_has_swap, io_err, read_key, read_u64,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Memory,
+    Cpu,
+    CpuAcct,
+    Pids,
+}
+
+pub struct V1Manager {
+    /// (controller, this process's cgroup directory in its hierarchy)
+    bases: Vec<(Kind, PathBuf)>,
+    memsw: bool,
+}
+
+impl V1Manager {
+    pub fn detect(layout: &Layout, root_user: bool) -> Option<V1Manager> {
+        let mut bases = Vec::new();
+        for (kind, name) in [
+            (Kind::Memory, "memory"),
+            (Kind::Cpu, "cpu"),
+            (Kind::CpuAcct, "cpuacct"),
+            (Kind::Pids, "pids"),
+        ] {
+            let Some(mount) = layout.v1_mount(name) else {
+                continue;
+            };
+            let own = layout
+                .own_v1
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| PathBuf::from("/"));
+            let Some(dir) = layout.own_dir(mount, &own) else {
+                continue;
+            };
+            // v1 hierarchies are not delegated to users: only usable where we may write.
+            if !root_user && nix::unistd::access(&dir, nix::unistd::AccessFlags::W_OK).is_err() {
+                continue;
+            }
+            bases.push((kind, dir));
+        }
+        if bases.is_empty() {
+            return None;
+        }
+        let memsw = bases
+            .iter()
+            .find(|(k, _)| *k == Kind::Memory)
+            .is_some_and(|(_, d)| d.join("memory.memsw.limit_in_bytes").exists());
+        Some(V1Manager { bases, memsw })
+    }
+
+    fn base(&self, kind: Kind) -> Option<&PathBuf> {
+        self.bases.iter().find(|(k, _)| *k == kind).map(|(_, d)| d)
+    }
+}
+
+impl CgroupManager for V1Manager {
+    fn version(&self) -> CgroupVersion {
+        CgroupVersion::V1
+    }
+
+    fn controllers(&self) -> Controllers {
+        let memory = self.base(Kind::Memory).is_some();
+        Controllers {
+            memory,
+            cpu: self.base(Kind::Cpu).is_some(),
+            pids: self.base(Kind::Pids).is_some(),
+            swap_off: memory && (self.memsw || !host_has_swap()),
+        }
+    }
+
+    fn base(&self) -> PathBuf {
+        self.base(Kind::Memory)
+            .or_else(|| self.bases.first().map(|(_, d)| d))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn create(&self, name: &str, limits: &Limits) -> Result<Box<dyn SandboxCgroup>, CgroupError> {
+        let mut cg = V1Cgroup {
+            dirs: Vec::new(),
+            primary: PathBuf::new(),
+        };
+        // Memory, cpuacct and pids are always joined, for accounting; cpu only for a quota.
+        for (kind, base) in &self.bases {
+            if *kind == Kind::Cpu && limits.cpus.is_none() {
+                continue;
+            }
+            let dir = base.join(name);
+            std::fs::create_dir(&dir).map_err(io_err(&dir))?;
+            cg.dirs.push((*kind, dir));
+        }
+        cg.primary = cg
+            .dirs
+            .iter()
+            .find(|(k, _)| *k == Kind::Memory)
+            .or_else(|| cg.dirs.first())
+            .map(|(_, d)| d.clone())
+            .unwrap_or_default();
+        // On error `cg` is dropped, which removes the directories just made.
+        cg.apply(limits, self.memsw)?;
+        Ok(Box::new(cg))
+    }
+
+    fn sweep_stale(&self) -> Vec<PathBuf> {
+        self.bases
+            .iter()
+            .flat_map(|(_, b)| super::sweep_dir(b))
+            .collect()
+    }
+}
+
+pub struct V1Cgroup {
+    dirs: Vec<(Kind, PathBuf)>,
+    primary: PathBuf,
+}
+
+impl V1Cgroup {
+    fn dir(&self, kind: Kind) -> Option<&PathBuf> {
+        self.dirs.iter().find(|(k, _)| *k == kind).map(|(_, d)| d)
+    }
+
+    fn apply(&self, limits: &Limits, memsw: bool) -> Result<(), CgroupError> {
+        if let Some(bytes) = limits.memory {
+            let dir = self
+                .dir(Kind::Memory)
+                .ok_or_else(|| CgroupError::Unavailable("memory controller".into()))?;
+            let mem = MemController::new(dir.clone(), dir.clone(), false);
+            let bytes = i64::try_from(bytes).map_err(|e| controller_err("memory limit", dir, e))?;
+            mem.set_limit(bytes)
+                .map_err(|e| controller_err("memory.limit_in_bytes", dir, e))?;
+            if memsw {
+                // memory+swap == memory: no swap at all.
+                mem.set_memswap_limit(bytes)
+                    .map_err(|e| controller_err("memory.memsw.limit_in_bytes", dir, e))?;
+            }
+        }
+        if let Some(cpus) = limits.cpus {
+            let dir = self
+                .dir(Kind::Cpu)
+                .ok_or_else(|| CgroupError::Unavailable("cpu controller".into()))?;
+            let cpu = CpuController::new(dir.clone(), dir.clone(), false);
+            cpu.set_cfs_quota_and_period(
+                Some(super::cfs_quota_us(cpus)),
+                Some(super::CFS_PERIOD_US),
+            )
+            .map_err(|e| controller_err("cpu.cfs_quota_us", dir, e))?;
+        }
+        if let Some(n) = limits.pids {
+            let dir = self
+                .dir(Kind::Pids)
+                .ok_or_else(|| CgroupError::Unavailable("pids controller".into()))?;
+            let pids = PidController::new(dir.clone(), dir.clone(), false);
+            let n = i64::try_from(n).map_err(|e| controller_err("pids limit", dir, e))?;
+            pids.set_pid_max(MaxValue::Value(n))
+                .map_err(|e| controller_err("pids.max", dir, e))?;
+        }
+        Ok(())
+    }
+}
+
+impl SandboxCgroup for V1Cgroup {
+    fn path(&self) -> &Path {
+        &self.primary
+    }
+
+    fn clone_into_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
+    fn attach(&self, pid: i32) -> Result<(), CgroupError> {
+        let tgid = CgroupPid::from(pid as u64);
+        for (kind, dir) in &self.dirs {
+            let res = match kind {
+                Kind::Memory => {
+                    MemController::new(dir.clone(), dir.clone(), false).add_task_by_tgid(&tgid)
+                }
+                Kind::Cpu | Kind::CpuAcct => {
+                    CpuController::new(dir.clone(), dir.clone(), false).add_task_by_tgid(&tgid)
+                }
+                Kind::Pids => {
+                    PidController::new(dir.clone(), dir.clone(), false).add_task_by_tgid(&tgid)
+                }
+            };
+            res.map_err(|e| controller_err("cgroup.procs", dir, e))?;
+        }
+        Ok(())
+    }
+
+    fn usage(&self) -> Usage {
+        let mut u = Usage::default();
+        if let Some(d) = self.dir(Kind::CpuAcct) {
+            u.cpu_usec = read_u64(&d.join("cpuacct.usage")).map(|ns| ns / 1000);
+        }
+        if let Some(d) = self.dir(Kind::Memory) {
+            u.memory_peak_bytes = read_u64(&d.join("memory.max_usage_in_bytes"));
+            u.oom_kills = read_key(&d.join("memory.oom_control"), "oom_kill").unwrap_or(0);
+        }
+        if let Some(d) = self.dir(Kind::Pids) {
+            u.pids_peak = read_u64(&d.join("pids.peak"));
+            u.pids_limit_hits = read_key(&d.join("pids.events"), "max").unwrap_or(0);
+        }
+        u
+    }
+
+    fn kill_all(&self) -> Result<(), CgroupError> {
+        super::kill_procs_until_empty(&self.primary, Instant::now() + Duration::from_secs(2))
+    }
+
+    fn is_empty(&self) -> bool {
+        super::procs(&self.primary).is_empty()
+    }
+
+    fn destroy(&mut self) -> Result<(), CgroupError> {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        if !self.primary.as_os_str().is_empty() {
+            super::kill_procs_until_empty(&self.primary, deadline)?;
+        }
+        let mut first_err = None;
+        for (_, dir) in self.dirs.drain(..) {
+            if let Err(e) = super::remove_when_empty(&dir, deadline) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for V1Cgroup {
+    fn drop(&mut self) {
+        if !self.dirs.is_empty() {
+            let _ = self.destroy();
+        }
+    }
+}

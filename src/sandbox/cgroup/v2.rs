@@ -1,0 +1,342 @@
+//! The cgroup v2 backend: one unified hierarchy, sandboxes created as children of this
+//! process's own cgroup (or of the root, see placement below), entered at birth with
+//! `clone3(CLONE_INTO_CGROUP)` and killed as a whole with `cgroup.kill`.
+//!
+//! Placement follows the no-internal-process rule: a non-root cgroup that holds processes
+//! cannot enable controllers for its children. When the supervisor is alone in its cgroup
+//! (a systemd service, a delegated scope) it moves itself into a leaf first and enables
+//! the controllers on the cgroup it left; when it shares its cgroup with processes it does
+//! not own (a login shell), root falls back to the root cgroup and others cannot have limits.
+
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use cgroups_rs::CgroupPid;
+use cgroups_rs::fs::cpu::CpuController;
+use cgroups_rs::fs::memory::MemController;
+use cgroups_rs::fs::pid::PidController;
+use cgroups_rs::fs::{Controller, MaxValue};
+
+use super::{
+    CgroupError, CgroupManager, CgroupVersion, Controllers, Layout, Limits, SandboxCgroup, Usage,
+    controller_err, host_has_swap, io_err, read_key, read_string, read_u64, write_file,
+};
+
+const WANTED: [&str; 3] = ["memory", "cpu", "pids"];
+
+pub struct V2Manager {
+    mount: PathBuf,
+    own: PathBuf,
+    root_user: bool,
+    state: Mutex<Option<Placement>>,
+}
+
+/// Where sandboxes go, decided once, on first use.
+#[derive(Debug, Clone)]
+struct Placement {
+    base: PathBuf,
+    /// The leaf this process moved itself into, to be undone by `release`.
+    moved_to: Option<PathBuf>,
+}
+
+impl V2Manager {
+    pub fn detect(layout: &Layout, root_user: bool) -> Result<Option<V2Manager>, CgroupError> {
+        let Some(mount) = layout.v2_mount() else {
+            return Ok(None);
+        };
+        let own_rel = layout.own_v2.clone().unwrap_or_else(|| PathBuf::from("/"));
+        let Some(own) = layout.own_dir(mount, &own_rel) else {
+            return Ok(None);
+        };
+        let controllers =
+            read_string(&mount.mount_point.join("cgroup.controllers")).unwrap_or_default();
+        if !WANTED
+            .iter()
+            .any(|w| controllers.split_whitespace().any(|c| c == *w))
+        {
+            return Ok(None);
+        }
+        Ok(Some(V2Manager {
+            mount: mount.mount_point.clone(),
+            own,
+            root_user,
+            state: Mutex::new(None),
+        }))
+    }
+
+    fn placement(&self) -> Result<Placement, CgroupError> {
+        let mut state = self
+            .state
+            .lock()
+            .map_err(|_| CgroupError::Unavailable("cgroup state poisoned".into()))?;
+        if let Some(p) = state.as_ref() {
+            return Ok(p.clone());
+        }
+        let p = self.decide_placement()?;
+        *state = Some(p.clone());
+        Ok(p)
+    }
+
+    fn decide_placement(&self) -> Result<Placement, CgroupError> {
+        if self.own == self.mount {
+            enable_controllers(&self.own)?;
+            return Ok(Placement {
+                base: self.own.clone(),
+                moved_to: None,
+            });
+        }
+        let me = std::process::id() as i32;
+        let others: Vec<i32> = super::procs(&self.own)
+            .into_iter()
+            .filter(|p| *p != me)
+            .collect();
+        let writable = nix::unistd::access(
+            &self.own.join("cgroup.subtree_control"),
+            nix::unistd::AccessFlags::W_OK,
+        )
+        .is_ok()
+            && nix::unistd::access(&self.own, nix::unistd::AccessFlags::W_OK).is_ok();
+        if others.is_empty() && writable {
+            // Alone in our cgroup: move into a leaf, then the cgroup we left may have
+            // controllers enabled for its children (our leaf and the sandboxes).
+            let leaf = self.own.join(super::unique_name("supervisor"));
+            std::fs::create_dir(&leaf).map_err(io_err(&leaf))?;
+            if let Err(e) = write_file(&leaf.join("cgroup.procs"), &me.to_string()) {
+                let _ = std::fs::remove_dir(&leaf);
+                return Err(e);
+            }
+            if let Err(e) = enable_controllers(&self.own) {
+                let _ = write_file(&self.own.join("cgroup.procs"), &me.to_string());
+                let _ = std::fs::remove_dir(&leaf);
+                return Err(e);
+            }
+            return Ok(Placement {
+                base: self.own.clone(),
+                moved_to: Some(leaf),
+            });
+        }
+        if self.root_user {
+            // Our cgroup is shared with processes we do not own: use the root cgroup.
+            enable_controllers(&self.mount)?;
+            return Ok(Placement {
+                base: self.mount.clone(),
+                moved_to: None,
+            });
+        }
+        Err(CgroupError::Unavailable(format!(
+            "cgroup {} is not delegated to this user or holds other processes; run inside a delegated scope: systemd-run --user --scope -p Delegate=yes hatchery ...",
+            self.own.display()
+        )))
+    }
+}
+
+/// Enables the wanted controllers that `dir` offers in its `cgroup.subtree_control`.
+fn enable_controllers(dir: &Path) -> Result<(), CgroupError> {
+    let offered = read_string(&dir.join("cgroup.controllers")).unwrap_or_default();
+    let enabled = read_string(&dir.join("cgroup.subtree_control")).unwrap_or_default();
+    let missing: Vec<String> = WANTED
+        .iter()
+        .filter(|w| offered.split_whitespace().any(|c| c == **w))
+        .filter(|w| !enabled.split_whitespace().any(|c| c == **w))
+        .map(|w| format!("+{w}"))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    write_file(&dir.join("cgroup.subtree_control"), &missing.join(" "))
+}
+
+impl CgroupManager for V2Manager {
+    fn version(&self) -> CgroupVersion {
+        CgroupVersion::V2
+    }
+
+    fn controllers(&self) -> Controllers {
+        // What the placement base offers its children (before placement: what the root
+        // offers, which is what placement can obtain).
+        let dir = self
+            .state
+            .lock()
+            .ok()
+            .and_then(|s| s.as_ref().map(|p| p.base.clone()))
+            .unwrap_or_else(|| self.mount.clone());
+        let offered = read_string(&dir.join("cgroup.controllers")).unwrap_or_default();
+        let has = |c: &str| offered.split_whitespace().any(|o| o == c);
+        let swap_file = dir.join("memory.swap.max").exists()
+            || std::fs::read_dir(&dir)
+                .map(|mut d| d.any(|e| e.is_ok_and(|e| e.path().join("memory.swap.max").exists())))
+                .unwrap_or(false);
+        Controllers {
+            memory: has("memory"),
+            cpu: has("cpu"),
+            pids: has("pids"),
+            swap_off: has("memory") && (swap_file || !host_has_swap()),
+        }
+    }
+
+    fn base(&self) -> PathBuf {
+        self.state
+            .lock()
+            .ok()
+            .and_then(|s| s.as_ref().map(|p| p.base.clone()))
+            .unwrap_or_else(|| self.own.clone())
+    }
+
+    fn create(&self, name: &str, limits: &Limits) -> Result<Box<dyn SandboxCgroup>, CgroupError> {
+        let base = self.placement()?.base;
+        let dir = base.join(name);
+        std::fs::create_dir(&dir).map_err(io_err(&dir))?;
+        let mut cg = V2Cgroup {
+            dir: dir.clone(),
+            fd: None,
+            removed: false,
+        };
+        cg.apply(limits)?;
+        let fd = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(&dir)
+            .map_err(io_err(&dir))?;
+        cg.fd = Some(fd);
+        Ok(Box::new(cg))
+    }
+
+    fn sweep_stale(&self) -> Vec<PathBuf> {
+        let mut removed = super::sweep_dir(&self.own);
+        if self.root_user && self.own != self.mount {
+            removed.extend(super::sweep_dir(&self.mount));
+        }
+        removed
+    }
+
+    fn release(&self) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        let Some(Placement {
+            base,
+            moved_to: Some(leaf),
+        }) = state.take()
+        else {
+            return;
+        };
+        // Only give the controllers back if no other hatchery cgroup still uses them: turning
+        // a controller off removes its limits from every child.
+        let busy = std::fs::read_dir(&base)
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.path() != leaf && e.file_type().is_ok_and(|t| t.is_dir()))
+            })
+            .unwrap_or(true);
+        if busy {
+            return;
+        }
+        let _ = write_file(&base.join("cgroup.subtree_control"), "-memory -cpu -pids");
+        if write_file(&base.join("cgroup.procs"), &std::process::id().to_string()).is_ok() {
+            let _ = super::remove_when_empty(&leaf, Instant::now() + Duration::from_millis(500));
+        }
+    }
+}
+
+pub struct V2Cgroup {
+    dir: PathBuf,
+    fd: Option<File>,
+    removed: bool,
+}
+
+impl V2Cgroup {
+    fn apply(&self, limits: &Limits) -> Result<(), CgroupError> {
+        let dir = &self.dir;
+        if let Some(bytes) = limits.memory {
+            let mem = MemController::new(dir.clone(), dir.clone(), true);
+            let bytes = i64::try_from(bytes).map_err(|e| controller_err("memory limit", dir, e))?;
+            mem.set_limit(bytes)
+                .map_err(|e| controller_err("memory.max", dir, e))?;
+            if dir.join("memory.swap.max").exists() {
+                mem.set_memswap_limit(0)
+                    .map_err(|e| controller_err("memory.swap.max", dir, e))?;
+            }
+            // An OOM kill takes the whole sandbox: no half-dead process tree.
+            if dir.join("memory.oom.group").exists() {
+                write_file(&dir.join("memory.oom.group"), "1")?;
+            }
+        }
+        if let Some(cpus) = limits.cpus {
+            let cpu = CpuController::new(dir.clone(), dir.clone(), true);
+            cpu.set_cfs_quota_and_period(
+                Some(super::cfs_quota_us(cpus)),
+                Some(super::CFS_PERIOD_US),
+            )
+            .map_err(|e| controller_err("cpu.max", dir, e))?;
+        }
+        if let Some(n) = limits.pids {
+            let pids = PidController::new(dir.clone(), dir.clone(), true);
+            let n = i64::try_from(n).map_err(|e| controller_err("pids limit", dir, e))?;
+            pids.set_pid_max(MaxValue::Value(n))
+                .map_err(|e| controller_err("pids.max", dir, e))?;
+        }
+        Ok(())
+    }
+}
+
+impl SandboxCgroup for V2Cgroup {
+    fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    fn clone_into_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|f| f.as_fd())
+    }
+
+    fn attach(&self, pid: i32) -> Result<(), CgroupError> {
+        MemController::new(self.dir.clone(), self.dir.clone(), true)
+            .add_task_by_tgid(&CgroupPid::from(pid as u64))
+            .map_err(|e| controller_err("cgroup.procs", &self.dir, e))
+    }
+
+    fn usage(&self) -> Usage {
+        let d = &self.dir;
+        Usage {
+            cpu_usec: read_key(&d.join("cpu.stat"), "usage_usec"),
+            memory_peak_bytes: read_u64(&d.join("memory.peak")),
+            pids_peak: read_u64(&d.join("pids.peak")),
+            oom_kills: read_key(&d.join("memory.events"), "oom_kill").unwrap_or(0),
+            pids_limit_hits: read_key(&d.join("pids.events"), "max").unwrap_or(0),
+        }
+    }
+
+    fn kill_all(&self) -> Result<(), CgroupError> {
+        let kill = self.dir.join("cgroup.kill");
+        if kill.exists() {
+            write_file(&kill, "1")?;
+        }
+        super::kill_procs_until_empty(&self.dir, Instant::now() + Duration::from_secs(2))
+    }
+
+    fn is_empty(&self) -> bool {
+        read_key(&self.dir.join("cgroup.events"), "populated") == Some(0)
+    }
+
+    fn destroy(&mut self) -> Result<(), CgroupError> {
+        if self.removed {
+            return Ok(());
+        }
+        self.fd = None;
+        if !self.is_empty() {
+            self.kill_all()?;
+        }
+        super::remove_when_empty(&self.dir, Instant::now() + Duration::from_secs(2))?;
+        self.removed = true;
+        Ok(())
+    }
+}
+
+impl Drop for V2Cgroup {
+    fn drop(&mut self) {
+        let _ = self.destroy();
+    }
+}

@@ -1,0 +1,251 @@
+//! The typed channel between the supervisor and a sandbox it starts: a SOCK_SEQPACKET
+//! socketpair (message boundaries for free), one message per packet.
+//!
+//! Supervisor → sandbox init: the go-aheads for each setup phase. Sandbox → supervisor:
+//! a setup failure with the step and errno (so the user sees the real cause, not "exited
+//! 1"), the Landlock status, an exec failure, and finally the payload's wait status.
+//! The socket is close-on-exec: a successful `execve` in the payload closes its copy.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, recv, send, socketpair};
+
+/// Largest message either side sends; anything longer is truncated or refused.
+pub const MAX_MESSAGE: usize = 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToSandbox {
+    /// The uid/gid maps are written: the init may change identity and build its root.
+    IdentityReady,
+    /// The sandbox is in its cgroup: the init may start the payload.
+    CgroupReady,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FromSandbox {
+    /// A setup step failed before the payload started.
+    SetupFailed {
+        step: String,
+        errno: i32,
+        detail: String,
+    },
+    /// What Landlock enforced for the payload: ABI version and a status word.
+    Landlock { abi: u8, status: String },
+    /// `execve` of the payload failed with this errno.
+    ExecFailed { errno: i32 },
+    /// The payload ended; a raw wait(2) status.
+    Exited { status: i32 },
+}
+
+/// Creates the socketpair: (supervisor end, sandbox end), both close-on-exec.
+pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(io::Error::from)
+}
+
+fn send_bytes(fd: BorrowedFd<'_>, bytes: &[u8]) -> io::Result<()> {
+    loop {
+        match send(fd.as_raw_fd(), bytes, MsgFlags::MSG_NOSIGNAL) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Receives one packet; `Ok(None)` at end of stream (the other side closed).
+fn recv_bytes(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    loop {
+        match recv(fd.as_raw_fd(), buf, MsgFlags::empty()) {
+            Ok(0) => return Ok(None),
+            Ok(n) => return Ok(Some(n)),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+impl ToSandbox {
+    fn tag(&self) -> u8 {
+        match self {
+            ToSandbox::IdentityReady => 1,
+            ToSandbox::CgroupReady => 2,
+        }
+    }
+
+    pub fn send(&self, fd: impl AsFd) -> io::Result<()> {
+        send_bytes(fd.as_fd(), &[self.tag()])
+    }
+
+    /// Waits for exactly `expected`; anything else (or end of stream) is an error.
+    pub fn expect(expected: ToSandbox, fd: impl AsFd) -> io::Result<()> {
+        let mut buf = [0u8; 8];
+        match recv_bytes(fd.as_fd(), &mut buf)? {
+            Some(1) if buf[0] == expected.tag() => Ok(()),
+            Some(_) => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "unexpected message from the supervisor",
+            )),
+            None => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the supervisor went away",
+            )),
+        }
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    let bytes = &s.as_bytes()[..s.len().min(400)];
+    out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn get_str(buf: &[u8], at: &mut usize) -> Option<String> {
+    let len = u16::from_le_bytes(buf.get(*at..*at + 2)?.try_into().ok()?) as usize;
+    let s = buf.get(*at + 2..*at + 2 + len)?;
+    *at += 2 + len;
+    Some(String::from_utf8_lossy(s).into_owned())
+}
+
+fn get_i32(buf: &[u8], at: &mut usize) -> Option<i32> {
+    let v = i32::from_le_bytes(buf.get(*at..*at + 4)?.try_into().ok()?);
+    *at += 4;
+    Some(v)
+}
+
+impl FromSandbox {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        match self {
+            FromSandbox::SetupFailed {
+                step,
+                errno,
+                detail,
+            } => {
+                out.push(1);
+                out.extend_from_slice(&errno.to_le_bytes());
+                put_str(&mut out, step);
+                put_str(&mut out, detail);
+            }
+            FromSandbox::Landlock { abi, status } => {
+                out.push(2);
+                out.push(*abi);
+                put_str(&mut out, status);
+            }
+            FromSandbox::ExecFailed { errno } => {
+                out.push(3);
+                out.extend_from_slice(&errno.to_le_bytes());
+            }
+            FromSandbox::Exited { status } => {
+                out.push(4);
+                out.extend_from_slice(&status.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Option<FromSandbox> {
+        let (&tag, _) = buf.split_first()?;
+        let mut at = 1;
+        let msg = match tag {
+            1 => {
+                let errno = get_i32(buf, &mut at)?;
+                let step = get_str(buf, &mut at)?;
+                let detail = get_str(buf, &mut at)?;
+                FromSandbox::SetupFailed {
+                    step,
+                    errno,
+                    detail,
+                }
+            }
+            2 => {
+                let abi = *buf.get(1)?;
+                at = 2;
+                FromSandbox::Landlock {
+                    abi,
+                    status: get_str(buf, &mut at)?,
+                }
+            }
+            3 => FromSandbox::ExecFailed {
+                errno: get_i32(buf, &mut at)?,
+            },
+            4 => FromSandbox::Exited {
+                status: get_i32(buf, &mut at)?,
+            },
+            _ => return None,
+        };
+        (at == buf.len()).then_some(msg)
+    }
+
+    /// Best effort: the sandbox side reports and moves on (the supervisor may be gone).
+    pub fn send(&self, fd: impl AsFd) {
+        let _ = send_bytes(fd.as_fd(), &self.encode());
+    }
+
+    /// Reads one message; `Ok(None)` when the sandbox side has closed its end.
+    pub fn recv(fd: impl AsFd) -> io::Result<Option<FromSandbox>> {
+        let mut buf = [0u8; MAX_MESSAGE];
+        match recv_bytes(fd.as_fd(), &mut buf)? {
+            None => Ok(None),
+            Some(n) => FromSandbox::decode(&buf[..n]).map(Some).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "malformed message from the sandbox",
+                )
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        for m in [
+            FromSandbox::SetupFailed {
+                step: "mount /usr".into(),
+                errno: 13,
+                detail: "permission denied".into(),
+            },
+            FromSandbox::Landlock {
+                abi: 6,
+                status: "fully_enforced".into(),
+            },
+            FromSandbox::ExecFailed { errno: 2 },
+            FromSandbox::Exited { status: 256 },
+        ] {
+            assert_eq!(FromSandbox::decode(&m.encode()), Some(m));
+        }
+    }
+
+    #[test]
+    fn truncated_or_padded_messages_are_refused() {
+        let enc = FromSandbox::Exited { status: 1 }.encode();
+        assert_eq!(FromSandbox::decode(&enc[..enc.len() - 1]), None);
+        let mut long = enc.clone();
+        long.push(0);
+        assert_eq!(FromSandbox::decode(&long), None);
+        assert_eq!(FromSandbox::decode(&[]), None);
+        assert_eq!(FromSandbox::decode(&[9, 0, 0, 0, 0]), None);
+    }
+
+    #[test]
+    fn go_aheads_travel_over_the_pair() -> io::Result<()> {
+        let (a, b) = pair()?;
+        ToSandbox::IdentityReady.send(&a)?;
+        ToSandbox::expect(ToSandbox::IdentityReady, &b)?;
+        ToSandbox::CgroupReady.send(&a)?;
+        assert!(ToSandbox::expect(ToSandbox::IdentityReady, &b).is_err());
+        drop(a);
+        assert!(ToSandbox::expect(ToSandbox::CgroupReady, &b).is_err());
+        Ok(())
+    }
+}

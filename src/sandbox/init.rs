@@ -1,0 +1,77 @@
+//! The sandbox's pid 1: starts the payload, forwards signals to it, reaps every orphan,
+//! and reports the payload's status. When it exits, the kernel kills whatever is left in
+//! the pid namespace: daemons and double-forked children die with the sandbox.
+
+use std::os::fd::BorrowedFd;
+
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use super::channel::FromSandbox;
+
+/// Signals pid 1 passes on to the payload.
+pub const FORWARDED: [Signal; 7] = [
+    Signal::SIGHUP,
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGTERM,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGWINCH,
+];
+
+/// The set pid 1 waits on: the forwarded signals and SIGCHLD.
+pub fn wait_set() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in FORWARDED {
+        set.add(s);
+    }
+    set.add(Signal::SIGCHLD);
+    set
+}
+
+/// Blocks the signals pid 1 will collect with sigwaitinfo, before the payload is forked
+/// (so none arrives unhandled in between).
+pub fn block_signals() {
+    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&wait_set()), None);
+}
+
+fn raw_status(status: WaitStatus) -> Option<i32> {
+    match status {
+        WaitStatus::Exited(_, code) => Some((code & 0xff) << 8),
+        WaitStatus::Signaled(_, sig, core) => Some(sig as i32 | if core { 0x80 } else { 0 }),
+        _ => None,
+    }
+}
+
+/// Runs pid 1's loop until the payload ends, then reports its status and exits.
+pub fn reap_until_exit(payload: Pid, channel: BorrowedFd<'_>) -> ! {
+    let set = wait_set();
+    loop {
+        let sig = match set.wait() {
+            Ok(s) => s,
+            Err(_) => continue,
+        };
+        if sig != Signal::SIGCHLD {
+            let _ = nix::sys::signal::kill(payload, sig);
+            continue;
+        }
+        // Reap everything that has exited: the payload and any orphan re-parented to us.
+        loop {
+            match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(status) => {
+                    if status.pid() == Some(payload) {
+                        if let Some(raw) = raw_status(status) {
+                            FromSandbox::Exited { status: raw }.send(channel);
+                        }
+                        // SAFETY: _exit ends the process without running destructors that
+                        // belong to the supervisor whose memory image we share.
+                        unsafe { libc::_exit(0) };
+                    }
+                }
+            }
+        }
+    }
+}

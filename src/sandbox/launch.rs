@@ -1,0 +1,716 @@
+//! The launch pipeline: the supervisor's side (clone, id maps, cgroup, wait) and the
+//! ordered list of steps the sandbox performs on itself before its payload runs.
+//!
+//! Read [`contain`] and [`payload`] top to bottom for the whole security order:
+//! identity → hostname → loopback → root filesystem → cgroup namespace → fork the
+//! payload; in the payload: session → descriptors → cwd → rlimits → capabilities →
+//! no_new_privs → Landlock → seccomp (last) → execve.
+//!
+//! Starting a sandbox is fork-like: it must happen in a single-threaded process (the
+//! `run` command, or the controller's launcher forked before its async runtime starts).
+
+use std::convert::Infallible;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::sys::signalfd::SignalFd;
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+use nix::unistd::{ForkResult, Pid};
+
+use super::caps;
+use super::cgroup::{CgroupManager, SandboxCgroup, Usage};
+use super::channel::{self, FromSandbox, ToSandbox};
+use super::init;
+use super::landlock;
+use super::mounts;
+use super::net;
+use super::process;
+use super::rlimits;
+use super::seccomp::LoadableFilter;
+use super::userns;
+use super::{Enforcement, SandboxError, SandboxSpec};
+
+/// Exit status pid 1 uses when setup failed (mirrors `run`'s 125).
+const SETUP_FAILED: i32 = 125;
+
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+enum Cloned {
+    Child,
+    Parent { pid: Pid, pidfd: OwnedFd },
+}
+
+/// clone3 with fork semantics (no new stack): returns twice, like fork(2).
+fn clone3(flags: u64, cgroup_fd: Option<RawFd>) -> io::Result<Cloned> {
+    let mut pidfd: libc::c_int = -1;
+    let mut args = CloneArgs {
+        flags: flags | libc::CLONE_PIDFD as u64,
+        pidfd: &mut pidfd as *mut libc::c_int as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..CloneArgs::default()
+    };
+    if let Some(fd) = cgroup_fd {
+        args.flags |= CLONE_INTO_CGROUP;
+        args.cgroup = fd as u64;
+    }
+    // SAFETY: clone3 without CLONE_VM and without a stack behaves like fork: the child gets
+    // a copy of this (single-threaded, checked by the caller) address space and continues
+    // on a copy of this stack. `args` and `pidfd` outlive the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut args as *mut CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    match rc {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(Cloned::Child),
+        pid => Ok(Cloned::Parent {
+            pid: Pid::from_raw(pid as i32),
+            // SAFETY: with CLONE_PIDFD the kernel stored a new descriptor in `pidfd`.
+            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
+        }),
+    }
+}
+
+/// Everything the sandbox side needs, converted before the clone so that the child only
+/// reads memory it was given.
+struct ChildContext<'a> {
+    spec: &'a SandboxSpec,
+    argv: Vec<CString>,
+    env: Vec<CString>,
+    path_var: String,
+    filter: LoadableFilter,
+    landlock: bool,
+    unshare_cgroup: bool,
+    /// (source fd, target number) pairs for the payload, stdio included.
+    fds: Vec<(RawFd, RawFd)>,
+}
+
+fn to_cstrings(items: impl Iterator<Item = String>) -> Result<Vec<CString>, SandboxError> {
+    items
+        .map(|s| {
+            CString::new(s).map_err(|_| {
+                SandboxError::Invalid("an argument or variable contains a NUL byte".into())
+            })
+        })
+        .collect()
+}
+
+/// A started sandbox, seen from its supervisor.
+pub struct Sandbox {
+    pid: Pid,
+    pidfd: OwnedFd,
+    channel: OwnedFd,
+    cgroup: Option<Box<dyn SandboxCgroup>>,
+    started: Instant,
+    finished: bool,
+    pub enforcement: Enforcement,
+}
+
+/// Why the payload never ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    Setup {
+        step: String,
+        errno: i32,
+        detail: String,
+    },
+    Exec {
+        errno: i32,
+    },
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Setup {
+                step,
+                errno,
+                detail,
+            } => {
+                let e = io::Error::from_raw_os_error(*errno);
+                if detail.is_empty() {
+                    write!(f, "sandbox setup failed at {step}: {e}")
+                } else {
+                    write!(f, "sandbox setup failed at {step}: {e} ({detail})")
+                }
+            }
+            Failure::Exec { errno } => write!(f, "{}", io::Error::from_raw_os_error(*errno)),
+        }
+    }
+}
+
+/// How a sandbox ended.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The exit status `run` reports (see the command-line contract).
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub oom_killed: bool,
+    pub timed_out: bool,
+    pub wall: Duration,
+    pub usage: Usage,
+    pub landlock: Option<(u8, String)>,
+    pub failure: Option<Failure>,
+    /// Set when the sandbox's cgroup could not be removed.
+    pub cleanup_error: Option<String>,
+}
+
+/// Starts `spec` in a new sandbox. `cgroups` is the host's backend, if any.
+pub fn start(
+    spec: &SandboxSpec,
+    mut enforcement: Enforcement,
+    cgroups: Option<&dyn CgroupManager>,
+) -> Result<Sandbox, SandboxError> {
+    process::ensure_single_threaded().map_err(|e| SandboxError::Internal(e.to_string()))?;
+    let started = Instant::now();
+
+    // The cgroup exists before the sandbox: on v2 the sandbox is born inside it.
+    let cgroup = match cgroups {
+        Some(m) if enforcement.cgroup != "none" => Some(
+            m.create(&spec.cgroup_name, &enforcement.cgroup_limits)
+                .map_err(|e| SandboxError::Refused {
+                    what: "cgroup".into(),
+                    why: e.to_string(),
+                    fix: "check that this user may create cgroups here (see `hatchery doctor`)"
+                        .into(),
+                })?,
+        ),
+        _ => None,
+    };
+    enforcement.cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
+
+    let mut fds = Vec::new();
+    match &spec.stdio {
+        Some(stdio) => {
+            for (i, fd) in stdio.iter().enumerate() {
+                fds.push((fd.as_raw_fd(), i as RawFd));
+            }
+        }
+        None => fds.extend([(0, 0), (1, 1), (2, 2)]),
+    }
+    for (fd, target) in &spec.pass_fds {
+        fds.push((fd.as_raw_fd(), *target));
+    }
+    let path_var = spec
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| super::DEFAULT_PATH.to_string());
+    let ctx = ChildContext {
+        spec,
+        argv: to_cstrings(spec.argv.iter().cloned())?,
+        env: to_cstrings(spec.env.iter().map(|(k, v)| format!("{k}={v}")))?,
+        path_var,
+        filter: LoadableFilter::new(&spec.seccomp),
+        landlock: enforcement.landlock_abi.is_some(),
+        unshare_cgroup: spec.namespaces.cgroup,
+        fds,
+    };
+
+    let (supervisor_end, sandbox_end) =
+        channel::pair().map_err(|e| SandboxError::Internal(format!("socketpair: {e}")))?;
+    let mut flags = (libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID) as u64;
+    if spec.namespaces.net {
+        flags |= libc::CLONE_NEWNET as u64;
+    }
+    if spec.namespaces.ipc {
+        flags |= libc::CLONE_NEWIPC as u64;
+    }
+    if spec.namespaces.uts {
+        flags |= libc::CLONE_NEWUTS as u64;
+    }
+    let into = cgroup
+        .as_ref()
+        .and_then(|c| c.clone_into_fd())
+        .map(|fd| fd.as_raw_fd());
+    let mut born_inside = into.is_some();
+    let mut attempt = clone3(
+        flags
+            | if born_inside && spec.namespaces.cgroup {
+                libc::CLONE_NEWCGROUP as u64
+            } else {
+                0
+            },
+        into,
+    );
+    if born_inside
+        && matches!(&attempt, Err(e) if e.raw_os_error() != Some(libc::EPERM) && e.raw_os_error() != Some(libc::ENOSPC))
+    {
+        // Kernels or setups without CLONE_INTO_CGROUP: attach after the clone instead.
+        born_inside = false;
+        attempt = clone3(flags, None);
+    }
+    let (pid, pidfd) = match attempt {
+        Ok(Cloned::Child) => {
+            drop(supervisor_end);
+            let ctx = ChildContext {
+                unshare_cgroup: ctx.unshare_cgroup && !born_inside,
+                ..ctx
+            };
+            contain(&ctx, sandbox_end)
+        }
+        Ok(Cloned::Parent { pid, pidfd }) => (pid, pidfd),
+        Err(e) => {
+            return Err(SandboxError::Refused {
+                what: "namespaces".into(),
+                why: format!("cannot create the sandbox's user, mount and pid namespaces: {e}"),
+                fix: "user namespaces may be disabled: check `sysctl user.max_user_namespaces` (and, for non-root users, kernel.unprivileged_userns_clone or kernel.apparmor_restrict_unprivileged_userns); `hatchery doctor` shows what this host allows".into(),
+            });
+        }
+    };
+    drop(sandbox_end);
+    let sandbox = Sandbox {
+        pid,
+        pidfd,
+        channel: supervisor_end,
+        cgroup,
+        started,
+        finished: false,
+        enforcement,
+    };
+    // From here on, dropping `sandbox` on an error path kills it and removes its cgroup.
+    spec.identity
+        .write_maps(pid.as_raw())
+        .map_err(|e| SandboxError::Refused {
+            what: "user namespace".into(),
+            why: format!("cannot write the uid/gid maps: {e}"),
+            fix: "an unprivileged user may map only its own uid; see `hatchery doctor`".into(),
+        })?;
+    ToSandbox::IdentityReady
+        .send(&sandbox.channel)
+        .map_err(|e| SandboxError::Internal(format!("sandbox went away during setup: {e}")))?;
+    if !born_inside {
+        if let Some(cg) = &sandbox.cgroup {
+            cg.attach(pid.as_raw()).map_err(|e| SandboxError::Refused {
+                what: "cgroup".into(),
+                why: e.to_string(),
+                fix: "see `hatchery doctor`".into(),
+            })?;
+        }
+    }
+    // The sandbox may be gone already (a setup failure it reported): `wait` tells.
+    let _ = ToSandbox::CgroupReady.send(&sandbox.channel);
+    Ok(sandbox)
+}
+
+// ---------------------------------------------------------------------------------------
+// Inside the sandbox.
+
+fn step_err(step: &str, errno: i32) -> FromSandbox {
+    FromSandbox::SetupFailed {
+        step: step.to_string(),
+        errno,
+        detail: String::new(),
+    }
+}
+
+/// The sandbox's pid 1. Never returns: it becomes the reaper or exits.
+fn contain(ctx: &ChildContext<'_>, chan: OwnedFd) -> ! {
+    let result =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| contain_steps(ctx, &chan)));
+    let msg = match result {
+        Ok(Err(msg)) => Some(msg),
+        Ok(Ok(never)) => match never {},
+        Err(_) => Some(step_err("internal error", libc::EIO)),
+    };
+    if let Some(msg) = msg {
+        msg.send(&chan);
+    }
+    // SAFETY: leave without running the supervisor's destructors in this copy of its memory.
+    unsafe { libc::_exit(SETUP_FAILED) }
+}
+
+fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, FromSandbox> {
+    let spec = ctx.spec;
+    // If the supervisor dies from now on, so do we. (Before this point its death shows as
+    // end-of-stream on the channel, below.)
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(|e| step_err("parent death signal", e as i32))?;
+    if ToSandbox::expect(ToSandbox::IdentityReady, chan).is_err() {
+        // SAFETY: the supervisor is gone; leave quietly.
+        unsafe { libc::_exit(SETUP_FAILED) }
+    }
+    userns::assume_identity(&spec.identity).map_err(|e| step_err("identity", e as i32))?;
+    if spec.namespaces.uts {
+        nix::unistd::sethostname(&spec.hostname).map_err(|e| step_err("hostname", e as i32))?;
+    }
+    if spec.namespaces.net {
+        net::loopback_up()
+            .map_err(|e| step_err("loopback", e.raw_os_error().unwrap_or(libc::EIO)))?;
+    }
+    mounts::build_root(&spec.rootfs).map_err(|e| step_err(&e.step, e.errno))?;
+    if ToSandbox::expect(ToSandbox::CgroupReady, chan).is_err() {
+        // SAFETY: the supervisor gave up on us; leave quietly.
+        unsafe { libc::_exit(SETUP_FAILED) }
+    }
+    if ctx.unshare_cgroup {
+        // Now that we are in our cgroup, it becomes the root of our cgroup view.
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
+            .map_err(|e| step_err("cgroup namespace", e as i32))?;
+    }
+    init::block_signals();
+    // SAFETY: this process is single-threaded (a clone of a single-threaded supervisor).
+    match unsafe { nix::unistd::fork() }.map_err(|e| step_err("fork the payload", e as i32))? {
+        ForkResult::Child => payload(ctx, chan),
+        ForkResult::Parent { child } => {
+            process::close_fds_from(0, &[chan.as_raw_fd()]);
+            // pid 1 keeps no privilege it does not need to reap and forward signals.
+            let _ = caps::drop_all();
+            let _ = caps::no_new_privs();
+            let _ = caps::not_dumpable();
+            init::reap_until_exit(child, chan.as_fd())
+        }
+    }
+}
+
+/// The payload process: locks itself down and becomes the user's command.
+fn payload(ctx: &ChildContext<'_>, chan: &OwnedFd) -> ! {
+    let result =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| payload_steps(ctx, chan)));
+    let (msg, code) = match result {
+        Ok(Err((msg, code))) => (msg, code),
+        Ok(Ok(never)) => match never {},
+        Err(_) => (step_err("internal error", libc::EIO), SETUP_FAILED),
+    };
+    msg.send(chan);
+    // SAFETY: leave without running destructors of the memory image we share.
+    unsafe { libc::_exit(code) }
+}
+
+fn payload_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, (FromSandbox, i32)> {
+    let spec = ctx.spec;
+    let fail = |step: &str, errno: i32| (step_err(step, errno), SETUP_FAILED);
+    process::reset_signals();
+    // A new session: no controlling terminal, so TIOCSTI cannot push input into the caller's.
+    nix::unistd::setsid().map_err(|e| fail("setsid", e as i32))?;
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(|e| fail("parent death signal", e as i32))?;
+
+    // Descriptors: stdio and passed fds at their numbers, nothing else survives exec
+    // except the channel (close-on-exec, kept to report an exec failure).
+    let chan_fd = chan.as_raw_fd();
+    let mut staged = Vec::new();
+    for (src, dst) in &ctx.fds {
+        // Move every source out of the way first so no target overwrites a later source.
+        // SAFETY: F_DUPFD_CLOEXEC on a descriptor number; a closed one fails with EBADF.
+        let hi = unsafe { libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 100) };
+        let hi = if hi >= 0 {
+            hi
+        } else if src == dst && *dst <= 2 {
+            // The caller's own stdio is closed: give the payload /dev/null there instead.
+            nix::fcntl::open(
+                "/dev/null",
+                nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map(|fd| {
+                let raw = fd.as_raw_fd();
+                std::mem::forget(fd);
+                raw
+            })
+            .map_err(|e| fail("open /dev/null for stdio", e as i32))?
+        } else {
+            return Err(fail(
+                "duplicate descriptors",
+                io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EBADF),
+            ));
+        };
+        staged.push((hi, *dst));
+    }
+    let mut keep: Vec<RawFd> = staged.iter().map(|(hi, _)| *hi).collect();
+    keep.push(chan_fd);
+    let moved_chan = if ctx.fds.iter().any(|(_, dst)| *dst == chan_fd) {
+        // SAFETY: F_DUPFD_CLOEXEC on the channel descriptor, which is open.
+        let fd = unsafe { libc::fcntl(chan_fd, libc::F_DUPFD_CLOEXEC, 100) };
+        if fd < 0 {
+            return Err(fail(
+                "move channel",
+                io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EBADF),
+            ));
+        }
+        fd
+    } else {
+        chan_fd
+    };
+    keep.push(moved_chan);
+    for (hi, dst) in &staged {
+        process::install_fd(*hi, *dst).map_err(|e| {
+            fail(
+                "install descriptors",
+                e.raw_os_error().unwrap_or(libc::EBADF),
+            )
+        })?;
+    }
+    let mut targets: Vec<RawFd> = staged.iter().map(|(_, d)| *d).collect();
+    targets.push(moved_chan);
+    process::close_fds_from(0, &targets);
+    // SAFETY: moved_chan is open (kept above) and from here on owned only by this borrow.
+    let chan = unsafe { BorrowedFd::borrow_raw(moved_chan) };
+
+    nix::unistd::chdir(&spec.cwd).map_err(|e| {
+        (
+            FromSandbox::SetupFailed {
+                step: "working directory".into(),
+                errno: e as i32,
+                detail: spec.cwd.display().to_string(),
+            },
+            SETUP_FAILED,
+        )
+    })?;
+    rlimits::apply(&spec.rlimits).map_err(|(name, e)| fail(&format!("rlimit {name}"), e as i32))?;
+    caps::drop_all().map_err(|e| fail(&format!("capabilities ({})", e.step), e.errno))?;
+    caps::no_new_privs().map_err(|e| fail(e.step, e.errno))?;
+    if ctx.landlock {
+        let outcome = landlock::restrict(&spec.landlock).map_err(|detail| {
+            (
+                FromSandbox::SetupFailed {
+                    step: "landlock".into(),
+                    errno: libc::EPERM,
+                    detail,
+                },
+                SETUP_FAILED,
+            )
+        })?;
+        if outcome.status == "not_enforced" && !spec.allow_degraded {
+            return Err(fail("landlock (not enforced by this kernel)", libc::ENOSYS));
+        }
+        FromSandbox::Landlock {
+            abi: outcome.abi,
+            status: outcome.status.to_string(),
+        }
+        .send(chan);
+    }
+    // Last: from here on every syscall, execve included, goes through the filter.
+    ctx.filter.load().map_err(|errno| fail("seccomp", errno))?;
+    let errno = process::exec(&ctx.argv, &ctx.env, &ctx.path_var);
+    let code = if errno == libc::ENOENT || errno == libc::ENOTDIR {
+        127
+    } else {
+        126
+    };
+    Err((FromSandbox::ExecFailed { errno }, code))
+}
+
+// ---------------------------------------------------------------------------------------
+// The supervisor's view of a running sandbox.
+
+impl Sandbox {
+    /// The host pid of the sandbox's pid 1.
+    pub fn pid(&self) -> i32 {
+        self.pid.as_raw()
+    }
+
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
+    pub fn cgroup_path(&self) -> Option<std::path::PathBuf> {
+        self.cgroup.as_ref().map(|c| c.path().to_path_buf())
+    }
+
+    /// Live accounting, while the sandbox runs.
+    pub fn usage(&self) -> Option<Usage> {
+        self.cgroup.as_ref().map(|c| c.usage())
+    }
+
+    /// Passes a signal to pid 1, which forwards it to the payload.
+    pub fn signal(&self, sig: Signal) -> io::Result<()> {
+        process::pidfd_signal(self.pidfd.as_fd(), sig)
+    }
+
+    /// Kills everything in the sandbox: pid 1 (the kernel then kills its namespace) and,
+    /// for good measure, the whole cgroup.
+    pub fn kill(&self) {
+        let _ = process::pidfd_signal(self.pidfd.as_fd(), Signal::SIGKILL);
+        if let Some(cg) = &self.cgroup {
+            let _ = cg.kill_all();
+        }
+    }
+
+    /// Waits for the sandbox to end, killing it at `timeout` and forwarding the signals
+    /// that arrive on `signals` to it.
+    pub fn wait(self, timeout: Option<Duration>, signals: Option<&SignalFd>) -> Outcome {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let deadline = timeout.map(|t| self.started + t);
+        let mut timed_out = false;
+        loop {
+            let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if remaining == Some(Duration::ZERO) {
+                timed_out = true;
+                self.kill();
+                break;
+            }
+            let ms = remaining
+                .map(|r| r.as_millis().clamp(1, i32::MAX as u128) as i32)
+                .unwrap_or(-1);
+            let mut fds = vec![PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
+            if let Some(s) = signals {
+                fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
+            }
+            let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::NONE);
+            match poll(&mut fds, timeout) {
+                Ok(0) => continue,
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => break,
+            }
+            let exited = fds[0].revents().is_some_and(|r| !r.is_empty());
+            let signalled = fds
+                .get(1)
+                .and_then(|f| f.revents())
+                .is_some_and(|r| !r.is_empty());
+            if signalled {
+                if let Some(Ok(Some(info))) = signals.map(|s| s.read_signal()) {
+                    if let Ok(sig) = Signal::try_from(info.ssi_signo as i32) {
+                        let _ = self.signal(sig);
+                    }
+                }
+            }
+            if exited {
+                break;
+            }
+        }
+        let status = loop {
+            match waitid(Id::PIDFd(self.pidfd.as_fd()), WaitPidFlag::WEXITED) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                other => break other.ok(),
+            }
+        };
+        self.finish(status, timed_out)
+    }
+
+    /// Collects the report of an ended sandbox and removes its cgroup.
+    pub fn finish(mut self, pid1: Option<WaitStatus>, timed_out: bool) -> Outcome {
+        self.finished = true;
+        let wall = self.started.elapsed();
+        let mut failure = None;
+        let mut landlock = None;
+        let mut payload_status = None;
+        while let Ok(Some(msg)) = FromSandbox::recv(&self.channel) {
+            match msg {
+                FromSandbox::SetupFailed {
+                    step,
+                    errno,
+                    detail,
+                } => {
+                    failure.get_or_insert(Failure::Setup {
+                        step,
+                        errno,
+                        detail,
+                    });
+                }
+                FromSandbox::ExecFailed { errno } => {
+                    failure.get_or_insert(Failure::Exec { errno });
+                }
+                FromSandbox::Landlock { abi, status } => landlock = Some((abi, status)),
+                FromSandbox::Exited { status } => payload_status = Some(status),
+            }
+        }
+        let mut cleanup_error = None;
+        let usage = match self.cgroup.take() {
+            Some(mut cg) => {
+                let usage = cg.usage();
+                if let Err(e) = cg.destroy() {
+                    cleanup_error = Some(e.to_string());
+                }
+                usage
+            }
+            None => Usage::default(),
+        };
+        // The payload's own status when pid 1 reported it; else pid 1's (it was killed).
+        let (code, signal) = match (payload_status, pid1) {
+            (Some(raw), _) => decode_raw_status(raw),
+            (None, Some(WaitStatus::Signaled(_, sig, _))) => (128 + sig as i32, Some(sig as i32)),
+            (None, Some(WaitStatus::Exited(_, c))) => (c, None),
+            (None, _) => (SETUP_FAILED, None),
+        };
+        let oom_killed = usage.oom_kills > 0 && signal == Some(libc::SIGKILL);
+        let exit_code = if timed_out {
+            124
+        } else {
+            match &failure {
+                Some(Failure::Setup { .. }) => SETUP_FAILED,
+                Some(Failure::Exec { errno })
+                    if *errno == libc::ENOENT || *errno == libc::ENOTDIR =>
+                {
+                    127
+                }
+                Some(Failure::Exec { .. }) => 126,
+                None => code,
+            }
+        };
+        Outcome {
+            exit_code,
+            signal: if failure.is_none() { signal } else { None },
+            oom_killed,
+            timed_out,
+            wall,
+            usage,
+            landlock,
+            failure,
+            cleanup_error,
+        }
+    }
+}
+
+fn decode_raw_status(raw: i32) -> (i32, Option<i32>) {
+    let sig = raw & 0x7f;
+    if sig == 0 {
+        ((raw >> 8) & 0xff, None)
+    } else {
+        (128 + sig, Some(sig))
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        // A sandbox handle dropped without `finish` (an error path): leave nothing behind.
+        let _ = process::pidfd_signal(self.pidfd.as_fd(), Signal::SIGKILL);
+        let _ = waitid(Id::PIDFd(self.pidfd.as_fd()), WaitPidFlag::WEXITED);
+        if let Some(mut cg) = self.cgroup.take() {
+            let _ = cg.destroy();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_statuses_decode_like_a_shell() {
+        assert_eq!(decode_raw_status(3 << 8), (3, None));
+        assert_eq!(decode_raw_status(libc::SIGKILL), (137, Some(9)));
+        assert_eq!(decode_raw_status(libc::SIGSEGV | 0x80), (139, Some(11)));
+    }
+}

@@ -1,0 +1,317 @@
+//! The kernel enforcement layer: everything that makes a sandbox a sandbox.
+//!
+//! One file per mechanism — [`userns`], [`mounts`], [`net`], [`cgroup`], [`seccomp`],
+//! [`landlock`], [`caps`], [`rlimits`] — and [`launch`], the ordered pipeline that calls
+//! them. This module is the only place in hatchery with `unsafe` code and raw syscalls.
+//!
+//! A sandbox is described by a [`SandboxSpec`] (built by [`spec`] from a profile and the
+//! caller's options), checked against what the [`Host`] can enforce by [`preflight`] —
+//! which refuses, unless degradation was allowed, anything the kernel cannot enforce —
+//! and started with [`launch::start`].
+
+pub mod caps;
+pub mod cgroup;
+pub mod channel;
+pub mod init;
+pub mod landlock;
+pub mod launch;
+pub mod mounts;
+pub mod net;
+pub mod process;
+pub mod rlimits;
+pub mod seccomp;
+pub mod spec;
+pub mod userns;
+
+use std::collections::BTreeMap;
+use std::os::fd::{OwnedFd, RawFd};
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::profile::{NamespacePolicy, Rlimit, SeccompProgram};
+use cgroup::{CgroupManager, Limits};
+
+pub use launch::{Failure, Outcome, Sandbox, start};
+pub use spec::{Exposure, RunRequest};
+
+/// The payload's PATH unless the caller sets one.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Everything needed to start one sandbox.
+pub struct SandboxSpec {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Working directory inside the sandbox.
+    pub cwd: PathBuf,
+    pub rootfs: mounts::RootfsPlan,
+    pub landlock: landlock::LandlockRules,
+    pub landlock_min_abi: u8,
+    pub rlimits: Vec<Rlimit>,
+    pub seccomp: SeccompProgram,
+    pub profile_name: String,
+    pub profile_sha256: String,
+    pub limits: Limits,
+    pub namespaces: NamespacePolicy,
+    pub identity: userns::Identity,
+    pub hostname: String,
+    /// stdin, stdout, stderr for the payload; `None` inherits the supervisor's.
+    pub stdio: Option<[OwnedFd; 3]>,
+    /// Extra descriptors installed in the payload at the given numbers (e.g. a worker's
+    /// controller socket as fd 3).
+    pub pass_fds: Vec<(OwnedFd, RawFd)>,
+    pub cgroup_name: String,
+    pub allow_degraded: bool,
+}
+
+/// What is enforced for a sandbox, and by what: the `enforcement` object of the report.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Enforcement {
+    pub namespaces: Vec<&'static str>,
+    /// "v2", "v1" or "none".
+    pub cgroup: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup_path: Option<PathBuf>,
+    /// Requested limit → the kernel mechanism enforcing it.
+    pub limits: BTreeMap<&'static str, String>,
+    pub seccomp: String,
+    pub seccomp_profile: String,
+    pub profile_sha256: String,
+    pub landlock_abi: Option<u8>,
+    pub landlock: String,
+    pub no_new_privs: bool,
+    pub capabilities: &'static str,
+    pub uid_host: u32,
+    pub gid_host: u32,
+    pub rootless: bool,
+    /// What was asked for (or is normally enforced) and is not, with the reason.
+    pub not_enforced: Vec<String>,
+    /// The limits actually given to the cgroup.
+    #[serde(skip)]
+    pub cgroup_limits: Limits,
+}
+
+/// Errors of the sandbox layer.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The kernel cannot enforce something that was asked for (fail closed).
+    #[error("cannot enforce {what}: {why}; {fix}")]
+    Refused {
+        what: String,
+        why: String,
+        fix: String,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// What this host can enforce, detected once per process.
+pub struct Host {
+    pub cgroups: Option<Box<dyn CgroupManager>>,
+    /// Why cgroups are unavailable, when they are.
+    pub cgroup_problem: Option<String>,
+    pub landlock_abi: Option<u8>,
+    pub seccomp: bool,
+}
+
+impl Host {
+    pub fn detect() -> Host {
+        let (cgroups, cgroup_problem) = match cgroup::detect() {
+            Ok(Some(m)) => (Some(m), None),
+            Ok(None) => (
+                None,
+                Some("no usable cgroup hierarchy with memory, cpu or pids controllers".to_string()),
+            ),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        Host {
+            cgroups,
+            cgroup_problem,
+            landlock_abi: landlock::kernel_abi(),
+            seccomp: seccomp::available(),
+        }
+    }
+}
+
+const DEGRADE_HINT: &str =
+    "or pass --allow-degraded to run without it (the report lists what was not enforced)";
+
+/// Decides what will be enforced for `spec` on `host`, refusing (unless the spec allows
+/// degradation) any requested protection the kernel cannot provide.
+pub fn preflight(spec: &SandboxSpec, host: &Host) -> Result<Enforcement, SandboxError> {
+    let mut e = Enforcement {
+        namespaces: {
+            let mut ns = vec!["user", "pid", "mount"];
+            if spec.namespaces.net {
+                ns.push("net");
+            }
+            if spec.namespaces.ipc {
+                ns.push("ipc");
+            }
+            if spec.namespaces.uts {
+                ns.push("uts");
+            }
+            if spec.namespaces.cgroup {
+                ns.push("cgroup");
+            }
+            ns
+        },
+        seccomp_profile: spec.profile_name.clone(),
+        profile_sha256: spec.profile_sha256.clone(),
+        no_new_privs: true,
+        capabilities: "none",
+        uid_host: spec.identity.host_uid,
+        gid_host: spec.identity.host_gid,
+        rootless: spec.identity.rootless,
+        ..Enforcement::default()
+    };
+    let refuse = |what: &str, why: String, fix: &str| SandboxError::Refused {
+        what: what.to_string(),
+        why,
+        fix: format!("{fix}, {DEGRADE_HINT}"),
+    };
+    for (ns, on) in [
+        ("net", spec.namespaces.net),
+        ("ipc", spec.namespaces.ipc),
+        ("uts", spec.namespaces.uts),
+        ("cgroup", spec.namespaces.cgroup),
+    ] {
+        if !on {
+            e.not_enforced.push(format!(
+                "{ns} namespace: shared with the host by the profile"
+            ));
+        }
+    }
+
+    // seccomp
+    if host.seccomp {
+        e.seccomp = format!("filter ({} instructions)", spec.seccomp.len());
+    } else if spec.allow_degraded {
+        e.seccomp = "none".into();
+        e.not_enforced
+            .push("seccomp: the kernel has no seccomp filter support".into());
+    } else {
+        return Err(refuse(
+            "seccomp",
+            "the kernel has no seccomp filter support".into(),
+            "use a kernel built with CONFIG_SECCOMP_FILTER",
+        ));
+    }
+
+    // Landlock
+    match host.landlock_abi {
+        Some(abi) if abi >= spec.landlock_min_abi => {
+            e.landlock_abi = Some(abi);
+            e.landlock = "pending".into();
+        }
+        found => {
+            let why = match found {
+                Some(abi) => format!(
+                    "the kernel offers Landlock ABI {abi}, the profile needs at least {}",
+                    spec.landlock_min_abi
+                ),
+                None => "the kernel has no Landlock (not built in, or not in the `lsm=` boot list)"
+                    .into(),
+            };
+            if !spec.allow_degraded {
+                return Err(refuse(
+                    "Landlock filesystem rules",
+                    why,
+                    "boot a kernel with Landlock enabled (5.13+, lsm=...,landlock)",
+                ));
+            }
+            e.landlock = "none".into();
+            e.not_enforced.push(format!("landlock: {why}"));
+        }
+    }
+
+    // cgroup limits
+    let mut cg_limits = spec.limits;
+    match &host.cgroups {
+        Some(m) => {
+            let have = m.controllers();
+            e.cgroup = m.version().to_string();
+            let v = m.version();
+            let checks: [(&'static str, bool, bool, String); 3] = [
+                ("memory", spec.limits.memory.is_some(), have.memory, match v {
+                    cgroup::CgroupVersion::V1 => "cgroup v1 memory.limit_in_bytes (+ memory.memsw.limit_in_bytes: no swap)".into(),
+                    cgroup::CgroupVersion::V2 => "cgroup v2 memory.max (+ memory.swap.max 0, memory.oom.group)".into(),
+                }),
+                ("cpus", spec.limits.cpus.is_some(), have.cpu, match v {
+                    cgroup::CgroupVersion::V1 => "cgroup v1 cpu.cfs_quota_us / cpu.cfs_period_us".into(),
+                    cgroup::CgroupVersion::V2 => "cgroup v2 cpu.max".into(),
+                }),
+                ("pids", spec.limits.pids.is_some(), have.pids, format!("cgroup {v} pids.max")),
+            ];
+            for (name, asked, available, how) in checks {
+                if !asked {
+                    continue;
+                }
+                if available {
+                    e.limits.insert(name, how);
+                    continue;
+                }
+                let why = format!("no {name} controller in this host's cgroup {v} hierarchy");
+                if !spec.allow_degraded {
+                    return Err(refuse(
+                        &format!("--{name}"),
+                        why,
+                        "enable the controller (cgroup_enable=... on the kernel command line, or delegate it)",
+                    ));
+                }
+                e.not_enforced.push(format!("{name} limit: {why}"));
+                match name {
+                    "memory" => cg_limits.memory = None,
+                    "cpus" => cg_limits.cpus = None,
+                    _ => cg_limits.pids = None,
+                }
+            }
+            if cg_limits.memory.is_some() && !have.swap_off {
+                let why = "the host has swap but no swap accounting, so the sandbox could swap beyond its memory limit".to_string();
+                if !spec.allow_degraded {
+                    return Err(refuse(
+                        "--memory",
+                        why,
+                        "boot with swapaccount=1 (v1) or enable memory.swap.max (v2), or turn swap off",
+                    ));
+                }
+                e.not_enforced
+                    .push(format!("memory limit: swap not limited ({why})"));
+            }
+        }
+        None => {
+            e.cgroup = "none".into();
+            let why = host
+                .cgroup_problem
+                .clone()
+                .unwrap_or_else(|| "no cgroups".into());
+            if !spec.limits.is_empty() {
+                if !spec.allow_degraded {
+                    let fix = if spec.identity.rootless {
+                        "get a delegated cgroup v2 subtree: systemd-run --user --scope -p Delegate=yes hatchery run ..."
+                    } else {
+                        "mount the memory, cpu and pids cgroup controllers"
+                    };
+                    return Err(refuse("resource limits (--memory/--cpus/--pids)", why, fix));
+                }
+                for (name, asked) in [
+                    ("memory", spec.limits.memory.is_some()),
+                    ("cpus", spec.limits.cpus.is_some()),
+                    ("pids", spec.limits.pids.is_some()),
+                ] {
+                    if asked {
+                        e.not_enforced.push(format!("{name} limit: {why}"));
+                    }
+                }
+            }
+            e.not_enforced.push(format!(
+                "accounting (cpu_usec, memory_peak_bytes, pids_peak): {why}"
+            ));
+            cg_limits = Limits::default();
+        }
+    }
+    e.cgroup_limits = cg_limits;
+    Ok(e)
+}

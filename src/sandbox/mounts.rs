@@ -1,0 +1,570 @@
+//! The mount namespace: a new root built from nothing, then pivot_root into it.
+//!
+//! The root is an empty tmpfs. Into it go read-only clones of the host's system
+//! directories (`/usr`, `/etc`, and `/bin /lib ...` as links or directories, as the host
+//! has them), a private `/tmp`, a private `/proc` with its dangerous corners masked, a
+//! minimal `/dev`, and the user's `--ro`/`--rw` paths. Sources are cloned with
+//! `open_tree(OPEN_TREE_CLONE)` before anything is mounted over them, checked against the
+//! device/inode the supervisor validated, flagged read-only/nosuid/nodev with
+//! `mount_setattr`, and attached with `move_mount` onto targets opened without following
+//! symlinks. Then the old root is detached: nothing else of the host remains reachable.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+
+/// A failed step: what was being done, and the errno.
+#[derive(Debug)]
+pub struct MountError {
+    pub step: String,
+    pub errno: i32,
+}
+
+fn fail(step: impl Into<String>) -> impl FnOnce(io::Error) -> MountError {
+    let step = step.into();
+    move |e| MountError {
+        step,
+        errno: e.raw_os_error().unwrap_or(libc::EIO),
+    }
+}
+
+fn nix_fail(step: impl Into<String>) -> impl FnOnce(nix::Error) -> MountError {
+    let step = step.into();
+    move |e| MountError {
+        step,
+        errno: e as i32,
+    }
+}
+
+/// A host path bound into the sandbox at `target`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    pub source: PathBuf,
+    pub target: PathBuf,
+    pub writable: bool,
+    pub is_dir: bool,
+    /// The (dev, ino) the supervisor validated; the clone must match it.
+    pub expect: Option<(u64, u64)>,
+}
+
+/// Everything the new root is made of, decided by the supervisor before the clone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RootfsPlan {
+    /// System binds (read-only), mounted first.
+    pub system: Vec<Bind>,
+    /// Top-level symlinks such as `/bin -> usr/bin`.
+    pub links: Vec<(PathBuf, PathBuf)>,
+    /// User exposures, mounted last (parents before children).
+    pub exposures: Vec<Bind>,
+    pub tmp_size: u64,
+    pub dev_shm: bool,
+}
+
+/// Device nodes bound from the host into `/dev`.
+pub const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+/// `/proc` entries made read-only.
+const PROC_READONLY: [&str; 4] = ["sys", "sysrq-trigger", "irq", "bus"];
+/// `/proc` files hidden behind `/dev/null` (host-wide information or attack surface).
+const PROC_MASKED_FILES: [&str; 6] = [
+    "kcore",
+    "keys",
+    "timer_list",
+    "sched_debug",
+    "latency_stats",
+    "timer_stats",
+];
+/// `/proc` directories hidden behind an empty read-only tmpfs.
+const PROC_MASKED_DIRS: [&str; 3] = ["acpi", "asound", "scsi"];
+/// Where the new root is assembled (in the sandbox's private mount namespace only).
+const STAGE: &str = "/tmp";
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE_BENEATH: u64 = 0x08;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+fn cpath(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn owned(rc: libc::c_long) -> io::Result<OwnedFd> {
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc as RawFd) })
+}
+
+/// A detached copy of the mount tree at `path` (open_tree with OPEN_TREE_CLONE).
+fn clone_tree(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
+    let c = cpath(path)?;
+    let flags = OPEN_TREE_CLONE
+        | libc::O_CLOEXEC as libc::c_uint
+        | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint
+        | if recursive { AT_RECURSIVE } else { 0 };
+    // SAFETY: open_tree reads the NUL-terminated path and returns a new fd or -1.
+    owned(unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) })
+}
+
+/// Sets mount attributes (and private propagation) on a detached tree or a path.
+fn set_attrs(fd: RawFd, path: Option<&Path>, set: u64, recursive: bool) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: 0,
+    };
+    let c = match path {
+        Some(p) => cpath(p)?,
+        None => CString::default(),
+    };
+    let flags = if path.is_none() {
+        libc::AT_EMPTY_PATH as libc::c_uint
+    } else {
+        0
+    } | if recursive { AT_RECURSIVE } else { 0 };
+    // SAFETY: mount_setattr reads the path and the attr struct we own, of the size we pass.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd,
+            c.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Attaches the detached tree `from` onto the object `to` (an O_PATH fd).
+fn attach(from: &OwnedFd, to: &OwnedFd) -> io::Result<()> {
+    let empty = CString::default();
+    // SAFETY: move_mount with two valid fds and empty paths (the *_EMPTY_PATH flags).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            from.as_raw_fd(),
+            empty.as_ptr(),
+            to.as_raw_fd(),
+            empty.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// openat2 beneath `dir` without following any symlink.
+fn open_beneath(dir: &OwnedFd, name: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let c = cpath(name)?;
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH,
+    };
+    // SAFETY: openat2 reads the path and the open_how struct we own, of the size we pass.
+    owned(unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    })
+}
+
+/// Opens (creating as needed) the mount point for `target` under the new root, walking
+/// component by component without following symlinks. Returns an O_PATH fd.
+fn mount_point(root: &OwnedFd, target: &Path, is_dir: bool) -> Result<OwnedFd, MountError> {
+    let step = || format!("mount point {}", target.display());
+    let comps: Vec<&std::ffi::OsStr> = target
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    let mut cur = open_beneath(root, Path::new("."), libc::O_PATH | libc::O_DIRECTORY)
+        .map_err(fail(step()))?;
+    for (i, comp) in comps.iter().enumerate() {
+        let last = i + 1 == comps.len();
+        let name = Path::new(comp);
+        let want_dir = !last || is_dir;
+        let flags = libc::O_PATH | if want_dir { libc::O_DIRECTORY } else { 0 };
+        let next = match open_beneath(&cur, name, flags) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                let c = cpath(name).map_err(fail(step()))?;
+                // SAFETY: mkdirat/openat relative to a directory fd we own; c is NUL-terminated.
+                let rc = unsafe {
+                    if want_dir {
+                        libc::mkdirat(cur.as_raw_fd(), c.as_ptr(), 0o755)
+                    } else {
+                        let fd = libc::openat(
+                            cur.as_raw_fd(),
+                            c.as_ptr(),
+                            libc::O_CREAT
+                                | libc::O_EXCL
+                                | libc::O_WRONLY
+                                | libc::O_CLOEXEC
+                                | libc::O_NOFOLLOW,
+                            0o644,
+                        );
+                        if fd >= 0 {
+                            libc::close(fd);
+                        }
+                        fd.min(0)
+                    }
+                };
+                if rc < 0 {
+                    return Err(fail(step())(io::Error::last_os_error()));
+                }
+                open_beneath(&cur, name, flags).map_err(fail(step()))?
+            }
+            Err(e) => return Err(fail(step())(e)),
+        };
+        cur = next;
+    }
+    Ok(cur)
+}
+
+fn stage_path(target: &Path) -> PathBuf {
+    Path::new(STAGE).join(target.strip_prefix("/").unwrap_or(target))
+}
+
+fn fstat_id(fd: &OwnedFd) -> io::Result<(u64, u64)> {
+    let st = nix::sys::stat::fstat(fd).map_err(io::Error::from)?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// A source tree cloned from the host, flagged and verified, waiting to be attached.
+struct Source {
+    bind: Bind,
+    tree: OwnedFd,
+}
+
+fn clone_source(bind: &Bind) -> Result<Source, MountError> {
+    let what = format!("clone {}", bind.source.display());
+    let tree = clone_tree(&bind.source, true).map_err(fail(what.clone()))?;
+    if let Some(expect) = bind.expect {
+        let got = fstat_id(&tree).map_err(fail(what.clone()))?;
+        if got != expect {
+            // The path was replaced between validation and mount.
+            return Err(MountError {
+                step: format!("{what}: changed since it was checked"),
+                errno: libc::ESTALE,
+            });
+        }
+    }
+    let mut attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    if !bind.writable {
+        attrs |= MOUNT_ATTR_RDONLY;
+    }
+    set_attrs(tree.as_raw_fd(), None, attrs, true)
+        .map_err(fail(format!("flag {}", bind.source.display())))?;
+    Ok(Source {
+        bind: bind.clone(),
+        tree,
+    })
+}
+
+fn mount_tmpfs(target: &Path, mode: &str, size: u64, flags: MsFlags) -> Result<(), MountError> {
+    let data = format!("mode={mode},size={size}");
+    mount(
+        Some("tmpfs"),
+        target,
+        Some("tmpfs"),
+        flags,
+        Some(data.as_str()),
+    )
+    .map_err(nix_fail(format!("tmpfs on {}", target.display())))
+}
+
+/// Builds the new root from `plan` and pivots into it. Runs inside the new user and mount
+/// namespaces, after the identity switch, as the sandbox's pid 1.
+pub fn build_root(plan: &RootfsPlan) -> Result<(), MountError> {
+    // Nothing done here may propagate back to the host.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(nix_fail("make / private"))?;
+
+    // 1. Clone every source before the staging tmpfs hides the host's /tmp.
+    let system: Vec<Source> = plan
+        .system
+        .iter()
+        .map(clone_source)
+        .collect::<Result<_, _>>()?;
+    let exposures: Vec<Source> = plan
+        .exposures
+        .iter()
+        .map(clone_source)
+        .collect::<Result<_, _>>()?;
+    let mut nodes = Vec::new();
+    for name in DEV_NODES {
+        let host = Path::new("/dev").join(name);
+        if !host.exists() {
+            continue;
+        }
+        let tree = clone_tree(&host, false).map_err(fail(format!("clone {}", host.display())))?;
+        set_attrs(
+            tree.as_raw_fd(),
+            None,
+            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+            false,
+        )
+        .map_err(fail(format!("flag {}", host.display())))?;
+        nodes.push((name, tree));
+    }
+
+    // 2. The empty root.
+    mount_tmpfs(
+        Path::new(STAGE),
+        "0755",
+        1 << 20,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+    )?;
+    let root = nix::fcntl::open(
+        STAGE,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(nix_fail("open the new root"))?;
+
+    for src in &system {
+        let at = mount_point(&root, &src.bind.target, src.bind.is_dir)?;
+        attach(&src.tree, &at).map_err(fail(format!("mount {}", src.bind.target.display())))?;
+    }
+    for (link, text) in &plan.links {
+        std::os::unix::fs::symlink(text, stage_path(link))
+            .map_err(fail(format!("link {}", link.display())))?;
+    }
+
+    // 3. Private /tmp.
+    mount_point(&root, Path::new("/tmp"), true)?;
+    mount_tmpfs(
+        &stage_path(Path::new("/tmp")),
+        "1777",
+        plan.tmp_size,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+    )?;
+
+    // 4. Minimal /dev.
+    build_dev(&root, plan, nodes)?;
+
+    // 5. Private /proc, mounted while the host's is still visible (the kernel refuses a
+    //    new proc in a user namespace that has no fully visible one).
+    build_proc(&root)?;
+
+    // 6. The user's exposures, parents before children.
+    for src in &exposures {
+        let at = mount_point(&root, &src.bind.target, src.bind.is_dir)?;
+        attach(&src.tree, &at).map_err(fail(format!("mount {}", src.bind.target.display())))?;
+    }
+
+    // 7. Read-only /dev (its tmpfs holds only mount points now) and pivot.
+    set_attrs(
+        libc::AT_FDCWD,
+        Some(&stage_path(Path::new("/dev"))),
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+        false,
+    )
+    .map_err(fail("read-only /dev"))?;
+    drop(root);
+    nix::unistd::chdir(STAGE).map_err(nix_fail("chdir to the new root"))?;
+    nix::unistd::pivot_root(".", ".").map_err(nix_fail("pivot_root"))?;
+    // The old root is now stacked under the new one: detach it, and the host is gone.
+    umount2(".", MntFlags::MNT_DETACH).map_err(nix_fail("detach the old root"))?;
+    nix::unistd::chdir("/").map_err(nix_fail("chdir /"))?;
+    set_attrs(
+        libc::AT_FDCWD,
+        Some(Path::new("/")),
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        false,
+    )
+    .map_err(fail("read-only root"))?;
+    Ok(())
+}
+
+fn build_dev(
+    root: &OwnedFd,
+    plan: &RootfsPlan,
+    nodes: Vec<(&str, OwnedFd)>,
+) -> Result<(), MountError> {
+    let dev = Path::new("/dev");
+    mount_point(root, dev, true)?;
+    mount_tmpfs(
+        &stage_path(dev),
+        "0755",
+        64 << 10,
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+    )?;
+    for (name, tree) in nodes {
+        let at = mount_point(root, &dev.join(name), false)?;
+        attach(&tree, &at).map_err(fail(format!("mount /dev/{name}")))?;
+    }
+    let pts = dev.join("pts");
+    mount_point(root, &pts, true)?;
+    mount(
+        Some("devpts"),
+        &stage_path(&pts),
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=620"),
+    )
+    .map_err(nix_fail("devpts on /dev/pts"))?;
+    if plan.dev_shm {
+        let shm = dev.join("shm");
+        mount_point(root, &shm, true)?;
+        mount_tmpfs(
+            &stage_path(&shm),
+            "1777",
+            plan.tmp_size,
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        )?;
+    }
+    for (link, text) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(text, stage_path(&dev.join(link)))
+            .map_err(fail(format!("link /dev/{link}")))?;
+    }
+    Ok(())
+}
+
+fn build_proc(root: &OwnedFd) -> Result<(), MountError> {
+    let proc_dir = Path::new("/proc");
+    mount_point(root, proc_dir, true)?;
+    let staged = stage_path(proc_dir);
+    mount(
+        Some("proc"),
+        &staged,
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(nix_fail("proc on /proc"))?;
+    for name in PROC_READONLY {
+        let p = staged.join(name);
+        if !p.exists() {
+            continue;
+        }
+        let tree = clone_tree(&p, true).map_err(fail(format!("clone /proc/{name}")))?;
+        set_attrs(
+            tree.as_raw_fd(),
+            None,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+            true,
+        )
+        .map_err(fail(format!("flag /proc/{name}")))?;
+        let at = nix::fcntl::open(
+            &p,
+            nix::fcntl::OFlag::O_PATH
+                | nix::fcntl::OFlag::O_CLOEXEC
+                | nix::fcntl::OFlag::O_NOFOLLOW,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(nix_fail(format!("open /proc/{name}")))?;
+        attach(&tree, &at).map_err(fail(format!("mount /proc/{name}")))?;
+    }
+    let null = stage_path(Path::new("/dev/null"));
+    for name in PROC_MASKED_FILES {
+        let p = staged.join(name);
+        if !p.exists() {
+            continue;
+        }
+        let tree = clone_tree(&null, false).map_err(fail("clone /dev/null"))?;
+        let at = nix::fcntl::open(
+            &p,
+            nix::fcntl::OFlag::O_PATH
+                | nix::fcntl::OFlag::O_CLOEXEC
+                | nix::fcntl::OFlag::O_NOFOLLOW,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(nix_fail(format!("open /proc/{name}")))?;
+        attach(&tree, &at).map_err(fail(format!("mask /proc/{name}")))?;
+    }
+    for name in PROC_MASKED_DIRS {
+        let p = staged.join(name);
+        if p.is_dir() {
+            mount_tmpfs(
+                &p,
+                "0555",
+                4096,
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            )?;
+        }
+    }
+    let _ = root;
+    Ok(())
+}
+
+/// The top-level entries of the host root that follow `/usr` on merged-/usr systems:
+/// returns (links to recreate, directories to bind read-only).
+pub fn host_top_level() -> (Vec<(PathBuf, PathBuf)>, Vec<PathBuf>) {
+    let mut links = Vec::new();
+    let mut dirs = Vec::new();
+    for name in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
+        let p = Path::new("/").join(name);
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if let Ok(t) = std::fs::read_link(&p) {
+                    links.push((p, t));
+                }
+            }
+            Ok(m) if m.is_dir() => dirs.push(p),
+            _ => {}
+        }
+    }
+    (links, dirs)
+}
+
+/// Whether `target` lies in a part of the sandbox hatchery itself provides.
+pub fn is_reserved(target: &Path) -> bool {
+    [Path::new("/proc"), Path::new("/dev")]
+        .iter()
+        .any(|r| target == *r || target.starts_with(r))
+        || target == Path::new("/tmp")
+}

@@ -1,0 +1,154 @@
+//! Process plumbing shared by the launch pipeline: pidfd signalling, descriptor hygiene,
+//! signal dispositions, and the exec with an in-sandbox PATH search.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+
+/// Sends `sig` to the process behind `pidfd` (no pid-reuse race).
+pub fn pidfd_signal(pidfd: BorrowedFd<'_>, sig: Signal) -> io::Result<()> {
+    // SAFETY: pidfd_send_signal with a valid pidfd, a valid signal, no siginfo, no flags.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig as libc::c_int,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Fails unless the calling process has exactly one thread: the sandbox is started with
+/// fork-like clone semantics, which are only sound in a single-threaded process.
+pub fn ensure_single_threaded() -> io::Result<()> {
+    let n = std::fs::read_dir("/proc/self/task")?.count();
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "sandboxes must be started from a single-threaded process (this one has {n} threads)"
+        )))
+    }
+}
+
+/// Closes every descriptor at or above `from` except those in `keep` (sorted or not).
+pub fn close_fds_from(from: RawFd, keep: &[RawFd]) {
+    let mut keep: Vec<RawFd> = keep.iter().copied().filter(|k| *k >= from).collect();
+    keep.sort_unstable();
+    let mut lo = from;
+    for k in keep.iter().copied().chain(std::iter::once(RawFd::MAX)) {
+        if k > lo {
+            let hi = if k == RawFd::MAX {
+                u32::MAX
+            } else {
+                (k - 1) as u32
+            };
+            // SAFETY: close_range on descriptors this process owns; no memory is touched.
+            unsafe {
+                libc::syscall(libc::SYS_close_range, lo as u32, hi, 0u32);
+            }
+        }
+        lo = k.saturating_add(1);
+    }
+}
+
+/// Marks every descriptor at or above `from` close-on-exec except those in `keep`.
+pub fn cloexec_fds_from(from: RawFd, keep: &[RawFd]) {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<RawFd> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+        .collect();
+    for fd in fds {
+        if fd >= from && !keep.contains(&fd) {
+            // SAFETY: F_SETFD on a descriptor number; a stale number just fails with EBADF.
+            unsafe {
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            }
+        }
+    }
+}
+
+/// Installs `src` as descriptor number `dst` (not close-on-exec).
+pub fn install_fd(src: RawFd, dst: RawFd) -> io::Result<()> {
+    if src == dst {
+        // SAFETY: clearing FD_CLOEXEC on a descriptor we own.
+        let rc = unsafe { libc::fcntl(dst, libc::F_SETFD, 0) };
+        return if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        };
+    }
+    // SAFETY: dup2 onto a number the payload will own; the old target (if any) is replaced.
+    if unsafe { libc::dup2(src, dst) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Unblocks every signal and restores default dispositions (the supervisor blocks some
+/// for its signalfd and ignores SIGPIPE; a payload must start with neither).
+pub fn reset_signals() {
+    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+    for sig in 1..=64 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: resetting a disposition to SIG_DFL installs no handler code.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+    }
+}
+
+/// Executes `argv` with `env`, searching `path_var` (the sandbox's PATH) when argv[0] has no
+/// slash, the way execvp(3) does. Returns only on failure, with the most telling errno.
+pub fn exec(argv: &[CString], env: &[CString], path_var: &str) -> i32 {
+    let Some(prog) = argv.first() else {
+        return libc::ENOENT;
+    };
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut env_ptrs: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
+    env_ptrs.push(std::ptr::null());
+    let try_exec = |path: &CStr| -> i32 {
+        // SAFETY: both arrays are NULL-terminated and point at CStrings that outlive the call.
+        unsafe {
+            libc::execve(path.as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr());
+        }
+        io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::ENOENT)
+    };
+    if prog.as_bytes().contains(&b'/') {
+        return try_exec(prog);
+    }
+    let mut best = libc::ENOENT;
+    for dir in path_var.split(':') {
+        let dir = if dir.is_empty() { "." } else { dir };
+        let mut candidate = dir.as_bytes().to_vec();
+        candidate.push(b'/');
+        candidate.extend_from_slice(prog.as_bytes());
+        let Ok(candidate) = CString::new(candidate) else {
+            continue;
+        };
+        match try_exec(&candidate) {
+            libc::ENOENT | libc::ENOTDIR => {}
+            // Found but not runnable: remember, keep looking like execvp does.
+            libc::EACCES | libc::EPERM => best = libc::EACCES,
+            other => return other,
+        }
+    }
+    best
+}

@@ -1,0 +1,282 @@
+//! From a caller's request and a profile to a [`SandboxSpec`]: which host paths are bound
+//! where, which Landlock rules follow from them, the environment, the working directory.
+//! Pure decisions, no system changes.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use crate::paths::{HostPath, check_absolute_clean};
+use crate::profile::Profile;
+
+use super::cgroup::Limits;
+use super::landlock::LandlockRules;
+use super::mounts::{self, Bind, RootfsPlan};
+use super::userns::Identity;
+use super::{DEFAULT_PATH, SandboxError, SandboxSpec};
+
+/// A host path exposed at the same path inside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exposure {
+    pub host: HostPath,
+    pub writable: bool,
+}
+
+/// What a caller asks for; limits not given fall back to the profile's defaults.
+#[derive(Debug, Clone, Default)]
+pub struct RunRequest {
+    pub command: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<PathBuf>,
+    pub exposures: Vec<Exposure>,
+    pub limits: Limits,
+    /// Host uid/gid for a privileged supervisor's sandbox (default 65534).
+    pub host_ids: Option<(u32, u32)>,
+    pub hostname: String,
+    pub allow_degraded: bool,
+    pub cgroup_name: String,
+}
+
+/// Longest accepted command line, all arguments together.
+const MAX_ARGV_BYTES: usize = 1 << 20;
+
+/// Validates an environment assignment `KEY=VALUE`.
+pub fn parse_env(assignment: &str) -> Result<(String, String), SandboxError> {
+    let (k, v) = assignment.split_once('=').ok_or_else(|| {
+        SandboxError::Invalid(format!("--env {assignment:?}: expected KEY=VALUE"))
+    })?;
+    if k.is_empty() || k.bytes().any(|b| b == 0 || b.is_ascii_whitespace()) || v.contains('\0') {
+        return Err(SandboxError::Invalid(format!(
+            "--env {assignment:?}: invalid variable name or value"
+        )));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+/// Builds the spec. `caller_cwd` is where the caller stands on the host (the default working
+/// directory inside when it is exposed).
+pub fn build(
+    req: RunRequest,
+    profile: &Profile,
+    caller_cwd: Option<&Path>,
+) -> Result<SandboxSpec, SandboxError> {
+    let invalid = SandboxError::Invalid;
+    if req.command.is_empty() || req.command[0].is_empty() {
+        return Err(invalid(
+            "no command given (usage: hatchery run [OPTIONS] -- COMMAND [ARGS...])".into(),
+        ));
+    }
+    if req.command.iter().map(|a| a.len() + 1).sum::<usize>() > MAX_ARGV_BYTES {
+        return Err(invalid("the command line is longer than 1 MiB".into()));
+    }
+    if let Some((0, _)) | Some((_, 0)) = req.host_ids {
+        return Err(invalid(
+            "the sandbox's host uid/gid must not be 0 (root)".into(),
+        ));
+    }
+
+    // Exposures: unique targets, none inside what hatchery provides itself.
+    let mut seen = BTreeSet::new();
+    let mut exposures = Vec::new();
+    for x in &req.exposures {
+        let p = &x.host.path;
+        if mounts::is_reserved(p) {
+            return Err(invalid(format!(
+                "{}: /proc, /dev and /tmp itself are provided by the sandbox and cannot be exposed (a path below /tmp can)",
+                p.display()
+            )));
+        }
+        if !seen.insert(p.clone()) {
+            return Err(invalid(format!("{} is exposed twice", p.display())));
+        }
+        exposures.push(Bind {
+            source: p.clone(),
+            target: p.clone(),
+            writable: x.writable,
+            is_dir: x.host.is_dir,
+            expect: Some((x.host.dev, x.host.ino)),
+        });
+    }
+    // Parents are mounted before children.
+    exposures.sort_by_key(|b| b.target.components().count());
+
+    let (links, top_dirs) = mounts::host_top_level();
+    let mut system = Vec::new();
+    for dir in profile.mounts.system.iter().chain(top_dirs.iter()) {
+        if dir.is_dir() && !system.iter().any(|b: &Bind| b.target == *dir) {
+            system.push(Bind {
+                source: dir.clone(),
+                target: dir.clone(),
+                writable: false,
+                is_dir: true,
+                expect: None,
+            });
+        }
+    }
+    let links = links
+        .into_iter()
+        .filter(|(link, _)| !system.iter().any(|b| b.target == *link))
+        .collect();
+
+    let mut landlock = LandlockRules {
+        read: profile.landlock.read.clone(),
+        write: profile.landlock.write.clone(),
+        execute: profile.landlock.execute.clone(),
+        ioctl_dev: vec![PathBuf::from("/dev")],
+        list: vec![PathBuf::from("/")],
+    };
+    for d in &top_dirs {
+        landlock.read.push(d.clone());
+        landlock.execute.push(d.clone());
+    }
+    for x in &exposures {
+        landlock.read.push(x.target.clone());
+        landlock.execute.push(x.target.clone());
+        if x.writable {
+            landlock.write.push(x.target.clone());
+        }
+    }
+
+    let cwd = match &req.cwd {
+        Some(c) => {
+            check_absolute_clean(c).map_err(|e| invalid(format!("--cwd {e}")))?;
+            c.clone()
+        }
+        None => caller_cwd
+            .filter(|c| {
+                exposures
+                    .iter()
+                    .any(|x| x.is_dir && c.starts_with(&x.target))
+            })
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("/")),
+    };
+
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), DEFAULT_PATH.into()),
+        ("HOME".into(), "/tmp".into()),
+    ];
+    if let Ok(term) = std::env::var("TERM") {
+        env.push(("TERM".into(), term));
+    }
+    for (k, v) in &req.env {
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.clone(), v.clone()));
+    }
+
+    let defaults = profile
+        .default_limits()
+        .map_err(|e| invalid(e.to_string()))?;
+    let limits = Limits {
+        memory: req.limits.memory.or(defaults.memory),
+        cpus: req.limits.cpus.or(defaults.cpus),
+        pids: req.limits.pids.or(defaults.pids),
+    };
+    let seccomp = profile
+        .compile_seccomp()
+        .map_err(|e| invalid(e.to_string()))?;
+    let rlimits = profile.rlimits().map_err(|e| invalid(e.to_string()))?;
+    Ok(SandboxSpec {
+        argv: req.command,
+        env,
+        cwd,
+        rootfs: RootfsPlan {
+            system,
+            links,
+            exposures,
+            tmp_size: profile.mounts.tmp_size_bytes(),
+            dev_shm: profile.mounts.dev_shm,
+        },
+        landlock,
+        landlock_min_abi: profile.landlock.min_abi,
+        rlimits,
+        seccomp,
+        profile_name: profile.name.clone(),
+        profile_sha256: profile.sha256.clone(),
+        limits,
+        namespaces: profile.namespaces.clone(),
+        identity: Identity::for_caller(req.host_ids),
+        hostname: if req.hostname.is_empty() {
+            "hatchery".into()
+        } else {
+            req.hostname
+        },
+        stdio: None,
+        pass_fds: Vec::new(),
+        cgroup_name: req.cgroup_name,
+        allow_degraded: req.allow_degraded,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::paths::check_host_path;
+
+    fn request(cmd: &[&str]) -> RunRequest {
+        RunRequest {
+            command: cmd.iter().map(|s| s.to_string()).collect(),
+            cgroup_name: "hatchery-test".into(),
+            ..RunRequest::default()
+        }
+    }
+
+    #[test]
+    fn empty_commands_and_root_ids_are_refused() -> Result<(), Box<dyn std::error::Error>> {
+        let p = Profile::resolve("default")?;
+        assert!(build(request(&[]), &p, None).is_err());
+        assert!(build(request(&[""]), &p, None).is_err());
+        let mut r = request(&["true"]);
+        r.host_ids = Some((0, 0));
+        assert!(build(r, &p, None).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn exposures_become_binds_and_landlock_rules() -> Result<(), Box<dyn std::error::Error>> {
+        let p = Profile::resolve("default")?;
+        let dir = tempfile::tempdir()?;
+        let canon = std::fs::canonicalize(dir.path())?;
+        let mut r = request(&["true"]);
+        r.exposures.push(Exposure {
+            host: check_host_path(&canon)?,
+            writable: true,
+        });
+        let spec = build(r, &p, Some(&canon))?;
+        assert_eq!(spec.rootfs.exposures.len(), 1);
+        assert!(spec.landlock.write.contains(&canon));
+        assert_eq!(spec.cwd, canon, "the caller's cwd is kept when exposed");
+        Ok(())
+    }
+
+    #[test]
+    fn reserved_and_duplicate_targets_are_refused() -> Result<(), Box<dyn std::error::Error>> {
+        let p = Profile::resolve("default")?;
+        let mut r = request(&["true"]);
+        r.exposures.push(Exposure {
+            host: check_host_path(Path::new("/proc/self"))
+                .or_else(|_| check_host_path(Path::new("/proc/1")))?,
+            writable: false,
+        });
+        assert!(build(r, &p, None).is_err());
+        let dir = tempfile::tempdir()?;
+        let canon = std::fs::canonicalize(dir.path())?;
+        let mut r = request(&["true"]);
+        for _ in 0..2 {
+            r.exposures.push(Exposure {
+                host: check_host_path(&canon)?,
+                writable: false,
+            });
+        }
+        assert!(build(r, &p, None).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn env_assignments_are_validated() {
+        assert!(parse_env("A=1").is_ok());
+        assert!(parse_env("A=").is_ok());
+        for bad in ["A", "=1", "A B=1"] {
+            assert!(parse_env(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! The attack probe: run inside a sandbox by the integration tests, it tries one thing
+//! and reports what the kernel answered, in one line on stdout:
+//!
+//!   ok <value>          the attempt succeeded (the attack worked, unless expected)
+//!   err <errno>         the kernel refused with errno
+//!
+//! Commands that are expected to be killed (i386/x32 entry points, kill-action syscalls)
+//! print nothing: the test reads the signal from the exit status.
+//!
+//! Every resource attack is bounded: fork bombs stop at the count asked for, memory hogs
+//! at the size asked for, spinners after the time asked for.
+
+use std::ffi::CString;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn report(rc: i64) -> i32 {
+    if rc < 0 {
+        println!("err {}", errno());
+    } else {
+        println!("ok {rc}");
+    }
+    0
+}
+
+fn arg(args: &[String], i: usize) -> &str {
+    args.get(i).map(String::as_str).unwrap_or("")
+}
+
+fn num(args: &[String], i: usize) -> u64 {
+    let s = arg(args, i);
+    if let Some(h) = s.strip_prefix("0x") {
+        u64::from_str_radix(h, 16).unwrap_or(0)
+    } else {
+        s.parse().unwrap_or(0)
+    }
+}
+
+fn cstr(s: &str) -> CString {
+    CString::new(s).unwrap_or_default()
+}
+
+/// x86_64 syscall numbers the tests use by name.
+fn syscall_nr(name: &str) -> Option<i64> {
+    Some(match name {
+        "getpid" => libc::SYS_getpid,
+        "mount" => libc::SYS_mount,
+        "umount2" => libc::SYS_umount2,
+        "pivot_root" => libc::SYS_pivot_root,
+        "chroot" => libc::SYS_chroot,
+        "unshare" => libc::SYS_unshare,
+        "setns" => libc::SYS_setns,
+        "clone" => libc::SYS_clone,
+        "clone3" => libc::SYS_clone3,
+        "keyctl" => libc::SYS_keyctl,
+        "add_key" => libc::SYS_add_key,
+        "request_key" => libc::SYS_request_key,
+        "bpf" => libc::SYS_bpf,
+        "perf_event_open" => libc::SYS_perf_event_open,
+        "ptrace" => libc::SYS_ptrace,
+        "kexec_load" => libc::SYS_kexec_load,
+        "kexec_file_load" => libc::SYS_kexec_file_load,
+        "init_module" => libc::SYS_init_module,
+        "finit_module" => libc::SYS_finit_module,
+        "delete_module" => libc::SYS_delete_module,
+        "iopl" => libc::SYS_iopl,
+        "ioperm" => libc::SYS_ioperm,
+        "userfaultfd" => libc::SYS_userfaultfd,
+        "io_uring_setup" => libc::SYS_io_uring_setup,
+        "open_by_handle_at" => libc::SYS_open_by_handle_at,
+        "name_to_handle_at" => libc::SYS_name_to_handle_at,
+        "process_vm_readv" => libc::SYS_process_vm_readv,
+        "process_vm_writev" => libc::SYS_process_vm_writev,
+        "reboot" => libc::SYS_reboot,
+        "swapon" => libc::SYS_swapon,
+        "swapoff" => libc::SYS_swapoff,
+        "settimeofday" => libc::SYS_settimeofday,
+        "clock_settime" => libc::SYS_clock_settime,
+        "personality" => libc::SYS_personality,
+        "ioctl" => libc::SYS_ioctl,
+        "open_tree" => libc::SYS_open_tree,
+        "move_mount" => libc::SYS_move_mount,
+        "fsopen" => libc::SYS_fsopen,
+        "acct" => libc::SYS_acct,
+        "syslog" => libc::SYS_syslog,
+        "uname" => libc::SYS_uname,
+        "getuid" => libc::SYS_getuid,
+        "read" => libc::SYS_read,
+        "socket" => libc::SYS_socket,
+        "mkdir" => libc::SYS_mkdir,
+        "kill" => libc::SYS_kill,
+        "setuid" => libc::SYS_setuid,
+        "getcwd" => libc::SYS_getcwd,
+        "sethostname" => libc::SYS_sethostname,
+        "modify_ldt" => libc::SYS_modify_ldt,
+        _ => return None,
+    })
+}
+
+/// `syscall NAME [ARG...]`: the raw syscall with integer arguments (0 for the rest).
+fn raw_syscall(args: &[String]) -> i32 {
+    let Some(nr) = syscall_nr(arg(args, 1)).or_else(|| arg(args, 1).parse().ok()) else {
+        eprintln!("probe: unknown syscall {}", arg(args, 1));
+        return 2;
+    };
+    let a: Vec<u64> = (2..8).map(|i| num(args, i)).collect();
+    // SAFETY (test probe): arguments are integers chosen by the test; pointers are null.
+    let rc = unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
+    report(rc)
+}
+
+/// `i386 NR`: the syscall through the 32-bit `int 0x80` entry point.
+fn i386(args: &[String]) -> i32 {
+    let nr = num(args, 1) as u32;
+    let ret: u32;
+    // SAFETY (test probe): int 0x80 with ebx..edi zero; a filter should kill us first.
+    unsafe {
+        std::arch::asm!(
+            "xchg rbx, {zero}",
+            "int 0x80",
+            "xchg rbx, {zero}",
+            zero = inout(reg) 0u64 => _,
+            inlateout("eax") nr => ret,
+            in("ecx") 0u32,
+            in("edx") 0u32,
+        );
+    }
+    report(ret as i32 as i64)
+}
+
+/// `x32 NR`: the native syscall instruction with the x32 bit set.
+fn x32(args: &[String]) -> i32 {
+    let nr = num(args, 1) | 0x4000_0000;
+    // SAFETY (test probe): an x32 syscall with zero arguments.
+    let rc = unsafe { libc::syscall(nr as i64, 0, 0, 0) };
+    report(rc)
+}
+
+fn connect_tcp(args: &[String], udp: bool) -> i32 {
+    let addr = format!("{}:{}", arg(args, 1), arg(args, 2));
+    let res = if udp {
+        std::net::UdpSocket::bind("0.0.0.0:0").and_then(|s| {
+            s.connect(&addr)?;
+            s.send(b"hello-from-sandbox")?;
+            s.set_read_timeout(Some(Duration::from_millis(500)))?;
+            let mut buf = [0u8; 64];
+            s.recv(&mut buf).map(|n| n as i64)
+        })
+    } else {
+        addr.parse::<std::net::SocketAddr>()
+            .map_err(std::io::Error::other)
+            .and_then(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_millis(500)))
+            .map(|_| 0)
+    };
+    match res {
+        Ok(v) => println!("ok {v}"),
+        Err(e) => println!("err {}", e.raw_os_error().unwrap_or(-1)),
+    }
+    0
+}
+
+fn connect_abstract(args: &[String]) -> i32 {
+    use std::os::linux::net::SocketAddrExt;
+    let res = std::os::unix::net::SocketAddr::from_abstract_name(arg(args, 1).as_bytes())
+        .and_then(|a| std::os::unix::net::UnixStream::connect_addr(&a));
+    match res {
+        Ok(_) => println!("ok 0"),
+        Err(e) => println!("err {}", e.raw_os_error().unwrap_or(-1)),
+    }
+    0
+}
+
+fn write_file(args: &[String]) -> i32 {
+    match std::fs::write(arg(args, 1), arg(args, 2)) {
+        Ok(()) => println!("ok 0"),
+        Err(e) => println!("err {}", e.raw_os_error().unwrap_or(-1)),
+    }
+    0
+}
+
+fn read_file(args: &[String]) -> i32 {
+    match std::fs::read(arg(args, 1)) {
+        Ok(b) => println!("ok {}", b.len()),
+        Err(e) => println!("err {}", e.raw_os_error().unwrap_or(-1)),
+    }
+    0
+}
+
+/// `forkbomb N HOLD_MS`: forks until N children exist or fork fails; prints how many.
+fn forkbomb(args: &[String]) -> i32 {
+    let max = num(args, 1).clamp(1, 1000);
+    let hold = Duration::from_millis(num(args, 2).max(100));
+    let mut children = Vec::new();
+    let mut failed = 0;
+    for _ in 0..max {
+        // SAFETY (test probe): the child only sleeps and exits.
+        match unsafe { libc::fork() } {
+            0 => {
+                std::thread::sleep(hold);
+                // SAFETY: leave the child immediately.
+                unsafe { libc::_exit(0) };
+            }
+            -1 => {
+                failed = errno();
+                break;
+            }
+            pid => children.push(pid),
+        }
+    }
+    println!("forked {} err {failed}", children.len());
+    let _ = std::io::stdout().flush();
+    for pid in children {
+        // SAFETY (test probe): reaping our own children.
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    }
+    0
+}
+
+/// `memhog MB`: allocates and touches MB MiB, one MiB at a time, reporting progress.
+fn memhog(args: &[String]) -> i32 {
+    let mb = num(args, 1).min(1024) as usize;
+    let mut blocks: Vec<Vec<u8>> = Vec::new();
+    for i in 0..mb {
+        blocks.push(vec![(i % 251) as u8 + 1; 1 << 20]);
+    }
+    println!("ok {}", blocks.len());
+    0
+}
+
+/// `spin SECONDS`: burns CPU on one thread.
+fn spin(args: &[String]) -> i32 {
+    let until = Instant::now() + Duration::from_millis((num(args, 1) * 1000).min(60_000));
+    let mut x = 0u64;
+    while Instant::now() < until {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+    }
+    println!("ok {}", x & 1);
+    0
+}
+
+/// `daemon PIDFILE SECONDS`: double-forks a setsid daemon that writes its pid and sleeps.
+fn daemon(args: &[String]) -> i32 {
+    let pidfile = arg(args, 1).to_string();
+    let secs = num(args, 2).min(600);
+    // SAFETY (test probe): classic double fork; children only call async-signal-safe-ish code.
+    unsafe {
+        if libc::fork() == 0 {
+            libc::setsid();
+            if libc::fork() == 0 {
+                let _ = std::fs::write(&pidfile, format!("{}", libc::getpid()));
+                libc::sleep(secs as u32);
+                libc::_exit(0);
+            }
+            libc::_exit(0);
+        }
+        libc::wait(std::ptr::null_mut());
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    println!("ok 0");
+    0
+}
+
+/// `tiocsti`: pushes a character into the terminal on stdin (the classic escape).
+fn tiocsti() -> i32 {
+    let c: libc::c_char = b'x' as libc::c_char;
+    // SAFETY (test probe): TIOCSTI with a pointer to one byte we own.
+    let rc = unsafe { libc::ioctl(0, libc::TIOCSTI, &c) };
+    report(rc as i64)
+}
+
+/// `mount-proc`: tries to mount a new proc (needs CAP_SYS_ADMIN).
+fn mount_tmpfs() -> i32 {
+    let (src, dst, fs) = (cstr("none"), cstr("/tmp"), cstr("tmpfs"));
+    // SAFETY (test probe): mount(2) with valid strings.
+    let rc = unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), fs.as_ptr(), 0, std::ptr::null()) };
+    report(rc as i64)
+}
+
+fn unshare_user() -> i32 {
+    // SAFETY (test probe): unshare with a flag.
+    report(unsafe { libc::unshare(libc::CLONE_NEWUSER) } as i64)
+}
+
+fn unshare_ns() -> i32 {
+    // SAFETY (test probe): unshare with a flag.
+    report(unsafe { libc::unshare(libc::CLONE_NEWNS) } as i64)
+}
+
+fn setns_host() -> i32 {
+    let f = match std::fs::File::open("/proc/1/ns/mnt") {
+        Ok(f) => f,
+        Err(e) => {
+            println!("err {}", e.raw_os_error().unwrap_or(-1));
+            return 0;
+        }
+    };
+    use std::os::fd::AsRawFd;
+    // SAFETY (test probe): setns with a valid fd.
+    report(unsafe { libc::setns(f.as_raw_fd(), 0) } as i64)
+}
+
+fn chroot() -> i32 {
+    let p = cstr("/tmp");
+    // SAFETY (test probe): chroot with a valid string.
+    report(unsafe { libc::chroot(p.as_ptr()) } as i64)
+}
+
+fn clone_newuser() -> i32 {
+    // SAFETY (test probe): raw clone with a namespace flag and no stack (fork-like); the
+    // child, if any, exits at once.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWUSER | libc::SIGCHLD) as u64,
+            0,
+            0,
+            0,
+            0,
+        )
+    };
+    if rc == 0 {
+        // SAFETY: child leaves at once.
+        unsafe { libc::_exit(0) };
+    }
+    report(rc)
+}
+
+fn kill_pid(args: &[String]) -> i32 {
+    // SAFETY (test probe): kill(2) with integers.
+    report(unsafe { libc::kill(num(args, 1) as i32, libc::SIGKILL) } as i64)
+}
+
+fn status_line(args: &[String]) -> i32 {
+    let want = arg(args, 1);
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    for line in s.lines() {
+        if let Some(rest) = line.strip_prefix(want).and_then(|r| r.strip_prefix(':')) {
+            println!("ok {}", rest.trim());
+            return 0;
+        }
+    }
+    println!("err 2");
+    0
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let code = match arg(&args, 0) {
+        "syscall" => raw_syscall(&args),
+        "i386" => i386(&args),
+        "x32" => x32(&args),
+        "tcp" => connect_tcp(&args, false),
+        "udp" => connect_tcp(&args, true),
+        "abstract" => connect_abstract(&args),
+        "write" => write_file(&args),
+        "read" => read_file(&args),
+        "forkbomb" => forkbomb(&args),
+        "memhog" => memhog(&args),
+        "spin" => spin(&args),
+        "daemon" => daemon(&args),
+        "tiocsti" => tiocsti(),
+        "mount" => mount_tmpfs(),
+        "unshare-user" => unshare_user(),
+        "unshare-ns" => unshare_ns(),
+        "setns" => setns_host(),
+        "chroot" => chroot(),
+        "clone-newuser" => clone_newuser(),
+        "kill" => kill_pid(&args),
+        "status" => status_line(&args),
+        other => {
+            eprintln!("probe: unknown command {other:?}");
+            2
+        }
+    };
+    let _ = std::io::stdout().flush();
+    std::process::exit(code);
+}
