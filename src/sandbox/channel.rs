@@ -9,7 +9,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
-use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, recv, send, socketpair};
+use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, recv, socketpair};
 
 /// Largest message either side sends; anything longer is truncated or refused.
 pub const MAX_MESSAGE: usize = 1024;
@@ -49,9 +49,11 @@ pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
     .map_err(io::Error::from)
 }
 
+/// Sends one packet with write(2): the one call every seccomp profile allows, so that an
+/// exec failure can still be reported after the payload's filter is loaded.
 fn send_bytes(fd: BorrowedFd<'_>, bytes: &[u8]) -> io::Result<()> {
     loop {
-        match send(fd.as_raw_fd(), bytes, MsgFlags::MSG_NOSIGNAL) {
+        match nix::unistd::write(fd, bytes) {
             Ok(_) => return Ok(()),
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),

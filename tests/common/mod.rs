@@ -1,0 +1,104 @@
+//! Helpers shared by the integration tests: paths of the binary and the attack probe, and
+//! a runner that puts a hard timeout around every command so that a broken limit fails a
+//! test instead of hanging the suite.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The hatchery binary under test.
+pub fn hatchery() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_hatchery"))
+}
+
+/// The directory holding the probe (exposed read-only into sandboxes that run it).
+pub fn probe_dir() -> PathBuf {
+    let exe = hatchery();
+    exe.parent().map(|d| d.join("examples")).unwrap_or_default()
+}
+
+/// The attack probe (built by `cargo test` as an example).
+pub fn probe() -> PathBuf {
+    probe_dir().join("probe")
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Runs a command with a hard wall-clock limit; the child is killed (and the test fails
+/// loudly) if it exceeds it.
+pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => panic!("cannot start {cmd:?}: {e}"),
+    };
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if start.elapsed() > limit => {
+                let _ = child.kill();
+                let out = child.wait_with_output();
+                panic!("{cmd:?} did not finish within {limit:?}: {out:?}");
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("wait: {e}"),
+        }
+    }
+    match child.wait_with_output() {
+        Ok(o) => o,
+        Err(e) => panic!("collect output: {e}"),
+    }
+}
+
+/// `hatchery ARGS...` with a 60 s limit.
+pub fn hatchery_cmd(args: &[&str]) -> Output {
+    run_with_timeout(Command::new(hatchery()).args(args), Duration::from_secs(60))
+}
+
+/// `hatchery run [FLAGS] --ro PROBE_DIR -- probe ARGS...` with a 60 s limit.
+pub fn run_probe(flags: &[&str], probe_args: &[&str]) -> Output {
+    let dir = probe_dir();
+    let probe = probe();
+    let mut cmd = Command::new(hatchery());
+    cmd.arg("run").args(flags).arg("--ro").arg(&dir).arg("--").arg(&probe).args(probe_args);
+    run_with_timeout(&mut cmd, Duration::from_secs(60))
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).trim().to_string()
+}
+
+pub fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+/// Skips (returns true with a printed reason) unless running as root.
+pub fn skip_unless_root(test: &str) -> bool {
+    if !is_root() {
+        eprintln!("SKIP {test}: needs root (run scripts/test.sh as root)");
+        return true;
+    }
+    false
+}
+
+/// A temporary directory that sandboxes running as the default host uid (65534) may write.
+pub fn shared_tempdir() -> tempfile::TempDir {
+    let dir = match tempfile::Builder::new().prefix("hatchery-test-").tempdir() {
+        Ok(d) => d,
+        Err(e) => panic!("tempdir: {e}"),
+    };
+    let _ = std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777));
+    dir
+}
+
+pub fn canonical(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}
