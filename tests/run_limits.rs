@@ -1,0 +1,314 @@
+//! Limits enforced by the kernel, judged by exit status and by the cgroup's own counters in
+//! the report. Every attack is bounded: a broken limit fails the test, it cannot take the
+//! machine down (fork bombs stop at 300, memory hogs at 256 MiB, all runs time out).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+fn read_report(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("no report at {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("report is not JSON: {e}: {text}"))
+}
+
+/// Runs the probe with flags and a report; returns (exit code, report, stdout).
+fn probe_with_report(flags: &[&str], args: &[&str]) -> (i32, Value, String) {
+    let dir = shared_tempdir();
+    let report = dir.path().join("report.json");
+    let r = report.to_string_lossy().to_string();
+    let mut all: Vec<&str> = flags.to_vec();
+    all.extend(["--report", &r]);
+    let out = run_probe(&all, args);
+    let v = read_report(&report);
+    (code(&out), v, stdout(&out))
+}
+
+fn cgroup_gone(report: &Value) {
+    if let Some(p) = report["enforcement"]["cgroup_path"].as_str() {
+        assert!(!Path::new(p).exists(), "cgroup {p} was left behind");
+    }
+}
+
+#[test]
+fn a_memory_bomb_is_oom_killed_with_137() {
+    if skip_unless_root("memory") {
+        return;
+    }
+    let (code, report, _) = probe_with_report(&["--memory", "64M"], &["memhog", "256"]);
+    assert_eq!(code, 137, "{report}");
+    assert_eq!(report["oom_killed"], Value::Bool(true));
+    assert_eq!(report["exit_code"], 137);
+    let peak = report["memory_peak_bytes"].as_u64().unwrap_or(u64::MAX);
+    assert!(peak <= 64 << 20, "peak {peak} above the limit");
+    cgroup_gone(&report);
+}
+
+#[test]
+fn memory_under_the_limit_is_fine_and_counted() {
+    if skip_unless_root("memory ok") {
+        return;
+    }
+    let (code, report, out) = probe_with_report(&["--memory", "128M"], &["memhog", "32"]);
+    assert_eq!((code, out.as_str()), (0, "ok 32"), "{report}");
+    assert_eq!(report["oom_killed"], Value::Bool(false));
+    let peak = report["memory_peak_bytes"].as_u64().unwrap_or(0);
+    assert!(
+        peak >= 32 << 20,
+        "peak {peak} should include the 32 MiB touched"
+    );
+}
+
+#[test]
+fn tmpfs_cannot_exceed_the_memory_limit() {
+    if skip_unless_root("tmpfs") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let report = dir.path().join("r.json");
+    let r = report.to_string_lossy().to_string();
+    let out = hatchery_cmd(&[
+        "run",
+        "--memory",
+        "48M",
+        "--report",
+        &r,
+        "--",
+        "sh",
+        "-c",
+        "dd if=/dev/zero of=/tmp/fill bs=1M count=200 2>/dev/null; ls -l /tmp/fill | awk '{print $5}'",
+    ]);
+    let v = read_report(&report);
+    let written: u64 = stdout(&out)
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        v["oom_killed"] == Value::Bool(true) || written < 48 << 20,
+        "200 MiB went into /tmp under a 48 MiB limit: wrote {written}, report {v}"
+    );
+    let peak = v["memory_peak_bytes"].as_u64().unwrap_or(u64::MAX);
+    assert!(peak <= 48 << 20, "peak {peak}");
+}
+
+#[test]
+fn a_fork_bomb_is_contained_by_the_pids_limit() {
+    if skip_unless_root("pids") {
+        return;
+    }
+    let (code, report, out) = probe_with_report(&["--pids", "32"], &["forkbomb", "300", "300"]);
+    assert_eq!(code, 0, "{out} {report}");
+    let forked: u32 = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(999);
+    assert!(forked < 32, "{forked} processes forked under a limit of 32");
+    assert!(
+        out.ends_with(&format!("err {}", libc::EAGAIN)),
+        "fork failed with EAGAIN: {out}"
+    );
+    assert!(
+        report["pids_limit_hits"].as_u64().unwrap_or(0) > 0,
+        "{report}"
+    );
+    if let Some(peak) = report["pids_peak"].as_u64() {
+        assert!(peak <= 32, "pids_peak {peak}");
+    }
+}
+
+#[test]
+fn half_a_cpu_is_about_half_a_cpu() {
+    if skip_unless_root("cpus") {
+        return;
+    }
+    let (code, report, _) = probe_with_report(&["--cpus", "0.5"], &["spin", "2"]);
+    assert_eq!(code, 0, "{report}");
+    let cpu = report["cpu_usec"].as_f64().unwrap_or(0.0);
+    let wall = report["wall_ms"].as_f64().unwrap_or(1.0) * 1000.0;
+    let share = cpu / wall;
+    // CFS enforces the quota per 100 ms period; over 2 s the share is close to 0.5.
+    assert!(
+        (0.30..=0.62).contains(&share),
+        "used {share:.2} of a core under --cpus 0.5 ({report})"
+    );
+}
+
+#[test]
+fn a_timeout_kills_everything_with_124() {
+    if skip_unless_root("timeout") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let report = dir.path().join("r.json");
+    let r = report.to_string_lossy().to_string();
+    let out = hatchery_cmd(&[
+        "run",
+        "--timeout",
+        "500ms",
+        "--report",
+        &r,
+        "--",
+        "sh",
+        "-c",
+        "sleep 100 & sleep 100",
+    ]);
+    assert_eq!(code(&out), 124, "{}", stderr(&out));
+    let v = read_report(&report);
+    assert_eq!(v["timed_out"], Value::Bool(true));
+    let wall = v["wall_ms"].as_u64().unwrap_or(u64::MAX);
+    assert!(wall < 10_000, "killed promptly, not after {wall} ms");
+    cgroup_gone(&v);
+}
+
+#[test]
+fn a_double_forked_daemon_does_not_outlive_run() {
+    if skip_unless_root("daemon") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    let marker = d.join(format!("daemon-{}", std::process::id()));
+    let m = marker.to_string_lossy().to_string();
+    let d_s = d.to_string_lossy().to_string();
+    let out = run_probe(&["--rw", &d_s], &["daemon", &m, "300"]);
+    assert_eq!(stdout(&out), "ok 0", "{}", stderr(&out));
+    assert!(
+        marker.exists(),
+        "the daemon started (it wrote its pid file)"
+    );
+    // Nothing on the host still runs the probe with this marker in its arguments.
+    let ps = run_with_timeout(
+        Command::new("pgrep").args(["-f", &m]),
+        Duration::from_secs(10),
+    );
+    assert_ne!(
+        code(&ps),
+        0,
+        "the daemon outlived the sandbox: {}",
+        stdout(&ps)
+    );
+}
+
+#[test]
+fn exit_statuses_follow_the_contract() {
+    if skip_unless_root("statuses") {
+        return;
+    }
+    assert_eq!(code(&hatchery_cmd(&["run", "--", "sh", "-c", "exit 3"])), 3);
+    assert_eq!(
+        code(&hatchery_cmd(&["run", "--", "sh", "-c", "kill -TERM $$"])),
+        128 + libc::SIGTERM
+    );
+    let out = hatchery_cmd(&["run", "--", "no-such-command-anywhere"]);
+    assert_eq!(code(&out), 127, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no-such-command-anywhere"),
+        "{}",
+        stderr(&out)
+    );
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    let file = d.join("not-executable");
+    std::fs::write(&file, "#!/bin/sh\necho hi\n").ok();
+    let d_s = d.to_string_lossy().to_string();
+    let out = hatchery_cmd(&["run", "--ro", &d_s, "--", &file.to_string_lossy()]);
+    assert_eq!(code(&out), 126, "{}", stderr(&out));
+}
+
+#[test]
+fn the_report_has_every_contract_key() {
+    if skip_unless_root("report") {
+        return;
+    }
+    let (code, v, _) = probe_with_report(
+        &["--memory", "128M", "--pids", "64", "--cpus", "1"],
+        &["syscall", "getpid"],
+    );
+    assert_eq!(code, 0);
+    for key in [
+        "exit_code",
+        "signal",
+        "oom_killed",
+        "timed_out",
+        "wall_ms",
+        "cpu_usec",
+        "memory_peak_bytes",
+        "pids_peak",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}: {v}");
+    }
+    let e = &v["enforcement"];
+    for key in [
+        "namespaces",
+        "cgroup",
+        "seccomp",
+        "landlock_abi",
+        "uid_host",
+        "gid_host",
+        "limits",
+        "not_enforced",
+    ] {
+        assert!(e.get(key).is_some(), "missing enforcement.{key}: {e}");
+    }
+    assert_eq!(
+        e["namespaces"],
+        serde_json::json!(["user", "pid", "mount", "net", "ipc", "uts", "cgroup"])
+    );
+    assert_eq!(e["uid_host"], 65534);
+    assert!(matches!(e["cgroup"].as_str(), Some("v1" | "v2")), "{e}");
+    for limit in ["memory", "cpus", "pids"] {
+        assert!(
+            e["limits"][limit].is_string(),
+            "limit {limit} not reported as enforced: {e}"
+        );
+    }
+    assert_eq!(
+        e["not_enforced"],
+        serde_json::json!([]),
+        "everything asked for is enforced here"
+    );
+    assert_eq!(v["profile"]["name"], "default");
+    assert_eq!(v["profile"]["sha256"].as_str().map(str::len), Some(64));
+    assert!(v["cpu_usec"].as_u64().is_some() && v["memory_peak_bytes"].as_u64().is_some());
+    cgroup_gone(&v);
+}
+
+#[test]
+fn signals_to_run_reach_the_command() {
+    if skip_unless_root("signals") {
+        return;
+    }
+    let mut child = match Command::new(hatchery())
+        .args([
+            "run",
+            "--timeout",
+            "20s",
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 42' TERM; while :; do sleep 0.05; done",
+        ])
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("spawn: {e}"),
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let status = child.wait().map(|s| s.code()).unwrap_or(None);
+    assert_eq!(
+        status,
+        Some(42),
+        "SIGTERM was forwarded to the command's trap"
+    );
+}
