@@ -15,7 +15,14 @@ if [ "${HATCHERY_SKIP_APT:-0}" != 1 ] && [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
-        libseccomp-dev pkg-config gcc libc6-dev python3 util-linux procps iproute2 bubblewrap >/dev/null
+        libseccomp-dev pkg-config gcc libc6-dev python3 util-linux procps iproute2 bubblewrap uidmap >/dev/null
+fi
+if [ "$(id -u)" = 0 ]; then
+    # The rootless tests run the binary as `nobody` (no subordinate ids: the plain mapping)
+    # and as the system user `daemon`, given a subordinate range here (the newuidmap path).
+    for f in /etc/subuid /etc/subgid; do
+        grep -q '^daemon:' "$f" 2>/dev/null || echo 'daemon:400000:65536' >> "$f"
+    done
 fi
 
 say "format and lints"

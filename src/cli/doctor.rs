@@ -66,6 +66,24 @@ fn diagnose() -> Diagnosis {
         }),
     });
 
+    if rootless {
+        let ranges = sandbox::userns::subordinate_ranges(uid);
+        checks.push(Check {
+            name: "id mapping",
+            ok: true,
+            detail: match &ranges {
+                Some((u, g, _, _)) => format!(
+                    "your uid as inside root, plus subordinate uids {}..{} / gids {}..{} via newuidmap/newgidmap (distinct ids for workers)",
+                    u.start,
+                    u.start.saturating_add(u.count - 1),
+                    g.start,
+                    g.start.saturating_add(g.count - 1)
+                ),
+                None => "your uid only (no /etc/subuid range or no newuidmap): every sandbox runs as you, setgroups denied".into(),
+            },
+            fix: ranges.is_none().then(|| "optional: install uidmap and add a range for your user to /etc/subuid and /etc/subgid".into()),
+        });
+    }
     match &host.cgroups {
         Some(m) => {
             let c = m.controllers();
@@ -115,7 +133,9 @@ fn diagnose() -> Diagnosis {
                     "mount the memory, cpu and pids controllers (cgroup v2 recommended)".into()
                 }),
             });
-            degraded.push("--memory, --cpus, --pids (no cgroups)".into());
+            degraded.push(
+                "--memory, --cpus, --pids (no cgroups; with --allow-degraded, --memory becomes RLIMIT_AS per process, --pids RLIMIT_NPROC, --cpus is not enforced)".into(),
+            );
         }
     }
 

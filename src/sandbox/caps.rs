@@ -24,8 +24,10 @@ fn errno_of(e: &caps::errors::CapsError) -> i32 {
     libc::EPERM
 }
 
-/// Drops every capability. Needs CAP_SETPCAP (held by the namespace's root until here).
-pub fn drop_all() -> Result<(), PrivError> {
+/// Drops every capability, switching to the inside ids `switch_to` on the way (with the
+/// securebits locked first, the switch itself cannot keep or regain anything). Needs
+/// CAP_SETPCAP, CAP_SETUID and CAP_SETGID (held by the namespace's root until here).
+pub fn drop_all(switch_to: Option<(u32, u32)>) -> Result<(), PrivError> {
     // Locked securebits: uid 0 gets no capabilities on execve, setuid(2) does not restore
     // them, and ambient capabilities can never be raised.
     let bits = libc::SECBIT_NOROOT
@@ -57,6 +59,18 @@ pub fn drop_all() -> Result<(), PrivError> {
                 });
             }
         }
+    }
+    if let Some((uid, gid)) = switch_to.filter(|ids| *ids != (0, 0)) {
+        let errno = |e: nix::Error| PrivError {
+            step: "switch ids",
+            errno: e as i32,
+        };
+        let (u, g) = (
+            nix::unistd::Uid::from_raw(uid),
+            nix::unistd::Gid::from_raw(gid),
+        );
+        nix::unistd::setresgid(g, g, g).map_err(errno)?;
+        nix::unistd::setresuid(u, u, u).map_err(errno)?;
     }
     for (set, step) in [
         (CapSet::Ambient, "ambient set"),

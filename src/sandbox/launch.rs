@@ -105,6 +105,8 @@ struct ChildContext<'a> {
     unshare_cgroup: bool,
     /// (source fd, target number) pairs for the payload, stdio included.
     fds: Vec<(RawFd, RawFd)>,
+    /// rlimits standing in for limits no cgroup enforces (degraded runs).
+    fallback_rlimits: Vec<crate::profile::Rlimit>,
 }
 
 fn to_cstrings(items: impl Iterator<Item = String>) -> Result<Vec<CString>, SandboxError> {
@@ -228,6 +230,7 @@ pub fn start(
         landlock: enforcement.landlock_abi.is_some(),
         unshare_cgroup: spec.namespaces.cgroup,
         fds,
+        fallback_rlimits: enforcement.fallback_rlimits.clone(),
     };
 
     let (supervisor_end, sandbox_end) =
@@ -378,7 +381,7 @@ fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, F
         ForkResult::Parent { child } => {
             process::close_fds_from(0, &[chan.as_raw_fd()]);
             // pid 1 keeps no privilege it does not need to reap and forward signals.
-            let _ = caps::drop_all();
+            let _ = caps::drop_all(None);
             let _ = caps::no_new_privs();
             let _ = caps::not_dumpable();
             init::reap_until_exit(child, chan.as_fd())
@@ -484,8 +487,11 @@ fn payload_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, (
             SETUP_FAILED,
         )
     })?;
-    rlimits::apply(&spec.rlimits).map_err(|(name, e)| fail(&format!("rlimit {name}"), e as i32))?;
-    caps::drop_all().map_err(|e| fail(&format!("capabilities ({})", e.step), e.errno))?;
+    rlimits::apply(&spec.rlimits)
+        .and_then(|()| rlimits::apply(&ctx.fallback_rlimits))
+        .map_err(|(name, e)| fail(&format!("rlimit {name}"), e as i32))?;
+    caps::drop_all(Some(spec.identity.payload_ids))
+        .map_err(|e| fail(&format!("capabilities ({})", e.step), e.errno))?;
     caps::no_new_privs().map_err(|e| fail(e.step, e.errno))?;
     if ctx.landlock {
         let outcome = landlock::restrict(&spec.landlock).map_err(|detail| {

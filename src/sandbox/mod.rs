@@ -89,6 +89,9 @@ pub struct Enforcement {
     /// The limits actually given to the cgroup.
     #[serde(skip)]
     pub cgroup_limits: Limits,
+    /// rlimits standing in for cgroup limits the host cannot enforce (degraded runs only).
+    #[serde(skip)]
+    pub fallback_rlimits: Vec<Rlimit>,
 }
 
 /// Errors of the sandbox layer.
@@ -229,11 +232,12 @@ pub fn preflight(spec: &SandboxSpec, host: &Host) -> Result<Enforcement, Sandbox
 
     // cgroup limits
     let mut cg_limits = spec.limits;
+    let mut lacking: Vec<(&'static str, String)> = Vec::new();
     match &host.cgroups {
         Some(m) => {
             let have = m.controllers();
-            e.cgroup = m.version().to_string();
             let v = m.version();
+            e.cgroup = v.to_string();
             let checks: [(&'static str, bool, bool, String); 3] = [
                 ("memory", spec.limits.memory.is_some(), have.memory, match v {
                     cgroup::CgroupVersion::V1 => "cgroup v1 memory.limit_in_bytes (+ memory.memsw.limit_in_bytes: no swap)".into(),
@@ -251,24 +255,14 @@ pub fn preflight(spec: &SandboxSpec, host: &Host) -> Result<Enforcement, Sandbox
                 }
                 if available {
                     e.limits.insert(name, how);
-                    continue;
-                }
-                let why = format!("no {name} controller in this host's cgroup {v} hierarchy");
-                if !spec.allow_degraded {
-                    return Err(refuse(
-                        &format!("--{name}"),
-                        why,
-                        "enable the controller (cgroup_enable=... on the kernel command line, or delegate it)",
+                } else {
+                    lacking.push((
+                        name,
+                        format!("no {name} controller in this host's cgroup {v} hierarchy"),
                     ));
                 }
-                e.not_enforced.push(format!("{name} limit: {why}"));
-                match name {
-                    "memory" => cg_limits.memory = None,
-                    "cpus" => cg_limits.cpus = None,
-                    _ => cg_limits.pids = None,
-                }
             }
-            if cg_limits.memory.is_some() && !have.swap_off {
+            if spec.limits.memory.is_some() && have.memory && !have.swap_off {
                 let why = "the host has swap but no swap accounting, so the sandbox could swap beyond its memory limit".to_string();
                 if !spec.allow_degraded {
                     return Err(refuse(
@@ -287,31 +281,73 @@ pub fn preflight(spec: &SandboxSpec, host: &Host) -> Result<Enforcement, Sandbox
                 .cgroup_problem
                 .clone()
                 .unwrap_or_else(|| "no cgroups".into());
-            if !spec.limits.is_empty() {
-                if !spec.allow_degraded {
-                    let fix = if spec.identity.rootless {
-                        "get a delegated cgroup v2 subtree: systemd-run --user --scope -p Delegate=yes hatchery run ..."
-                    } else {
-                        "mount the memory, cpu and pids cgroup controllers"
-                    };
-                    return Err(refuse("resource limits (--memory/--cpus/--pids)", why, fix));
-                }
-                for (name, asked) in [
-                    ("memory", spec.limits.memory.is_some()),
-                    ("cpus", spec.limits.cpus.is_some()),
-                    ("pids", spec.limits.pids.is_some()),
-                ] {
-                    if asked {
-                        e.not_enforced.push(format!("{name} limit: {why}"));
-                    }
+            for (name, asked) in [
+                ("memory", spec.limits.memory.is_some()),
+                ("cpus", spec.limits.cpus.is_some()),
+                ("pids", spec.limits.pids.is_some()),
+            ] {
+                if asked {
+                    lacking.push((name, why.clone()));
                 }
             }
             e.not_enforced.push(format!(
                 "accounting (cpu_usec, memory_peak_bytes, pids_peak): {why}"
             ));
-            cg_limits = Limits::default();
+        }
+    }
+    if let Some((name, why)) = lacking.first() {
+        if !spec.allow_degraded {
+            let fix = if spec.identity.rootless {
+                "get a delegated cgroup v2 subtree: systemd-run --user --scope -p Delegate=yes hatchery run ..."
+            } else {
+                "mount (or enable) the memory, cpu and pids cgroup controllers"
+            };
+            return Err(refuse(&format!("--{name}"), why.clone(), fix));
+        }
+    }
+    for (name, why) in lacking {
+        degrade_limit(name, &why, spec, &mut e);
+        match name {
+            "memory" => cg_limits.memory = None,
+            "cpus" => cg_limits.cpus = None,
+            _ => cg_limits.pids = None,
         }
     }
     e.cgroup_limits = cg_limits;
     Ok(e)
+}
+
+/// A limit no cgroup can enforce here, run degraded: what setrlimit(2) can stand in for
+/// it, recorded as exactly that, and the rest reported as not enforced.
+fn degrade_limit(name: &'static str, why: &str, spec: &SandboxSpec, e: &mut Enforcement) {
+    use crate::profile::RlimitResource;
+    match (name, spec.limits.memory, spec.limits.pids) {
+        ("memory", Some(bytes), _) => {
+            e.fallback_rlimits.push(Rlimit {
+                resource: RlimitResource::As,
+                soft: bytes,
+                hard: bytes,
+            });
+            e.limits.insert("memory", "RLIMIT_AS per process (degraded: caps address space, not resident memory; /tmp and the sum over processes are not limited)".into());
+            e.not_enforced.push(format!(
+                "memory limit as a cgroup limit: {why}; only RLIMIT_AS per process applies"
+            ));
+        }
+        ("pids", _, Some(n)) => {
+            // Counted per uid in the sandbox's user namespace; pid 1 is one of them.
+            let n = n.saturating_add(1);
+            e.fallback_rlimits.push(Rlimit {
+                resource: RlimitResource::Nproc,
+                soft: n,
+                hard: n,
+            });
+            e.limits.insert("pids", "RLIMIT_NPROC of the sandbox's uid in its user namespace (degraded: counts tasks of that uid only)".into());
+            e.not_enforced.push(format!(
+                "pids limit as a cgroup limit: {why}; RLIMIT_NPROC applies instead"
+            ));
+        }
+        _ => e.not_enforced.push(format!(
+            "{name} limit: {why} (no rlimit can stand in for it)"
+        )),
+    }
 }

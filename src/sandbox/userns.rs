@@ -5,8 +5,13 @@
 //! otherwise), an unprivileged one maps its own id. Until the maps are written the new
 //! process still carries the supervisor's host credentials, so the child does nothing but
 //! wait until the supervisor says the maps are in place, then switches to the mapped ids.
+//!
+//! An unprivileged supervisor whose user has subordinate ids (`/etc/subuid`, `/etc/subgid`)
+//! and the setuid helpers `newuidmap`/`newgidmap` also maps that range (inside ids 1..), so
+//! sandboxes can hold ids other than the caller's: the controller gives each worker its own.
 
 use std::io::{self, Write};
+use std::path::{Path, PathBuf};
 
 use nix::unistd::{Gid, Uid};
 use serde::Serialize;
@@ -32,6 +37,55 @@ pub struct Identity {
     pub host_gid: u32,
     /// The supervisor is unprivileged: setgroups(2) must be denied before writing gid_map.
     pub rootless: bool,
+    /// Write the maps with these setuid helpers (newuidmap, newgidmap) instead of directly.
+    #[serde(skip)]
+    pub helpers: Option<(PathBuf, PathBuf)>,
+    /// The inside uid/gid the payload runs as (0 unless the controller picks another id of
+    /// the mapped range).
+    pub payload_ids: (u32, u32),
+}
+
+/// A range of subordinate ids from `/etc/subuid` or `/etc/subgid`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubIdRange {
+    pub start: u32,
+    pub count: u32,
+}
+
+/// Finds the first range for `user` (by name or numeric id) in subuid/subgid text.
+pub fn parse_subid(text: &str, name: Option<&str>, id: u32) -> Option<SubIdRange> {
+    text.lines().find_map(|line| {
+        let mut f = line.trim().split(':');
+        let (owner, start, count) = (f.next()?, f.next()?, f.next()?);
+        let owner_matches = Some(owner) == name || owner.parse::<u32>().ok() == Some(id);
+        if !owner_matches {
+            return None;
+        }
+        let (start, count) = (start.parse::<u32>().ok()?, count.parse::<u32>().ok()?);
+        (count > 0 && start.checked_add(count).is_some()).then_some(SubIdRange { start, count })
+    })
+}
+
+fn find_helper(name: &str) -> Option<PathBuf> {
+    ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+/// The caller's subordinate uid and gid ranges, when both files and both helpers exist.
+pub fn subordinate_ranges(uid: u32) -> Option<(SubIdRange, SubIdRange, PathBuf, PathBuf)> {
+    let name = nix::unistd::User::from_uid(Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map(|u| u.name);
+    let subuid = std::fs::read_to_string("/etc/subuid").ok()?;
+    let subgid = std::fs::read_to_string("/etc/subgid").ok()?;
+    let gid = nix::unistd::getegid().as_raw();
+    let u = parse_subid(&subuid, name.as_deref(), uid)?;
+    let g = parse_subid(&subgid, name.as_deref(), gid)
+        .or_else(|| parse_subid(&subgid, name.as_deref(), uid))?;
+    Some((u, g, find_helper("newuidmap")?, find_helper("newgidmap")?))
 }
 
 impl Identity {
@@ -46,7 +100,7 @@ impl Identity {
         } else {
             host.unwrap_or((DEFAULT_HOST_ID, DEFAULT_HOST_ID))
         };
-        Identity {
+        let mut id = Identity {
             uid_maps: vec![IdMapping {
                 inside: 0,
                 outside: host_uid,
@@ -60,7 +114,41 @@ impl Identity {
             host_uid,
             host_gid,
             rootless,
+            helpers: None,
+            payload_ids: (0, 0),
+        };
+        if rootless {
+            if let Some((u, g, newuidmap, newgidmap)) = subordinate_ranges(euid) {
+                id.uid_maps.push(IdMapping {
+                    inside: 1,
+                    outside: u.start,
+                    count: u.count,
+                });
+                id.gid_maps.push(IdMapping {
+                    inside: 1,
+                    outside: g.start,
+                    count: g.count,
+                });
+                id.helpers = Some((newuidmap, newgidmap));
+            }
         }
+        id
+    }
+
+    /// How many inside ids are mapped (ids 0..n may be used by payloads).
+    pub fn mapped_ids(&self) -> u32 {
+        self.uid_maps
+            .iter()
+            .map(|m| m.inside.saturating_add(m.count))
+            .max()
+            .unwrap_or(1)
+            .min(
+                self.gid_maps
+                    .iter()
+                    .map(|m| m.inside.saturating_add(m.count))
+                    .max()
+                    .unwrap_or(1),
+            )
     }
 
     fn map_text(maps: &[IdMapping]) -> String {
@@ -71,6 +159,28 @@ impl Identity {
 
     /// Writes the maps of the sandbox process `pid` (supervisor side).
     pub fn write_maps(&self, pid: i32) -> io::Result<()> {
+        if let Some((newuidmap, newgidmap)) = &self.helpers {
+            for (helper, maps) in [(newuidmap, &self.uid_maps), (newgidmap, &self.gid_maps)] {
+                let mut cmd = std::process::Command::new(helper);
+                cmd.arg(pid.to_string());
+                for m in maps {
+                    cmd.args([
+                        m.inside.to_string(),
+                        m.outside.to_string(),
+                        m.count.to_string(),
+                    ]);
+                }
+                let out = cmd.stdin(std::process::Stdio::null()).output()?;
+                if !out.status.success() {
+                    return Err(io::Error::other(format!(
+                        "{} failed: {}",
+                        helper.display(),
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    )));
+                }
+            }
+            return Ok(());
+        }
         let write = |file: &str, text: &str| -> io::Result<()> {
             let path = format!("/proc/{pid}/{file}");
             let mut f = std::fs::OpenOptions::new().write(true).open(&path)?;
@@ -90,9 +200,12 @@ impl Identity {
 /// Inside the new namespace, after the maps are written: drop supplementary groups (when
 /// allowed) and become the mapped uid/gid 0, which on the host is the unprivileged id.
 pub fn assume_identity(identity: &Identity) -> nix::Result<()> {
-    if !identity.rootless {
-        // Without this the process would keep the supervisor's supplementary groups.
-        nix::unistd::setgroups(&[])?;
+    // Without this the process would keep the supervisor's supplementary groups. A rootless
+    // supervisor that wrote gid_map itself had to deny setgroups: the groups stay (mapped to
+    // the overflow gid, so they grant nothing they did not grant the caller).
+    match nix::unistd::setgroups(&[]) {
+        Err(nix::errno::Errno::EPERM) if identity.rootless => {}
+        other => other?,
     }
     nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0))?;
     nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0))?;
@@ -137,6 +250,36 @@ mod tests {
             },
         ];
         assert_eq!(Identity::map_text(&maps), "0 1000 1\n1 100000 65536\n");
+    }
+
+    #[test]
+    fn subid_ranges_match_by_name_or_id() {
+        let text = "alice:100000:65536\n1001:200000:1000\nbogus\nbob:x:1\ncarol:5:0\n";
+        assert_eq!(
+            parse_subid(text, Some("alice"), 1000),
+            Some(SubIdRange {
+                start: 100000,
+                count: 65536
+            })
+        );
+        assert_eq!(
+            parse_subid(text, Some("dave"), 1001),
+            Some(SubIdRange {
+                start: 200000,
+                count: 1000
+            })
+        );
+        assert_eq!(parse_subid(text, Some("bob"), 7), None);
+        assert_eq!(
+            parse_subid(text, Some("carol"), 8),
+            None,
+            "an empty range is no range"
+        );
+        assert_eq!(
+            parse_subid("x:4294967295:2\n", Some("x"), 9),
+            None,
+            "overflowing range"
+        );
     }
 
     #[test]

@@ -1,0 +1,361 @@
+//! Rootless: the binary run as `nobody` (setpriv, as CI runs these tests as root) gets the
+//! same namespaces, read-only root, seccomp and Landlock; limits without a delegated cgroup
+//! fail closed, or run degraded with a truthful report.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+/// `hatchery ARGS...` as nobody:nogroup with no supplementary groups.
+fn as_nobody(args: &[&str]) -> Output {
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(hatchery())
+        .args(args);
+    run_with_timeout(&mut cmd, Duration::from_secs(60))
+}
+
+/// `hatchery run FLAGS --ro PROBE_DIR -- probe ARGS` as nobody.
+fn probe_as_nobody(flags: &[&str], args: &[&str]) -> Output {
+    let dir = probe_dir().to_string_lossy().to_string();
+    let probe = probe().to_string_lossy().to_string();
+    let mut all = vec!["run"];
+    all.extend_from_slice(flags);
+    all.extend(["--ro", &dir, "--", &probe]);
+    all.extend_from_slice(args);
+    as_nobody(&all)
+}
+
+fn skip(test: &str) -> bool {
+    if !is_root() {
+        eprintln!("SKIP {test}: needs root to switch to nobody (run scripts/test.sh as root)");
+        return true;
+    }
+    false
+}
+
+fn refused(out: &Output, what: &str) {
+    assert_eq!(code(out), 0, "{what}: {} {}", stdout(out), stderr(out));
+    assert!(
+        stdout(out).starts_with("err "),
+        "{what}: the attack worked rootless: {}",
+        stdout(out)
+    );
+}
+
+#[test]
+fn rootless_sandboxes_have_every_namespace_and_no_host_network() {
+    if skip("rootless network") {
+        return;
+    }
+    let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let port = l
+        .local_addr()
+        .map(|a| a.port().to_string())
+        .unwrap_or_default();
+    refused(
+        &probe_as_nobody(&[], &["tcp", "127.0.0.1", &port]),
+        "tcp to the host",
+    );
+    let out = as_nobody(&[
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "hostname; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '",
+    ]);
+    assert_eq!(stdout(&out), "hatchery\nlo", "{}", stderr(&out));
+    let out = as_nobody(&[
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "readlink /proc/self/ns/user /proc/self/ns/cgroup",
+    ]);
+    let host_user = std::fs::read_link("/proc/self/ns/user")
+        .map(|p| p.to_string_lossy().to_string())
+        .unwrap_or_default();
+    assert!(
+        !stdout(&out).contains(&host_user),
+        "same user namespace as the host"
+    );
+}
+
+#[test]
+fn rootless_filesystem_is_read_only_and_narrow() {
+    if skip("rootless filesystem") {
+        return;
+    }
+    for path in ["/usr/x", "/etc/x", "/x"] {
+        refused(&probe_as_nobody(&[], &["write", path, "x"]), path);
+    }
+    refused(
+        &probe_as_nobody(&[], &["read", "/etc/shadow"]),
+        "/etc/shadow",
+    );
+    let hidden = shared_tempdir();
+    let secret = canonical(hidden.path()).join("secret");
+    std::fs::write(&secret, "s").ok();
+    let _ = std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o644));
+    refused(
+        &probe_as_nobody(&[], &["read", &secret.to_string_lossy()]),
+        "a host file not exposed",
+    );
+    let rw = shared_tempdir();
+    let rw_s = canonical(rw.path()).to_string_lossy().to_string();
+    let out = probe_as_nobody(&["--rw", &rw_s], &["write", &format!("{rw_s}/out"), "hi"]);
+    assert_eq!(stdout(&out), "ok 0", "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(Path::new(&rw_s).join("out")).unwrap_or_default(),
+        "hi"
+    );
+}
+
+#[test]
+fn rootless_payloads_have_no_privileges_and_a_filter() {
+    if skip("rootless privileges") {
+        return;
+    }
+    for field in ["CapEff", "CapPrm", "CapBnd"] {
+        assert_eq!(
+            stdout(&probe_as_nobody(&[], &["status", field])),
+            "ok 0000000000000000",
+            "{field}"
+        );
+    }
+    assert_eq!(
+        stdout(&probe_as_nobody(&[], &["status", "NoNewPrivs"])),
+        "ok 1"
+    );
+    assert_eq!(
+        stdout(&probe_as_nobody(&[], &["status", "Seccomp"])),
+        "ok 2"
+    );
+    for attack in ["mount", "unshare-user", "chroot"] {
+        refused(&probe_as_nobody(&[], &[attack]), attack);
+    }
+    for name in ["ptrace", "bpf", "keyctl", "mount", "setns"] {
+        assert_eq!(
+            stdout(&probe_as_nobody(&[], &["syscall", name])),
+            "err 1",
+            "{name}"
+        );
+    }
+    let out = probe_as_nobody(&[], &["i386", "20"]);
+    assert_eq!(
+        code(&out),
+        128 + libc::SIGSYS,
+        "i386 entry point not killed"
+    );
+}
+
+#[test]
+fn rootless_host_processes_are_invisible() {
+    if skip("rootless pids") {
+        return;
+    }
+    let me = std::process::id().to_string();
+    assert_eq!(
+        stdout(&probe_as_nobody(
+            &[],
+            &["read", &format!("/proc/{me}/status")]
+        )),
+        "err 2"
+    );
+    assert_eq!(stdout(&probe_as_nobody(&[], &["kill", &me])), "err 3");
+}
+
+fn no_delegated_cgroup() -> bool {
+    // On this kind of host (cgroup v1, or v2 without delegation to nobody) rootless limits
+    // cannot come from cgroups; in a delegated VM they can (tests/cgroup_v2*).
+    let out = as_nobody(&["doctor", "--json"]);
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap_or(Value::Null);
+    v["checks"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["name"] == "cgroups" && c["ok"] == Value::Bool(false))
+    })
+}
+
+#[test]
+fn rootless_limits_without_delegation_fail_closed() {
+    if skip("rootless fail closed") || !no_delegated_cgroup() {
+        return;
+    }
+    for flag in [["--memory", "64M"], ["--pids", "16"], ["--cpus", "0.5"]] {
+        let out = as_nobody(&["run", flag[0], flag[1], "--", "echo", "ran"]);
+        assert_eq!(code(&out), 125, "{flag:?}: {}", stderr(&out));
+        assert!(stdout(&out).is_empty(), "the command ran");
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(
+            err.contains("Delegate=yes") && err.contains("--allow-degraded"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn rootless_degraded_runs_report_exactly_what_was_enforced() {
+    if skip("rootless degraded") || !no_delegated_cgroup() {
+        return;
+    }
+    let dir = shared_tempdir();
+    let report = canonical(dir.path()).join("r.json");
+    let r = report.to_string_lossy().to_string();
+    let out = probe_as_nobody(
+        &[
+            "--allow-degraded",
+            "--memory",
+            "64M",
+            "--pids",
+            "16",
+            "--cpus",
+            "0.5",
+            "--report",
+            &r,
+        ],
+        &["forkbomb", "100", "200"],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let forked: u32 = stdout(&out)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(999);
+    assert!(
+        forked < 16,
+        "RLIMIT_NPROC stood in for --pids: {forked} forked"
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap_or_default())
+        .unwrap_or(Value::Null);
+    let e = &v["enforcement"];
+    assert_eq!(e["cgroup"], "none");
+    assert_eq!(e["rootless"], Value::Bool(true));
+    assert!(
+        e["limits"]["memory"]
+            .as_str()
+            .is_some_and(|s| s.contains("RLIMIT_AS")),
+        "{e}"
+    );
+    assert!(
+        e["limits"]["pids"]
+            .as_str()
+            .is_some_and(|s| s.contains("RLIMIT_NPROC")),
+        "{e}"
+    );
+    assert!(
+        e["limits"].get("cpus").is_none(),
+        "cpus must not claim to be enforced: {e}"
+    );
+    let not: Vec<String> = e["not_enforced"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    for needle in ["memory", "pids", "cpus", "accounting"] {
+        assert!(
+            not.iter().any(|n| n.starts_with(needle)),
+            "not_enforced lacks {needle}: {not:?}"
+        );
+    }
+    assert_eq!(v["cpu_usec"], Value::Null, "no accounting without a cgroup");
+    // And the RLIMIT_AS stand-in does stop a memory hog.
+    let out = probe_as_nobody(&["--allow-degraded", "--memory", "64M"], &["memhog", "256"]);
+    assert_ne!(
+        code(&out),
+        0,
+        "256 MiB allocated under --memory 64M degraded"
+    );
+}
+
+/// The system user scripts/test.sh gives a subordinate range (`daemon:400000:65536` in
+/// /etc/subuid and /etc/subgid; newuidmap needs a user with a name); nobody keeps the plain
+/// mapping.
+const SUBID_USER: &str = "daemon";
+
+#[test]
+fn rootless_with_subordinate_ids_maps_a_range() {
+    if skip("subuid") {
+        return;
+    }
+    let has_entry = |f: &str| {
+        std::fs::read_to_string(f)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with(&format!("{SUBID_USER}:")))
+    };
+    if !has_entry("/etc/subuid")
+        || !has_entry("/etc/subgid")
+        || !Path::new("/usr/bin/newuidmap").exists()
+    {
+        eprintln!(
+            "SKIP rootless_with_subordinate_ids_maps_a_range: no newuidmap, or no /etc/subuid entry for {SUBID_USER} (scripts/test.sh sets both up)"
+        );
+        return;
+    }
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        &format!("--reuid={SUBID_USER}"),
+        &format!("--regid={SUBID_USER}"),
+        "--clear-groups",
+        "--",
+    ])
+    .arg(hatchery())
+    .args([
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "cat /proc/self/uid_map; cat /proc/self/setgroups; id -G",
+    ]);
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(60));
+    let text = stdout(&out);
+    let lines: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines.len(), 4, "{text} {}", stderr(&out));
+    let uid = nix::unistd::User::from_name(SUBID_USER)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw().to_string())
+        .unwrap_or_default();
+    assert_eq!(lines[0], ["0", uid.as_str(), "1"]);
+    assert_eq!(
+        lines[1],
+        ["1", "400000", "65536"],
+        "the subordinate range starts at inside id 1"
+    );
+    assert_eq!(
+        lines[2],
+        ["allow"],
+        "with newgidmap, supplementary groups can be dropped"
+    );
+    assert_eq!(lines[3], ["0"], "no supplementary groups");
+    // nobody has no range: the plain single-id mapping, setgroups denied.
+    let out = as_nobody(&[
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "cat /proc/self/uid_map /proc/self/setgroups",
+    ]);
+    let lines: Vec<Vec<String>> = stdout(&out)
+        .lines()
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect();
+    assert_eq!(
+        lines,
+        [vec!["0", "65534", "1"], vec!["deny"]]
+            .map(|v| v.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    );
+}
