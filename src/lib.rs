@@ -5,6 +5,7 @@
 //! and raw syscalls), [`report`] tells what happened; the command-line edge lives in the
 //! binary.
 
+pub mod audit;
 pub mod paths;
 pub mod profile;
 pub mod report;
