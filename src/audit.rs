@@ -337,7 +337,10 @@ pub struct VerifySummary {
 /// Reads one line (bounded); `Ok(None)` at the end.
 fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<Option<()>> {
     buf.clear();
-    let n = r.by_ref().take(MAX_LINE as u64 + 1).read_until(b'\n', buf)?;
+    let n = r
+        .by_ref()
+        .take(MAX_LINE as u64 + 1)
+        .read_until(b'\n', buf)?;
     if n == 0 {
         return Ok(None);
     }

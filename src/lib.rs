@@ -6,6 +6,7 @@
 //! binary.
 
 pub mod audit;
+pub mod controller;
 pub mod paths;
 pub mod profile;
 pub mod report;

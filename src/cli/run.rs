@@ -179,6 +179,8 @@ fn run(args: RunArgs) -> Result<(sandbox::Outcome, sandbox::Enforcement), Sandbo
         hostname: args.hostname,
         allow_degraded: args.allow_degraded,
         cgroup_name: unique_name("run"),
+        extra_binds: Vec::new(),
+        payload_ids: None,
     };
     let timeout = args.timeout.or(profile
         .default_limits()

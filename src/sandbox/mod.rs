@@ -22,6 +22,7 @@ pub mod rlimits;
 pub mod seccomp;
 pub mod spec;
 pub mod userns;
+pub mod zygote;
 
 use std::collections::BTreeMap;
 use std::os::fd::{OwnedFd, RawFd};

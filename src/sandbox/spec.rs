@@ -34,6 +34,11 @@ pub struct RunRequest {
     pub hostname: String,
     pub allow_degraded: bool,
     pub cgroup_name: String,
+    /// Host paths bound read-only (readable and executable) at a different path inside,
+    /// such as the hatchery binary for the in-sandbox client.
+    pub extra_binds: Vec<(HostPath, PathBuf)>,
+    /// The inside uid/gid the payload runs as (from the mapped range; default 0).
+    pub payload_ids: Option<(u32, u32)>,
 }
 
 /// Longest accepted command line, all arguments together.
@@ -57,6 +62,20 @@ pub fn parse_env(assignment: &str) -> Result<(String, String), SandboxError> {
 pub fn build(
     req: RunRequest,
     profile: &Profile,
+    caller_cwd: Option<&Path>,
+) -> Result<SandboxSpec, SandboxError> {
+    let seccomp = profile
+        .compile_seccomp()
+        .map_err(|e| SandboxError::Invalid(e.to_string()))?;
+    build_compiled(req, profile, seccomp, caller_cwd)
+}
+
+/// [`build`] with the profile's filter already compiled (the launcher compiles once per
+/// profile, not once per worker).
+pub fn build_compiled(
+    req: RunRequest,
+    profile: &Profile,
+    seccomp: crate::profile::SeccompProgram,
     caller_cwd: Option<&Path>,
 ) -> Result<SandboxSpec, SandboxError> {
     let invalid = SandboxError::Invalid;
@@ -94,6 +113,22 @@ pub fn build(
             writable: x.writable,
             is_dir: x.host.is_dir,
             expect: Some((x.host.dev, x.host.ino)),
+        });
+    }
+    for (host, target) in &req.extra_binds {
+        check_absolute_clean(target).map_err(|e| invalid(e.to_string()))?;
+        if mounts::is_reserved(target) || !seen.insert(target.clone()) {
+            return Err(invalid(format!(
+                "{} cannot be used as a mount point",
+                target.display()
+            )));
+        }
+        exposures.push(Bind {
+            source: host.path.clone(),
+            target: target.clone(),
+            writable: false,
+            is_dir: host.is_dir,
+            expect: Some((host.dev, host.ino)),
         });
     }
     // Parents are mounted before children.
@@ -171,10 +206,16 @@ pub fn build(
         cpus: req.limits.cpus.or(defaults.cpus),
         pids: req.limits.pids.or(defaults.pids),
     };
-    let seccomp = profile
-        .compile_seccomp()
-        .map_err(|e| invalid(e.to_string()))?;
     let rlimits = profile.rlimits().map_err(|e| invalid(e.to_string()))?;
+    let mut identity = Identity::for_caller(req.host_ids);
+    if let Some(ids) = req.payload_ids {
+        if ids.0 >= identity.mapped_ids() || ids.1 >= identity.mapped_ids() {
+            return Err(invalid(format!(
+                "payload ids {ids:?} are outside the mapped range"
+            )));
+        }
+        identity.payload_ids = ids;
+    }
     Ok(SandboxSpec {
         argv: req.command,
         env,
@@ -194,7 +235,7 @@ pub fn build(
         profile_sha256: profile.sha256.clone(),
         limits,
         namespaces: profile.namespaces.clone(),
-        identity: Identity::for_caller(req.host_ids),
+        identity,
         hostname: if req.hostname.is_empty() {
             "hatchery".into()
         } else {

@@ -1,0 +1,430 @@
+//! The launcher's protocol and loop. The controller sends [`LauncherRequest`]s (a launch
+//! carries the worker's end of its socketpair as an attached descriptor); the launcher
+//! answers with [`LauncherEvent`]s: started, failed to start, usage, exited.
+//!
+//! The loop is single-threaded and never blocks on a sandbox: it polls its request socket
+//! and every sandbox's pidfd, and kills sandboxes whose deadline has passed.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::wait::{Id, WaitPidFlag, waitid};
+use serde::{Deserialize, Serialize};
+
+use crate::paths::check_host_path;
+use crate::profile::{Profile, SeccompProgram};
+use crate::sandbox::cgroup::Limits;
+use crate::sandbox::{self, Exposure, Host, RunRequest, Sandbox, spec, zygote};
+
+use super::wire::{self, FrameError};
+
+/// Where the hatchery binary appears inside workers (for `hatchery agent`).
+pub const AGENT_BIN_DIR: &str = "/run/hatchery/bin";
+
+/// What the launcher needs to start one worker: already decided and verified by the
+/// controller (from the worker's signed manifest).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchSpec {
+    pub worker_id: String,
+    pub command: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub ro: Vec<PathBuf>,
+    pub rw: Vec<PathBuf>,
+    pub memory: Option<u64>,
+    pub cpus: Option<f64>,
+    pub pids: Option<u64>,
+    pub timeout_ms: Option<u64>,
+    pub profile: String,
+    /// Where the worker's stdout and stderr go (created 0600).
+    pub log_path: PathBuf,
+    /// Share the host network (a manifest with allow_external); otherwise none.
+    pub share_network: bool,
+    /// Inside uid/gid for the payload (distinct per worker where an id range is mapped).
+    pub payload_ids: Option<(u32, u32)>,
+    pub allow_degraded: bool,
+    /// Host path of the hatchery binary to expose at [`AGENT_BIN_DIR`].
+    pub agent_binary: Option<PathBuf>,
+    /// The cgroup name (unique, owned by the launcher process).
+    pub cgroup_name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LauncherRequest {
+    /// Start a worker; its socket end is attached to the frame.
+    Launch {
+        spec: Box<LaunchSpec>,
+    },
+    Kill {
+        worker_id: String,
+    },
+    KillAll,
+    /// Report live usage of every running worker.
+    Usage,
+    /// Kill everything and exit.
+    Shutdown,
+}
+
+/// Live accounting of one worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct LiveUsage {
+    pub cpu_usec: Option<u64>,
+    pub memory_peak_bytes: Option<u64>,
+    pub pids_peak: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LauncherEvent {
+    Started {
+        worker_id: String,
+        pid: i32,
+        cgroup: Option<PathBuf>,
+        enforcement: serde_json::Value,
+    },
+    StartFailed {
+        worker_id: String,
+        error: String,
+    },
+    Exited {
+        worker_id: String,
+        exit_code: i32,
+        signal: Option<i32>,
+        oom_killed: bool,
+        timed_out: bool,
+        wall_ms: u64,
+        usage: LiveUsage,
+        error: Option<String>,
+    },
+    Usage {
+        workers: Vec<(String, LiveUsage)>,
+    },
+}
+
+/// Writes one request, attaching `fd` if given.
+pub fn send_request(
+    sock: &UnixStream,
+    req: &LauncherRequest,
+    fd: Option<&OwnedFd>,
+) -> std::io::Result<()> {
+    let body = serde_json::to_vec(req).map_err(std::io::Error::other)?;
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    match fd {
+        Some(fd) => zygote::send_with_fds(sock, &frame, &[fd.as_fd()]),
+        None => {
+            let mut s = sock;
+            s.write_all(&frame)
+        }
+    }
+}
+
+/// Reads one request and the descriptors sent with it.
+fn recv_request(sock: &UnixStream) -> Result<Option<(LauncherRequest, Vec<OwnedFd>)>, FrameError> {
+    let mut header = [0u8; 4];
+    let Some(mut fds) = zygote::recv_exact_with_fds(sock, &mut header)? else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes(header) as usize;
+    if len > wire::MAX_FRAME {
+        return Err(FrameError::TooLarge(len));
+    }
+    let mut body = vec![0u8; len];
+    match zygote::recv_exact_with_fds(sock, &mut body)? {
+        Some(more) => fds.extend(more),
+        None => return Err(FrameError::Truncated),
+    }
+    Ok(Some((wire::parse(&body)?, fds)))
+}
+
+struct Running {
+    sandbox: Sandbox,
+    deadline: Option<Instant>,
+    timed_out: bool,
+}
+
+struct Launcher {
+    host: Host,
+    profiles: HashMap<String, (Profile, SeccompProgram)>,
+    running: HashMap<String, Running>,
+    events: UnixStream,
+}
+
+impl Launcher {
+    fn emit(&mut self, ev: &LauncherEvent) {
+        let _ = wire::write_frame(&mut self.events, ev);
+    }
+
+    fn profile(&mut self, name: &str) -> Result<(Profile, SeccompProgram), String> {
+        if let Some(p) = self.profiles.get(name) {
+            return Ok(p.clone());
+        }
+        let profile = Profile::resolve(name).map_err(|e| e.to_string())?;
+        let program = profile.compile_seccomp().map_err(|e| e.to_string())?;
+        self.profiles
+            .insert(name.to_string(), (profile.clone(), program.clone()));
+        Ok((profile, program))
+    }
+
+    fn launch(&mut self, spec: LaunchSpec, socket: Option<OwnedFd>) {
+        let id = spec.worker_id.clone();
+        match self.try_launch(spec, socket) {
+            Ok((sandbox, deadline)) => {
+                let ev = LauncherEvent::Started {
+                    worker_id: id.clone(),
+                    pid: sandbox.pid(),
+                    cgroup: sandbox.cgroup_path(),
+                    enforcement: serde_json::to_value(&sandbox.enforcement).unwrap_or_default(),
+                };
+                self.running.insert(
+                    id,
+                    Running {
+                        sandbox,
+                        deadline,
+                        timed_out: false,
+                    },
+                );
+                self.emit(&ev);
+            }
+            Err(error) => self.emit(&LauncherEvent::StartFailed {
+                worker_id: id,
+                error,
+            }),
+        }
+    }
+
+    fn try_launch(
+        &mut self,
+        ls: LaunchSpec,
+        socket: Option<OwnedFd>,
+    ) -> Result<(Sandbox, Option<Instant>), String> {
+        if self.running.contains_key(&ls.worker_id) {
+            return Err(format!("worker {} is already running", ls.worker_id));
+        }
+        let (mut profile, program) = self.profile(&ls.profile)?;
+        if ls.share_network {
+            profile.namespaces.net = false;
+        }
+        let mut exposures = Vec::new();
+        for (paths, writable) in [(&ls.ro, false), (&ls.rw, true)] {
+            for p in paths {
+                let host = check_host_path(p).map_err(|e| e.to_string())?;
+                exposures.push(Exposure { host, writable });
+            }
+        }
+        let mut extra_binds = Vec::new();
+        let mut env = ls.env.clone();
+        if let Some(bin) = &ls.agent_binary {
+            let host = check_host_path(bin).map_err(|e| format!("agent binary: {e}"))?;
+            extra_binds.push((host, PathBuf::from(AGENT_BIN_DIR).join("hatchery")));
+            env.push((
+                "PATH".into(),
+                format!("{AGENT_BIN_DIR}:{}", sandbox::DEFAULT_PATH),
+            ));
+        }
+        let request = RunRequest {
+            command: ls.command.clone(),
+            env,
+            cwd: None,
+            exposures,
+            limits: Limits {
+                memory: ls.memory,
+                cpus: ls.cpus,
+                pids: ls.pids,
+            },
+            host_ids: None,
+            hostname: ls.worker_id.clone(),
+            allow_degraded: ls.allow_degraded,
+            cgroup_name: ls.cgroup_name.clone(),
+            extra_binds,
+            payload_ids: ls.payload_ids,
+        };
+        let mut spec =
+            spec::build_compiled(request, &profile, program, None).map_err(|e| e.to_string())?;
+        if ls.agent_binary.is_some() {
+            spec.landlock.read.push(PathBuf::from(AGENT_BIN_DIR));
+            spec.landlock.execute.push(PathBuf::from(AGENT_BIN_DIR));
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&ls.log_path)
+            .map_err(|e| format!("{}: {e}", ls.log_path.display()))?;
+        let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+        let err = log.try_clone().map_err(|e| e.to_string())?;
+        spec.stdio = Some([OwnedFd::from(null), OwnedFd::from(log), OwnedFd::from(err)]);
+        if let Some(sock) = socket {
+            spec.pass_fds.push((sock, 3));
+        }
+        let enforcement = sandbox::preflight(&spec, &self.host).map_err(|e| e.to_string())?;
+        let sb = sandbox::start(&spec, enforcement, self.host.cgroups.as_deref())
+            .map_err(|e| e.to_string())?;
+        Ok((
+            sb,
+            ls.timeout_ms
+                .map(|ms| Instant::now() + Duration::from_millis(ms)),
+        ))
+    }
+
+    fn reap(&mut self, id: &str) {
+        let Some(r) = self.running.remove(id) else {
+            return;
+        };
+        let status = loop {
+            match waitid(Id::PIDFd(r.sandbox.pidfd()), WaitPidFlag::WEXITED) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                other => break other.ok(),
+            }
+        };
+        let outcome = r.sandbox.finish(status, r.timed_out);
+        self.emit(&LauncherEvent::Exited {
+            worker_id: id.to_string(),
+            exit_code: outcome.exit_code,
+            signal: outcome.signal,
+            oom_killed: outcome.oom_killed,
+            timed_out: outcome.timed_out,
+            wall_ms: outcome.wall.as_millis() as u64,
+            usage: LiveUsage {
+                cpu_usec: outcome.usage.cpu_usec,
+                memory_peak_bytes: outcome.usage.memory_peak_bytes,
+                pids_peak: outcome.usage.pids_peak,
+            },
+            error: outcome.failure.map(|f| f.to_string()),
+        });
+    }
+
+    fn usage(&mut self) {
+        let workers = self
+            .running
+            .iter()
+            .map(|(id, r)| {
+                let u = r.sandbox.usage().unwrap_or_default();
+                (
+                    id.clone(),
+                    LiveUsage {
+                        cpu_usec: u.cpu_usec,
+                        memory_peak_bytes: u.memory_peak_bytes,
+                        pids_peak: u.pids_peak,
+                    },
+                )
+            })
+            .collect();
+        self.emit(&LauncherEvent::Usage { workers });
+    }
+
+    fn kill_all(&mut self) {
+        for r in self.running.values() {
+            r.sandbox.kill();
+        }
+    }
+}
+
+/// The launcher's main loop; returns its exit status.
+pub fn serve(requests: UnixStream, events: UnixStream) -> i32 {
+    let mut l = Launcher {
+        host: Host::detect(),
+        profiles: HashMap::new(),
+        running: HashMap::new(),
+        events,
+    };
+    if let Some(m) = &l.host.cgroups {
+        m.sweep_stale();
+    }
+    let mut shutting_down = false;
+    loop {
+        if shutting_down && l.running.is_empty() {
+            break;
+        }
+        let now = Instant::now();
+        // Kill what is past its deadline.
+        for r in l.running.values_mut() {
+            if !r.timed_out && r.deadline.is_some_and(|d| d <= now) {
+                r.timed_out = true;
+                r.sandbox.kill();
+            }
+        }
+        let next = l
+            .running
+            .values()
+            .filter(|r| !r.timed_out)
+            .filter_map(|r| r.deadline)
+            .min();
+        let timeout = match next {
+            Some(d) => PollTimeout::try_from(
+                d.saturating_duration_since(now)
+                    .as_millis()
+                    .clamp(1, 60_000) as i32,
+            )
+            .unwrap_or(PollTimeout::NONE),
+            None => PollTimeout::NONE,
+        };
+        let ids: Vec<String> = l.running.keys().cloned().collect();
+        let (request_ready, exited) = {
+            let mut fds = Vec::with_capacity(ids.len() + 1);
+            if !shutting_down {
+                fds.push(PollFd::new(requests.as_fd(), PollFlags::POLLIN));
+            }
+            for id in &ids {
+                if let Some(r) = l.running.get(id) {
+                    fds.push(PollFd::new(r.sandbox.pidfd(), PollFlags::POLLIN));
+                }
+            }
+            match poll(&mut fds, timeout) {
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => break,
+            }
+            let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+            let offset = usize::from(!shutting_down);
+            let request_ready = !shutting_down && fds.first().is_some_and(ready);
+            let exited: Vec<String> = ids
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| fds.get(i + offset).is_some_and(ready))
+                .map(|(_, id)| id.clone())
+                .collect();
+            (request_ready, exited)
+        };
+        for id in exited {
+            l.reap(&id);
+        }
+        if request_ready {
+            match recv_request(&requests) {
+                Ok(Some((LauncherRequest::Launch { spec }, mut fds))) => {
+                    let sock = fds.pop();
+                    l.launch(*spec, sock);
+                }
+                Ok(Some((LauncherRequest::Kill { worker_id }, _))) => {
+                    if let Some(r) = l.running.get(&worker_id) {
+                        r.sandbox.kill();
+                    }
+                }
+                Ok(Some((LauncherRequest::KillAll, _))) => l.kill_all(),
+                Ok(Some((LauncherRequest::Usage, _))) => l.usage(),
+                Ok(Some((LauncherRequest::Shutdown, _))) | Ok(None) | Err(_) => {
+                    // The controller asked us to stop, or is gone: nothing may outlive it.
+                    l.kill_all();
+                    shutting_down = true;
+                }
+            }
+        }
+    }
+    if let Some(m) = &l.host.cgroups {
+        m.release();
+    }
+    0
+}
+
+/// Reads one event (blocking), for tests and simple clients.
+pub fn read_event(sock: &mut impl Read) -> Result<Option<LauncherEvent>, FrameError> {
+    wire::read_frame(sock)
+}
