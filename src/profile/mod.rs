@@ -6,8 +6,14 @@
 //! value of `--profile` is read as a path. Parsing rejects unknown keys (with the line) so
 //! a misspelt rule can never silently turn into no rule.
 
+pub mod abi;
+pub mod bpf;
+pub mod explore;
+pub mod locate;
 pub mod names;
 pub mod seccomp;
+pub mod solver;
+pub mod verdict;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,14 +24,21 @@ use sha2::{Digest, Sha256};
 
 use crate::units;
 
-pub use seccomp::{Action, ArgCondition, CompareOp, SeccompPolicy, SeccompProgram, SyscallRule};
+pub use seccomp::{
+    Action, ArgCondition, CompareOp, Decider, PolicyError, SeccompPolicy, SeccompProgram,
+    SyscallRule,
+};
 
 /// Profiles larger than this are refused before parsing: a profile is a policy a person
 /// reads, and a multi-megabyte one is either a mistake or an attack on the parser.
 pub const MAX_PROFILE_BYTES: usize = 1 << 20;
 
 /// The profiles shipped inside the binary: (name, TOML source).
-pub const BUILTIN: &[(&str, &str)] = &[("default", include_str!("../../profiles/default.toml"))];
+pub const BUILTIN: &[(&str, &str)] = &[
+    ("default", include_str!("../../profiles/default.toml")),
+    ("strict", include_str!("../../profiles/strict.toml")),
+    ("compat", include_str!("../../profiles/compat.toml")),
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
@@ -261,22 +274,7 @@ impl Profile {
 
     /// Reads and validates a profile file, refusing files above [`MAX_PROFILE_BYTES`].
     pub fn from_file(path: &Path) -> Result<Profile, ProfileError> {
-        let read_err = |source| ProfileError::Read {
-            path: path.to_path_buf(),
-            source,
-        };
-        let meta = std::fs::metadata(path).map_err(read_err)?;
-        if meta.len() > MAX_PROFILE_BYTES as u64 {
-            return Err(ProfileError::TooLarge {
-                origin: path.display().to_string(),
-                size: meta.len(),
-            });
-        }
-        let bytes = std::fs::read(path).map_err(read_err)?;
-        let text = String::from_utf8(bytes).map_err(|_| ProfileError::Parse {
-            origin: path.display().to_string(),
-            message: "not valid UTF-8".to_string(),
-        })?;
+        let text = read_bounded(path)?;
         Profile::from_toml(&text, &path.display().to_string())
     }
 
@@ -294,7 +292,7 @@ impl Profile {
         })?;
         profile.origin = origin.to_string();
         profile.sha256 = hex::encode(Sha256::digest(source.as_bytes()));
-        profile.validate()?;
+        profile.validate(Some(source))?;
         Ok(profile)
     }
 
@@ -305,36 +303,64 @@ impl Profile {
         }
     }
 
+    /// Checks a profile built in memory (an import, say) as a file would be checked.
+    pub fn check(&self) -> Result<(), ProfileError> {
+        self.validate(None)
+    }
+
     /// Checks everything serde cannot: paths, units, rlimit names, seccomp rule sanity.
-    fn validate(&self) -> Result<(), ProfileError> {
+    /// With the source at hand, errors name the line.
+    fn validate(&self, source: Option<&str>) -> Result<(), ProfileError> {
+        let at = |path: &[&str], message: String| match source
+            .and_then(|s| locate::key_line(s, path))
+        {
+            Some(line) => self.invalid(format!("line {line}: {}: {message}", path.join("."))),
+            None => self.invalid(format!("{}: {message}", path.join("."))),
+        };
         if self.name.is_empty() || self.name.len() > 64 {
             return Err(self.invalid("name must be 1 to 64 characters"));
         }
-        let lists = [
-            ("landlock.read", &self.landlock.read),
-            ("landlock.write", &self.landlock.write),
-            ("landlock.execute", &self.landlock.execute),
-            ("mounts.system", &self.mounts.system),
+        let lists: [(&[&str], &Vec<PathBuf>); 4] = [
+            (&["landlock", "read"], &self.landlock.read),
+            (&["landlock", "write"], &self.landlock.write),
+            (&["landlock", "execute"], &self.landlock.execute),
+            (&["mounts", "system"], &self.mounts.system),
         ];
         for (what, paths) in lists {
             for p in paths {
-                crate::paths::check_absolute_clean(p)
-                    .map_err(|e| self.invalid(format!("{what}: {e}")))?;
+                crate::paths::check_absolute_clean(p).map_err(|e| at(what, e.to_string()))?;
             }
         }
         if self.landlock.min_abi == 0 || self.landlock.min_abi > 10 {
-            return Err(self.invalid("landlock.min_abi must be between 1 and 10"));
+            return Err(at(
+                &["landlock", "min_abi"],
+                "must be between 1 and 10".into(),
+            ));
         }
         units::parse_size(&self.mounts.tmp_size)
-            .map_err(|e| self.invalid(format!("mounts.tmp_size: {e}")))?;
+            .map_err(|e| at(&["mounts", "tmp_size"], e.to_string()))?;
         self.rlimits()?;
         self.default_limits()?;
-        self.seccomp
-            .validate()
-            .map_err(|message| ProfileError::Seccomp {
+        self.seccomp.validate().map_err(|e| {
+            let line = |rule: usize, name: Option<&str>| {
+                source.and_then(|s| locate::rule_line(s, rule, name))
+            };
+            let mut message = e.to_string();
+            if let Some(rule) = e.rule {
+                if let Some(l) = line(rule, e.syscall.as_deref()) {
+                    message = format!("line {l}: {message}");
+                }
+            }
+            if let Some(other) = e.other {
+                if let Some(l) = line(other, None) {
+                    message = format!("{message} (rule {} is at line {l})", other + 1);
+                }
+            }
+            ProfileError::Seccomp {
                 origin: self.origin.clone(),
                 message,
-            })?;
+            }
+        })?;
         Ok(())
     }
 
@@ -412,6 +438,35 @@ impl Profile {
                 message,
             })
     }
+}
+
+/// Reads a file of at most [`MAX_PROFILE_BYTES`] as UTF-8, without trusting its reported
+/// size (a FIFO or a file in /proc reports none).
+pub fn read_bounded(path: &Path) -> Result<String, ProfileError> {
+    use std::io::Read;
+    let read_err = |source| ProfileError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    let meta = file.metadata().map_err(read_err)?;
+    if meta.is_dir() {
+        return Err(read_err(std::io::Error::other("is a directory")));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_PROFILE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() > MAX_PROFILE_BYTES {
+        return Err(ProfileError::TooLarge {
+            origin: path.display().to_string(),
+            size: meta.len().max(bytes.len() as u64),
+        });
+    }
+    String::from_utf8(bytes).map_err(|e| ProfileError::Parse {
+        origin: path.display().to_string(),
+        message: format!("not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()),
+    })
 }
 
 /// Turns a toml error into "line N, column M: message" with the offending line quoted.
