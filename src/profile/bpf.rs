@@ -183,17 +183,13 @@ pub(crate) fn alu(op: u16, a: u32, b: u32, pc: usize) -> Result<u32, BpfError> {
         0x00 => a.wrapping_add(b),
         0x10 => a.wrapping_sub(b),
         0x20 => a.wrapping_mul(b),
-        0x30 => a
-            .checked_div(b)
-            .ok_or(BpfError::DivisionByZero { pc })?,
+        0x30 => a.checked_div(b).ok_or(BpfError::DivisionByZero { pc })?,
         0x40 => a | b,
         0x50 => a & b,
         0x60 => a.checked_shl(b).unwrap_or(0),
         0x70 => a.checked_shr(b).unwrap_or(0),
         0x80 => a.wrapping_neg(),
-        0x90 => a
-            .checked_rem(b)
-            .ok_or(BpfError::DivisionByZero { pc })?,
+        0x90 => a.checked_rem(b).ok_or(BpfError::DivisionByZero { pc })?,
         0xa0 => a ^ b,
         _ => {
             return Err(BpfError::BadOpcode {
@@ -239,10 +235,14 @@ pub fn run(program: &SeccompProgram, data: &SeccompData) -> Result<u32, BpfError
         match code & 0x07 {
             BPF_LD => {
                 a = match code & !0x07 {
-                    c if c == BPF_W | BPF_ABS => data.word(i.k).ok_or(BpfError::BadLoad { pc, k: i.k })?,
+                    c if c == BPF_W | BPF_ABS => {
+                        data.word(i.k).ok_or(BpfError::BadLoad { pc, k: i.k })?
+                    }
                     c if c == BPF_W | BPF_LEN => SECCOMP_DATA_LEN,
                     c if c == BPF_IMM => i.k,
-                    c if c == BPF_MEM => *mem.get(i.k as usize).ok_or(BpfError::BadMemory { pc, k: i.k })?,
+                    c if c == BPF_MEM => *mem
+                        .get(i.k as usize)
+                        .ok_or(BpfError::BadMemory { pc, k: i.k })?,
                     _ => return Err(bad),
                 }
             }
@@ -250,7 +250,9 @@ pub fn run(program: &SeccompProgram, data: &SeccompData) -> Result<u32, BpfError
                 x = match code & !0x07 {
                     c if c == BPF_W | BPF_LEN => SECCOMP_DATA_LEN,
                     c if c == BPF_IMM => i.k,
-                    c if c == BPF_MEM => *mem.get(i.k as usize).ok_or(BpfError::BadMemory { pc, k: i.k })?,
+                    c if c == BPF_MEM => *mem
+                        .get(i.k as usize)
+                        .ok_or(BpfError::BadMemory { pc, k: i.k })?,
                     _ => return Err(bad),
                 }
             }
@@ -535,12 +537,18 @@ mod tests {
 
     #[test]
     fn return_values_are_read_as_the_kernel_reads_them() {
-        assert_eq!(KernelAction::from_ret(RET_ERRNO | 38), KernelAction::Errno(38));
+        assert_eq!(
+            KernelAction::from_ret(RET_ERRNO | 38),
+            KernelAction::Errno(38)
+        );
         assert_eq!(
             KernelAction::from_ret(RET_ERRNO | 0xffff),
             KernelAction::Errno(4095)
         );
-        assert_eq!(KernelAction::from_ret(0x1234_0000), KernelAction::KillProcess);
+        assert_eq!(
+            KernelAction::from_ret(0x1234_0000),
+            KernelAction::KillProcess
+        );
         assert_eq!(KernelAction::from_ret(RET_LOG), KernelAction::Log);
         assert!(KernelAction::Log.runs());
         assert!(!KernelAction::Trap(0).runs());

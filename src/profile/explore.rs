@@ -144,7 +144,10 @@ pub enum ExploreError {
 enum Value {
     Const(u32),
     /// `word & mask` of an argument word.
-    Sym { word: usize, mask: u32 },
+    Sym {
+        word: usize,
+        mask: u32,
+    },
 }
 
 #[derive(Clone)]
@@ -218,7 +221,9 @@ pub fn explore(
                         Value::Const(i.k)
                     };
                     s.a = match (s.a, b, code & 0xf0) {
-                        (Value::Const(a), Value::Const(b), op) => Value::Const(bpf::alu(op, a, b, pc)?),
+                        (Value::Const(a), Value::Const(b), op) => {
+                            Value::Const(bpf::alu(op, a, b, pc)?)
+                        }
                         (Value::Sym { word, mask }, Value::Const(k), 0x50)
                         | (Value::Const(k), Value::Sym { word, mask }, 0x50) => Value::Sym {
                             word,

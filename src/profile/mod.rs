@@ -8,9 +8,12 @@
 
 pub mod abi;
 pub mod bpf;
+pub mod diff;
 pub mod explore;
+pub mod lint;
 pub mod locate;
 pub mod names;
+pub mod oci;
 pub mod seccomp;
 pub mod solver;
 pub mod verdict;
@@ -91,7 +94,7 @@ pub struct Profile {
 
 /// Landlock filesystem rules: paths inside the sandbox and what may be done beneath them.
 /// Paths exposed with `--ro` get read + execute, `--rw` read + write + execute, on top.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LandlockPolicy {
     /// Read files and list directories.
@@ -111,6 +114,17 @@ pub struct LandlockPolicy {
 
 fn default_min_abi() -> u8 {
     1
+}
+
+impl Default for LandlockPolicy {
+    fn default() -> Self {
+        LandlockPolicy {
+            read: Vec::new(),
+            write: Vec::new(),
+            execute: Vec::new(),
+            min_abi: default_min_abi(),
+        }
+    }
 }
 
 /// Which namespaces the sandbox gets. User, pid and mount namespaces are not optional:
@@ -291,7 +305,7 @@ impl Profile {
             message: describe_toml_error(source, &e),
         })?;
         profile.origin = origin.to_string();
-        profile.sha256 = hex::encode(Sha256::digest(source.as_bytes()));
+        profile.sha256 = sha256_hex(source.as_bytes());
         profile.validate(Some(source))?;
         Ok(profile)
     }
@@ -303,6 +317,14 @@ impl Profile {
         }
     }
 
+    /// The profile as TOML that [`Profile::from_toml`] reads back to the same profile.
+    pub fn to_toml(&self) -> Result<String, ProfileError> {
+        toml::to_string(self).map_err(|e| ProfileError::Invalid {
+            origin: self.origin.clone(),
+            message: format!("cannot write as TOML: {e}"),
+        })
+    }
+
     /// Checks a profile built in memory (an import, say) as a file would be checked.
     pub fn check(&self) -> Result<(), ProfileError> {
         self.validate(None)
@@ -311,12 +333,11 @@ impl Profile {
     /// Checks everything serde cannot: paths, units, rlimit names, seccomp rule sanity.
     /// With the source at hand, errors name the line.
     fn validate(&self, source: Option<&str>) -> Result<(), ProfileError> {
-        let at = |path: &[&str], message: String| match source
-            .and_then(|s| locate::key_line(s, path))
-        {
-            Some(line) => self.invalid(format!("line {line}: {}: {message}", path.join("."))),
-            None => self.invalid(format!("{}: {message}", path.join("."))),
-        };
+        let at =
+            |path: &[&str], message: String| match source.and_then(|s| locate::key_line(s, path)) {
+                Some(line) => self.invalid(format!("line {line}: {}: {message}", path.join("."))),
+                None => self.invalid(format!("{}: {message}", path.join("."))),
+            };
         if self.name.is_empty() || self.name.len() > 64 {
             return Err(self.invalid("name must be 1 to 64 characters"));
         }
@@ -438,6 +459,11 @@ impl Profile {
                 message,
             })
     }
+}
+
+/// SHA-256 of a profile's bytes, hex: the identity reports and audit records use.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
 }
 
 /// Reads a file of at most [`MAX_PROFILE_BYTES`] as UTF-8, without trusting its reported

@@ -190,7 +190,7 @@ impl SyscallRule {
     }
 }
 
-fn action_of(kind: ActionKind, errno: Option<&ErrnoValue>) -> Result<Action, String> {
+pub(crate) fn action_of(kind: ActionKind, errno: Option<&ErrnoValue>) -> Result<Action, String> {
     match (kind, errno) {
         (ActionKind::Errno, Some(e)) => Ok(Action::Errno(e.resolve()?)),
         (ActionKind::Errno, None) => {
@@ -298,9 +298,25 @@ impl std::error::Error for PolicyError {}
 
 /// A condition as solver constraints on a `width`-bit argument.
 fn constraint_of(c: &ArgCondition, width: u32) -> Result<Constraint, String> {
-    let limit = if width >= 64 { u64::MAX } else { (1u64 << width) - 1 };
-    let value = c.value.as_ref().map(ValueSpec::resolve).transpose()?.unwrap_or(0) & limit;
-    let mask = c.mask.as_ref().map(ValueSpec::resolve).transpose()?.unwrap_or(0) & limit;
+    let limit = if width >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << width) - 1
+    };
+    let value = c
+        .value
+        .as_ref()
+        .map(ValueSpec::resolve)
+        .transpose()?
+        .unwrap_or(0)
+        & limit;
+    let mask = c
+        .mask
+        .as_ref()
+        .map(ValueSpec::resolve)
+        .transpose()?
+        .unwrap_or(0)
+        & limit;
     Ok(match c.op {
         CompareOp::Eq => Constraint::new(limit, Rel::Eq, value),
         CompareOp::Ne => Constraint::new(limit, Rel::Ne, value),
@@ -315,7 +331,11 @@ fn constraint_of(c: &ArgCondition, width: u32) -> Result<Constraint, String> {
 
 /// Whether a condition holds for an argument, compared at `width` bits as libseccomp does.
 pub fn condition_holds(c: &ArgCondition, arg: u64, width: u32) -> Result<bool, String> {
-    let limit = if width >= 64 { u64::MAX } else { (1u64 << width) - 1 };
+    let limit = if width >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << width) - 1
+    };
     Ok(constraint_of(c, width)?.holds(arg & limit))
 }
 
@@ -530,7 +550,11 @@ impl SeccompPolicy {
     /// Whether this policy's filter accepts syscalls of `abi` (others get the bad-arch action).
     pub fn accepts(&self, abi: Abi) -> bool {
         self.arches()
-            .map(|list| list.into_iter().filter_map(Abi::from_scmp).any(|a| a == abi))
+            .map(|list| {
+                list.into_iter()
+                    .filter_map(Abi::from_scmp)
+                    .any(|a| a == abi)
+            })
             .unwrap_or(false)
     }
 
@@ -782,7 +806,11 @@ mod tests {
         let p = policy(
             "default_action = \"allow\"\n[[rule]]\naction = \"kill\"\nsyscalls = [\"ptrace\"]\n[[rule]]\naction = \"errno\"\nerrno = 1\nsyscalls = [\"ptrace\"]\n",
         )?;
-        let e = p.validate().err().map(|e| e.to_string()).unwrap_or_default();
+        let e = p
+            .validate()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.contains("contradicts"), "{e}");
         Ok(())
     }

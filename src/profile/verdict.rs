@@ -343,7 +343,10 @@ mod tests {
         assert!(actions.contains(&KernelAction::Errno(1)));
         // TIOCSTI is refused whatever the upper half of the request word holds.
         let ioctl = Target::parse(native(), "ioctl")?;
-        let sti = a.check(&ioctl, [0, 0xdead_0000_0000_0000 | libc::TIOCSTI, 0, 0, 0, 0])?;
+        let sti = a.check(
+            &ioctl,
+            [0, 0xdead_0000_0000_0000 | libc::TIOCSTI, 0, 0, 0, 0],
+        )?;
         assert_eq!(sti.action, KernelAction::Errno(1));
         Ok(())
     }
