@@ -317,12 +317,56 @@ impl Profile {
         }
     }
 
-    /// The profile as TOML that [`Profile::from_toml`] reads back to the same profile.
+    /// The profile as TOML that [`Profile::from_toml`] reads back to the same profile,
+    /// laid out like the shipped files (one `[[seccomp.rule]]` block per rule, conditions
+    /// inline).
     pub fn to_toml(&self) -> Result<String, ProfileError> {
-        toml::to_string(self).map_err(|e| ProfileError::Invalid {
+        let err = |e: toml::ser::Error| ProfileError::Invalid {
             origin: self.origin.clone(),
             message: format!("cannot write as TOML: {e}"),
+        };
+        #[derive(Serialize)]
+        struct Head<'a> {
+            name: &'a str,
+            #[serde(skip_serializing_if = "str::is_empty")]
+            description: &'a str,
+        }
+        #[derive(Serialize)]
+        struct Tail<'a> {
+            landlock: &'a LandlockPolicy,
+            namespaces: &'a NamespacePolicy,
+            mounts: &'a MountPolicy,
+            #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+            rlimits: &'a BTreeMap<String, RlimitValue>,
+            limits: &'a DefaultLimits,
+        }
+        let mut out = toml::to_string(&Head {
+            name: &self.name,
+            description: &self.description,
         })
+        .map_err(err)?;
+        let bare = SeccompPolicy {
+            rules: Vec::new(),
+            ..self.seccomp.clone()
+        };
+        out.push_str("\n[seccomp]\n");
+        out.push_str(&toml::to_string(&bare).map_err(err)?);
+        for rule in &self.seccomp.rules {
+            out.push('\n');
+            out.push_str(&seccomp::rule_toml(rule).map_err(err)?);
+        }
+        out.push('\n');
+        out.push_str(
+            &toml::to_string(&Tail {
+                landlock: &self.landlock,
+                namespaces: &self.namespaces,
+                mounts: &self.mounts,
+                rlimits: &self.rlimits,
+                limits: &self.limits,
+            })
+            .map_err(err)?,
+        );
+        Ok(out)
     }
 
     /// Checks a profile built in memory (an import, say) as a file would be checked.

@@ -233,6 +233,79 @@ fn kill() -> ActionKind {
     ActionKind::Kill
 }
 
+/// One rule as a `[[seccomp.rule]]` block, conditions written inline.
+pub fn rule_toml(rule: &SyscallRule) -> Result<String, toml::ser::Error> {
+    #[derive(Serialize)]
+    struct Fields<'a> {
+        #[serde(skip_serializing_if = "str::is_empty")]
+        reason: &'a str,
+        action: ActionKind,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        errno: &'a Option<ErrnoValue>,
+    }
+    let mut out = String::from("[[seccomp.rule]]\n");
+    out.push_str(&toml::to_string(&Fields {
+        reason: &rule.reason,
+        action: rule.action,
+        errno: &rule.errno,
+    })?);
+    // Syscall names, wrapped.
+    let mut line = String::from("syscalls = [");
+    let mut lines = Vec::new();
+    for (i, name) in rule.syscalls.iter().enumerate() {
+        let item = format!(
+            "{}{}",
+            toml::Value::String(name.clone()),
+            if i + 1 < rule.syscalls.len() {
+                ","
+            } else {
+                "]"
+            }
+        );
+        if line.len() + item.len() + 1 > 92 && !line.ends_with('[') {
+            lines.push(line);
+            line = " ".repeat(12);
+        } else if !line.ends_with('[') {
+            line.push(' ');
+        }
+        line.push_str(&item);
+    }
+    if rule.syscalls.is_empty() {
+        line.push(']');
+    }
+    lines.push(line);
+    out.push_str(&lines.join("\n"));
+    out.push('\n');
+    if !rule.args.is_empty() {
+        let conds: Vec<String> = rule
+            .args
+            .iter()
+            .map(|c| {
+                let mut t = toml::Table::new();
+                t.insert("index".into(), toml::Value::Integer(i64::from(c.index)));
+                let op = match toml::Value::try_from(c.op) {
+                    Ok(v) => v,
+                    Err(e) => return Err(e),
+                };
+                t.insert("op".into(), op);
+                if let Some(m) = &c.mask {
+                    t.insert("mask".into(), toml::Value::try_from(m)?);
+                }
+                if let Some(v) = &c.value {
+                    t.insert("value".into(), toml::Value::try_from(v)?);
+                }
+                let fields: Vec<String> = ["index", "op", "mask", "value"]
+                    .iter()
+                    .filter_map(|k| t.get(*k).map(|v| format!("{k} = {v}")))
+                    .collect();
+                Ok(format!("{{ {} }}", fields.join(", ")))
+            })
+            .collect::<Result<_, _>>()?;
+        out.push_str(&format!("args = [{}]\n", conds.join(", ")));
+    }
+    Ok(out)
+}
+
 /// What decides a call, in the profile's terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Decider {
