@@ -604,6 +604,74 @@ mod tests {
         }
     }
 
+    fn seccomp_error(src: &str) -> String {
+        match Profile::from_toml(src, "test") {
+            Err(ProfileError::Seccomp { message, .. }) => message,
+            other => panic!("expected a seccomp error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rule_errors_name_the_line() {
+        let head = "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n";
+        let m = seccomp_error(&format!(
+            "{head}[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"ptrace\",\n  \"no_such_call\"]\n"
+        ));
+        assert!(m.contains("line 7") && m.contains("no_such_call"), "{m}");
+        let m = seccomp_error(&format!(
+            "{head}[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"ptrace\"]\n[[seccomp.rule]]\naction = \"errno\"\nerrno = \"EPERM\"\nsyscalls = [\"ptrace\"]\n"
+        ));
+        assert!(
+            m.contains("line 10") && m.contains("contradicts rule 1") && m.contains("line 5"),
+            "{m}"
+        );
+        let m = seccomp_error(&format!(
+            "{head}[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"ioctl\"]\nargs = [{{ index = 1, op = \"eq\", value = 1 }}, {{ index = 1, op = \"eq\", value = 2 }}]\n"
+        ));
+        assert!(m.contains("two conditions on argument 1"), "{m}");
+        // Overlapping argument conditions with different actions contradict.
+        let m = seccomp_error(&format!(
+            "{head}[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"write\"]\nargs = [{{ index = 0, op = \"eq\", value = 1 }}]\n[[seccomp.rule]]\naction = \"errno\"\nerrno = 1\nsyscalls = [\"write\"]\nargs = [{{ index = 1, op = \"gt\", value = 5 }}]\n"
+        ));
+        assert!(m.contains("contradicts") && m.contains("arg0=0x1"), "{m}");
+    }
+
+    #[test]
+    fn unknown_actions_are_parse_errors_with_the_line() {
+        let src = "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n[[seccomp.rule]]\naction = \"explode\"\nsyscalls = [\"ptrace\"]\n";
+        match Profile::from_toml(src, "test") {
+            Err(ProfileError::Parse { message, .. }) => {
+                assert!(message.contains("line 5"), "{message}")
+            }
+            other => panic!("expected a parse error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn huge_files_are_refused_before_parsing() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("huge.toml");
+        std::fs::write(&path, "#".repeat(MAX_PROFILE_BYTES + 1))?;
+        assert!(matches!(
+            Profile::from_file(&path),
+            Err(ProfileError::TooLarge { .. })
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn written_toml_reads_back_to_the_same_profile() -> Result<(), ProfileError> {
+        for (name, _) in BUILTIN {
+            let p = Profile::resolve(name)?;
+            let back = Profile::from_toml(&p.to_toml()?, "back")?;
+            assert_eq!(back.seccomp, p.seccomp, "{name}");
+            assert_eq!(back.landlock, p.landlock, "{name}");
+            assert_eq!(back.mounts, p.mounts, "{name}");
+            assert_eq!(back.rlimits, p.rlimits, "{name}");
+        }
+        Ok(())
+    }
+
     #[test]
     fn unknown_names_are_not_files() {
         assert!(matches!(

@@ -733,3 +733,200 @@ pub fn name_from_path(path: &std::path::Path) -> String {
         clean
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::diff;
+
+    const DOCKER: &str = include_str!("../../tests/fixtures/docker-default-seccomp.json");
+
+    fn opts(kernel: KernelVersion) -> ImportOptions {
+        ImportOptions {
+            name: "imported".into(),
+            source: "test.json".into(),
+            kernel,
+        }
+    }
+
+    fn import_text(json: &str) -> Result<Imported, OciError> {
+        import(&parse(json, "test.json")?, &opts(KernelVersion(6, 1, 0)))
+    }
+
+    fn same_verdicts(a: &Profile, b: &Profile) -> Result<(), Box<dyn std::error::Error>> {
+        let mut d = diff::ProfileDiff::default();
+        diff::seccomp_diff(a, b, &mut d)?;
+        assert!(d.syscalls.is_empty() && d.abis.is_empty(), "{d:?}");
+        Ok(())
+    }
+
+    #[test]
+    fn docker_default_imports_for_a_worker_without_capabilities()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let imported = import_text(DOCKER)?;
+        let p = &imported.profile;
+        let names: Vec<&str> = p
+            .seccomp
+            .rules
+            .iter()
+            .flat_map(|r| r.syscalls.iter().map(String::as_str))
+            .collect();
+        // Rules that need a capability are gone; unconditional ones stay.
+        assert!(!names.contains(&"bpf") && !names.contains(&"reboot"));
+        assert!(names.contains(&"read") && names.contains(&"ptrace"));
+        assert!(imported.notes.iter().any(|n| n.contains("CAP_SYS_ADMIN")));
+        // archMap's x86_64 entry brings in its i386 and x32 sub-architectures.
+        if Abi::native() == Abi::X86_64 {
+            assert_eq!(p.seccomp.architectures, vec!["native", "x86", "x32"]);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn docker_default_survives_export_and_reimport_with_every_verdict()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let first = import_text(DOCKER)?.profile;
+        let (json, notes) = export(&first.seccomp)?;
+        assert!(notes.is_empty(), "{notes:?}");
+        let text = serde_json::to_string(&json)?;
+        let second = import_text(&text)?.profile;
+        same_verdicts(&first, &second)?;
+        // And the TOML written for it reads back to the same policy.
+        let reread = Profile::from_toml(&to_toml(&first, &[])?, "reread")?;
+        assert_eq!(reread.seccomp, first.seccomp);
+        Ok(())
+    }
+
+    #[test]
+    fn includes_and_excludes_resolve_for_no_capabilities_on_this_machine()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let arch = native_goarch();
+        let json = format!(
+            r#"{{"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
+              {{"names": ["getpid"], "action": "SCMP_ACT_ALLOW"}},
+              {{"names": ["getppid"], "action": "SCMP_ACT_ALLOW", "includes": {{"caps": ["CAP_SYS_ADMIN"]}}}},
+              {{"names": ["gettid"], "action": "SCMP_ACT_ALLOW", "excludes": {{"caps": ["CAP_SYS_ADMIN"]}}}},
+              {{"names": ["getuid"], "action": "SCMP_ACT_ALLOW", "includes": {{"arches": ["{arch}"]}}}},
+              {{"names": ["getgid"], "action": "SCMP_ACT_ALLOW", "includes": {{"arches": ["s390x"]}}}},
+              {{"names": ["geteuid"], "action": "SCMP_ACT_ALLOW", "excludes": {{"arches": ["{arch}"]}}}},
+              {{"names": ["getegid"], "action": "SCMP_ACT_ALLOW", "includes": {{"minKernel": "4.8"}}}},
+              {{"names": ["uname"], "action": "SCMP_ACT_ALLOW", "includes": {{"minKernel": "99.0"}}}}
+            ]}}"#
+        );
+        let p = import_text(&json)?.profile;
+        let names: Vec<&str> = p
+            .seccomp
+            .rules
+            .iter()
+            .flat_map(|r| r.syscalls.iter().map(String::as_str))
+            .collect();
+        assert_eq!(names, vec!["getpid", "gettid", "getuid", "getegid"]);
+        Ok(())
+    }
+
+    #[test]
+    fn argument_conditions_round_trip_through_oci_json() -> Result<(), Box<dyn std::error::Error>> {
+        // Every comparison, a masked one, and an any_bits one that export fans out.
+        let p = Profile::from_toml(
+            "name = \"args\"\n[seccomp]\ndefault_action = \"allow\"\n\
+             [[seccomp.rule]]\naction = \"errno\"\nerrno = \"EPERM\"\nsyscalls = [\"clone\"]\nargs = [{ index = 0, op = \"any_bits\", mask = \"CLONE_NEWUSER|CLONE_NEWNET\" }]\n\
+             [[seccomp.rule]]\naction = \"errno\"\nerrno = \"EACCES\"\nsyscalls = [\"ioctl\"]\nargs = [{ index = 1, op = \"masked_eq\", mask = 0xffffffff, value = \"TIOCSTI\" }]\n\
+             [[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"personality\"]\nargs = [{ index = 0, op = \"gt\", value = 0x10 }, { index = 1, op = \"le\", value = 3 }]\n\
+             [[seccomp.rule]]\naction = \"errno\"\nerrno = 22\nsyscalls = [\"socket\"]\nargs = [{ index = 0, op = \"ne\", value = 1 }, { index = 2, op = \"lt\", value = 5 }]\n\
+             [[seccomp.rule]]\naction = \"trap\"\nsyscalls = [\"kill\"]\nargs = [{ index = 1, op = \"ge\", value = 9 }, { index = 0, op = \"eq\", value = 1 }]\n",
+            "args.toml",
+        )?;
+        let (json, _) = export(&p.seccomp)?;
+        let text = serde_json::to_string_pretty(&json)?;
+        assert!(text.contains("SCMP_CMP_MASKED_EQ") && text.contains("valueTwo"));
+        let back = import_text(&text)?.profile;
+        same_verdicts(&p, &back)
+    }
+
+    #[test]
+    fn several_conditions_on_one_argument_are_alternatives_as_in_runc()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let json = r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+            {"names": ["personality"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1,
+             "args": [{"index": 0, "value": 8, "op": "SCMP_CMP_EQ"}, {"index": 0, "value": 9, "op": "SCMP_CMP_EQ"}]}]}"#;
+        let imported = import_text(json)?;
+        assert_eq!(imported.profile.seccomp.rules.len(), 2);
+        assert!(imported.notes.iter().any(|n| n.contains("alternatives")));
+        Ok(())
+    }
+
+    #[test]
+    fn unknown_names_never_widen_the_filter() -> Result<(), Box<dyn std::error::Error>> {
+        // Allow rule in a deny-by-default profile: the unknown name stays denied.
+        let ok = r#"{"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
+            {"names": ["getpid", "no_such_syscall"], "action": "SCMP_ACT_ALLOW"}]}"#;
+        let imported = import_text(ok)?;
+        assert!(imported.notes.iter().any(|n| n.contains("no_such_syscall")));
+        // Deny rule in an allow-by-default profile: leaving it out would let it through.
+        let bad = r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+            {"names": ["no_such_syscall"], "action": "SCMP_ACT_ERRNO"}]}"#;
+        match import_text(bad) {
+            Err(OciError::Unsupported { message, .. }) => {
+                assert!(message.contains("no_such_syscall"), "{message}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn malformed_json_is_refused_with_line_and_column() {
+        for (json, want) in [
+            ("{\n  \"defaultAction\": \"SCMP_ACT_EXPLODE\"\n}", "line 2"),
+            (
+                "{\"defaultAction\": \"SCMP_ACT_ALLOW\", \"surprise\": 1}",
+                "surprise",
+            ),
+            (
+                "{\"defaultAction\": \"SCMP_ACT_ALLOW\",\n\"syscalls\": [",
+                "line 2",
+            ),
+        ] {
+            match parse(json, "bad.json") {
+                Err(OciError::Json { message, .. }) => assert!(message.contains(want), "{message}"),
+                other => panic!("expected a JSON error for {json}, got {other:?}"),
+            }
+        }
+        let huge = format!(
+            "{{\"defaultAction\": \"SCMP_ACT_ALLOW\", \"x\": \"{}\"}}",
+            "a".repeat(MAX_PROFILE_BYTES)
+        );
+        assert!(matches!(
+            parse(&huge, "huge.json"),
+            Err(OciError::Json { .. })
+        ));
+    }
+
+    #[test]
+    fn contradicting_entries_are_refused_naming_both() {
+        let json = r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+            {"names": ["ptrace"], "action": "SCMP_ACT_ERRNO"},
+            {"names": ["ptrace"], "action": "SCMP_ACT_KILL_PROCESS"}]}"#;
+        match import_text(json) {
+            Err(OciError::Unsupported { message, .. }) => {
+                assert!(
+                    message.contains("syscalls[1]") && message.contains("syscalls[0]"),
+                    "{message}"
+                )
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn kernel_versions_parse_from_uname_strings() -> Result<(), String> {
+        assert_eq!(
+            KernelVersion::parse("6.18.44-fc-v669")?,
+            KernelVersion(6, 18, 44)
+        );
+        assert_eq!(KernelVersion::parse("4.8")?, KernelVersion(4, 8, 0));
+        assert!(KernelVersion::parse("x").is_err());
+        assert!(KernelVersion::running().is_ok());
+        Ok(())
+    }
+}

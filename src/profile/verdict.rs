@@ -415,8 +415,18 @@ mod tests {
         fn filter_and_rules_agree_for_random_arguments(args in any_args(), pick in 0usize..12) {
             let names = ["clone", "ioctl", "personality", "socket", "getpid", "ptrace",
                          "unshare", "mount", "write", "openat", "execve", "prctl"];
-            for (profile, _) in crate::profile::BUILTIN {
-                let p = match Profile::resolve(profile) { Ok(p) => p, Err(e) => panic!("{e}") };
+            let docker = crate::profile::oci::parse(
+                include_str!("../../tests/fixtures/docker-default-seccomp.json"), "docker")
+                .map_err(|e| e.to_string())
+                .and_then(|j| crate::profile::oci::import(&j, &crate::profile::oci::ImportOptions {
+                    name: "docker".into(), source: "docker".into(),
+                    kernel: crate::profile::oci::KernelVersion(6, 1, 0),
+                }).map_err(|e| e.to_string()));
+            let docker = match docker { Ok(d) => d.profile, Err(e) => panic!("{e}") };
+            let shipped = crate::profile::BUILTIN.iter().map(|(n, _)| Profile::resolve(n));
+            for p in shipped.chain(std::iter::once(Ok(docker))) {
+                let p = match p { Ok(p) => p, Err(e) => panic!("{e}") };
+                let profile = p.name.clone();
                 let a = match Analysis::new(&p.seccomp) { Ok(a) => a, Err(e) => panic!("{e}") };
                 for abi in Abi::runnable() {
                     let Ok(t) = Target::parse(abi, names[pick]) else { continue };
