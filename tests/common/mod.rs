@@ -32,7 +32,9 @@ pub fn is_root() -> bool {
 /// prints more than a pipe holds cannot block on it.
 pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
     use std::io::Read;
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => panic!("cannot start {cmd:?}: {e}"),
@@ -46,8 +48,18 @@ pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
             buf
         })
     };
-    let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
     let start = Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -55,7 +67,10 @@ pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
             Ok(None) if start.elapsed() > limit => {
                 let _ = child.kill();
                 let _ = child.wait();
-                let (o, e) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+                let (o, e) = (
+                    out.join().unwrap_or_default(),
+                    err.join().unwrap_or_default(),
+                );
                 panic!(
                     "{cmd:?} did not finish within {limit:?}: stdout {} stderr {}",
                     String::from_utf8_lossy(&o),
@@ -83,7 +98,13 @@ pub fn run_probe(flags: &[&str], probe_args: &[&str]) -> Output {
     let dir = probe_dir();
     let probe = probe();
     let mut cmd = Command::new(hatchery());
-    cmd.arg("run").args(flags).arg("--ro").arg(&dir).arg("--").arg(&probe).args(probe_args);
+    cmd.arg("run")
+        .args(flags)
+        .arg("--ro")
+        .arg(&dir)
+        .arg("--")
+        .arg(&probe)
+        .args(probe_args);
     run_with_timeout(&mut cmd, Duration::from_secs(60))
 }
 
@@ -114,7 +135,10 @@ pub fn shared_tempdir() -> tempfile::TempDir {
         Ok(d) => d,
         Err(e) => panic!("tempdir: {e}"),
     };
-    let _ = std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777));
+    let _ = std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    );
     dir
 }
 
