@@ -53,32 +53,6 @@ impl ArgSpace {
         }
     }
 
-    /// Restricts a whole 64-bit argument: `(arg & mask) REL k`, split into its words.
-    /// Only comparisons that split exactly (Eq, AnySet, NoneSet) are accepted.
-    pub fn restrict_arg(&mut self, arg: usize, c: Constraint) -> bool {
-        let lo = |v: u64| v & 0xffff_ffff;
-        let hi = |v: u64| v >> 32;
-        let (wl, wh) = (arg_word(arg, false), arg_word(arg, true));
-        let mut next = self.clone();
-        let ok = match c.rel {
-            Rel::Eq | Rel::NoneSet => {
-                next.restrict(wl, Constraint::new(lo(c.mask), c.rel, lo(c.k)))
-                    && next.restrict(wh, Constraint::new(hi(c.mask), c.rel, hi(c.k)))
-            }
-            Rel::AnySet if hi(c.mask) == 0 => {
-                next.restrict(wl, Constraint::new(lo(c.mask), Rel::AnySet, 0))
-            }
-            Rel::AnySet if lo(c.mask) == 0 => {
-                next.restrict(wh, Constraint::new(hi(c.mask), Rel::AnySet, 0))
-            }
-            _ => false,
-        };
-        if ok {
-            *self = next;
-        }
-        ok
-    }
-
     /// The smallest argument vector in the space.
     pub fn witness(&self) -> Option<[u64; 6]> {
         let mut args = [0u64; 6];
@@ -91,26 +65,6 @@ impl ArgSpace {
             args[arg] |= if upper { v << 32 } else { v };
         }
         Some(args)
-    }
-
-    pub fn contains(&self, args: &[u64; 6]) -> bool {
-        self.words.iter().enumerate().all(|(w, list)| {
-            let arg = args[w / 2];
-            let v = if arg_word(w / 2, true) == w {
-                arg >> 32
-            } else {
-                arg & 0xffff_ffff
-            };
-            list.iter().all(|c| c.holds(v))
-        })
-    }
-
-    fn merged(&self, other: &ArgSpace) -> ArgSpace {
-        let mut out = self.clone();
-        for (w, list) in other.words.iter().enumerate() {
-            out.words[w].extend(list.iter().copied());
-        }
-        out
     }
 }
 
@@ -380,9 +334,57 @@ pub fn runs_for_some(
         .map(|p| p.witness))
 }
 
-impl ArgSpace {
-    /// The intersection of two spaces (used when one filter's path is explored in another).
-    pub fn intersect(&self, other: &ArgSpace) -> ArgSpace {
-        self.merged(other)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Profile;
+    use crate::profile::abi::Abi;
+
+    fn paths_for(rules: &str, syscall: &str) -> Result<Vec<Path>, Box<dyn std::error::Error>> {
+        let p = Profile::from_toml(
+            &format!("name = \"t\"\n[seccomp]\ndefault_action = \"allow\"\n{rules}"),
+            "test",
+        )?;
+        let prog = p.compile_seccomp()?;
+        let abi = Abi::native();
+        let nr = abi.syscall_nr(syscall).ok_or("no such syscall")?;
+        Ok(explore(&prog, &abi.data(nr, [0; 6]), &ArgSpace::any())?)
+    }
+
+    #[test]
+    fn rules_covering_every_argument_leave_one_verdict() -> Result<(), Box<dyn std::error::Error>> {
+        // arg0 < 5 and arg0 >= 5 together cover everything: not conditional, although
+        // the compiled filter branches on the argument.
+        let paths = paths_for(
+            "[[seccomp.rule]]\naction = \"errno\"\nerrno = 1\nsyscalls = [\"personality\"]\nargs = [{ index = 0, op = \"lt\", value = 5 }]\n\
+             [[seccomp.rule]]\naction = \"errno\"\nerrno = 1\nsyscalls = [\"personality\"]\nargs = [{ index = 0, op = \"ge\", value = 5 }]\n",
+            "personality",
+        )?;
+        assert!(paths.len() > 1, "the filter branches");
+        assert_eq!(distinct_actions(&paths).len(), 1, "{paths:?}");
+        Ok(())
+    }
+
+    #[test]
+    fn every_reachable_verdict_comes_with_a_witness_the_filter_confirms()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let paths = paths_for(
+            "[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"ioctl\"]\nargs = [{ index = 1, op = \"eq\", value = \"TIOCSTI\" }]\n\
+             [[seccomp.rule]]\naction = \"errno\"\nerrno = 13\nsyscalls = [\"ioctl\"]\nargs = [{ index = 1, op = \"gt\", value = 0x100000000 }, { index = 2, op = \"eq\", value = 7 }]\n",
+            "ioctl",
+        )?;
+        let actions: Vec<KernelAction> = distinct_actions(&paths)
+            .into_iter()
+            .map(|(a, _)| a)
+            .collect();
+        assert!(actions.contains(&KernelAction::KillProcess));
+        assert!(actions.contains(&KernelAction::Errno(13)));
+        assert!(actions.contains(&KernelAction::Allow));
+        for (action, w) in distinct_actions(&paths) {
+            if action == KernelAction::Errno(13) {
+                assert!(w[1] > 0x1_0000_0000 && w[2] == 7, "{w:x?}");
+            }
+        }
+        Ok(())
     }
 }
