@@ -232,7 +232,8 @@ fn value_text(v: &Option<ValueSpec>) -> String {
 }
 
 fn condition_text(c: &ArgCondition) -> String {
-    let (v, m) = (value_text(&c.value), value_text(&c.mask));
+    let group = |t: String| if t.contains('|') { format!("({t})") } else { t };
+    let (v, m) = (value_text(&c.value), group(value_text(&c.mask)));
     let a = format!("arg{}", c.index);
     match c.op {
         CompareOp::Eq => format!("{a} == {v}"),
@@ -485,7 +486,7 @@ fn diff_cmd(a: DiffArgs) -> anyhow::Result<i32> {
     }
     if !d.syscalls.is_empty() {
         t.push_str(&format!(
-            "{} syscalls differ\n{:<22} {:<7} {:<32} {:<32} where they differ\n",
+            "{} syscalls differ\n{:<24} {:<7} {:<32} {:<32} where they differ\n",
             d.syscalls.len(),
             "syscall",
             "arch",
@@ -494,7 +495,7 @@ fn diff_cmd(a: DiffArgs) -> anyhow::Result<i32> {
         ));
         for s in &d.syscalls {
             t.push_str(&format!(
-                "{:<22} {:<7} {:<32} {:<32} {}\n",
+                "{:<24} {:<7} {:<32} {:<32} {}\n",
                 s.syscall, s.arch, s.a, s.b, s.example
             ));
         }
