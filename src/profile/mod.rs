@@ -6,8 +6,17 @@
 //! value of `--profile` is read as a path. Parsing rejects unknown keys (with the line) so
 //! a misspelt rule can never silently turn into no rule.
 
+pub mod abi;
+pub mod bpf;
+pub mod diff;
+pub mod explore;
+pub mod lint;
+pub mod locate;
 pub mod names;
+pub mod oci;
 pub mod seccomp;
+pub mod solver;
+pub mod verdict;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,14 +27,21 @@ use sha2::{Digest, Sha256};
 
 use crate::units;
 
-pub use seccomp::{Action, ArgCondition, CompareOp, SeccompPolicy, SeccompProgram, SyscallRule};
+pub use seccomp::{
+    Action, ArgCondition, CompareOp, Decider, PolicyError, SeccompPolicy, SeccompProgram,
+    SyscallRule,
+};
 
 /// Profiles larger than this are refused before parsing: a profile is a policy a person
 /// reads, and a multi-megabyte one is either a mistake or an attack on the parser.
 pub const MAX_PROFILE_BYTES: usize = 1 << 20;
 
 /// The profiles shipped inside the binary: (name, TOML source).
-pub const BUILTIN: &[(&str, &str)] = &[("default", include_str!("../../profiles/default.toml"))];
+pub const BUILTIN: &[(&str, &str)] = &[
+    ("default", include_str!("../../profiles/default.toml")),
+    ("strict", include_str!("../../profiles/strict.toml")),
+    ("compat", include_str!("../../profiles/compat.toml")),
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
@@ -78,7 +94,7 @@ pub struct Profile {
 
 /// Landlock filesystem rules: paths inside the sandbox and what may be done beneath them.
 /// Paths exposed with `--ro` get read + execute, `--rw` read + write + execute, on top.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LandlockPolicy {
     /// Read files and list directories.
@@ -98,6 +114,17 @@ pub struct LandlockPolicy {
 
 fn default_min_abi() -> u8 {
     1
+}
+
+impl Default for LandlockPolicy {
+    fn default() -> Self {
+        LandlockPolicy {
+            read: Vec::new(),
+            write: Vec::new(),
+            execute: Vec::new(),
+            min_abi: default_min_abi(),
+        }
+    }
 }
 
 /// Which namespaces the sandbox gets. User, pid and mount namespaces are not optional:
@@ -261,22 +288,7 @@ impl Profile {
 
     /// Reads and validates a profile file, refusing files above [`MAX_PROFILE_BYTES`].
     pub fn from_file(path: &Path) -> Result<Profile, ProfileError> {
-        let read_err = |source| ProfileError::Read {
-            path: path.to_path_buf(),
-            source,
-        };
-        let meta = std::fs::metadata(path).map_err(read_err)?;
-        if meta.len() > MAX_PROFILE_BYTES as u64 {
-            return Err(ProfileError::TooLarge {
-                origin: path.display().to_string(),
-                size: meta.len(),
-            });
-        }
-        let bytes = std::fs::read(path).map_err(read_err)?;
-        let text = String::from_utf8(bytes).map_err(|_| ProfileError::Parse {
-            origin: path.display().to_string(),
-            message: "not valid UTF-8".to_string(),
-        })?;
+        let text = read_bounded(path)?;
         Profile::from_toml(&text, &path.display().to_string())
     }
 
@@ -293,8 +305,8 @@ impl Profile {
             message: describe_toml_error(source, &e),
         })?;
         profile.origin = origin.to_string();
-        profile.sha256 = hex::encode(Sha256::digest(source.as_bytes()));
-        profile.validate()?;
+        profile.sha256 = sha256_hex(source.as_bytes());
+        profile.validate(Some(source))?;
         Ok(profile)
     }
 
@@ -305,36 +317,115 @@ impl Profile {
         }
     }
 
+    /// The profile as TOML that [`Profile::from_toml`] reads back to the same profile,
+    /// laid out like the shipped files (one `[[seccomp.rule]]` block per rule, conditions
+    /// inline).
+    pub fn to_toml(&self) -> Result<String, ProfileError> {
+        let err = |e: toml::ser::Error| ProfileError::Invalid {
+            origin: self.origin.clone(),
+            message: format!("cannot write as TOML: {e}"),
+        };
+        #[derive(Serialize)]
+        struct Head<'a> {
+            name: &'a str,
+            #[serde(skip_serializing_if = "str::is_empty")]
+            description: &'a str,
+        }
+        #[derive(Serialize)]
+        struct Tail<'a> {
+            landlock: &'a LandlockPolicy,
+            namespaces: &'a NamespacePolicy,
+            mounts: &'a MountPolicy,
+            #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+            rlimits: &'a BTreeMap<String, RlimitValue>,
+            limits: &'a DefaultLimits,
+        }
+        let mut out = toml::to_string(&Head {
+            name: &self.name,
+            description: &self.description,
+        })
+        .map_err(err)?;
+        let bare = SeccompPolicy {
+            rules: Vec::new(),
+            ..self.seccomp.clone()
+        };
+        out.push_str("\n[seccomp]\n");
+        out.push_str(&toml::to_string(&bare).map_err(err)?);
+        for rule in &self.seccomp.rules {
+            out.push('\n');
+            out.push_str(&seccomp::rule_toml(rule).map_err(err)?);
+        }
+        out.push('\n');
+        out.push_str(
+            &toml::to_string(&Tail {
+                landlock: &self.landlock,
+                namespaces: &self.namespaces,
+                mounts: &self.mounts,
+                rlimits: &self.rlimits,
+                limits: &self.limits,
+            })
+            .map_err(err)?,
+        );
+        Ok(out)
+    }
+
+    /// Checks a profile built in memory (an import, say) as a file would be checked.
+    pub fn check(&self) -> Result<(), ProfileError> {
+        self.validate(None)
+    }
+
     /// Checks everything serde cannot: paths, units, rlimit names, seccomp rule sanity.
-    fn validate(&self) -> Result<(), ProfileError> {
+    /// With the source at hand, errors name the line.
+    fn validate(&self, source: Option<&str>) -> Result<(), ProfileError> {
+        let at =
+            |path: &[&str], message: String| match source.and_then(|s| locate::key_line(s, path)) {
+                Some(line) => self.invalid(format!("line {line}: {}: {message}", path.join("."))),
+                None => self.invalid(format!("{}: {message}", path.join("."))),
+            };
         if self.name.is_empty() || self.name.len() > 64 {
             return Err(self.invalid("name must be 1 to 64 characters"));
         }
-        let lists = [
-            ("landlock.read", &self.landlock.read),
-            ("landlock.write", &self.landlock.write),
-            ("landlock.execute", &self.landlock.execute),
-            ("mounts.system", &self.mounts.system),
+        let lists: [(&[&str], &Vec<PathBuf>); 4] = [
+            (&["landlock", "read"], &self.landlock.read),
+            (&["landlock", "write"], &self.landlock.write),
+            (&["landlock", "execute"], &self.landlock.execute),
+            (&["mounts", "system"], &self.mounts.system),
         ];
         for (what, paths) in lists {
             for p in paths {
-                crate::paths::check_absolute_clean(p)
-                    .map_err(|e| self.invalid(format!("{what}: {e}")))?;
+                crate::paths::check_absolute_clean(p).map_err(|e| at(what, e.to_string()))?;
             }
         }
         if self.landlock.min_abi == 0 || self.landlock.min_abi > 10 {
-            return Err(self.invalid("landlock.min_abi must be between 1 and 10"));
+            return Err(at(
+                &["landlock", "min_abi"],
+                "must be between 1 and 10".into(),
+            ));
         }
         units::parse_size(&self.mounts.tmp_size)
-            .map_err(|e| self.invalid(format!("mounts.tmp_size: {e}")))?;
+            .map_err(|e| at(&["mounts", "tmp_size"], e.to_string()))?;
         self.rlimits()?;
         self.default_limits()?;
-        self.seccomp
-            .validate()
-            .map_err(|message| ProfileError::Seccomp {
+        self.seccomp.validate().map_err(|e| {
+            let line = |rule: usize, name: Option<&str>| {
+                source.and_then(|s| locate::rule_line(s, rule, name))
+            };
+            let mut message = e.to_string();
+            if let Some(rule) = e.rule {
+                if let Some(l) = line(rule, e.syscall.as_deref()) {
+                    message = format!("line {l}: {message}");
+                }
+            }
+            if let Some(other) = e.other {
+                if let Some(l) = line(other, None) {
+                    message = format!("{message} (rule {} is at line {l})", other + 1);
+                }
+            }
+            ProfileError::Seccomp {
                 origin: self.origin.clone(),
                 message,
-            })?;
+            }
+        })?;
         Ok(())
     }
 
@@ -414,6 +505,40 @@ impl Profile {
     }
 }
 
+/// SHA-256 of a profile's bytes, hex: the identity reports and audit records use.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Reads a file of at most [`MAX_PROFILE_BYTES`] as UTF-8, without trusting its reported
+/// size (a FIFO or a file in /proc reports none).
+pub fn read_bounded(path: &Path) -> Result<String, ProfileError> {
+    use std::io::Read;
+    let read_err = |source| ProfileError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    let meta = file.metadata().map_err(read_err)?;
+    if meta.is_dir() {
+        return Err(read_err(std::io::Error::other("is a directory")));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_PROFILE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() > MAX_PROFILE_BYTES {
+        return Err(ProfileError::TooLarge {
+            origin: path.display().to_string(),
+            size: meta.len().max(bytes.len() as u64),
+        });
+    }
+    String::from_utf8(bytes).map_err(|e| ProfileError::Parse {
+        origin: path.display().to_string(),
+        message: format!("not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()),
+    })
+}
+
 /// Turns a toml error into "line N, column M: message" with the offending line quoted.
 fn describe_toml_error(source: &str, err: &toml::de::Error) -> String {
     let message = err.message().trim().to_string();
@@ -477,6 +602,74 @@ mod tests {
                 "accepted: {extra}"
             );
         }
+    }
+
+    fn seccomp_error(src: &str) -> String {
+        match Profile::from_toml(src, "test") {
+            Err(ProfileError::Seccomp { message, .. }) => message,
+            other => panic!("expected a seccomp error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rule_errors_name_the_line() {
+        let head = "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n";
+        let m = seccomp_error(&format!(
+            "{head}[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"ptrace\",\n  \"no_such_call\"]\n"
+        ));
+        assert!(m.contains("line 7") && m.contains("no_such_call"), "{m}");
+        let m = seccomp_error(&format!(
+            "{head}[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"ptrace\"]\n[[seccomp.rule]]\naction = \"errno\"\nerrno = \"EPERM\"\nsyscalls = [\"ptrace\"]\n"
+        ));
+        assert!(
+            m.contains("line 10") && m.contains("contradicts rule 1") && m.contains("line 5"),
+            "{m}"
+        );
+        let m = seccomp_error(&format!(
+            "{head}[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"ioctl\"]\nargs = [{{ index = 1, op = \"eq\", value = 1 }}, {{ index = 1, op = \"eq\", value = 2 }}]\n"
+        ));
+        assert!(m.contains("two conditions on argument 1"), "{m}");
+        // Overlapping argument conditions with different actions contradict.
+        let m = seccomp_error(&format!(
+            "{head}[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"write\"]\nargs = [{{ index = 0, op = \"eq\", value = 1 }}]\n[[seccomp.rule]]\naction = \"errno\"\nerrno = 1\nsyscalls = [\"write\"]\nargs = [{{ index = 1, op = \"gt\", value = 5 }}]\n"
+        ));
+        assert!(m.contains("contradicts") && m.contains("arg0=0x1"), "{m}");
+    }
+
+    #[test]
+    fn unknown_actions_are_parse_errors_with_the_line() {
+        let src = "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n[[seccomp.rule]]\naction = \"explode\"\nsyscalls = [\"ptrace\"]\n";
+        match Profile::from_toml(src, "test") {
+            Err(ProfileError::Parse { message, .. }) => {
+                assert!(message.contains("line 5"), "{message}")
+            }
+            other => panic!("expected a parse error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn huge_files_are_refused_before_parsing() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("huge.toml");
+        std::fs::write(&path, "#".repeat(MAX_PROFILE_BYTES + 1))?;
+        assert!(matches!(
+            Profile::from_file(&path),
+            Err(ProfileError::TooLarge { .. })
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn written_toml_reads_back_to_the_same_profile() -> Result<(), ProfileError> {
+        for (name, _) in BUILTIN {
+            let p = Profile::resolve(name)?;
+            let back = Profile::from_toml(&p.to_toml()?, "back")?;
+            assert_eq!(back.seccomp, p.seccomp, "{name}");
+            assert_eq!(back.landlock, p.landlock, "{name}");
+            assert_eq!(back.mounts, p.mounts, "{name}");
+            assert_eq!(back.rlimits, p.rlimits, "{name}");
+        }
+        Ok(())
     }
 
     #[test]

@@ -13,7 +13,10 @@ use libseccomp::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::abi::Abi;
+use super::bpf::KernelAction;
 use super::names;
+use super::solver::{self, Constraint, Rel, Solution};
 
 /// Most rules a profile may hold; the strictest real-world allow-lists have a few hundred.
 pub const MAX_RULES: usize = 4096;
@@ -39,6 +42,17 @@ impl Action {
             Action::Kill => ActionKind::Kill,
             Action::Log => ActionKind::Log,
             Action::Trap => ActionKind::Trap,
+        }
+    }
+
+    /// The kernel action this compiles to.
+    pub fn kernel(self) -> KernelAction {
+        match self {
+            Action::Allow => KernelAction::Allow,
+            Action::Errno(e) => KernelAction::Errno(e.clamp(0, 4095) as u16),
+            Action::Kill => KernelAction::KillProcess,
+            Action::Log => KernelAction::Log,
+            Action::Trap => KernelAction::Trap(0),
         }
     }
 
@@ -176,7 +190,7 @@ impl SyscallRule {
     }
 }
 
-fn action_of(kind: ActionKind, errno: Option<&ErrnoValue>) -> Result<Action, String> {
+pub(crate) fn action_of(kind: ActionKind, errno: Option<&ErrnoValue>) -> Result<Action, String> {
     match (kind, errno) {
         (ActionKind::Errno, Some(e)) => Ok(Action::Errno(e.resolve()?)),
         (ActionKind::Errno, None) => {
@@ -217,6 +231,217 @@ fn native_only() -> Vec<String> {
 
 fn kill() -> ActionKind {
     ActionKind::Kill
+}
+
+/// One rule as a `[[seccomp.rule]]` block, conditions written inline.
+pub fn rule_toml(rule: &SyscallRule) -> Result<String, toml::ser::Error> {
+    #[derive(Serialize)]
+    struct Fields<'a> {
+        #[serde(skip_serializing_if = "str::is_empty")]
+        reason: &'a str,
+        action: ActionKind,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        errno: &'a Option<ErrnoValue>,
+    }
+    let mut out = String::from("[[seccomp.rule]]\n");
+    out.push_str(&toml::to_string(&Fields {
+        reason: &rule.reason,
+        action: rule.action,
+        errno: &rule.errno,
+    })?);
+    // Syscall names, wrapped.
+    let mut line = String::from("syscalls = [");
+    let mut lines = Vec::new();
+    for (i, name) in rule.syscalls.iter().enumerate() {
+        let item = format!(
+            "{}{}",
+            toml::Value::String(name.clone()),
+            if i + 1 < rule.syscalls.len() {
+                ","
+            } else {
+                "]"
+            }
+        );
+        if line.len() + item.len() + 1 > 92 && !line.ends_with('[') {
+            lines.push(line);
+            line = " ".repeat(12);
+        } else if !line.ends_with('[') {
+            line.push(' ');
+        }
+        line.push_str(&item);
+    }
+    if rule.syscalls.is_empty() {
+        line.push(']');
+    }
+    lines.push(line);
+    out.push_str(&lines.join("\n"));
+    out.push('\n');
+    if !rule.args.is_empty() {
+        let conds: Vec<String> = rule
+            .args
+            .iter()
+            .map(|c| {
+                let mut t = toml::Table::new();
+                t.insert("index".into(), toml::Value::Integer(i64::from(c.index)));
+                let op = match toml::Value::try_from(c.op) {
+                    Ok(v) => v,
+                    Err(e) => return Err(e),
+                };
+                t.insert("op".into(), op);
+                if let Some(m) = &c.mask {
+                    t.insert("mask".into(), toml::Value::try_from(m)?);
+                }
+                if let Some(v) = &c.value {
+                    t.insert("value".into(), toml::Value::try_from(v)?);
+                }
+                let fields: Vec<String> = ["index", "op", "mask", "value"]
+                    .iter()
+                    .filter_map(|k| t.get(*k).map(|v| format!("{k} = {v}")))
+                    .collect();
+                Ok(format!("{{ {} }}", fields.join(", ")))
+            })
+            .collect::<Result<_, _>>()?;
+        out.push_str(&format!("args = [{}]\n", conds.join(", ")));
+    }
+    Ok(out)
+}
+
+/// What decides a call, in the profile's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Decider {
+    /// The rule at this index (0-based; shown 1-based).
+    Rule(usize),
+    DefaultAction,
+    /// The ABI is not among the profile's architectures.
+    BadArch,
+}
+
+impl std::fmt::Display for Decider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Decider::Rule(i) => write!(f, "rule {}", i + 1),
+            Decider::DefaultAction => f.write_str("default_action"),
+            Decider::BadArch => f.write_str("bad_arch_action"),
+        }
+    }
+}
+
+/// A policy error and the place it is about, so the file's line can be named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    /// The rule (0-based) the error is about.
+    pub rule: Option<usize>,
+    /// A second rule involved (a contradiction).
+    pub other: Option<usize>,
+    /// The syscall name within the rule.
+    pub syscall: Option<String>,
+    pub message: String,
+}
+
+impl PolicyError {
+    fn whole(message: String) -> PolicyError {
+        PolicyError {
+            rule: None,
+            other: None,
+            syscall: None,
+            message,
+        }
+    }
+
+    fn at(rule: usize, syscall: Option<&String>, message: String) -> PolicyError {
+        PolicyError {
+            rule: Some(rule),
+            other: None,
+            syscall: syscall.cloned(),
+            message,
+        }
+    }
+}
+
+impl std::fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.rule {
+            Some(i) => write!(f, "rule {}: {}", i + 1, self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+/// A condition as solver constraints on a `width`-bit argument.
+fn constraint_of(c: &ArgCondition, width: u32) -> Result<Constraint, String> {
+    let limit = if width >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << width) - 1
+    };
+    let value = c
+        .value
+        .as_ref()
+        .map(ValueSpec::resolve)
+        .transpose()?
+        .unwrap_or(0)
+        & limit;
+    let mask = c
+        .mask
+        .as_ref()
+        .map(ValueSpec::resolve)
+        .transpose()?
+        .unwrap_or(0)
+        & limit;
+    Ok(match c.op {
+        CompareOp::Eq => Constraint::new(limit, Rel::Eq, value),
+        CompareOp::Ne => Constraint::new(limit, Rel::Ne, value),
+        CompareOp::Lt => Constraint::new(limit, Rel::Lt, value),
+        CompareOp::Le => Constraint::new(limit, Rel::Le, value),
+        CompareOp::Gt => Constraint::new(limit, Rel::Gt, value),
+        CompareOp::Ge => Constraint::new(limit, Rel::Ge, value),
+        CompareOp::MaskedEq => Constraint::new(mask, Rel::Eq, value),
+        CompareOp::AnyBits => Constraint::new(mask, Rel::AnySet, 0),
+    })
+}
+
+/// Whether a condition holds for an argument, compared at `width` bits as libseccomp does.
+pub fn condition_holds(c: &ArgCondition, arg: u64, width: u32) -> Result<bool, String> {
+    let limit = if width >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << width) - 1
+    };
+    Ok(constraint_of(c, width)?.holds(arg & limit))
+}
+
+/// An argument vector satisfying both condition lists, if there is one.
+fn overlap(a: &[ArgCondition], b: &[ArgCondition], width: u32) -> Result<Option<[u64; 6]>, String> {
+    let mut args = [0u64; 6];
+    for (index, slot) in args.iter_mut().enumerate() {
+        let cs = a
+            .iter()
+            .chain(b)
+            .filter(|c| usize::from(c.index) == index)
+            .map(|c| constraint_of(c, width))
+            .collect::<Result<Vec<_>, _>>()?;
+        match solver::solve(&cs, width) {
+            Solution::Value(v) => *slot = v,
+            Solution::Infeasible => return Ok(None),
+            Solution::Undecided => {
+                return Err("conditions too complex to check against each other".into());
+            }
+        }
+    }
+    Ok(Some(args))
+}
+
+/// `[0x0, 0x10000000, ...]` with trailing zero arguments left out.
+pub fn format_args_list(args: &[u64; 6]) -> String {
+    let used = args.iter().rposition(|a| *a != 0).map_or(1, |i| i + 1);
+    let parts: Vec<String> = args[..used]
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("arg{i}={a:#x}"))
+        .collect();
+    parts.join(" ")
 }
 
 /// A compiled filter: an array of `struct sock_filter` in native byte order.
@@ -299,63 +524,136 @@ impl SeccompPolicy {
         Ok(out)
     }
 
-    /// Checks the policy without compiling it.
-    pub fn validate(&self) -> Result<(), String> {
-        self.default_action()?;
-        self.bad_arch_action()?;
-        self.arches()?;
+    /// Checks the policy without compiling it: actions, names, conditions, and that no two
+    /// rules with different actions can match the same call (libseccomp would silently pick
+    /// one of them, and the profile would no longer say what is enforced).
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        self.default_action().map_err(PolicyError::whole)?;
+        self.bad_arch_action().map_err(PolicyError::whole)?;
+        self.arches().map_err(PolicyError::whole)?;
         if self.rules.len() > MAX_RULES {
-            return Err(format!(
+            return Err(PolicyError::whole(format!(
                 "{} rules; at most {MAX_RULES} are allowed",
                 self.rules.len()
-            ));
+            )));
         }
-        let mut unconditional: BTreeMap<&str, (Action, usize)> = BTreeMap::new();
-        let mut conditional: BTreeMap<&str, Vec<(Action, usize)>> = BTreeMap::new();
         for (i, rule) in self.rules.iter().enumerate() {
-            let n = i + 1;
-            let action = rule.action().map_err(|e| format!("rule {n}: {e}"))?;
+            let at = |message: String| PolicyError::at(i, None, message);
+            rule.action().map_err(at)?;
             if rule.syscalls.is_empty() {
-                return Err(format!("rule {n}: no syscalls listed"));
+                return Err(at("no syscalls listed".into()));
             }
-            let mut any_bits = 0;
+            let mut seen = [false; 6];
             for cond in &rule.args {
-                check_condition(cond).map_err(|e| format!("rule {n}: {e}"))?;
-                if cond.op == CompareOp::AnyBits {
-                    any_bits += 1;
+                check_condition(cond).map_err(at)?;
+                let slot = &mut seen[usize::from(cond.index.min(5))];
+                if std::mem::replace(slot, true) {
+                    return Err(at(format!(
+                        "two conditions on argument {}: libseccomp takes one condition per argument in a rule (write one rule per alternative)",
+                        cond.index
+                    )));
                 }
-            }
-            if any_bits > 1 {
-                return Err(format!("rule {n}: at most one any_bits condition per rule"));
             }
             for name in &rule.syscalls {
-                resolve_syscall(name).map_err(|e| format!("rule {n}: {e}"))?;
-                if rule.args.is_empty() {
-                    if let Some((prev, at)) = unconditional.insert(name.as_str(), (action, n)) {
-                        if prev != action {
-                            return Err(format!(
-                                "rule {n} contradicts rule {at}: {name} is both {action} and {prev}"
-                            ));
-                        }
-                    }
-                } else {
-                    conditional
-                        .entry(name.as_str())
-                        .or_default()
-                        .push((action, n));
+                resolve_syscall(name).map_err(|e| PolicyError::at(i, Some(name), e))?;
+            }
+        }
+        self.check_overlaps()
+    }
+
+    /// Refuses two rules that name the same syscall with different actions when some
+    /// argument vector satisfies both.
+    fn check_overlaps(&self) -> Result<(), PolicyError> {
+        let mut by_name: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (i, rule) in self.rules.iter().enumerate() {
+            for name in &rule.syscalls {
+                let list = by_name.entry(name.as_str()).or_default();
+                if !list.contains(&i) {
+                    list.push(i);
                 }
             }
         }
-        for (name, conds) in &conditional {
-            if let Some((action, at)) = unconditional.get(name) {
-                if let Some((other, n)) = conds.iter().find(|(a, _)| a != action) {
-                    return Err(format!(
-                        "rule {n} contradicts rule {at}: {name} is {action} unconditionally, so the conditional {other} could never apply"
-                    ));
+        let mut widths = vec![64];
+        if self
+            .arches()
+            .map_err(PolicyError::whole)?
+            .into_iter()
+            .filter_map(Abi::from_scmp)
+            .any(|a| a.arg_bits() == 32)
+        {
+            widths.push(32);
+        }
+        for (name, rules) in &by_name {
+            for (x, &i) in rules.iter().enumerate() {
+                for &j in &rules[..x] {
+                    let (ri, rj) = (&self.rules[i], &self.rules[j]);
+                    let (ai, aj) = (
+                        ri.action().map_err(|e| PolicyError::at(i, None, e))?,
+                        rj.action().map_err(|e| PolicyError::at(j, None, e))?,
+                    );
+                    if ai == aj {
+                        continue;
+                    }
+                    for &width in &widths {
+                        if let Some(args) = overlap(&ri.args, &rj.args, width)
+                            .map_err(|e| PolicyError::at(i, None, e))?
+                        {
+                            let when = if ri.args.is_empty() && rj.args.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" (for example with arguments {})", format_args_list(&args))
+                            };
+                            return Err(PolicyError {
+                                rule: Some(i),
+                                other: Some(j),
+                                syscall: Some((*name).to_string()),
+                                message: format!(
+                                    "contradicts rule {}: {name} would be both {ai} and {aj}{when}",
+                                    j + 1
+                                ),
+                            });
+                        }
+                    }
                 }
             }
         }
         Ok(())
+    }
+
+    /// Whether this policy's filter accepts syscalls of `abi` (others get the bad-arch action).
+    pub fn accepts(&self, abi: Abi) -> bool {
+        self.arches()
+            .map(|list| {
+                list.into_iter()
+                    .filter_map(Abi::from_scmp)
+                    .any(|a| a == abi)
+            })
+            .unwrap_or(false)
+    }
+
+    /// What the profile's rules say about one call: the action and what decides it. This is
+    /// the model; the audit commands check it against the compiled filter.
+    pub fn decide(&self, abi: Abi, nr: i32, args: &[u64; 6]) -> Result<(Action, Decider), String> {
+        if !self.accepts(abi) {
+            return Ok((self.bad_arch_action()?, Decider::BadArch));
+        }
+        for (i, rule) in self.rules.iter().enumerate() {
+            if !rule.syscalls.iter().any(|n| abi.syscall_nr(n) == Some(nr)) {
+                continue;
+            }
+            let mut all = true;
+            for c in &rule.args {
+                let value = args.get(usize::from(c.index)).copied().unwrap_or(0);
+                if !condition_holds(c, value, abi.arg_bits())? {
+                    all = false;
+                    break;
+                }
+            }
+            if all {
+                return Ok((rule.action()?, Decider::Rule(i)));
+            }
+        }
+        Ok((self.default_action()?, Decider::DefaultAction))
     }
 
     fn expanded_rules(&self) -> Result<Vec<ExpandedRule>, String> {
@@ -384,7 +682,7 @@ impl SeccompPolicy {
 
     /// Builds the libseccomp filter context for this policy.
     pub fn filter_context(&self) -> Result<ScmpFilterContext, String> {
-        self.validate()?;
+        self.validate().map_err(|e| e.to_string())?;
         let err = |what: &str, e: libseccomp::error::SeccompError| format!("{what}: {e}");
         let mut ctx = ScmpFilterContext::new(self.default_action()?.to_scmp())
             .map_err(|e| err("create filter", e))?;
@@ -581,7 +879,11 @@ mod tests {
         let p = policy(
             "default_action = \"allow\"\n[[rule]]\naction = \"kill\"\nsyscalls = [\"ptrace\"]\n[[rule]]\naction = \"errno\"\nerrno = 1\nsyscalls = [\"ptrace\"]\n",
         )?;
-        let e = p.validate().err().unwrap_or_default();
+        let e = p
+            .validate()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.contains("contradicts"), "{e}");
         Ok(())
     }
@@ -594,6 +896,7 @@ mod tests {
         assert!(
             p.validate()
                 .err()
+                .map(|e| e.to_string())
                 .unwrap_or_default()
                 .contains("unknown syscall")
         );

@@ -28,8 +28,10 @@ pub fn is_root() -> bool {
 }
 
 /// Runs a command with a hard wall-clock limit; the child is killed (and the test fails
-/// loudly) if it exceeds it.
+/// loudly) if it exceeds it. Output is drained while the child runs, so a command that
+/// prints more than a pipe holds cannot block on it.
 pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
+    use std::io::Read;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -37,22 +39,52 @@ pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
         Ok(c) => c,
         Err(e) => panic!("cannot start {cmd:?}: {e}"),
     };
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
     let start = Instant::now();
-    loop {
+    let status = loop {
         match child.try_wait() {
-            Ok(Some(_)) => break,
+            Ok(Some(status)) => break status,
             Ok(None) if start.elapsed() > limit => {
                 let _ = child.kill();
-                let out = child.wait_with_output();
-                panic!("{cmd:?} did not finish within {limit:?}: {out:?}");
+                let _ = child.wait();
+                let (o, e) = (
+                    out.join().unwrap_or_default(),
+                    err.join().unwrap_or_default(),
+                );
+                panic!(
+                    "{cmd:?} did not finish within {limit:?}: stdout {} stderr {}",
+                    String::from_utf8_lossy(&o),
+                    String::from_utf8_lossy(&e)
+                );
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(5)),
             Err(e) => panic!("wait: {e}"),
         }
-    }
-    match child.wait_with_output() {
-        Ok(o) => o,
-        Err(e) => panic!("collect output: {e}"),
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
     }
 }
 

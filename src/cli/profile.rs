@@ -1,0 +1,593 @@
+//! `hatchery profile ...`: read, check, compare, lint, import and export security profiles.
+//!
+//! Every verdict printed here comes from running the compiled filter — the bytes the
+//! sandbox loads — so what these commands say is what the kernel enforces.
+//!
+//! Exit status: 0 success; 1 `lint` found something or `diff` found differences;
+//! 2 bad input or a profile that cannot be used (one line on stderr says why).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand, ValueEnum};
+
+use hatchery::profile::abi::Abi;
+use hatchery::profile::oci::{self, ImportOptions, KernelVersion};
+use hatchery::profile::seccomp::{ArgCondition, CompareOp, ValueSpec};
+use hatchery::profile::verdict::{Analysis, Target};
+use hatchery::profile::{BUILTIN, Profile, bpf, diff, lint, names};
+
+/// Bad input or an unusable profile.
+const EXIT_ERROR: i32 = 2;
+/// `lint` findings or `diff` differences.
+const EXIT_FOUND: i32 = 1;
+
+const PROFILE_EXAMPLES: &str = "\
+Exit status: 0 success; 1 lint findings or diff differences; 2 bad input.
+
+Examples:
+  hatchery profile list
+  hatchery profile show default --format pfc
+  hatchery profile check default --syscall ptrace
+  hatchery profile check default --syscall clone --arg CLONE_NEWUSER --json
+  hatchery profile check strict --all --json
+  hatchery profile check default --syscall getpid --arch x86
+  hatchery profile diff default strict
+  hatchery profile lint ./my-profile.toml
+  hatchery profile import docker-default.json -o docker.toml
+  hatchery profile export strict -o strict.json";
+
+#[derive(Args, Debug)]
+#[command(after_help = PROFILE_EXAMPLES)]
+pub struct ProfileArgs {
+    #[command(subcommand)]
+    pub command: ProfileCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ProfileCommand {
+    /// The shipped profiles, one line each
+    List,
+    /// The resolved profile, or the filter it compiles to
+    Show(ShowArgs),
+    /// The verdict for one syscall (or all of them) and the rule that decides it
+    Check(CheckArgs),
+    /// Syscalls whose verdict differs between two profiles, and other differences
+    Diff(DiffArgs),
+    /// Known-dangerous things a profile allows, with the reason for each
+    Lint(LintArgs),
+    /// Convert OCI / Docker seccomp JSON into a hatchery profile
+    Import(ImportArgs),
+    /// Write a profile's seccomp policy as OCI / Docker seccomp JSON
+    Export(ExportArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShowFormat {
+    /// A readable summary
+    Table,
+    /// The profile file
+    Toml,
+    /// OCI / Docker seccomp JSON
+    OciJson,
+    /// libseccomp's pseudo-filter code for the compiled filter
+    Pfc,
+    /// The compiled classic-BPF program, instruction by instruction
+    Bpf,
+}
+
+#[derive(Args, Debug)]
+pub struct ShowArgs {
+    /// A shipped profile name or a TOML file
+    #[arg(value_name = "NAME|FILE")]
+    pub profile: String,
+    #[arg(long, value_enum, default_value_t = ShowFormat::Table)]
+    pub format: ShowFormat,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// A shipped profile name or a TOML file
+    #[arg(value_name = "NAME|FILE")]
+    pub profile: String,
+    /// The syscall, by name or number
+    #[arg(
+        long,
+        value_name = "NAME",
+        required_unless_present = "all",
+        conflicts_with = "all"
+    )]
+    pub syscall: Option<String>,
+    /// Argument values in order (VALUE), or at an index (N=VALUE); numbers or constants
+    /// such as CLONE_NEWUSER|CLONE_NEWNS; missing arguments are 0
+    #[arg(long = "arg", value_name = "[N=]VALUE", allow_hyphen_values = true)]
+    pub args: Vec<String>,
+    /// Every syscall of the architecture, with all-zero arguments
+    #[arg(long)]
+    pub all: bool,
+    /// The ABI the call enters through: native, x86_64, x86 (i386), x32
+    #[arg(long, value_name = "ABI", default_value = "native")]
+    pub arch: String,
+    /// Machine-readable output
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DiffArgs {
+    #[arg(value_name = "A")]
+    pub a: String,
+    #[arg(value_name = "B")]
+    pub b: String,
+    /// Machine-readable output
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct LintArgs {
+    #[arg(value_name = "NAME|FILE")]
+    pub profile: String,
+    /// Machine-readable output
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ImportArgs {
+    /// OCI / Docker seccomp JSON
+    #[arg(value_name = "FILE.json")]
+    pub file: PathBuf,
+    /// Write the profile here instead of stdout
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Name of the new profile (default: from the file name)
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Kernel version that `includes.minKernel` is compared with (default: this one)
+    #[arg(long, value_name = "X.Y")]
+    pub kernel: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    #[arg(value_name = "NAME|FILE")]
+    pub profile: String,
+    /// Write the JSON here instead of stdout
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+pub fn main(args: ProfileArgs) -> i32 {
+    let result = match args.command {
+        ProfileCommand::List => list(),
+        ProfileCommand::Show(a) => show(a),
+        ProfileCommand::Check(a) => check(a),
+        ProfileCommand::Diff(a) => diff_cmd(a),
+        ProfileCommand::Lint(a) => lint_cmd(a),
+        ProfileCommand::Import(a) => import(a),
+        ProfileCommand::Export(a) => export(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("hatchery: {e:#}");
+            EXIT_ERROR
+        }
+    }
+}
+
+fn load(name: &str) -> anyhow::Result<Profile> {
+    Ok(Profile::resolve(name)?)
+}
+
+fn out(text: &str) -> anyhow::Result<i32> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()?;
+    Ok(0)
+}
+
+/// Writes a file whole or not at all.
+fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| anyhow::anyhow!("{}: not a file name", path.display()))?;
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            anyhow::anyhow!("cannot write {}: {e}", path.display())
+        })
+}
+
+fn list() -> anyhow::Result<i32> {
+    let mut text = String::new();
+    for (name, _) in BUILTIN {
+        let p = load(name)?;
+        text.push_str(&format!(
+            "{:<10} {}  {}\n",
+            p.name,
+            &p.sha256[..12],
+            p.description
+        ));
+    }
+    out(&text)
+}
+
+fn value_text(v: &Option<ValueSpec>) -> String {
+    match v {
+        Some(ValueSpec::Number(n)) if *n > 9 => format!("{n:#x}"),
+        Some(ValueSpec::Number(n)) => n.to_string(),
+        Some(ValueSpec::Expr(e)) => e.clone(),
+        None => "?".into(),
+    }
+}
+
+fn condition_text(c: &ArgCondition) -> String {
+    let group = |t: String| if t.contains('|') { format!("({t})") } else { t };
+    let (v, m) = (value_text(&c.value), group(value_text(&c.mask)));
+    let a = format!("arg{}", c.index);
+    match c.op {
+        CompareOp::Eq => format!("{a} == {v}"),
+        CompareOp::Ne => format!("{a} != {v}"),
+        CompareOp::Lt => format!("{a} < {v}"),
+        CompareOp::Le => format!("{a} <= {v}"),
+        CompareOp::Gt => format!("{a} > {v}"),
+        CompareOp::Ge => format!("{a} >= {v}"),
+        CompareOp::MaskedEq => format!("{a} & {m} == {v}"),
+        CompareOp::AnyBits => format!("{a} has any of {m}"),
+    }
+}
+
+fn table(p: &Profile) -> anyhow::Result<String> {
+    let s = &p.seccomp;
+    let mut t = String::new();
+    t.push_str(&format!("profile     {} ({})\n", p.name, p.origin));
+    t.push_str(&format!("sha256      {}\n", p.sha256));
+    if !p.description.is_empty() {
+        t.push_str(&format!("about       {}\n", p.description));
+    }
+    let arches: Vec<String> = s
+        .arches()
+        .map_err(anyhow::Error::msg)?
+        .into_iter()
+        .filter_map(Abi::from_scmp)
+        .map(|a| a.name().to_string())
+        .collect();
+    t.push_str(&format!(
+        "seccomp     default {}; accepts {}; other ABIs: {}\n",
+        s.default_action().map_err(anyhow::Error::msg)?,
+        arches.join(", "),
+        s.bad_arch_action().map_err(anyhow::Error::msg)?
+    ));
+    for (i, r) in s.rules.iter().enumerate() {
+        let action = r.action().map_err(anyhow::Error::msg)?;
+        let conds: Vec<String> = r.args.iter().map(condition_text).collect();
+        t.push_str(&format!(
+            "  rule {:<3} {:<18} {}",
+            i + 1,
+            action.to_string(),
+            r.syscalls.join(" ")
+        ));
+        if !conds.is_empty() {
+            t.push_str(&format!("  when {}", conds.join(" and ")));
+        }
+        t.push('\n');
+        if !r.reason.is_empty() {
+            t.push_str(&format!("            why: {}\n", r.reason));
+        }
+    }
+    let paths = |v: &[PathBuf]| {
+        if v.is_empty() {
+            "(none)".to_string()
+        } else {
+            v.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
+    };
+    let l = &p.landlock;
+    t.push_str(&format!(
+        "landlock    read {}; write {}; execute {}; min ABI {}\n",
+        paths(&l.read),
+        paths(&l.write),
+        paths(&l.execute),
+        l.min_abi
+    ));
+    let n = &p.namespaces;
+    let mut ns = vec!["user", "pid", "mount"];
+    for (on, name) in [
+        (n.net, "net"),
+        (n.ipc, "ipc"),
+        (n.uts, "uts"),
+        (n.cgroup, "cgroup"),
+    ] {
+        if on {
+            ns.push(name);
+        }
+    }
+    t.push_str(&format!("namespaces  {}\n", ns.join(" ")));
+    let m = &p.mounts;
+    t.push_str(&format!(
+        "mounts      system {}; /tmp {}; /dev/shm {}\n",
+        paths(&m.system),
+        m.tmp_size,
+        if m.dev_shm { "yes" } else { "no" }
+    ));
+    let rl: Vec<String> = p
+        .rlimits()?
+        .iter()
+        .map(|r| {
+            let v = |x: u64| {
+                if x == u64::MAX {
+                    "unlimited".to_string()
+                } else {
+                    x.to_string()
+                }
+            };
+            if r.soft == r.hard {
+                format!("{}={}", r.resource.name(), v(r.soft))
+            } else {
+                format!("{}={}/{}", r.resource.name(), v(r.soft), v(r.hard))
+            }
+        })
+        .collect();
+    t.push_str(&format!(
+        "rlimits     {}\n",
+        if rl.is_empty() {
+            "(none)".into()
+        } else {
+            rl.join(" ")
+        }
+    ));
+    let d = &p.limits;
+    let mut lim = Vec::new();
+    if let Some(v) = &d.memory {
+        lim.push(format!("memory {v}"));
+    }
+    if let Some(v) = d.cpus {
+        lim.push(format!("cpus {v}"));
+    }
+    if let Some(v) = d.pids {
+        lim.push(format!("pids {v}"));
+    }
+    if let Some(v) = &d.timeout {
+        lim.push(format!("timeout {v}"));
+    }
+    t.push_str(&format!(
+        "limits      {}\n",
+        if lim.is_empty() {
+            "(none: the command line decides)".into()
+        } else {
+            lim.join(", ")
+        }
+    ));
+    Ok(t)
+}
+
+fn oci_json(p: &Profile) -> anyhow::Result<String> {
+    let (json, notes) = oci::export(&p.seccomp).map_err(anyhow::Error::msg)?;
+    for n in notes {
+        eprintln!("hatchery: note: {n}");
+    }
+    Ok(serde_json::to_string_pretty(&json)? + "\n")
+}
+
+fn show(a: ShowArgs) -> anyhow::Result<i32> {
+    let p = load(&a.profile)?;
+    let text = match a.format {
+        ShowFormat::Table => table(&p)?,
+        ShowFormat::Toml => p.to_toml()?,
+        ShowFormat::OciJson => oci_json(&p)?,
+        ShowFormat::Pfc => p.seccomp.pfc().map_err(anyhow::Error::msg)?,
+        ShowFormat::Bpf => {
+            let prog = p.compile_seccomp()?;
+            format!(
+                "# {} instructions, {} bytes, as loaded by seccomp(2)\n{}",
+                prog.len(),
+                prog.as_bytes().len(),
+                bpf::disassemble(&prog)
+            )
+        }
+    };
+    out(&text)
+}
+
+fn parse_args(list: &[String]) -> anyhow::Result<[u64; 6]> {
+    let mut args = [0u64; 6];
+    let mut next = 0usize;
+    for item in list {
+        let (index, value) = match item.split_once('=') {
+            Some((i, v)) => (
+                i.trim().parse::<usize>().map_err(|_| {
+                    anyhow::anyhow!("--arg {item:?}: expected N=VALUE with N from 0 to 5")
+                })?,
+                v,
+            ),
+            None => (next, item.as_str()),
+        };
+        if index > 5 {
+            anyhow::bail!("--arg {item:?}: a syscall has at most 6 arguments (0 to 5)");
+        }
+        args[index] =
+            names::parse_value_expr(value).map_err(|e| anyhow::anyhow!("--arg {item:?}: {e}"))?;
+        next = index + 1;
+    }
+    Ok(args)
+}
+
+fn check(a: CheckArgs) -> anyhow::Result<i32> {
+    let p = load(&a.profile)?;
+    let abi = Abi::parse(&a.arch).map_err(|e| anyhow::anyhow!("--arch: {e}"))?;
+    if !Abi::runnable().contains(&abi) {
+        anyhow::bail!("--arch {abi}: this machine cannot run that ABI");
+    }
+    let args = parse_args(&a.args)?;
+    if abi.arg_bits() == 32 && abi != Abi::X32 && args.iter().any(|v| *v > u64::from(u32::MAX)) {
+        anyhow::bail!("--arg: {abi} passes 32-bit arguments");
+    }
+    let analysis = Analysis::new(&p.seccomp)?;
+    let verdicts = match &a.syscall {
+        Some(name) => vec![analysis.check(&Target::parse(abi, name)?, args)?],
+        None => analysis.check_all(abi)?,
+    };
+    if a.json {
+        let map: BTreeMap<String, _> = verdicts
+            .iter()
+            .map(|v| (v.target.label(), analysis.json(v)))
+            .collect();
+        return out(&(serde_json::to_string_pretty(&map)? + "\n"));
+    }
+    let text = if a.all {
+        let mut t = format!(
+            "{} on {} ({} syscalls, all-zero arguments)\n{:<24} {:>10}  {:<40} {}\n",
+            p.name,
+            abi,
+            verdicts.len(),
+            "syscall",
+            "nr",
+            "verdict",
+            "decided by"
+        );
+        for v in &verdicts {
+            t.push_str(&analysis.line(v));
+            t.push('\n');
+        }
+        t
+    } else {
+        verdicts.iter().map(|v| analysis.describe(v)).collect()
+    };
+    out(&text)
+}
+
+fn diff_cmd(a: DiffArgs) -> anyhow::Result<i32> {
+    let (pa, pb) = (load(&a.a)?, load(&a.b)?);
+    let d = diff::diff(&pa, &pb)?;
+    let code = if d.is_empty() { 0 } else { EXIT_FOUND };
+    if a.json {
+        out(&(serde_json::to_string_pretty(&d)? + "\n"))?;
+        return Ok(code);
+    }
+    let mut t = String::new();
+    if d.is_empty() {
+        t.push_str(&format!("{} and {} enforce the same\n", pa.name, pb.name));
+    }
+    for line in &d.abis {
+        t.push_str(&format!("{line}\n"));
+    }
+    if !d.syscalls.is_empty() {
+        t.push_str(&format!(
+            "{} syscalls differ\n{:<24} {:<7} {:<32} {:<32} where they differ\n",
+            d.syscalls.len(),
+            "syscall",
+            "arch",
+            pa.name,
+            pb.name
+        ));
+        for s in &d.syscalls {
+            t.push_str(&format!(
+                "{:<24} {:<7} {:<32} {:<32} {}\n",
+                s.syscall, s.arch, s.a, s.b, s.example
+            ));
+        }
+    }
+    if !d.settings.is_empty() {
+        t.push_str("settings that differ\n");
+        for s in &d.settings {
+            t.push_str(&format!(
+                "  {:<22} {}: {}\n  {:<22} {}: {}\n",
+                s.key, pa.name, s.a, "", pb.name, s.b
+            ));
+        }
+    }
+    out(&t)?;
+    Ok(code)
+}
+
+fn lint_cmd(a: LintArgs) -> anyhow::Result<i32> {
+    let p = load(&a.profile)?;
+    let findings = lint::lint(&p)?;
+    let code = if findings.is_empty() { 0 } else { EXIT_FOUND };
+    if a.json {
+        out(&(serde_json::to_string_pretty(&findings)? + "\n"))?;
+        return Ok(code);
+    }
+    let mut t = String::new();
+    if findings.is_empty() {
+        t.push_str(&format!("{}: no findings\n", p.name));
+    }
+    for f in &findings {
+        t.push_str(&format!(
+            "{}: [{}] {}\n  why: {}\n  e.g. {}\n",
+            p.name, f.id, f.message, f.reason, f.example
+        ));
+    }
+    out(&t)?;
+    Ok(code)
+}
+
+fn import(a: ImportArgs) -> anyhow::Result<i32> {
+    let text = hatchery::profile::read_bounded(&a.file)?;
+    let origin = a.file.display().to_string();
+    let parsed = oci::parse(&text, &origin)?;
+    let kernel = match &a.kernel {
+        Some(k) => KernelVersion::parse(k).map_err(|e| anyhow::anyhow!("--kernel: {e}"))?,
+        None => KernelVersion::running().map_err(anyhow::Error::msg)?,
+    };
+    let name = a
+        .name
+        .clone()
+        .unwrap_or_else(|| oci::name_from_path(&a.file));
+    let imported = oci::import(
+        &parsed,
+        &ImportOptions {
+            name,
+            source: a
+                .file
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or(origin),
+            kernel,
+        },
+    )?;
+    let toml = oci::to_toml(&imported.profile, &imported.notes)?;
+    // What is written must load as it is.
+    Profile::from_toml(&toml, "the imported profile")?;
+    for n in &imported.notes {
+        eprintln!("hatchery: note: {n}");
+    }
+    match &a.output {
+        Some(path) => {
+            write_file(path, &toml)?;
+            eprintln!(
+                "hatchery: wrote {} ({} rules); use it with: hatchery run --profile {} -- ...",
+                path.display(),
+                imported.profile.seccomp.rules.len(),
+                path.display()
+            );
+            Ok(0)
+        }
+        None => out(&toml),
+    }
+}
+
+fn export(a: ExportArgs) -> anyhow::Result<i32> {
+    let p = load(&a.profile)?;
+    let json = oci_json(&p)?;
+    match &a.output {
+        Some(path) => {
+            write_file(path, &json)?;
+            Ok(0)
+        }
+        None => out(&json),
+    }
+}

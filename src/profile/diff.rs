@@ -1,0 +1,232 @@
+//! What changes between two profiles: every syscall whose verdict differs for some
+//! arguments (found by exploring both compiled filters together, so a difference hidden
+//! in an argument condition is found too), and the differences in Landlock, mounts,
+//! namespaces, rlimits and default limits.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::Profile;
+use super::abi::Abi;
+use super::bpf::KernelAction;
+use super::explore;
+use super::seccomp::format_args_list;
+use super::verdict::{Analysis, CheckError};
+
+/// One syscall whose verdict differs.
+#[derive(Debug, Clone, Serialize)]
+pub struct SyscallDiff {
+    pub arch: &'static str,
+    pub syscall: String,
+    pub nr: i32,
+    /// The verdicts with all-zero arguments ("conditional" when arguments matter).
+    pub a: String,
+    pub b: String,
+    /// Arguments where the two differ, and the two verdicts there.
+    pub example: String,
+}
+
+/// One setting whose value differs.
+#[derive(Debug, Clone, Serialize)]
+pub struct SettingDiff {
+    pub key: String,
+    pub a: String,
+    pub b: String,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ProfileDiff {
+    pub syscalls: Vec<SyscallDiff>,
+    /// Whole ABIs one profile accepts and the other refuses.
+    pub abis: Vec<String>,
+    pub settings: Vec<SettingDiff>,
+}
+
+impl ProfileDiff {
+    pub fn is_empty(&self) -> bool {
+        self.syscalls.is_empty() && self.abis.is_empty() && self.settings.is_empty()
+    }
+}
+
+fn summary(a: &Analysis<'_>, abi: Abi, nr: i32, name: &str) -> Result<String, CheckError> {
+    let v = a.check(
+        &super::verdict::Target {
+            abi,
+            nr,
+            name: Some(name.to_string()),
+        },
+        [0; 6],
+    )?;
+    Ok(if v.conditional {
+        format!("{} (conditional)", v.action)
+    } else {
+        v.action.to_string()
+    })
+}
+
+/// Compares the seccomp verdicts of two profiles on every ABI this machine runs.
+pub fn seccomp_diff(a: &Profile, b: &Profile, out: &mut ProfileDiff) -> Result<(), CheckError> {
+    let (fa, fb) = (Analysis::new(&a.seccomp)?, Analysis::new(&b.seccomp)?);
+    for abi in Abi::runnable() {
+        let (acc_a, acc_b) = (a.seccomp.accepts(abi), b.seccomp.accepts(abi));
+        if acc_a != acc_b {
+            let says = |p: &Profile, accepts: bool| -> Result<String, CheckError> {
+                Ok(if accepts {
+                    format!("{} filters it with its rules", p.name)
+                } else {
+                    format!(
+                        "{} refuses it ({} by bad_arch_action)",
+                        p.name,
+                        p.seccomp
+                            .bad_arch_action()
+                            .map_err(CheckError::Policy)?
+                            .kernel()
+                    )
+                })
+            };
+            out.abis.push(format!(
+                "{abi} ABI ({}): {}; {}",
+                abi.entry(),
+                says(a, acc_a)?,
+                says(b, acc_b)?
+            ));
+            continue;
+        }
+        for (nr, name) in abi.syscalls() {
+            let base = abi.data(nr, [0; 6]);
+            let diffs =
+                explore::differences(&fa.program, &fb.program, &base).map_err(|source| {
+                    CheckError::Analysis {
+                        what: name.clone(),
+                        source,
+                    }
+                })?;
+            let Some((va, vb, args)) = diffs.first().copied() else {
+                continue;
+            };
+            out.syscalls.push(SyscallDiff {
+                arch: abi.name(),
+                nr,
+                a: summary(&fa, abi, nr, &name)?,
+                b: summary(&fb, abi, nr, &name)?,
+                example: example(va, vb, &args),
+                syscall: name,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn example(a: KernelAction, b: KernelAction, args: &[u64; 6]) -> String {
+    format!("{}: {a} vs {b}", format_args_list(args))
+}
+
+/// Flattens a JSON value into `key → text` pairs.
+fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&key, v, out);
+            }
+        }
+        serde_json::Value::Null => {}
+        other => {
+            out.insert(prefix.to_string(), other.to_string());
+        }
+    }
+}
+
+/// Compares everything but seccomp.
+pub fn settings_diff(a: &Profile, b: &Profile, out: &mut ProfileDiff) -> Result<(), CheckError> {
+    let json = |p: &Profile| -> Result<BTreeMap<String, String>, CheckError> {
+        let v = serde_json::json!({
+            "landlock": p.landlock,
+            "namespaces": p.namespaces,
+            "mounts": p.mounts,
+            "rlimits": p.rlimits,
+            "limits": p.limits,
+        });
+        let mut flat = BTreeMap::new();
+        flatten("", &v, &mut flat);
+        Ok(flat)
+    };
+    let (ja, jb) = (json(a)?, json(b)?);
+    let keys: std::collections::BTreeSet<&String> = ja.keys().chain(jb.keys()).collect();
+    let none = "(not set)".to_string();
+    for key in keys {
+        let (va, vb) = (ja.get(key).unwrap_or(&none), jb.get(key).unwrap_or(&none));
+        if va != vb {
+            out.settings.push(SettingDiff {
+                key: key.clone(),
+                a: va.clone(),
+                b: vb.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Everything that differs between two profiles.
+pub fn diff(a: &Profile, b: &Profile) -> Result<ProfileDiff, CheckError> {
+    let mut out = ProfileDiff::default();
+    seccomp_diff(a, b, &mut out)?;
+    settings_diff(a, b, &mut out)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_profile_does_not_differ_from_itself() -> Result<(), Box<dyn std::error::Error>> {
+        let p = Profile::resolve("default")?;
+        assert!(diff(&p, &p)?.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn differences_hidden_in_argument_conditions_are_found()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let base = "name = \"t\"\n[seccomp]\ndefault_action = \"allow\"\n[[seccomp.rule]]\naction = \"errno\"\nerrno = 1\nsyscalls = [\"personality\"]\n";
+        let a = Profile::from_toml(
+            &format!("{base}args = [{{ index = 0, op = \"lt\", value = 10 }}]\n"),
+            "a",
+        )?;
+        let b = Profile::from_toml(
+            &format!("{base}args = [{{ index = 0, op = \"lt\", value = 11 }}]\n"),
+            "b",
+        )?;
+        let d = diff(&a, &b)?;
+        assert_eq!(d.syscalls.len(), 1, "{d:?}");
+        assert_eq!(d.syscalls[0].syscall, "personality");
+        assert!(
+            d.syscalls[0].example.contains("arg0=0xa"),
+            "{:?}",
+            d.syscalls[0]
+        );
+        // Same verdicts with all-zero arguments, still a difference.
+        assert_eq!(d.syscalls[0].a, d.syscalls[0].b);
+        Ok(())
+    }
+
+    #[test]
+    fn default_and_strict_differ_in_syscalls_but_not_in_landlock()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let d = diff(&Profile::resolve("default")?, &Profile::resolve("strict")?)?;
+        assert!(d.syscalls.iter().any(|s| s.syscall == "socket"));
+        assert!(!d.syscalls.iter().any(|s| s.syscall == "read"));
+        assert!(
+            !d.settings.iter().any(|s| s.key.starts_with("landlock")),
+            "{:?}",
+            d.settings
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,390 @@
+//! Every verdict a compiled filter can reach for one syscall, over all its arguments.
+//!
+//! The syscall number and architecture are fixed; the twelve 32-bit argument words are
+//! unknown. The filter is run with those words symbolic: each conditional jump on an
+//! argument splits the run in two, and each side keeps the comparison it took. A side
+//! whose comparisons cannot hold together (decided exactly by [`super::solver`]) is
+//! dropped. Every end reached is then confirmed by running the real interpreter on a
+//! concrete witness built from the comparisons, so a verdict reported here is one the
+//! kernel would really give for those arguments.
+
+use std::collections::BTreeSet;
+
+use super::bpf::{self, BpfError, KernelAction, SeccompData};
+use super::seccomp::{BpfInstruction, SeccompProgram};
+use super::solver::{self, Constraint, Rel, Solution};
+
+/// Most ends one exploration may reach before giving up.
+const MAX_LEAVES: usize = 1 << 14;
+
+/// The argument words, as offsets into `struct seccomp_data` (16..64) divided by 4, less 4.
+pub const ARG_WORDS: usize = 12;
+
+/// Index of the low (`upper == false`) or high 32 bits of argument `arg` among the words.
+pub fn arg_word(arg: usize, upper: bool) -> usize {
+    let first_is_low = cfg!(target_endian = "little");
+    arg * 2 + usize::from(upper == first_is_low)
+}
+
+/// A set of argument vectors: for each argument word, comparisons that must all hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ArgSpace {
+    words: [Vec<Constraint>; ARG_WORDS],
+}
+
+impl ArgSpace {
+    /// Every argument vector.
+    pub fn any() -> ArgSpace {
+        ArgSpace::default()
+    }
+
+    /// Restricts one word; returns false (and leaves the space unchanged) if that would
+    /// make the space empty or the question undecidable.
+    pub fn restrict(&mut self, word: usize, c: Constraint) -> bool {
+        let Some(list) = self.words.get_mut(word) else {
+            return false;
+        };
+        list.push(c);
+        if matches!(solver::solve(list, 32), Solution::Value(_)) {
+            true
+        } else {
+            list.pop();
+            false
+        }
+    }
+
+    /// The smallest argument vector in the space.
+    pub fn witness(&self) -> Option<[u64; 6]> {
+        let mut args = [0u64; 6];
+        for (w, list) in self.words.iter().enumerate() {
+            let Solution::Value(v) = solver::solve(list, 32) else {
+                return None;
+            };
+            let arg = w / 2;
+            let upper = arg_word(arg, true) == w;
+            args[arg] |= if upper { v << 32 } else { v };
+        }
+        Some(args)
+    }
+}
+
+/// One way through the filter: the arguments that take it, the verdict at its end, and
+/// the smallest argument vector that does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Path {
+    pub space: ArgSpace,
+    pub ret: u32,
+    pub action: KernelAction,
+    pub witness: [u64; 6],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExploreError {
+    #[error("{0}")]
+    Bpf(#[from] BpfError),
+    #[error(
+        "instruction {pc}: the filter computes on an argument in a way the analysis does not follow"
+    )]
+    Opaque { pc: usize },
+    #[error("the filter has more than {MAX_LEAVES} paths for one syscall")]
+    TooManyPaths,
+    #[error(
+        "a path of the filter could not be confirmed by running it (expected {expected:#x}, got {got:#x})"
+    )]
+    Unconfirmed { expected: u32, got: u32 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Value {
+    Const(u32),
+    /// `word & mask` of an argument word.
+    Sym {
+        word: usize,
+        mask: u32,
+    },
+}
+
+#[derive(Clone)]
+struct State {
+    pc: usize,
+    a: Value,
+    x: Value,
+    mem: [Value; 16],
+    space: ArgSpace,
+}
+
+/// Every path through `program` for the syscall and architecture in `base` (whose
+/// argument fields are ignored), restricted to the arguments in `within`.
+pub fn explore(
+    program: &SeccompProgram,
+    base: &SeccompData,
+    within: &ArgSpace,
+) -> Result<Vec<Path>, ExploreError> {
+    let insns: Vec<BpfInstruction> = program.instructions().collect();
+    let mut out = Vec::new();
+    let mut stack = vec![State {
+        pc: 0,
+        a: Value::Const(0),
+        x: Value::Const(0),
+        mem: [Value::Const(0); 16],
+        space: within.clone(),
+    }];
+    while let Some(mut s) = stack.pop() {
+        loop {
+            let pc = s.pc;
+            let Some(i) = insns.get(pc).copied() else {
+                return Err(BpfError::FellOffTheEnd.into());
+            };
+            let code = i.code;
+            let bad = BpfError::BadOpcode { pc, code };
+            let mem_slot = |k: u32| -> Result<usize, ExploreError> {
+                if (k as usize) < 16 {
+                    Ok(k as usize)
+                } else {
+                    Err(BpfError::BadMemory { pc, k }.into())
+                }
+            };
+            match code & 0x07 {
+                bpf::BPF_LD | bpf::BPF_LDX => {
+                    let v = match code & !0x07 {
+                        c if c == bpf::BPF_W | bpf::BPF_ABS && code & 0x07 == bpf::BPF_LD => {
+                            load(base, i.k).ok_or(BpfError::BadLoad { pc, k: i.k })?
+                        }
+                        c if c == bpf::BPF_W | bpf::BPF_LEN => Value::Const(bpf::SECCOMP_DATA_LEN),
+                        c if c == bpf::BPF_IMM => Value::Const(i.k),
+                        c if c == bpf::BPF_MEM => s.mem[mem_slot(i.k)?],
+                        _ => return Err(bad.into()),
+                    };
+                    if code & 0x07 == bpf::BPF_LD {
+                        s.a = v;
+                    } else {
+                        s.x = v;
+                    }
+                }
+                bpf::BPF_ST | bpf::BPF_STX => {
+                    if code & !0x07 != 0 {
+                        return Err(bad.into());
+                    }
+                    let slot = mem_slot(i.k)?;
+                    s.mem[slot] = if code & 0x07 == bpf::BPF_ST { s.a } else { s.x };
+                }
+                bpf::BPF_ALU => {
+                    let b = if code & bpf::BPF_X != 0 {
+                        s.x
+                    } else {
+                        Value::Const(i.k)
+                    };
+                    s.a = match (s.a, b, code & 0xf0) {
+                        (Value::Const(a), Value::Const(b), op) => {
+                            Value::Const(bpf::alu(op, a, b, pc)?)
+                        }
+                        (Value::Sym { word, mask }, Value::Const(k), 0x50)
+                        | (Value::Const(k), Value::Sym { word, mask }, 0x50) => Value::Sym {
+                            word,
+                            mask: mask & k,
+                        },
+                        _ => return Err(ExploreError::Opaque { pc }),
+                    };
+                }
+                bpf::BPF_JMP => {
+                    let op = code & 0xf0;
+                    if op == bpf::BPF_JA {
+                        if code & bpf::BPF_X != 0 {
+                            return Err(bad.into());
+                        }
+                        s.pc = bpf::jump_target(pc, i.k, insns.len())?;
+                        continue;
+                    }
+                    let b = if code & bpf::BPF_X != 0 {
+                        s.x
+                    } else {
+                        Value::Const(i.k)
+                    };
+                    let t = bpf::jump_target(pc, u32::from(i.jt), insns.len())?;
+                    let f = bpf::jump_target(pc, u32::from(i.jf), insns.len())?;
+                    match (s.a, b) {
+                        (Value::Const(a), Value::Const(b)) => {
+                            let taken = bpf::jump_taken(op, a, b).ok_or(bad)?;
+                            s.pc = if taken { t } else { f };
+                        }
+                        (Value::Sym { word, mask }, Value::Const(k)) => {
+                            let taken = match op {
+                                bpf::BPF_JEQ => Constraint::new(mask.into(), Rel::Eq, k.into()),
+                                bpf::BPF_JGT => Constraint::new(mask.into(), Rel::Gt, k.into()),
+                                bpf::BPF_JGE => Constraint::new(mask.into(), Rel::Ge, k.into()),
+                                bpf::BPF_JSET => {
+                                    Constraint::new(u64::from(mask & k), Rel::AnySet, 0)
+                                }
+                                _ => return Err(bad.into()),
+                            };
+                            let mut other = s.clone();
+                            let can_take = s.space.restrict(word, taken);
+                            let can_skip = other.space.restrict(word, taken.negated());
+                            match (can_take, can_skip) {
+                                (true, true) => {
+                                    other.pc = f;
+                                    stack.push(other);
+                                    s.pc = t;
+                                }
+                                (true, false) => s.pc = t,
+                                (false, true) => {
+                                    s = other;
+                                    s.pc = f;
+                                }
+                                // Only when the space itself is empty or undecidable.
+                                (false, false) => return Err(ExploreError::Opaque { pc }),
+                            }
+                        }
+                        _ => return Err(ExploreError::Opaque { pc }),
+                    }
+                    continue;
+                }
+                bpf::BPF_RET => {
+                    let ret = match (code & 0x18, s.a) {
+                        (bpf::BPF_K, _) => i.k,
+                        (bpf::BPF_A, Value::Const(a)) => a,
+                        (bpf::BPF_A, _) => return Err(ExploreError::Opaque { pc }),
+                        _ => return Err(bad.into()),
+                    };
+                    let witness = s.space.witness().ok_or(ExploreError::Opaque { pc })?;
+                    let data = SeccompData {
+                        args: witness,
+                        ..*base
+                    };
+                    let got = bpf::run(program, &data)?;
+                    if got != ret {
+                        return Err(ExploreError::Unconfirmed { expected: ret, got });
+                    }
+                    out.push(Path {
+                        space: s.space,
+                        ret,
+                        action: KernelAction::from_ret(ret),
+                        witness,
+                    });
+                    if out.len() > MAX_LEAVES {
+                        return Err(ExploreError::TooManyPaths);
+                    }
+                    break;
+                }
+                _ => match code & 0xf8 {
+                    bpf::BPF_TAX => s.x = s.a,
+                    bpf::BPF_TXA => s.a = s.x,
+                    _ => return Err(bad.into()),
+                },
+            }
+            s.pc += 1;
+        }
+    }
+    Ok(out)
+}
+
+fn load(base: &SeccompData, k: u32) -> Option<Value> {
+    match k {
+        16..=60 if k % 4 == 0 => Some(Value::Sym {
+            word: ((k - 16) / 4) as usize,
+            mask: u32::MAX,
+        }),
+        _ => base.word(k).map(Value::Const),
+    }
+}
+
+/// The distinct verdicts of a set of paths, each with the smallest witness reaching it.
+pub fn distinct_actions(paths: &[Path]) -> Vec<(KernelAction, [u64; 6])> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for p in paths {
+        if seen.insert(p.action) {
+            out.push((p.action, p.witness));
+        }
+    }
+    out
+}
+
+/// Where two filters decide differently for one syscall: the first argument vector found
+/// for each pair of differing verdicts.
+pub fn differences(
+    a: &SeccompProgram,
+    b: &SeccompProgram,
+    base: &SeccompData,
+) -> Result<Vec<(KernelAction, KernelAction, [u64; 6])>, ExploreError> {
+    let mut out: Vec<(KernelAction, KernelAction, [u64; 6])> = Vec::new();
+    for pa in explore(a, base, &ArgSpace::any())? {
+        for pb in explore(b, base, &pa.space)? {
+            if pa.action != pb.action
+                && !out
+                    .iter()
+                    .any(|(x, y, _)| *x == pa.action && *y == pb.action)
+            {
+                out.push((pa.action, pb.action, pb.witness));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether any argument vector in `within` makes the filter run the syscall.
+pub fn runs_for_some(
+    program: &SeccompProgram,
+    base: &SeccompData,
+    within: &ArgSpace,
+) -> Result<Option<[u64; 6]>, ExploreError> {
+    Ok(explore(program, base, within)?
+        .into_iter()
+        .find(|p| p.action.runs())
+        .map(|p| p.witness))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Profile;
+    use crate::profile::abi::Abi;
+
+    fn paths_for(rules: &str, syscall: &str) -> Result<Vec<Path>, Box<dyn std::error::Error>> {
+        let p = Profile::from_toml(
+            &format!("name = \"t\"\n[seccomp]\ndefault_action = \"allow\"\n{rules}"),
+            "test",
+        )?;
+        let prog = p.compile_seccomp()?;
+        let abi = Abi::native();
+        let nr = abi.syscall_nr(syscall).ok_or("no such syscall")?;
+        Ok(explore(&prog, &abi.data(nr, [0; 6]), &ArgSpace::any())?)
+    }
+
+    #[test]
+    fn rules_covering_every_argument_leave_one_verdict() -> Result<(), Box<dyn std::error::Error>> {
+        // arg0 < 5 and arg0 >= 5 together cover everything: not conditional, although
+        // the compiled filter branches on the argument.
+        let paths = paths_for(
+            "[[seccomp.rule]]\naction = \"errno\"\nerrno = 1\nsyscalls = [\"personality\"]\nargs = [{ index = 0, op = \"lt\", value = 5 }]\n\
+             [[seccomp.rule]]\naction = \"errno\"\nerrno = 1\nsyscalls = [\"personality\"]\nargs = [{ index = 0, op = \"ge\", value = 5 }]\n",
+            "personality",
+        )?;
+        assert!(paths.len() > 1, "the filter branches");
+        assert_eq!(distinct_actions(&paths).len(), 1, "{paths:?}");
+        Ok(())
+    }
+
+    #[test]
+    fn every_reachable_verdict_comes_with_a_witness_the_filter_confirms()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let paths = paths_for(
+            "[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"ioctl\"]\nargs = [{ index = 1, op = \"eq\", value = \"TIOCSTI\" }]\n\
+             [[seccomp.rule]]\naction = \"errno\"\nerrno = 13\nsyscalls = [\"ioctl\"]\nargs = [{ index = 1, op = \"gt\", value = 0x100000000 }, { index = 2, op = \"eq\", value = 7 }]\n",
+            "ioctl",
+        )?;
+        let actions: Vec<KernelAction> = distinct_actions(&paths)
+            .into_iter()
+            .map(|(a, _)| a)
+            .collect();
+        assert!(actions.contains(&KernelAction::KillProcess));
+        assert!(actions.contains(&KernelAction::Errno(13)));
+        assert!(actions.contains(&KernelAction::Allow));
+        for (action, w) in distinct_actions(&paths) {
+            if action == KernelAction::Errno(13) {
+                assert!(w[1] > 0x1_0000_0000 && w[2] == 7, "{w:x?}");
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,431 @@
+//! Known-dangerous things a profile can let through, found by asking the compiled filter.
+//!
+//! Each check names syscalls (and, where the danger is in an argument, the arguments that
+//! make it dangerous) and asks whether the filter lets any such call run, on every ABI the
+//! filter accepts. A finding carries the reason it matters and an example call.
+
+use serde::Serialize;
+
+use super::Profile;
+use super::abi::Abi;
+use super::bpf;
+use super::explore::{self, ArgSpace, arg_word};
+use super::seccomp::{Decider, format_args_list};
+use super::solver::{Constraint, Rel};
+use super::verdict::{Analysis, CheckError};
+
+/// Every namespace flag (CLONE_NEWTIME included: unshare takes it).
+const NAMESPACE_FLAGS: u64 = 0x7e02_0080;
+/// Personality flags that switch off exploit mitigations.
+const WEAKENING_PERSONAS: u64 = 0x0004_0000 | 0x0010_0000 | 0x0020_0000 | 0x0040_0000;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    /// Stable identifier of the check (`ptrace`, `ioctl-tiocsti`, `foreign-abi`, ...).
+    pub id: &'static str,
+    pub message: String,
+    pub reason: &'static str,
+    /// An example of a call the filter lets run, with what lets it.
+    pub example: String,
+}
+
+struct Check {
+    id: &'static str,
+    what: &'static str,
+    syscalls: &'static [&'static str],
+    reason: &'static str,
+    /// The dangerous arguments (None: any call is dangerous).
+    args: fn() -> Option<ArgSpace>,
+}
+
+fn any() -> Option<ArgSpace> {
+    Some(ArgSpace::any())
+}
+
+fn arg0_namespace_flags() -> Option<ArgSpace> {
+    let mut s = ArgSpace::any();
+    s.restrict(
+        arg_word(0, false),
+        Constraint::new(NAMESPACE_FLAGS, Rel::AnySet, 0),
+    )
+    .then_some(s)
+}
+
+fn clone_namespace_flags() -> Option<ArgSpace> {
+    // clone(2) reads its flags as 32 bits; the low byte is the exit signal.
+    let mut s = ArgSpace::any();
+    s.restrict(
+        arg_word(0, false),
+        Constraint::new(NAMESPACE_FLAGS & !0xff, Rel::AnySet, 0),
+    )
+    .then_some(s)
+}
+
+fn weakening_personality() -> Option<ArgSpace> {
+    // personality(2) reads 32 bits; 0xffffffff only queries.
+    let mut s = ArgSpace::any();
+    let w = arg_word(0, false);
+    (s.restrict(w, Constraint::new(WEAKENING_PERSONAS, Rel::AnySet, 0))
+        && s.restrict(w, Constraint::new(0xffff_ffff, Rel::Ne, 0xffff_ffff)))
+    .then_some(s)
+}
+
+fn ioctl_request(request: u64) -> Option<ArgSpace> {
+    // ioctl(2) reads the request as 32 bits: the upper half of the word is free.
+    let mut s = ArgSpace::any();
+    s.restrict(
+        arg_word(1, false),
+        Constraint::new(0xffff_ffff, Rel::Eq, request),
+    )
+    .then_some(s)
+}
+
+fn tiocsti() -> Option<ArgSpace> {
+    ioctl_request(libc::TIOCSTI)
+}
+
+fn tioclinux() -> Option<ArgSpace> {
+    ioctl_request(libc::TIOCLINUX)
+}
+
+const CHECKS: &[Check] = &[
+    Check {
+        id: "ptrace",
+        what: "ptrace is allowed",
+        syscalls: &["ptrace"],
+        reason: "ptrace reads and writes other processes' memory and registers; it is the classic way to take over a neighbour or slip past a filter on older kernels",
+        args: any,
+    },
+    Check {
+        id: "bpf",
+        what: "bpf is allowed",
+        syscalls: &["bpf"],
+        reason: "eBPF is a large kernel attack surface (verifier bugs are a steady source of privilege escalations) and can read kernel state",
+        args: any,
+    },
+    Check {
+        id: "mount",
+        what: "mounting is allowed",
+        syscalls: &[
+            "mount",
+            "umount2",
+            "pivot_root",
+            "move_mount",
+            "open_tree",
+            "fsopen",
+            "fsconfig",
+            "fsmount",
+            "fspick",
+            "mount_setattr",
+        ],
+        reason: "mounts rebuild the filesystem view the sandbox was given; in a user namespace they reach filesystem code never meant for untrusted callers",
+        args: any,
+    },
+    Check {
+        id: "unshare",
+        what: "new namespaces can be created with unshare (or joined with setns)",
+        syscalls: &["unshare"],
+        reason: "a new user namespace hands the caller every capability inside it, opening kernel code paths (netfilter, mounts) that are a frequent privilege-escalation route",
+        args: arg0_namespace_flags,
+    },
+    Check {
+        id: "unshare",
+        what: "new namespaces can be created with unshare (or joined with setns)",
+        syscalls: &["setns"],
+        reason: "a new user namespace hands the caller every capability inside it, opening kernel code paths (netfilter, mounts) that are a frequent privilege-escalation route",
+        args: any,
+    },
+    Check {
+        id: "clone-namespaces",
+        what: "clone may create namespaces",
+        syscalls: &["clone"],
+        reason: "clone with CLONE_NEW* flags creates namespaces just like unshare",
+        args: clone_namespace_flags,
+    },
+    Check {
+        id: "clone-namespaces",
+        what: "clone may create namespaces",
+        syscalls: &["clone3"],
+        reason: "clone3 passes its flags in memory a seccomp filter cannot read, so allowing it allows every namespace flag; refuse it with ENOSYS and libc falls back to clone",
+        args: any,
+    },
+    Check {
+        id: "keyctl",
+        what: "the kernel keyring is reachable",
+        syscalls: &["keyctl", "add_key", "request_key"],
+        reason: "keyrings are not namespaced: keys can leak between sandboxes and the host, and the code has a history of exploitable bugs",
+        args: any,
+    },
+    Check {
+        id: "userfaultfd",
+        what: "userfaultfd is allowed",
+        syscalls: &["userfaultfd"],
+        reason: "userfaultfd lets a process stall the kernel at a chosen page fault, which turns kernel race conditions into reliable exploits",
+        args: any,
+    },
+    Check {
+        id: "io_uring",
+        what: "io_uring is allowed",
+        syscalls: &["io_uring_setup", "io_uring_enter", "io_uring_register"],
+        reason: "io_uring performs I/O without syscalls a filter could see, and has a long exploit history",
+        args: any,
+    },
+    Check {
+        id: "perf_event_open",
+        what: "perf_event_open is allowed",
+        syscalls: &["perf_event_open"],
+        reason: "performance counters leak kernel addresses and side channels and are a large attack surface",
+        args: any,
+    },
+    Check {
+        id: "personality",
+        what: "personality can switch off exploit mitigations",
+        syscalls: &["personality"],
+        reason: "ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, MMAP_PAGE_ZERO and ADDR_COMPAT_LAYOUT disable ASLR, non-executable memory or the null-page guard for the caller and what it executes",
+        args: weakening_personality,
+    },
+    Check {
+        id: "ioctl-tiocsti",
+        what: "ioctl TIOCSTI is allowed (no argument filter for it)",
+        syscalls: &["ioctl"],
+        reason: "TIOCSTI pushes characters into a terminal's input, so a sandboxed process sharing a terminal can type commands into the shell that started it",
+        args: tiocsti,
+    },
+    Check {
+        id: "ioctl-tioclinux",
+        what: "ioctl TIOCLINUX is allowed (no argument filter for it)",
+        syscalls: &["ioctl"],
+        reason: "TIOCLINUX reads and pastes virtual-console contents, injecting input like TIOCSTI",
+        args: tioclinux,
+    },
+];
+
+/// Runs every check on a profile.
+pub fn lint(profile: &Profile) -> Result<Vec<Finding>, CheckError> {
+    let analysis = Analysis::new(&profile.seccomp)?;
+    let accepted: Vec<Abi> = Abi::runnable()
+        .into_iter()
+        .filter(|a| profile.seccomp.accepts(*a))
+        .collect();
+    let mut findings: Vec<Finding> = Vec::new();
+    for check in CHECKS {
+        let Some(space) = (check.args)() else {
+            continue;
+        };
+        let mut hits = Vec::new();
+        for abi in &accepted {
+            for name in check.syscalls {
+                let Some(nr) = abi.syscall_nr(name) else {
+                    continue;
+                };
+                let base = abi.data(nr, [0; 6]);
+                let found =
+                    explore::runs_for_some(&analysis.program, &base, &space).map_err(|source| {
+                        CheckError::Analysis {
+                            what: (*name).to_string(),
+                            source,
+                        }
+                    })?;
+                if let Some(args) = found {
+                    let (_, decider) = profile
+                        .seccomp
+                        .decide(*abi, nr, &args)
+                        .map_err(CheckError::Policy)?;
+                    hits.push(format!(
+                        "{name}({}) on {abi}: {}",
+                        format_args_list(&args),
+                        describe(decider)
+                    ));
+                }
+            }
+        }
+        if hits.is_empty() {
+            continue;
+        }
+        match findings.iter_mut().find(|f| f.id == check.id) {
+            Some(f) => {
+                f.example = format!("{}; {}", f.example, hits.join("; "));
+            }
+            None => findings.push(Finding {
+                id: check.id,
+                message: check.what.to_string(),
+                reason: check.reason,
+                example: hits.join("; "),
+            }),
+        }
+    }
+    findings.extend(foreign_abis(profile, &analysis)?);
+    Ok(findings)
+}
+
+fn describe(d: Decider) -> String {
+    match d {
+        Decider::Rule(_) => format!("allowed by {d}"),
+        Decider::DefaultAction => "allowed by the default action".into(),
+        Decider::BadArch => "allowed by bad_arch_action".into(),
+    }
+}
+
+/// i386 and x32: either the filter refuses them, or it filters them with rules written
+/// as an allow-list. Letting them through unfiltered, or behind a deny-list written with
+/// native syscall names, is the classic bypass.
+fn foreign_abis(profile: &Profile, analysis: &Analysis<'_>) -> Result<Vec<Finding>, CheckError> {
+    let mut out = Vec::new();
+    let default_permits = profile
+        .seccomp
+        .default_action()
+        .map_err(CheckError::Policy)?
+        .kernel()
+        .runs();
+    for abi in Abi::runnable().into_iter().filter(|a| *a != Abi::native()) {
+        let Some(nr) = abi.syscall_nr("getpid") else {
+            continue;
+        };
+        let action = bpf::evaluate(&analysis.program, &abi.data(nr, [0; 6])).map_err(|e| {
+            CheckError::Analysis {
+                what: format!("getpid on {abi}"),
+                source: e.into(),
+            }
+        })?;
+        if !profile.seccomp.accepts(abi) && action.runs() {
+            out.push(Finding {
+                id: "foreign-abi",
+                message: format!("syscalls through the {abi} ABI ({}) are not filtered", abi.entry()),
+                reason: "the filter's rules are written for the native ABI; a process that switches ABI gets past every one of them",
+                example: format!("getpid on {abi}: {action} by bad_arch_action"),
+            });
+        } else if profile.seccomp.accepts(abi) && default_permits {
+            out.push(Finding {
+                id: "foreign-abi",
+                message: format!(
+                    "the {abi} ABI ({}) is accepted by a deny-list",
+                    abi.entry()
+                ),
+                reason: "a deny-list names native syscalls; other ABIs have syscalls of their own (socketcall and ipc multiplexers on i386) that carry the denied calls past it",
+                example: format!("getpid on {abi}: {action} by the default action"),
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile(seccomp: &str) -> Result<Profile, super::super::ProfileError> {
+        Profile::from_toml(&format!("name = \"t\"\n[seccomp]\n{seccomp}"), "test")
+    }
+
+    fn ids(p: &Profile) -> Result<Vec<&'static str>, CheckError> {
+        Ok(lint(p)?.into_iter().map(|f| f.id).collect())
+    }
+
+    #[test]
+    fn shipped_default_and_strict_have_no_findings() -> Result<(), Box<dyn std::error::Error>> {
+        for name in ["default", "strict"] {
+            let p = Profile::resolve(name)?;
+            let found = lint(&p)?;
+            assert!(found.is_empty(), "{name}: {found:?}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn each_dangerous_allow_is_found_with_a_reason() -> Result<(), Box<dyn std::error::Error>> {
+        let deny_all = "default_action = \"errno\"\ndefault_errno = \"EPERM\"\n";
+        let cases: &[(&str, &str)] = &[
+            (
+                "ptrace",
+                "[[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"ptrace\"]\n",
+            ),
+            (
+                "bpf",
+                "[[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"bpf\"]\n",
+            ),
+            (
+                "mount",
+                "[[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"mount\"]\n",
+            ),
+            (
+                "unshare",
+                "[[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"unshare\"]\n",
+            ),
+            (
+                "clone-namespaces",
+                "[[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"clone\"]\n",
+            ),
+            (
+                "clone-namespaces",
+                "[[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"clone3\"]\n",
+            ),
+            (
+                "keyctl",
+                "[[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"keyctl\"]\n",
+            ),
+            (
+                "userfaultfd",
+                "[[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"userfaultfd\"]\n",
+            ),
+            (
+                "io_uring",
+                "[[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"io_uring_setup\"]\n",
+            ),
+            (
+                "perf_event_open",
+                "[[seccomp.rule]]\naction = \"log\"\nsyscalls = [\"perf_event_open\"]\n",
+            ),
+            (
+                "personality",
+                "[[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"personality\"]\nargs = [{ index = 0, op = \"ne\", value = 0 }]\n",
+            ),
+            // An equality filter on the full 64-bit word misses TIOCSTI with upper bits set.
+            (
+                "ioctl-tiocsti",
+                "[[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"ioctl\"]\nargs = [{ index = 1, op = \"ne\", value = \"TIOCSTI\" }]\n",
+            ),
+            (
+                "ioctl-tioclinux",
+                "[[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"ioctl\"]\n",
+            ),
+        ];
+        for (id, rule) in cases {
+            let p = profile(&format!("{deny_all}{rule}"))?;
+            let found = lint(&p)?;
+            let hit = found.iter().find(|f| f.id == *id);
+            match hit {
+                Some(f) => assert!(!f.reason.is_empty() && !f.example.is_empty(), "{f:?}"),
+                None => panic!("{id} not found for {rule}: {found:?}"),
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn safe_argument_filters_are_not_findings() -> Result<(), Box<dyn std::error::Error>> {
+        let p = profile(
+            "default_action = \"errno\"\ndefault_errno = \"EPERM\"\n\
+             [[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"personality\"]\nargs = [{ index = 0, op = \"eq\", value = \"PER_QUERY\" }]\n\
+             [[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"ioctl\"]\nargs = [{ index = 1, op = \"masked_eq\", mask = 0xffffffff, value = \"TCGETS\" }]\n\
+             [[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"clone\"]\nargs = [{ index = 0, op = \"masked_eq\", mask = \"CLONE_NEWUSER|CLONE_NEWNS|CLONE_NEWPID|CLONE_NEWNET|CLONE_NEWUTS|CLONE_NEWIPC|CLONE_NEWCGROUP\", value = 0 }]\n",
+        )?;
+        assert_eq!(ids(&p)?, Vec::<&str>::new());
+        Ok(())
+    }
+
+    #[test]
+    fn unfiltered_foreign_abis_are_found() -> Result<(), Box<dyn std::error::Error>> {
+        if Abi::native() != Abi::X86_64 {
+            return Ok(());
+        }
+        let p = profile(
+            "default_action = \"errno\"\ndefault_errno = 1\nbad_arch_action = \"allow\"\n",
+        )?;
+        assert_eq!(ids(&p)?, vec!["foreign-abi", "foreign-abi"]);
+        let p = profile(
+            "default_action = \"allow\"\narchitectures = [\"native\", \"x86\"]\n[[seccomp.rule]]\naction = \"errno\"\nerrno = 1\nsyscalls = [\"ptrace\", \"bpf\", \"mount\", \"unshare\", \"setns\", \"clone3\", \"keyctl\", \"add_key\", \"request_key\", \"userfaultfd\", \"io_uring_setup\", \"io_uring_enter\", \"io_uring_register\", \"perf_event_open\", \"personality\", \"umount2\", \"pivot_root\", \"move_mount\", \"open_tree\", \"fsopen\", \"fsconfig\", \"fsmount\", \"fspick\", \"mount_setattr\", \"ioctl\", \"clone\"]\n",
+        )?;
+        assert_eq!(ids(&p)?, vec!["foreign-abi"]);
+        Ok(())
+    }
+}

@@ -1,0 +1,932 @@
+//! The OCI / Docker seccomp JSON format: import into a hatchery profile, export from one.
+//!
+//! Import resolves what Docker resolves when it starts a container — `includes` and
+//! `excludes` on capabilities, architecture and kernel version — for a hatchery worker,
+//! which has no capabilities at all, on this machine. What cannot be carried over is
+//! dropped only when dropping it cannot let a syscall through that the JSON denies (a
+//! name this libseccomp does not know in an allow rule simply stays denied), each time
+//! with a note; where dropping would widen the filter, import fails.
+
+use libseccomp::ScmpArch;
+use serde::{Deserialize, Serialize};
+
+use super::abi::Abi;
+use super::seccomp::{
+    Action, ActionKind, ArgCondition, CompareOp, ErrnoValue, SeccompPolicy, SyscallRule, ValueSpec,
+    parse_arch,
+};
+use super::{MAX_PROFILE_BYTES, Profile, ProfileError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+pub enum OciAction {
+    SCMP_ACT_KILL,
+    SCMP_ACT_KILL_PROCESS,
+    SCMP_ACT_KILL_THREAD,
+    SCMP_ACT_TRAP,
+    SCMP_ACT_ERRNO,
+    SCMP_ACT_TRACE,
+    SCMP_ACT_ALLOW,
+    SCMP_ACT_LOG,
+    SCMP_ACT_NOTIFY,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+pub enum OciOp {
+    SCMP_CMP_NE,
+    SCMP_CMP_LT,
+    SCMP_CMP_LE,
+    SCMP_CMP_EQ,
+    SCMP_CMP_GE,
+    SCMP_CMP_GT,
+    SCMP_CMP_MASKED_EQ,
+}
+
+/// A seccomp profile in the OCI runtime-spec / Docker format.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OciProfile {
+    pub default_action: OciAction,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_errno_ret: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architectures: Option<Vec<String>>,
+    /// Docker's per-machine architecture lists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch_map: Option<Vec<OciArchMap>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flags: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listener_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listener_metadata: Option<String>,
+    #[serde(default)]
+    pub syscalls: Vec<OciSyscall>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OciArchMap {
+    pub architecture: String,
+    #[serde(default)]
+    pub sub_architectures: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OciSyscall {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    /// The old single-name form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub action: OciAction,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errno_ret: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<OciArg>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub includes: Option<OciFilter>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub excludes: Option<OciFilter>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OciArg {
+    pub index: u32,
+    #[serde(default)]
+    pub value: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub value_two: u64,
+    pub op: OciOp,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OciFilter {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caps: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub arches: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_kernel: Option<String>,
+}
+
+/// A kernel version as `includes.minKernel` compares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct KernelVersion(pub u32, pub u32, pub u32);
+
+impl KernelVersion {
+    /// Parses `6.1`, `4.8.0` or a `uname -r` string such as `6.18.44-fc-v669`.
+    pub fn parse(s: &str) -> Result<KernelVersion, String> {
+        let core = s
+            .trim()
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .next()
+            .unwrap_or("");
+        let mut parts = core.split('.').filter(|p| !p.is_empty());
+        let mut next = |required: bool| -> Result<u32, String> {
+            match parts.next() {
+                Some(p) => p.parse().map_err(|_| format!("bad kernel version {s:?}")),
+                None if required => Err(format!("bad kernel version {s:?} (expected X.Y)")),
+                None => Ok(0),
+            }
+        };
+        Ok(KernelVersion(next(true)?, next(true)?, next(false)?))
+    }
+
+    /// The running kernel.
+    pub fn running() -> Result<KernelVersion, String> {
+        let uts = nix::sys::utsname::uname().map_err(|e| format!("uname: {e}"))?;
+        KernelVersion::parse(&uts.release().to_string_lossy())
+    }
+}
+
+impl std::fmt::Display for KernelVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.0, self.1, self.2)
+    }
+}
+
+/// What an import is resolved for.
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    /// Name of the resulting profile.
+    pub name: String,
+    /// Where the JSON came from, for the description and errors.
+    pub source: String,
+    /// The kernel `includes.minKernel` is compared with.
+    pub kernel: KernelVersion,
+}
+
+/// An imported profile and what the import had to leave out or change, and why.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    pub profile: Profile,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    #[error("{origin}: {message}")]
+    Json { origin: String, message: String },
+    #[error("{origin}: {message}")]
+    Unsupported { origin: String, message: String },
+    #[error("{0}")]
+    Profile(#[from] ProfileError),
+}
+
+/// Docker's name for this machine's architecture (Go's GOARCH).
+fn native_goarch() -> &'static str {
+    match Abi::native() {
+        Abi::X86_64 => "amd64",
+        Abi::X86 => "386",
+        Abi::X32 => "x32",
+        Abi::Aarch64 => "arm64",
+        Abi::Arm => "arm",
+    }
+}
+
+fn oci_arch_name(arch: ScmpArch) -> Option<&'static str> {
+    Some(match arch {
+        ScmpArch::X8664 => "SCMP_ARCH_X86_64",
+        ScmpArch::X86 => "SCMP_ARCH_X86",
+        ScmpArch::X32 => "SCMP_ARCH_X32",
+        ScmpArch::Aarch64 => "SCMP_ARCH_AARCH64",
+        ScmpArch::Arm => "SCMP_ARCH_ARM",
+        ScmpArch::Riscv64 => "SCMP_ARCH_RISCV64",
+        ScmpArch::Ppc64Le => "SCMP_ARCH_PPC64LE",
+        ScmpArch::S390X => "SCMP_ARCH_S390X",
+        _ => return None,
+    })
+}
+
+/// A value as profiles write it: small numbers as numbers, large ones as hex strings
+/// (TOML integers stop at 2^63).
+fn value_spec(v: u64) -> ValueSpec {
+    if v < 0x1_0000 {
+        ValueSpec::Number(v)
+    } else {
+        ValueSpec::Expr(format!("{v:#x}"))
+    }
+}
+
+fn errno_of(
+    action: OciAction,
+    errno_ret: Option<u32>,
+    default_errno: i32,
+) -> Result<Option<ErrnoValue>, String> {
+    match (action, errno_ret) {
+        (OciAction::SCMP_ACT_ERRNO, Some(e)) if (1..=4095).contains(&e) => {
+            Ok(Some(ErrnoValue::Number(e as i32)))
+        }
+        (OciAction::SCMP_ACT_ERRNO, Some(e)) => {
+            Err(format!("errnoRet {e} is out of range (1..4095)"))
+        }
+        (OciAction::SCMP_ACT_ERRNO, None) => Ok(Some(ErrnoValue::Number(default_errno))),
+        _ => Ok(None),
+    }
+}
+
+/// Maps an OCI action; kill-thread becomes kill-process (stricter) and actions that need a
+/// tracer or a notification listener, which a hatchery sandbox never has, become what the
+/// kernel answers without one: ENOSYS.
+fn action_of(a: OciAction, notes: &mut Vec<String>, place: &str) -> ActionKind {
+    match a {
+        OciAction::SCMP_ACT_ALLOW => ActionKind::Allow,
+        OciAction::SCMP_ACT_ERRNO => ActionKind::Errno,
+        OciAction::SCMP_ACT_KILL_PROCESS => ActionKind::Kill,
+        OciAction::SCMP_ACT_KILL | OciAction::SCMP_ACT_KILL_THREAD => {
+            notes.push(format!(
+                "{place}: kill-thread is enforced as kill-process (stricter: no half-dead process)"
+            ));
+            ActionKind::Kill
+        }
+        OciAction::SCMP_ACT_TRAP => ActionKind::Trap,
+        OciAction::SCMP_ACT_LOG => ActionKind::Log,
+        OciAction::SCMP_ACT_TRACE | OciAction::SCMP_ACT_NOTIFY => {
+            notes.push(format!(
+                "{place}: {a:?} needs a tracer or listener, which a sandbox never has; enforced as errno ENOSYS, what the kernel answers without one"
+            ));
+            ActionKind::Errno
+        }
+    }
+}
+
+fn condition_of(arg: &OciArg, place: &str) -> Result<Option<ArgCondition>, String> {
+    if arg.index > 5 {
+        return Err(format!(
+            "{place}: argument index {} out of range (0..5)",
+            arg.index
+        ));
+    }
+    let index = arg.index as u8;
+    let simple = |op| ArgCondition {
+        index,
+        op,
+        value: Some(value_spec(arg.value)),
+        mask: None,
+    };
+    Ok(Some(match arg.op {
+        OciOp::SCMP_CMP_EQ => simple(CompareOp::Eq),
+        OciOp::SCMP_CMP_NE => simple(CompareOp::Ne),
+        OciOp::SCMP_CMP_LT => simple(CompareOp::Lt),
+        OciOp::SCMP_CMP_LE => simple(CompareOp::Le),
+        OciOp::SCMP_CMP_GT => simple(CompareOp::Gt),
+        OciOp::SCMP_CMP_GE => simple(CompareOp::Ge),
+        OciOp::SCMP_CMP_MASKED_EQ => {
+            // OCI: value is the mask, valueTwo the datum.
+            if arg.value_two & !arg.value != 0 {
+                return Ok(None);
+            }
+            ArgCondition {
+                index,
+                op: CompareOp::MaskedEq,
+                value: Some(value_spec(arg.value_two)),
+                mask: Some(value_spec(arg.value)),
+            }
+        }
+    }))
+}
+
+/// Whether an action lets the syscall run.
+fn permits(kind: ActionKind) -> bool {
+    matches!(kind, ActionKind::Allow | ActionKind::Log)
+}
+
+/// Parses OCI JSON, bounded in size, with errors naming line and column.
+pub fn parse(text: &str, origin: &str) -> Result<OciProfile, OciError> {
+    if text.len() > MAX_PROFILE_BYTES {
+        return Err(OciError::Json {
+            origin: origin.to_string(),
+            message: format!(
+                "too large ({} bytes; the limit is {MAX_PROFILE_BYTES})",
+                text.len()
+            ),
+        });
+    }
+    serde_json::from_str(text).map_err(|e| OciError::Json {
+        origin: origin.to_string(),
+        message: format!("line {}, column {}: {e}", e.line(), e.column()),
+    })
+}
+
+/// Resolves an OCI profile for a worker without capabilities on this machine.
+pub fn import(oci: &OciProfile, opts: &ImportOptions) -> Result<Imported, OciError> {
+    let origin = opts.source.clone();
+    let unsupported = |message: String| OciError::Unsupported {
+        origin: origin.clone(),
+        message,
+    };
+    let mut notes = Vec::new();
+    let runnable = Abi::runnable();
+
+    // Architectures: the OCI list, or Docker's map entry for this machine.
+    let listed: Vec<String> = match (&oci.architectures, &oci.arch_map) {
+        (Some(_), Some(_)) => {
+            return Err(unsupported(
+                "both architectures and archMap are given; use one".into(),
+            ));
+        }
+        (Some(list), None) => list.clone(),
+        (None, Some(map)) => {
+            let native = Abi::native();
+            match map
+                .iter()
+                .find(|m| parse_arch(&m.architecture).ok().and_then(Abi::from_scmp) == Some(native))
+            {
+                Some(m) => std::iter::once(m.architecture.clone())
+                    .chain(m.sub_architectures.clone().unwrap_or_default())
+                    .collect(),
+                None => {
+                    notes.push(format!(
+                        "archMap has no entry for {native}; only the native ABI is accepted"
+                    ));
+                    Vec::new()
+                }
+            }
+        }
+        (None, None) => Vec::new(),
+    };
+    let mut architectures = vec!["native".to_string()];
+    for name in &listed {
+        match parse_arch(name).ok().and_then(Abi::from_scmp) {
+            Some(abi) if runnable.contains(&abi) => {
+                if abi != Abi::native() && !architectures.iter().any(|a| a == abi.name()) {
+                    architectures.push(abi.name().to_string());
+                }
+            }
+            _ => notes.push(format!(
+                "architecture {name} skipped: its syscalls cannot reach this machine's kernel"
+            )),
+        }
+    }
+    let abis: Vec<Abi> = architectures
+        .iter()
+        .filter_map(|a| Abi::parse(a).ok())
+        .collect();
+
+    if !oci.flags.is_empty() {
+        notes.push(format!(
+            "flags {:?} ignored: hatchery loads its filter without flags",
+            oci.flags
+        ));
+    }
+    if oci.listener_path.is_some() {
+        notes.push("listenerPath ignored: a sandbox has no notification listener".into());
+    }
+
+    let default_kind = action_of(oci.default_action, &mut notes, "defaultAction");
+    let default_errno_num = match oci.default_errno_ret {
+        Some(e) if (1..=4095).contains(&e) => e as i32,
+        Some(e) => {
+            return Err(unsupported(format!(
+                "defaultErrnoRet {e} is out of range (1..4095)"
+            )));
+        }
+        None if matches!(
+            oci.default_action,
+            OciAction::SCMP_ACT_TRACE | OciAction::SCMP_ACT_NOTIFY
+        ) =>
+        {
+            libc::ENOSYS
+        }
+        None => libc::EPERM,
+    };
+    let default_errno =
+        (default_kind == ActionKind::Errno).then_some(ErrnoValue::Number(default_errno_num));
+    let default_action = super::seccomp::action_of(default_kind, default_errno.as_ref())
+        .map_err(|e| unsupported(format!("defaultAction: {e}")))?;
+
+    let goarch = native_goarch();
+    let mut rules: Vec<SyscallRule> = Vec::new();
+    let mut rule_origin: Vec<usize> = Vec::new();
+    for (i, sc) in oci.syscalls.iter().enumerate() {
+        let mut names = sc.names.clone();
+        if let Some(n) = &sc.name {
+            names.push(n.clone());
+        }
+        let place = format!(
+            "syscalls[{i}] ({})",
+            names.first().map(String::as_str).unwrap_or("no names")
+        );
+        if names.is_empty() {
+            return Err(unsupported(format!("{place}: no syscall names")));
+        }
+        let inc = sc.includes.clone().unwrap_or_default();
+        let exc = sc.excludes.clone().unwrap_or_default();
+        if !inc.caps.is_empty() {
+            notes.push(format!(
+                "{place}: skipped, it applies only with {} (a worker has no capabilities)",
+                inc.caps.join(", ")
+            ));
+            continue;
+        }
+        if !inc.arches.is_empty() && !inc.arches.iter().any(|a| a == goarch) {
+            continue;
+        }
+        if exc.arches.iter().any(|a| a == goarch) {
+            continue;
+        }
+        if let Some(min) = &inc.min_kernel {
+            let min =
+                KernelVersion::parse(min).map_err(|e| unsupported(format!("{place}: {e}")))?;
+            if opts.kernel < min {
+                notes.push(format!(
+                    "{place}: skipped, it needs kernel {min} and the import is for {}",
+                    opts.kernel
+                ));
+                continue;
+            }
+        }
+        if exc.min_kernel.is_some() {
+            return Err(unsupported(format!(
+                "{place}: excludes.minKernel is not a Docker condition"
+            )));
+        }
+        let kind = action_of(sc.action, &mut notes, &place);
+        let errno = errno_of(sc.action, sc.errno_ret, default_errno_num)
+            .map_err(|e| unsupported(format!("{place}: {e}")))?;
+        let action = super::seccomp::action_of(kind, errno.as_ref())
+            .map_err(|e| unsupported(format!("{place}: {e}")))?;
+        if action == default_action {
+            // libseccomp refuses such rules and runtimes skip them: they change nothing.
+            continue;
+        }
+
+        // Names: those this libseccomp does not know, or that no accepted ABI has.
+        let mut kept = Vec::new();
+        let mut unknown = Vec::new();
+        let mut absent = Vec::new();
+        for n in &names {
+            if super::seccomp::resolve_syscall(n).is_err() {
+                unknown.push(n.clone());
+            } else if abis.iter().all(|a| a.syscall_nr(n).is_none()) {
+                absent.push(n.clone());
+            } else if !kept.contains(n) {
+                kept.push(n.clone());
+            }
+        }
+        if !unknown.is_empty() {
+            if permits(default_kind) && !permits(kind) {
+                return Err(unsupported(format!(
+                    "{place}: this system's libseccomp does not know {}; the rule denies them and the default allows, so leaving them out would let them through",
+                    unknown.join(", ")
+                )));
+            }
+            notes.push(format!(
+                "{place}: unknown to this system's libseccomp, left to the default action ({}): {}",
+                default_action,
+                unknown.join(", ")
+            ));
+        }
+        if !absent.is_empty() {
+            notes.push(format!(
+                "{place}: not syscalls of the accepted ABIs ({}), left out: {}",
+                abis.iter().map(|a| a.name()).collect::<Vec<_>>().join(", "),
+                absent.join(", ")
+            ));
+        }
+        if kept.is_empty() {
+            continue;
+        }
+
+        let mut conditions = Vec::new();
+        for arg in &sc.args {
+            match condition_of(arg, &place).map_err(unsupported)? {
+                Some(c) => conditions.push(c),
+                None => {
+                    notes.push(format!(
+                        "{place}: a masked comparison with bits outside its mask can never match; the rule is left out"
+                    ));
+                    conditions.clear();
+                    kept.clear();
+                    break;
+                }
+            }
+        }
+        if kept.is_empty() {
+            continue;
+        }
+        let mut per_index = [0usize; 6];
+        for c in &conditions {
+            per_index[usize::from(c.index)] += 1;
+        }
+        // runc adds each condition as a rule of its own when one argument has several:
+        // they are alternatives, not all required.
+        let groups: Vec<Vec<ArgCondition>> = if per_index.iter().any(|n| *n > 1) {
+            notes.push(format!(
+                "{place}: several conditions on one argument are alternatives (as runc applies them): one rule each"
+            ));
+            conditions.into_iter().map(|c| vec![c]).collect()
+        } else {
+            vec![conditions]
+        };
+        for args in groups {
+            rules.push(SyscallRule {
+                action: kind,
+                errno: errno.clone(),
+                syscalls: kept.clone(),
+                args,
+                reason: sc.comment.clone().unwrap_or_default(),
+            });
+            rule_origin.push(i);
+        }
+    }
+
+    let seccomp = SeccompPolicy {
+        default_action: default_kind,
+        default_errno,
+        architectures,
+        bad_arch_action: ActionKind::Kill,
+        rules,
+    };
+    if let Err(e) = seccomp.validate() {
+        let entry = |r: Option<usize>| {
+            r.and_then(|r| rule_origin.get(r))
+                .map(|i| format!("syscalls[{i}]"))
+        };
+        let message = match (entry(e.rule), entry(e.other)) {
+            (Some(a), Some(b)) => format!("{a} and {b}: {}", e.message),
+            (Some(a), None) => format!("{a}: {}", e.message),
+            _ => e.message.clone(),
+        };
+        return Err(unsupported(message));
+    }
+    let base = Profile::resolve("default")?;
+    let mut profile = Profile {
+        name: opts.name.clone(),
+        description: format!(
+            "Imported from {} for a worker without capabilities on {} (kernel {})",
+            opts.source,
+            Abi::native(),
+            opts.kernel
+        ),
+        seccomp,
+        ..base
+    };
+    profile.origin = format!("import:{}", opts.source);
+    let text = to_toml(&profile, &notes)?;
+    profile.sha256 = super::sha256_hex(text.as_bytes());
+    profile.check()?;
+    Ok(Imported { profile, notes })
+}
+
+/// The profile as a TOML file, the import notes as comments at the top.
+pub fn to_toml(profile: &Profile, notes: &[String]) -> Result<String, ProfileError> {
+    let body = profile.to_toml()?;
+    let mut out = format!(
+        "# hatchery profile {:?}, imported from OCI seccomp JSON.\n# Landlock, mounts, namespaces and rlimits are hatchery's defaults; edit them as needed.\n",
+        profile.name
+    );
+    if !notes.is_empty() {
+        out.push_str("#\n# Import notes:\n");
+        for n in notes {
+            out.push_str(&format!("#  - {n}\n"));
+        }
+    }
+    out.push('\n');
+    out.push_str(&body);
+    Ok(out)
+}
+
+/// The profile's seccomp policy as OCI JSON, and what the format cannot say.
+pub fn export(policy: &SeccompPolicy) -> Result<(OciProfile, Vec<String>), String> {
+    let mut notes = Vec::new();
+    let oci_action = |a: Action| -> (OciAction, Option<u32>) {
+        match a {
+            Action::Allow => (OciAction::SCMP_ACT_ALLOW, None),
+            Action::Errno(e) => (OciAction::SCMP_ACT_ERRNO, Some(e as u32)),
+            Action::Kill => (OciAction::SCMP_ACT_KILL_PROCESS, None),
+            Action::Log => (OciAction::SCMP_ACT_LOG, None),
+            Action::Trap => (OciAction::SCMP_ACT_TRAP, None),
+        }
+    };
+    let (default_action, default_errno_ret) = oci_action(policy.default_action()?);
+    if policy.bad_arch_action()? != Action::Kill {
+        notes.push(format!(
+            "bad_arch_action {} cannot be written in OCI JSON; runtimes kill syscalls of other ABIs",
+            policy.bad_arch_action()?
+        ));
+    }
+    let mut architectures = Vec::new();
+    for arch in policy.arches()? {
+        match oci_arch_name(arch) {
+            Some(n) => architectures.push(n.to_string()),
+            None => notes.push(format!("architecture {arch:?} has no OCI name; left out")),
+        }
+    }
+    let mut syscalls = Vec::new();
+    for (i, rule) in policy.rules.iter().enumerate() {
+        let (action, errno_ret) =
+            oci_action(rule.action().map_err(|e| format!("rule {}: {e}", i + 1))?);
+        let mut base = Vec::new();
+        let mut fan: Option<(u32, u64)> = None;
+        for c in &rule.args {
+            let value = c
+                .value
+                .as_ref()
+                .map(ValueSpec::resolve)
+                .transpose()?
+                .unwrap_or(0);
+            let mask = c
+                .mask
+                .as_ref()
+                .map(ValueSpec::resolve)
+                .transpose()?
+                .unwrap_or(0);
+            let index = u32::from(c.index);
+            let (op, value, value_two) = match c.op {
+                CompareOp::Eq => (OciOp::SCMP_CMP_EQ, value, 0),
+                CompareOp::Ne => (OciOp::SCMP_CMP_NE, value, 0),
+                CompareOp::Lt => (OciOp::SCMP_CMP_LT, value, 0),
+                CompareOp::Le => (OciOp::SCMP_CMP_LE, value, 0),
+                CompareOp::Gt => (OciOp::SCMP_CMP_GT, value, 0),
+                CompareOp::Ge => (OciOp::SCMP_CMP_GE, value, 0),
+                CompareOp::MaskedEq => (OciOp::SCMP_CMP_MASKED_EQ, mask, value),
+                CompareOp::AnyBits => {
+                    fan = Some((index, mask));
+                    continue;
+                }
+            };
+            base.push(OciArg {
+                index,
+                value,
+                value_two,
+                op,
+            });
+        }
+        // "Any of these bits" is one masked comparison per bit, each its own entry.
+        let variants: Vec<Vec<OciArg>> = match fan {
+            None => vec![base],
+            Some((index, mask)) => (0..64)
+                .map(|b| 1u64 << b)
+                .filter(|bit| mask & bit != 0)
+                .map(|bit| {
+                    let mut v = base.clone();
+                    v.push(OciArg {
+                        index,
+                        value: bit,
+                        value_two: bit,
+                        op: OciOp::SCMP_CMP_MASKED_EQ,
+                    });
+                    v
+                })
+                .collect(),
+        };
+        for args in variants {
+            syscalls.push(OciSyscall {
+                names: rule.syscalls.clone(),
+                name: None,
+                action,
+                errno_ret,
+                args,
+                comment: (!rule.reason.is_empty()).then(|| rule.reason.clone()),
+                includes: None,
+                excludes: None,
+            });
+        }
+    }
+    Ok((
+        OciProfile {
+            default_action,
+            default_errno_ret,
+            architectures: Some(architectures),
+            arch_map: None,
+            flags: Vec::new(),
+            listener_path: None,
+            listener_metadata: None,
+            syscalls,
+        },
+        notes,
+    ))
+}
+
+/// A name for an imported profile from its file name.
+pub fn name_from_path(path: &std::path::Path) -> String {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let clean: String = stem
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(64)
+        .collect();
+    if clean.is_empty() {
+        "imported".into()
+    } else {
+        clean
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::diff;
+
+    const DOCKER: &str = include_str!("../../tests/fixtures/docker-default-seccomp.json");
+
+    fn opts(kernel: KernelVersion) -> ImportOptions {
+        ImportOptions {
+            name: "imported".into(),
+            source: "test.json".into(),
+            kernel,
+        }
+    }
+
+    fn import_text(json: &str) -> Result<Imported, OciError> {
+        import(&parse(json, "test.json")?, &opts(KernelVersion(6, 1, 0)))
+    }
+
+    fn same_verdicts(a: &Profile, b: &Profile) -> Result<(), Box<dyn std::error::Error>> {
+        let mut d = diff::ProfileDiff::default();
+        diff::seccomp_diff(a, b, &mut d)?;
+        assert!(d.syscalls.is_empty() && d.abis.is_empty(), "{d:?}");
+        Ok(())
+    }
+
+    #[test]
+    fn docker_default_imports_for_a_worker_without_capabilities()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let imported = import_text(DOCKER)?;
+        let p = &imported.profile;
+        let names: Vec<&str> = p
+            .seccomp
+            .rules
+            .iter()
+            .flat_map(|r| r.syscalls.iter().map(String::as_str))
+            .collect();
+        // Rules that need a capability are gone; unconditional ones stay.
+        assert!(!names.contains(&"bpf") && !names.contains(&"reboot"));
+        assert!(names.contains(&"read") && names.contains(&"ptrace"));
+        assert!(imported.notes.iter().any(|n| n.contains("CAP_SYS_ADMIN")));
+        // archMap's x86_64 entry brings in its i386 and x32 sub-architectures.
+        if Abi::native() == Abi::X86_64 {
+            assert_eq!(p.seccomp.architectures, vec!["native", "x86", "x32"]);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn docker_default_survives_export_and_reimport_with_every_verdict()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let first = import_text(DOCKER)?.profile;
+        let (json, notes) = export(&first.seccomp)?;
+        assert!(notes.is_empty(), "{notes:?}");
+        let text = serde_json::to_string(&json)?;
+        let second = import_text(&text)?.profile;
+        same_verdicts(&first, &second)?;
+        // And the TOML written for it reads back to the same policy.
+        let reread = Profile::from_toml(&to_toml(&first, &[])?, "reread")?;
+        assert_eq!(reread.seccomp, first.seccomp);
+        Ok(())
+    }
+
+    #[test]
+    fn includes_and_excludes_resolve_for_no_capabilities_on_this_machine()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let arch = native_goarch();
+        let json = format!(
+            r#"{{"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
+              {{"names": ["getpid"], "action": "SCMP_ACT_ALLOW"}},
+              {{"names": ["getppid"], "action": "SCMP_ACT_ALLOW", "includes": {{"caps": ["CAP_SYS_ADMIN"]}}}},
+              {{"names": ["gettid"], "action": "SCMP_ACT_ALLOW", "excludes": {{"caps": ["CAP_SYS_ADMIN"]}}}},
+              {{"names": ["getuid"], "action": "SCMP_ACT_ALLOW", "includes": {{"arches": ["{arch}"]}}}},
+              {{"names": ["getgid"], "action": "SCMP_ACT_ALLOW", "includes": {{"arches": ["s390x"]}}}},
+              {{"names": ["geteuid"], "action": "SCMP_ACT_ALLOW", "excludes": {{"arches": ["{arch}"]}}}},
+              {{"names": ["getegid"], "action": "SCMP_ACT_ALLOW", "includes": {{"minKernel": "4.8"}}}},
+              {{"names": ["uname"], "action": "SCMP_ACT_ALLOW", "includes": {{"minKernel": "99.0"}}}}
+            ]}}"#
+        );
+        let p = import_text(&json)?.profile;
+        let names: Vec<&str> = p
+            .seccomp
+            .rules
+            .iter()
+            .flat_map(|r| r.syscalls.iter().map(String::as_str))
+            .collect();
+        assert_eq!(names, vec!["getpid", "gettid", "getuid", "getegid"]);
+        Ok(())
+    }
+
+    #[test]
+    fn argument_conditions_round_trip_through_oci_json() -> Result<(), Box<dyn std::error::Error>> {
+        // Every comparison, a masked one, and an any_bits one that export fans out.
+        let p = Profile::from_toml(
+            "name = \"args\"\n[seccomp]\ndefault_action = \"allow\"\n\
+             [[seccomp.rule]]\naction = \"errno\"\nerrno = \"EPERM\"\nsyscalls = [\"clone\"]\nargs = [{ index = 0, op = \"any_bits\", mask = \"CLONE_NEWUSER|CLONE_NEWNET\" }]\n\
+             [[seccomp.rule]]\naction = \"errno\"\nerrno = \"EACCES\"\nsyscalls = [\"ioctl\"]\nargs = [{ index = 1, op = \"masked_eq\", mask = 0xffffffff, value = \"TIOCSTI\" }]\n\
+             [[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"personality\"]\nargs = [{ index = 0, op = \"gt\", value = 0x10 }, { index = 1, op = \"le\", value = 3 }]\n\
+             [[seccomp.rule]]\naction = \"errno\"\nerrno = 22\nsyscalls = [\"socket\"]\nargs = [{ index = 0, op = \"ne\", value = 1 }, { index = 2, op = \"lt\", value = 5 }]\n\
+             [[seccomp.rule]]\naction = \"trap\"\nsyscalls = [\"kill\"]\nargs = [{ index = 1, op = \"ge\", value = 9 }, { index = 0, op = \"eq\", value = 1 }]\n",
+            "args.toml",
+        )?;
+        let (json, _) = export(&p.seccomp)?;
+        let text = serde_json::to_string_pretty(&json)?;
+        assert!(text.contains("SCMP_CMP_MASKED_EQ") && text.contains("valueTwo"));
+        let back = import_text(&text)?.profile;
+        same_verdicts(&p, &back)
+    }
+
+    #[test]
+    fn several_conditions_on_one_argument_are_alternatives_as_in_runc()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let json = r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+            {"names": ["personality"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1,
+             "args": [{"index": 0, "value": 8, "op": "SCMP_CMP_EQ"}, {"index": 0, "value": 9, "op": "SCMP_CMP_EQ"}]}]}"#;
+        let imported = import_text(json)?;
+        assert_eq!(imported.profile.seccomp.rules.len(), 2);
+        assert!(imported.notes.iter().any(|n| n.contains("alternatives")));
+        Ok(())
+    }
+
+    #[test]
+    fn unknown_names_never_widen_the_filter() -> Result<(), Box<dyn std::error::Error>> {
+        // Allow rule in a deny-by-default profile: the unknown name stays denied.
+        let ok = r#"{"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
+            {"names": ["getpid", "no_such_syscall"], "action": "SCMP_ACT_ALLOW"}]}"#;
+        let imported = import_text(ok)?;
+        assert!(imported.notes.iter().any(|n| n.contains("no_such_syscall")));
+        // Deny rule in an allow-by-default profile: leaving it out would let it through.
+        let bad = r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+            {"names": ["no_such_syscall"], "action": "SCMP_ACT_ERRNO"}]}"#;
+        match import_text(bad) {
+            Err(OciError::Unsupported { message, .. }) => {
+                assert!(message.contains("no_such_syscall"), "{message}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn malformed_json_is_refused_with_line_and_column() {
+        for (json, want) in [
+            ("{\n  \"defaultAction\": \"SCMP_ACT_EXPLODE\"\n}", "line 2"),
+            (
+                "{\"defaultAction\": \"SCMP_ACT_ALLOW\", \"surprise\": 1}",
+                "surprise",
+            ),
+            (
+                "{\"defaultAction\": \"SCMP_ACT_ALLOW\",\n\"syscalls\": [",
+                "line 2",
+            ),
+        ] {
+            match parse(json, "bad.json") {
+                Err(OciError::Json { message, .. }) => assert!(message.contains(want), "{message}"),
+                other => panic!("expected a JSON error for {json}, got {other:?}"),
+            }
+        }
+        let huge = format!(
+            "{{\"defaultAction\": \"SCMP_ACT_ALLOW\", \"x\": \"{}\"}}",
+            "a".repeat(MAX_PROFILE_BYTES)
+        );
+        assert!(matches!(
+            parse(&huge, "huge.json"),
+            Err(OciError::Json { .. })
+        ));
+    }
+
+    #[test]
+    fn contradicting_entries_are_refused_naming_both() {
+        let json = r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+            {"names": ["ptrace"], "action": "SCMP_ACT_ERRNO"},
+            {"names": ["ptrace"], "action": "SCMP_ACT_KILL_PROCESS"}]}"#;
+        match import_text(json) {
+            Err(OciError::Unsupported { message, .. }) => {
+                assert!(
+                    message.contains("syscalls[1]") && message.contains("syscalls[0]"),
+                    "{message}"
+                )
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn kernel_versions_parse_from_uname_strings() -> Result<(), String> {
+        assert_eq!(
+            KernelVersion::parse("6.18.44-fc-v669")?,
+            KernelVersion(6, 18, 44)
+        );
+        assert_eq!(KernelVersion::parse("4.8")?, KernelVersion(4, 8, 0));
+        assert!(KernelVersion::parse("x").is_err());
+        assert!(KernelVersion::running().is_ok());
+        Ok(())
+    }
+}

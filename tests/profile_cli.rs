@@ -1,0 +1,365 @@
+//! `hatchery profile ...` as a user drives it: every subcommand, its output formats and
+//! exit statuses, and bad input refused with the place named and nothing run.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{code, hatchery_cmd, stderr, stdout};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn json(text: &str) -> serde_json::Value {
+    match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => panic!("not JSON ({e}): {text}"),
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    if let Err(e) = std::fs::write(&p, text) {
+        panic!("write {}: {e}", p.display());
+    }
+    p
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap_or_default()
+}
+
+#[test]
+fn list_names_every_shipped_profile_with_its_hash() {
+    let o = hatchery_cmd(&["profile", "list"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    for name in ["default", "strict", "compat"] {
+        assert!(
+            out.lines().any(|l| l.starts_with(name)),
+            "{name} missing: {out}"
+        );
+    }
+    assert_eq!(out.lines().count(), 3);
+}
+
+#[test]
+fn show_prints_every_format() {
+    for (format, needle) in [
+        ("table", "rule 1"),
+        ("toml", "[[seccomp.rule]]"),
+        ("oci-json", "SCMP_ACT_ERRNO"),
+        ("pfc", "pseudo filter code"),
+        ("bpf", "ret KILL_PROCESS"),
+    ] {
+        let o = hatchery_cmd(&["profile", "show", "default", "--format", format]);
+        assert_eq!(code(&o), 0, "{format}: {}", stderr(&o));
+        assert!(stdout(&o).contains(needle), "{format}: {}", stdout(&o));
+    }
+}
+
+#[test]
+fn shown_toml_is_a_profile_that_loads_with_the_same_verdicts() {
+    let dir = common::shared_tempdir();
+    let o = hatchery_cmd(&["profile", "show", "strict", "--format", "toml"]);
+    let path = write(dir.path(), "strict-copy.toml", &stdout(&o));
+    let d = hatchery_cmd(&["profile", "diff", "strict", s(&path)]);
+    assert_eq!(code(&d), 0, "{} {}", stdout(&d), stderr(&d));
+}
+
+#[test]
+fn check_reports_the_deciding_rule_and_json_verdicts() {
+    let o = hatchery_cmd(&["profile", "check", "default", "--syscall", "ptrace"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("errno EPERM"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("rule"), "{}", stdout(&o));
+
+    let o = hatchery_cmd(&[
+        "profile",
+        "check",
+        "default",
+        "--syscall",
+        "clone",
+        "--arg",
+        "CLONE_NEWUSER",
+        "--json",
+    ]);
+    let v = json(&stdout(&o));
+    assert_eq!(v["clone"]["action"], "errno");
+    assert_eq!(v["clone"]["errno"], 1);
+    assert_eq!(v["clone"]["conditional"], true);
+
+    let o = hatchery_cmd(&[
+        "profile",
+        "check",
+        "default",
+        "--syscall",
+        "getpid",
+        "--json",
+    ]);
+    let v = json(&stdout(&o));
+    assert_eq!(v["getpid"]["action"], "allow");
+    assert_eq!(v["getpid"]["conditional"], false);
+}
+
+#[test]
+fn check_says_the_native_filter_kills_other_abis() {
+    for arch in ["x86", "x32"] {
+        let o = hatchery_cmd(&[
+            "profile",
+            "check",
+            "default",
+            "--syscall",
+            "getpid",
+            "--arch",
+            arch,
+            "--json",
+        ]);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let v = json(&stdout(&o));
+        assert_eq!(v["getpid"]["action"], "kill", "{arch}");
+        assert_eq!(v["getpid"]["decided_by"], "bad_arch_action", "{arch}");
+    }
+}
+
+#[test]
+fn check_all_lists_every_syscall_of_the_architecture() {
+    let o = hatchery_cmd(&["profile", "check", "strict", "--all", "--json"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&stdout(&o));
+    let map = v.as_object().map(|m| m.len()).unwrap_or(0);
+    assert!(map > 300, "{map} syscalls");
+    assert_eq!(v["read"]["action"], "allow");
+    assert_eq!(v["socket"]["action"], "errno");
+    assert_eq!(v["clone3"]["errno"], libc::ENOSYS);
+    assert_eq!(v["ioctl"]["conditional"], true);
+}
+
+#[test]
+fn lint_is_clean_on_default_and_strict_and_fails_on_dangerous_profiles() {
+    for name in ["default", "strict"] {
+        let o = hatchery_cmd(&["profile", "lint", name]);
+        assert_eq!(code(&o), 0, "{name}: {}", stdout(&o));
+    }
+    let dir = common::shared_tempdir();
+    let p = write(
+        dir.path(),
+        "loose.toml",
+        "name = \"loose\"\n[seccomp]\ndefault_action = \"allow\"\nbad_arch_action = \"allow\"\n",
+    );
+    let o = hatchery_cmd(&["profile", "lint", s(&p), "--json"]);
+    assert_eq!(code(&o), 1, "{}", stdout(&o));
+    let ids: Vec<String> = json(&stdout(&o))
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f["id"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    for id in [
+        "ptrace",
+        "bpf",
+        "mount",
+        "unshare",
+        "clone-namespaces",
+        "keyctl",
+        "userfaultfd",
+        "io_uring",
+        "perf_event_open",
+        "personality",
+        "ioctl-tiocsti",
+        "ioctl-tioclinux",
+        "foreign-abi",
+    ] {
+        assert!(ids.iter().any(|i| i == id), "{id} not in {ids:?}");
+    }
+}
+
+#[test]
+fn diff_shows_verdict_and_landlock_differences() {
+    let o = hatchery_cmd(&["profile", "diff", "default", "strict"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(stdout(&o).contains("socket"), "{}", stdout(&o));
+
+    let dir = common::shared_tempdir();
+    let base = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/default.toml"),
+    )
+    .unwrap_or_default();
+    let changed = base.replace("write = [\"/tmp\", \"/dev\"]", "write = [\"/tmp\"]");
+    assert_ne!(base, changed);
+    let p = write(dir.path(), "changed.toml", &changed);
+    let o = hatchery_cmd(&["profile", "diff", "default", s(&p), "--json"]);
+    assert_eq!(code(&o), 1);
+    let v = json(&stdout(&o));
+    assert_eq!(v["syscalls"].as_array().map(Vec::len), Some(0));
+    assert!(
+        v["settings"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|s| s["key"] == "landlock.write")),
+        "{v}"
+    );
+}
+
+#[test]
+fn docker_import_export_import_gives_the_same_verdict_for_every_syscall() {
+    let dir = common::shared_tempdir();
+    let first = dir.path().join("docker.toml");
+    let o = hatchery_cmd(&[
+        "profile",
+        "import",
+        s(&fixture("docker-default-seccomp.json")),
+        "-o",
+        s(&first),
+        "--kernel",
+        "6.1",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("CAP_SYS_ADMIN"),
+        "notes expected: {}",
+        stderr(&o)
+    );
+
+    let exported = dir.path().join("docker-again.json");
+    let o = hatchery_cmd(&["profile", "export", s(&first), "-o", s(&exported)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let second = dir.path().join("docker-again.toml");
+    let o = hatchery_cmd(&[
+        "profile",
+        "import",
+        s(&exported),
+        "-o",
+        s(&second),
+        "--kernel",
+        "6.1",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+
+    for arch in ["x86_64", "x86", "x32"] {
+        let a = hatchery_cmd(&[
+            "profile",
+            "check",
+            s(&first),
+            "--all",
+            "--json",
+            "--arch",
+            arch,
+        ]);
+        let b = hatchery_cmd(&[
+            "profile",
+            "check",
+            s(&second),
+            "--all",
+            "--json",
+            "--arch",
+            arch,
+        ]);
+        assert_eq!(code(&a), 0, "{}", stderr(&a));
+        let (va, vb) = (json(&stdout(&a)), json(&stdout(&b)));
+        let keys = |v: &serde_json::Value| {
+            v.as_object()
+                .map(|m| m.keys().cloned().collect::<Vec<_>>())
+                .unwrap_or_default()
+        };
+        assert_eq!(keys(&va), keys(&vb), "{arch}");
+        for k in keys(&va) {
+            for field in ["action", "errno", "conditional"] {
+                assert_eq!(va[&k][field], vb[&k][field], "{arch} {k} {field}");
+            }
+        }
+    }
+    let d = hatchery_cmd(&["profile", "diff", s(&first), s(&second)]);
+    assert_eq!(code(&d), 0, "{}", stdout(&d));
+}
+
+#[test]
+fn bad_profiles_are_refused_naming_the_place() {
+    let dir = common::shared_tempdir();
+    let cases: &[(&str, &str, &str)] = &[
+        ("malformed.toml", "name = \"x\"\n[seccomp\n", "line 2"),
+        (
+            "unknown-key.toml",
+            "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\nbogus = 1\n",
+            "line 4",
+        ),
+        (
+            "unknown-syscall.toml",
+            "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"no_such_call\"]\n",
+            "line 6",
+        ),
+        (
+            "unknown-action.toml",
+            "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n[[seccomp.rule]]\naction = \"explode\"\nsyscalls = [\"ptrace\"]\n",
+            "line 5",
+        ),
+        (
+            "contradiction.toml",
+            "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"ptrace\"]\n[[seccomp.rule]]\naction = \"errno\"\nerrno = 1\nsyscalls = [\"ptrace\"]\n",
+            "contradicts",
+        ),
+    ];
+    for (name, text, want) in cases {
+        let p = write(dir.path(), name, text);
+        for args in [
+            vec!["profile", "show", s(&p)],
+            vec!["profile", "check", s(&p), "--syscall", "read"],
+            vec!["profile", "lint", s(&p)],
+        ] {
+            let o = hatchery_cmd(&args);
+            assert_eq!(code(&o), 2, "{name} {args:?}: {}", stdout(&o));
+            let err = stderr(&o);
+            assert!(err.contains(want), "{name}: {err}");
+            assert_eq!(err.lines().count(), 1, "one line: {err}");
+        }
+    }
+    let huge = write(dir.path(), "huge.toml", &"#".repeat((1 << 20) + 1));
+    let o = hatchery_cmd(&["profile", "show", s(&huge)]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("too large"), "{}", stderr(&o));
+
+    let bad_json = write(
+        dir.path(),
+        "bad.json",
+        "{\n  \"defaultAction\": \"SCMP_ACT_ALLOW\",\n  \"syscalls\": [{\"names\": [\"ptrace\"], \"action\": \"SCMP_ACT_NOPE\"}]\n}\n",
+    );
+    let o = hatchery_cmd(&["profile", "import", s(&bad_json)]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("line 3"), "{}", stderr(&o));
+
+    let o = hatchery_cmd(&["profile", "check", "default", "--syscall", "no_such_call"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("no_such_call"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_bad_profile_runs_nothing() {
+    if common::skip_unless_root("a_bad_profile_runs_nothing") {
+        return;
+    }
+    let dir = common::shared_tempdir();
+    let bad = write(
+        dir.path(),
+        "bad.toml",
+        "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"no_such_call\"]\n",
+    );
+    let marker = dir.path().join("ran");
+    let o = hatchery_cmd(&[
+        "run",
+        "--profile",
+        s(&bad),
+        "--rw",
+        s(dir.path()),
+        "--",
+        "sh",
+        "-c",
+        &format!("touch {}", marker.display()),
+    ]);
+    assert_eq!(code(&o), 125, "{}", stderr(&o));
+    assert!(stderr(&o).contains("no_such_call"), "{}", stderr(&o));
+    assert!(!marker.exists(), "the command ran");
+}
