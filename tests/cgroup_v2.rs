@@ -795,3 +795,46 @@ fn rootless_without_delegation_refuses_limits() {
     assert!(stderr(&out).contains("cgroup"), "{}", stderr(&out));
     assert_eq!(foreign.children(), Vec::<String>::new());
 }
+
+/// A supervisor killed outright cannot clean up; its sandbox dies with it (parent-death
+/// signal), and the next `run` removes the cgroup it left.
+#[test]
+fn a_killed_supervisors_cgroup_is_removed_by_the_next_run() {
+    if skip_without_v2("a_killed_supervisors_cgroup_is_removed_by_the_next_run") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    let ds = d.to_string_lossy().to_string();
+    let script = format!("touch {ds}/started; exec sleep 3021");
+    let args = ["--memory", "32M", "--rw", &ds, "--", "sh", "-c", &script];
+    let mut child = spawn(&mut run_in_cgroup(Path::new(CGROUP_ROOT), false, &args));
+    let supervisor = child.id();
+    wait_for_file(&d.join("started"), &mut child, RUN_LIMIT);
+    let prefix = format!("{}run-{supervisor}-", cgroup::NAME_PREFIX);
+    let left: Vec<PathBuf> = child_cgroups(Path::new(CGROUP_ROOT))
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .map(|n| Path::new(CGROUP_ROOT).join(n))
+        .collect();
+    assert_eq!(left.len(), 1, "the running sandbox's cgroup: {left:?}");
+    let _ = child.kill();
+    let _ = child.wait();
+    // The sandbox dies with its supervisor; its cgroup stays, empty, until a `run` sweeps.
+    let start = Instant::now();
+    while !pids_of(&left[0]).is_empty() {
+        assert!(
+            start.elapsed() < RUN_LIMIT,
+            "the sandbox outlived its supervisor: {:?}",
+            pids_of(&left[0])
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // (A `run` of a test running in parallel may sweep it first: either way it must go.)
+    let out = run_with_timeout(
+        &mut run_in_cgroup(Path::new(CGROUP_ROOT), false, &["--", "true"]),
+        RUN_LIMIT,
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(!left[0].exists(), "{} was not swept", left[0].display());
+}
