@@ -24,6 +24,8 @@
 #   HATCHERY_VM_CACHE        cache directory (kernels, initramfs, private apt lists)
 #   HATCHERY_VM_KERNELS      suites to boot (default "bookworm bookworm-backports")
 #   HATCHERY_VM_TIMEOUT      wall-clock limit per boot, seconds (default 420)
+#   HATCHERY_VM_TEST_TIMEOUT wall-clock limit per test binary in the guest (default 300)
+#   HATCHERY_VM_TEST_THREADS test threads in the guest (default 2, the VM's CPUs)
 #   HATCHERY_VM_EXTRA_TESTS  more cargo test targets to run in the guest (names or globs)
 #   HATCHERY_SKIP_APT=1      install nothing (the tools must be present)
 set -euo pipefail
@@ -99,6 +101,8 @@ for suite in $KERNELS; do
     t0=$SECONDS
     rc=0
     "$VM/boot.sh" -t "${HATCHERY_VM_TIMEOUT:-420}" -e HATCHERY_EXPECT_CGROUP_V2=1 \
+        -e HATCHERY_VM_TEST_TIMEOUT="${HATCHERY_VM_TEST_TIMEOUT:-300}" \
+        -e HATCHERY_VM_TEST_THREADS="${HATCHERY_VM_TEST_THREADS:-2}" \
         "$dir" "$REPO" -- sh "$VM/guest-suite.sh" "${BINARIES[@]}" || rc=$?
     verdict=PASS
     [ $rc = 0 ] || verdict="FAIL (exit $rc)"
