@@ -373,3 +373,82 @@ impl Drop for V2Cgroup {
         let _ = self.destroy();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake hierarchy in a temp dir: `root` is the mount, `root/svc` this process's cgroup
+    /// holding `procs`.
+    fn fixture(procs: &[u32], root_user: bool) -> std::io::Result<(tempfile::TempDir, V2Manager)> {
+        let tmp = tempfile::tempdir()?;
+        let own = tmp.path().join("svc");
+        std::fs::create_dir(&own)?;
+        let list: String = procs.iter().map(|p| format!("{p}\n")).collect();
+        std::fs::write(own.join("cgroup.procs"), list)?;
+        std::fs::write(own.join("cgroup.subtree_control"), "")?;
+        let m = V2Manager {
+            mount: tmp.path().to_path_buf(),
+            own,
+            root_user,
+            state: Mutex::new(None),
+        };
+        Ok((tmp, m))
+    }
+
+    #[test]
+    fn a_supervisor_in_the_root_cgroup_places_sandboxes_there() -> std::io::Result<()> {
+        let (_tmp, mut m) = fixture(&[], true)?;
+        m.own = m.mount.clone();
+        assert_eq!(m.plan(), Plan::Root);
+        assert_eq!(m.prospective_base(), m.mount);
+        Ok(())
+    }
+
+    #[test]
+    fn a_supervisor_alone_in_a_writable_cgroup_moves_into_a_leaf() -> std::io::Result<()> {
+        let (_tmp, m) = fixture(&[std::process::id()], false)?;
+        assert_eq!(m.plan(), Plan::Leaf);
+        assert_eq!(m.prospective_base(), m.own);
+        Ok(())
+    }
+
+    #[test]
+    fn root_sharing_its_cgroup_falls_back_to_the_root_cgroup() -> std::io::Result<()> {
+        let (_tmp, m) = fixture(&[std::process::id(), 1], true)?;
+        assert_eq!(m.plan(), Plan::SharedFallbackToRoot);
+        assert_eq!(m.prospective_base(), m.mount);
+        Ok(())
+    }
+
+    #[test]
+    fn an_unprivileged_user_sharing_its_cgroup_is_refused() -> std::io::Result<()> {
+        let (_tmp, m) = fixture(&[std::process::id(), 1], false)?;
+        assert_eq!(m.plan(), Plan::Refuse);
+        match m.decide_placement() {
+            Err(CgroupError::Unavailable(msg)) => assert!(msg.contains("Delegate=yes"), "{msg}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn only_missing_offered_controllers_are_enabled_and_reported() -> std::io::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path();
+        std::fs::write(dir.join("cgroup.controllers"), "cpuset io memory pids\n")?;
+        std::fs::write(dir.join("cgroup.subtree_control"), "memory\n")?;
+        match enable_controllers(dir) {
+            Ok(enabled) => assert_eq!(enabled, vec!["pids"]),
+            Err(e) => panic!("{e}"),
+        }
+        let written = std::fs::read_to_string(dir.join("cgroup.subtree_control"))?;
+        assert_eq!(written, "+pids");
+        std::fs::write(dir.join("cgroup.subtree_control"), "memory pids\n")?;
+        match enable_controllers(dir) {
+            Ok(enabled) => assert!(enabled.is_empty(), "{enabled:?}"),
+            Err(e) => panic!("{e}"),
+        }
+        Ok(())
+    }
+}
