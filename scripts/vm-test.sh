@@ -17,8 +17,9 @@
 #      HATCHERY_EXPECT_CGROUP_V2=1, so that a missing v2 fails instead of skipping.
 #
 # Exit status: 0 when every test passed on every kernel; 77 when this machine cannot run
-# the VM at all (QEMU or the kernel cannot be installed; the reason is printed); else the
-# failure's status (125: a VM did not boot; 124: a VM ran past its time limit).
+# the VM at all (QEMU cannot be installed, or not root; the reason is printed); else the
+# failure's status (1: a kernel could not be prepared or a test failed; 125: a VM did not
+# boot; 124: a VM ran past its time limit).
 #
 # Environment:
 #   HATCHERY_VM_CACHE        cache directory (kernels, initramfs, private apt lists)
@@ -75,7 +76,11 @@ fi
 declare -A GUEST=()
 for suite in $KERNELS; do
     say "guest kernel from $suite"
-    GUEST[$suite]=$("$VM/prepare.sh" "$suite") || cannot "cannot prepare the $suite kernel (see above)"
+    # QEMU is there, so from here on anything that goes wrong is a failure, not a skip.
+    GUEST[$suite]=$("$VM/prepare.sh" "$suite") || {
+        echo "vm-test: FAIL: cannot prepare the $suite guest kernel (see above)" >&2
+        exit 1
+    }
 done
 
 # --- 3. build on the host ---------------------------------------------------------------
