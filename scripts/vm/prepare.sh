@@ -154,6 +154,10 @@ if [ -z "$KVER" ]; then
     echo "$KVER" > "$CACHE/$SUITE/kver"
     rm -rf "$work"
     trap - EXIT
+    # Kernels this one replaces (a refresh after a Debian update) only take space.
+    for old in "$CACHE/$SUITE"/*/; do
+        [ "$(basename "$old")" = "$KVER" ] || rm -rf "$old"
+    done
 fi
 
 DIR=$CACHE/$SUITE/$KVER
