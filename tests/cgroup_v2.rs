@@ -838,3 +838,54 @@ fn a_killed_supervisors_cgroup_is_removed_by_the_next_run() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(!left[0].exists(), "{} was not swept", left[0].display());
 }
+
+/// A delegation that does not include the cpu controller (its parent enables only memory
+/// and pids): `--cpus` is refused up front, and degrades visibly with `--allow-degraded`.
+#[test]
+fn a_delegated_subtree_without_cpu_refuses_cpus_or_reports_it_missing() {
+    if skip_without_v2("a_delegated_subtree_without_cpu_refuses_cpus_or_reports_it_missing") {
+        return;
+    }
+    let parent = TestCgroup::new("test-user-slice");
+    if let Err(e) = std::fs::write(parent.file("cgroup.subtree_control"), "+memory +pids") {
+        panic!("enable memory and pids below {}: {e}", parent.dir.display());
+    }
+    let delegated = TestCgroup {
+        dir: parent.dir.join("user-65534"),
+    };
+    if let Err(e) = std::fs::create_dir(&delegated.dir) {
+        panic!("{}: {e}", delegated.dir.display());
+    }
+    delegated.delegate_to(NOBODY);
+
+    let out = run_with_timeout(
+        &mut run_in_cgroup(&delegated.dir, true, &["--cpus", "0.5", "--", "true"]),
+        RUN_LIMIT,
+    );
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(stderr(&out).contains("--cpus"), "{}", stderr(&out));
+
+    let dir = shared_tempdir();
+    let report = dir.path().join("r.json");
+    let r = report.to_string_lossy().to_string();
+    let args = [
+        "--cpus",
+        "0.5",
+        "--memory",
+        "64M",
+        "--allow-degraded",
+        "--report",
+        &r,
+        "--",
+        "true",
+    ];
+    let out = run_with_timeout(&mut run_in_cgroup(&delegated.dir, true, &args), RUN_LIMIT);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v = read_report(&report, &out);
+    let e = &v["enforcement"];
+    assert!(e["limits"]["memory"].is_string(), "{e}");
+    assert!(e["limits"].get("cpus").is_none(), "{e}");
+    let notes = e["not_enforced"].to_string();
+    assert!(notes.contains("cpus limit"), "{e}");
+    assert_cgroup_below_and_gone(&v, &delegated.dir);
+}
