@@ -41,6 +41,8 @@ struct Placement {
     base: PathBuf,
     /// The leaf this process moved itself into, to be undone by `release`.
     moved_to: Option<PathBuf>,
+    /// The controllers enabled in `base` on moving into the leaf, to be disabled again.
+    enabled: Vec<&'static str>,
 }
 
 impl V2Manager {
@@ -81,73 +83,109 @@ impl V2Manager {
         Ok(p)
     }
 
-    fn decide_placement(&self) -> Result<Placement, CgroupError> {
+    /// Where sandboxes would go, decided from the layout alone (no change is made).
+    fn plan(&self) -> Plan {
         if self.own == self.mount {
-            enable_controllers(&self.own)?;
-            return Ok(Placement {
-                base: self.own.clone(),
-                moved_to: None,
-            });
+            return Plan::Root;
         }
         let me = std::process::id() as i32;
-        let others: Vec<i32> = super::procs(&self.own)
-            .into_iter()
-            .filter(|p| *p != me)
-            .collect();
-        let writable = nix::unistd::access(
-            &self.own.join("cgroup.subtree_control"),
-            nix::unistd::AccessFlags::W_OK,
-        )
-        .is_ok()
-            && nix::unistd::access(&self.own, nix::unistd::AccessFlags::W_OK).is_ok();
-        if others.is_empty() && writable {
-            // Alone in our cgroup: move into a leaf, then the cgroup we left may have
-            // controllers enabled for its children (our leaf and the sandboxes).
-            let leaf = self.own.join(super::unique_name("supervisor"));
-            std::fs::create_dir(&leaf).map_err(io_err(&leaf))?;
-            if let Err(e) = write_file(&leaf.join("cgroup.procs"), &me.to_string()) {
-                let _ = std::fs::remove_dir(&leaf);
-                return Err(e);
-            }
-            if let Err(e) = enable_controllers(&self.own) {
-                let _ = write_file(&self.own.join("cgroup.procs"), &me.to_string());
-                let _ = std::fs::remove_dir(&leaf);
-                return Err(e);
-            }
-            return Ok(Placement {
-                base: self.own.clone(),
-                moved_to: Some(leaf),
-            });
+        let alone = super::procs(&self.own).into_iter().all(|p| p == me);
+        let writable = |p: &Path| nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok();
+        if alone
+            && writable(&self.own)
+            && writable(&self.own.join("cgroup.procs"))
+            && writable(&self.own.join("cgroup.subtree_control"))
+        {
+            Plan::Leaf
+        } else if self.root_user {
+            Plan::SharedFallbackToRoot
+        } else {
+            Plan::Refuse
         }
-        if self.root_user {
-            // Our cgroup is shared with processes we do not own: use the root cgroup.
-            enable_controllers(&self.mount)?;
-            return Ok(Placement {
-                base: self.mount.clone(),
-                moved_to: None,
-            });
+    }
+
+    fn decide_placement(&self) -> Result<Placement, CgroupError> {
+        match self.plan() {
+            Plan::Root | Plan::SharedFallbackToRoot => {
+                enable_controllers(&self.mount)?;
+                Ok(Placement {
+                    base: self.mount.clone(),
+                    moved_to: None,
+                    enabled: Vec::new(),
+                })
+            }
+            Plan::Leaf => {
+                // Alone in our cgroup: move into a leaf, then the cgroup we left may have
+                // controllers enabled for its children (our leaf and the sandboxes).
+                let me = std::process::id().to_string();
+                let leaf = self.own.join(super::unique_name("supervisor"));
+                std::fs::create_dir(&leaf).map_err(io_err(&leaf))?;
+                if let Err(e) = write_file(&leaf.join("cgroup.procs"), &me) {
+                    let _ = std::fs::remove_dir(&leaf);
+                    return Err(e);
+                }
+                let enabled = match enable_controllers(&self.own) {
+                    Ok(enabled) => enabled,
+                    Err(e) => {
+                        let _ = write_file(&self.own.join("cgroup.procs"), &me);
+                        let _ = std::fs::remove_dir(&leaf);
+                        return Err(e);
+                    }
+                };
+                Ok(Placement {
+                    base: self.own.clone(),
+                    moved_to: Some(leaf),
+                    enabled,
+                })
+            }
+            Plan::Refuse => Err(CgroupError::Unavailable(format!(
+                "cgroup {} is not delegated to this user or holds other processes; run inside a delegated scope: systemd-run --user --scope -p Delegate=yes hatchery ...",
+                self.own.display()
+            ))),
         }
-        Err(CgroupError::Unavailable(format!(
-            "cgroup {} is not delegated to this user or holds other processes; run inside a delegated scope: systemd-run --user --scope -p Delegate=yes hatchery ...",
-            self.own.display()
-        )))
+    }
+
+    /// The cgroup whose children sandboxes are (or would be) created as.
+    fn prospective_base(&self) -> PathBuf {
+        if let Some(p) = self.state.lock().ok().and_then(|s| s.clone()) {
+            return p.base;
+        }
+        match self.plan() {
+            Plan::Root | Plan::SharedFallbackToRoot => self.mount.clone(),
+            Plan::Leaf | Plan::Refuse => self.own.clone(),
+        }
     }
 }
 
-/// Enables the wanted controllers that `dir` offers in its `cgroup.subtree_control`.
-fn enable_controllers(dir: &Path) -> Result<(), CgroupError> {
+/// How sandboxes are placed, given where this process sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// In the root cgroup: sandboxes are its children (the root is exempt from the
+    /// no-internal-process rule).
+    Root,
+    /// Alone in a cgroup we may write (a service, a delegated scope): move into a leaf first.
+    Leaf,
+    /// Root, sharing its cgroup with processes it does not own: use the root cgroup.
+    SharedFallbackToRoot,
+    /// Unprivileged without a delegated cgroup: no limits can be had.
+    Refuse,
+}
+
+/// Enables the wanted controllers that `dir` offers in its `cgroup.subtree_control`;
+/// returns the ones this call enabled.
+fn enable_controllers(dir: &Path) -> Result<Vec<&'static str>, CgroupError> {
     let offered = read_string(&dir.join("cgroup.controllers")).unwrap_or_default();
     let enabled = read_string(&dir.join("cgroup.subtree_control")).unwrap_or_default();
-    let missing: Vec<String> = WANTED
-        .iter()
-        .filter(|w| offered.split_whitespace().any(|c| c == **w))
-        .filter(|w| !enabled.split_whitespace().any(|c| c == **w))
-        .map(|w| format!("+{w}"))
+    let missing: Vec<&'static str> = WANTED
+        .into_iter()
+        .filter(|w| offered.split_whitespace().any(|c| c == *w))
+        .filter(|w| !enabled.split_whitespace().any(|c| c == *w))
         .collect();
-    if missing.is_empty() {
-        return Ok(());
+    if !missing.is_empty() {
+        let change: Vec<String> = missing.iter().map(|c| format!("+{c}")).collect();
+        write_file(&dir.join("cgroup.subtree_control"), &change.join(" "))?;
     }
-    write_file(&dir.join("cgroup.subtree_control"), &missing.join(" "))
+    Ok(missing)
 }
 
 impl CgroupManager for V2Manager {
@@ -156,14 +194,9 @@ impl CgroupManager for V2Manager {
     }
 
     fn controllers(&self) -> Controllers {
-        // What the placement base offers its children (before placement: what the root
-        // offers, which is what placement can obtain).
-        let dir = self
-            .state
-            .lock()
-            .ok()
-            .and_then(|s| s.as_ref().map(|p| p.base.clone()))
-            .unwrap_or_else(|| self.mount.clone());
+        // What the cgroup sandboxes are created in offers its children: for a delegated
+        // subtree that is what the delegation gave, not what the root has.
+        let dir = self.prospective_base();
         let offered = read_string(&dir.join("cgroup.controllers")).unwrap_or_default();
         let has = |c: &str| offered.split_whitespace().any(|o| o == c);
         let swap_file = dir.join("memory.swap.max").exists()
@@ -179,11 +212,7 @@ impl CgroupManager for V2Manager {
     }
 
     fn base(&self) -> PathBuf {
-        self.state
-            .lock()
-            .ok()
-            .and_then(|s| s.as_ref().map(|p| p.base.clone()))
-            .unwrap_or_else(|| self.own.clone())
+        self.prospective_base()
     }
 
     fn create(&self, name: &str, limits: &Limits) -> Result<Box<dyn SandboxCgroup>, CgroupError> {
@@ -220,6 +249,7 @@ impl CgroupManager for V2Manager {
         let Some(Placement {
             base,
             moved_to: Some(leaf),
+            enabled,
         }) = state.take()
         else {
             return;
@@ -235,7 +265,10 @@ impl CgroupManager for V2Manager {
         if busy {
             return;
         }
-        let _ = write_file(&base.join("cgroup.subtree_control"), "-memory -cpu -pids");
+        if !enabled.is_empty() {
+            let change: Vec<String> = enabled.iter().map(|c| format!("-{c}")).collect();
+            let _ = write_file(&base.join("cgroup.subtree_control"), &change.join(" "));
+        }
         if write_file(&base.join("cgroup.procs"), &std::process::id().to_string()).is_ok() {
             let _ = super::remove_when_empty(&leaf, Instant::now() + Duration::from_millis(500));
         }
@@ -338,5 +371,84 @@ impl SandboxCgroup for V2Cgroup {
 impl Drop for V2Cgroup {
     fn drop(&mut self) {
         let _ = self.destroy();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake hierarchy in a temp dir: `root` is the mount, `root/svc` this process's cgroup
+    /// holding `procs`.
+    fn fixture(procs: &[u32], root_user: bool) -> std::io::Result<(tempfile::TempDir, V2Manager)> {
+        let tmp = tempfile::tempdir()?;
+        let own = tmp.path().join("svc");
+        std::fs::create_dir(&own)?;
+        let list: String = procs.iter().map(|p| format!("{p}\n")).collect();
+        std::fs::write(own.join("cgroup.procs"), list)?;
+        std::fs::write(own.join("cgroup.subtree_control"), "")?;
+        let m = V2Manager {
+            mount: tmp.path().to_path_buf(),
+            own,
+            root_user,
+            state: Mutex::new(None),
+        };
+        Ok((tmp, m))
+    }
+
+    #[test]
+    fn a_supervisor_in_the_root_cgroup_places_sandboxes_there() -> std::io::Result<()> {
+        let (_tmp, mut m) = fixture(&[], true)?;
+        m.own = m.mount.clone();
+        assert_eq!(m.plan(), Plan::Root);
+        assert_eq!(m.prospective_base(), m.mount);
+        Ok(())
+    }
+
+    #[test]
+    fn a_supervisor_alone_in_a_writable_cgroup_moves_into_a_leaf() -> std::io::Result<()> {
+        let (_tmp, m) = fixture(&[std::process::id()], false)?;
+        assert_eq!(m.plan(), Plan::Leaf);
+        assert_eq!(m.prospective_base(), m.own);
+        Ok(())
+    }
+
+    #[test]
+    fn root_sharing_its_cgroup_falls_back_to_the_root_cgroup() -> std::io::Result<()> {
+        let (_tmp, m) = fixture(&[std::process::id(), 1], true)?;
+        assert_eq!(m.plan(), Plan::SharedFallbackToRoot);
+        assert_eq!(m.prospective_base(), m.mount);
+        Ok(())
+    }
+
+    #[test]
+    fn an_unprivileged_user_sharing_its_cgroup_is_refused() -> std::io::Result<()> {
+        let (_tmp, m) = fixture(&[std::process::id(), 1], false)?;
+        assert_eq!(m.plan(), Plan::Refuse);
+        match m.decide_placement() {
+            Err(CgroupError::Unavailable(msg)) => assert!(msg.contains("Delegate=yes"), "{msg}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn only_missing_offered_controllers_are_enabled_and_reported() -> std::io::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path();
+        std::fs::write(dir.join("cgroup.controllers"), "cpuset io memory pids\n")?;
+        std::fs::write(dir.join("cgroup.subtree_control"), "memory\n")?;
+        match enable_controllers(dir) {
+            Ok(enabled) => assert_eq!(enabled, vec!["pids"]),
+            Err(e) => panic!("{e}"),
+        }
+        let written = std::fs::read_to_string(dir.join("cgroup.subtree_control"))?;
+        assert_eq!(written, "+pids");
+        std::fs::write(dir.join("cgroup.subtree_control"), "memory pids\n")?;
+        match enable_controllers(dir) {
+            Ok(enabled) => assert!(enabled.is_empty(), "{enabled:?}"),
+            Err(e) => panic!("{e}"),
+        }
+        Ok(())
     }
 }
