@@ -298,22 +298,37 @@ fn signals_to_run_reach_the_command() {
     if skip_unless_root("signals") {
         return;
     }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    let ready = d.join("ready");
+    let script = format!(
+        "trap 'exit 42' TERM; touch {}; while :; do sleep 0.05; done",
+        ready.display()
+    );
+    let d_s = d.to_string_lossy().to_string();
     let mut child = match Command::new(hatchery())
         .args([
             "run",
             "--timeout",
-            "20s",
+            "60s",
+            "--rw",
+            &d_s,
             "--",
             "sh",
             "-c",
-            "trap 'exit 42' TERM; while :; do sleep 0.05; done",
+            &script,
         ])
         .spawn()
     {
         Ok(c) => c,
         Err(e) => panic!("spawn: {e}"),
     };
-    std::thread::sleep(Duration::from_millis(500));
+    // Signal only once the trap is in place (the sandbox says so through the --rw dir).
+    let start = std::time::Instant::now();
+    while !ready.exists() && start.elapsed() < Duration::from_secs(50) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(ready.exists(), "the sandboxed shell never started");
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
