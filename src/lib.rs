@@ -5,8 +5,11 @@
 //! and raw syscalls), [`report`] tells what happened; the command-line edge lives in the
 //! binary.
 
+pub mod contract;
+pub mod manifest;
 pub mod paths;
 pub mod profile;
 pub mod report;
 pub mod sandbox;
+pub mod signing;
 pub mod units;
