@@ -3,6 +3,7 @@
 
 pub mod doctor;
 pub mod logging;
+pub mod manifest;
 pub mod run;
 
 use clap::{Parser, Subcommand};
@@ -34,6 +35,8 @@ pub enum Command {
     Run(Box<run::RunArgs>),
     /// Show what this host can enforce, and what `run` would degrade
     Doctor(doctor::DoctorArgs),
+    /// Signing keys, signed manifests and replication contracts
+    Manifest(manifest::ManifestArgs),
 }
 
 /// Runs a subcommand and returns the process exit status.
@@ -41,5 +44,6 @@ pub fn dispatch(command: Command) -> i32 {
     match command {
         Command::Run(args) => run::main(*args),
         Command::Doctor(args) => doctor::main(args),
+        Command::Manifest(args) => manifest::main(args),
     }
 }

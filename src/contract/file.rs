@@ -21,7 +21,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::manifest::fields::{bounded_int, identifier};
-use crate::manifest::{Depth, MAX_LIFETIME_SECONDS, ProfileName};
+use crate::manifest::{MAX_DEPTH, MAX_LIFETIME_SECONDS, ProfileName};
 
 use super::stop::{CpuBudget, LifetimeTotal, MemoryBudget, SpawnRate, StopCondition};
 use super::{
@@ -55,6 +55,10 @@ pub enum ContractError {
 }
 
 bounded_int!(
+    /// `max_depth`.
+    MaxDepth(u32), "max_depth", 0, MAX_DEPTH
+);
+bounded_int!(
     /// `max_replicas`.
     MaxReplicas(u64), "max_replicas", 1, 1_000_000
 );
@@ -71,8 +75,12 @@ bounded_int!(
     BudgetMb(u64), "max_total_memory_mb", 1, 1 << 30
 );
 bounded_int!(
-    /// A number of workers (`max_spawns`, `max_workers`).
-    WorkerCount(u64), "worker count", 1, 1_000_000_000
+    /// `max_spawns` of a spawn rate.
+    MaxSpawns(u64), "max_spawns", 1, 1_000_000_000
+);
+bounded_int!(
+    /// `max_workers` of a lifetime total.
+    MaxWorkers(u64), "max_workers", 1, 1_000_000_000
 );
 bounded_int!(
     /// `window_seconds` of a spawn rate.
@@ -135,13 +143,13 @@ pub enum StopConditionConfig {
     SpawnRate {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         name: Option<ConditionName>,
-        max_spawns: WorkerCount,
+        max_spawns: MaxSpawns,
         window_seconds: WindowSeconds,
     },
     LifetimeTotal {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         name: Option<ConditionName>,
-        max_workers: WorkerCount,
+        max_workers: MaxWorkers,
     },
 }
 
@@ -191,8 +199,8 @@ impl StopConditionConfig {
     }
 }
 
-fn default_max_depth() -> Depth {
-    Depth::new(DEFAULT_MAX_DEPTH).unwrap_or(Depth::ROOT)
+fn default_max_depth() -> MaxDepth {
+    MaxDepth::new(DEFAULT_MAX_DEPTH).unwrap_or(MaxDepth(0))
 }
 fn default_max_replicas() -> MaxReplicas {
     MaxReplicas::new(DEFAULT_MAX_REPLICAS).unwrap_or(MaxReplicas(1))
@@ -209,16 +217,20 @@ fn default_expiration() -> ExpirationSeconds {
 #[serde(deny_unknown_fields)]
 pub struct ContractConfig {
     #[serde(default = "default_max_depth")]
-    pub max_depth: Depth,
+    pub max_depth: MaxDepth,
     #[serde(default = "default_max_replicas")]
     pub max_replicas: MaxReplicas,
     #[serde(default = "default_cooldown")]
     pub cooldown_seconds: CooldownSeconds,
     #[serde(default = "default_expiration")]
     pub expiration_seconds: ExpirationSeconds,
-    #[serde(default, rename = "stop_condition")]
+    #[serde(
+        default,
+        rename = "stop_condition",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub stop_conditions: Vec<StopConditionConfig>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub profile_narrowing: BTreeMap<ProfileName, Vec<ProfileName>>,
 }
 

@@ -30,7 +30,9 @@ pub fn is_root() -> bool {
 /// Runs a command with a hard wall-clock limit; the child is killed (and the test fails
 /// loudly) if it exceeds it.
 pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => panic!("cannot start {cmd:?}: {e}"),
@@ -64,7 +66,13 @@ pub fn run_probe(flags: &[&str], probe_args: &[&str]) -> Output {
     let dir = probe_dir();
     let probe = probe();
     let mut cmd = Command::new(hatchery());
-    cmd.arg("run").args(flags).arg("--ro").arg(&dir).arg("--").arg(&probe).args(probe_args);
+    cmd.arg("run")
+        .args(flags)
+        .arg("--ro")
+        .arg(&dir)
+        .arg("--")
+        .arg(&probe)
+        .args(probe_args);
     run_with_timeout(&mut cmd, Duration::from_secs(60))
 }
 
@@ -95,7 +103,10 @@ pub fn shared_tempdir() -> tempfile::TempDir {
         Ok(d) => d,
         Err(e) => panic!("tempdir: {e}"),
     };
-    let _ = std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777));
+    let _ = std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    );
     dir
 }
 
