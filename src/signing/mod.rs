@@ -219,9 +219,7 @@ impl ManifestSigner {
         m.validate()?;
         let entry = self.keyring.active_entry();
         m.key_id = entry.id.clone();
-        let mut mac = entry.mac.clone();
-        canonical::encode_into(m, &mut mac);
-        m.signature = hex::encode(mac.finalize().into_bytes());
+        m.signature = hex::encode(mac_of(&entry.mac, m));
         Ok(())
     }
 
@@ -259,7 +257,7 @@ impl ManifestSigner {
             .entry(&m.key_id)
             .ok_or_else(|| VerifyError::UnknownKey(m.key_id.clone()))?;
         let mut mac = entry.mac.clone();
-        canonical::encode_into(m, &mut mac);
+        mac.update(&canonical::encode(m));
         // `verify_slice` compares in constant time.
         mac.verify_slice(&tag)
             .map_err(|_| VerifyError::BadSignature)
@@ -307,6 +305,15 @@ impl ManifestSigner {
         let m = Manifest::from_json(bytes)?;
         self.verify(&m, now)
     }
+}
+
+/// The MAC of `m`'s canonical encoding under the keyed state `keyed`. The encoding is
+/// built in one buffer and fed to the MAC at once: a few dozen small updates cost more
+/// than the copy.
+fn mac_of(keyed: &hmac::Hmac<sha2::Sha256>, m: &Manifest) -> [u8; SIGNATURE_BYTES] {
+    let mut mac = keyed.clone();
+    mac.update(&canonical::encode(m));
+    mac.finalize().into_bytes().into()
 }
 
 fn describe_bad_signature(sig: &str) -> String {
