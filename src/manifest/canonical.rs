@@ -42,15 +42,13 @@
 //! unambiguously — the encoding is a prefix-free code, hence injective. The tests hold
 //! the decoder that demonstrates it (`decode(encode(m)) == m` for generated manifests).
 
-use hmac::Mac;
-
 use super::Manifest;
 
 /// The first bytes of every encoding: names the format and its version, so these bytes
 /// can never be mistaken for a signature over anything else.
 pub const MAGIC: &[u8; 21] = b"hatchery-manifest-v1\n";
 
-/// Where encoded bytes go: a buffer, or straight into a MAC (no allocation on the hot path).
+/// Where encoded bytes go (a buffer; kept as a trait so a test can count or inspect).
 pub trait Sink {
     fn put(&mut self, bytes: &[u8]);
 }
@@ -58,12 +56,6 @@ pub trait Sink {
 impl Sink for Vec<u8> {
     fn put(&mut self, bytes: &[u8]) {
         self.extend_from_slice(bytes);
-    }
-}
-
-impl Sink for hmac::Hmac<sha2::Sha256> {
-    fn put(&mut self, bytes: &[u8]) {
-        self.update(bytes);
     }
 }
 
@@ -123,7 +115,7 @@ pub fn encode_into(m: &Manifest, out: &mut impl Sink) {
     put_opt_str(out, m.cwd.as_deref());
 }
 
-/// The canonical encoding as a buffer (for tests, fuzzing and auditors; signing streams it).
+/// The canonical encoding as one buffer: what the MAC is computed over.
 pub fn encode(m: &Manifest) -> Vec<u8> {
     let mut out = Vec::with_capacity(512);
     encode_into(m, &mut out);

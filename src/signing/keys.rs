@@ -168,7 +168,7 @@ impl Keyring {
         let active = entries
             .iter()
             .position(|e| e.id == active)
-            .ok_or_else(|| KeyError::Keyring(format!("the active key {active} is not listed")))?;
+            .ok_or_else(|| KeyError::Keyring("the active key id names none of the keys".into()))?;
         Ok(Keyring {
             active,
             keys: entries,
