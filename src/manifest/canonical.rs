@@ -117,7 +117,7 @@ pub fn encode_into(m: &Manifest, out: &mut impl Sink) {
 
 /// The canonical encoding as one buffer: what the MAC is computed over.
 pub fn encode(m: &Manifest) -> Vec<u8> {
-    let mut out = Vec::with_capacity(512);
+    let mut out = Vec::with_capacity(1024);
     encode_into(m, &mut out);
     out
 }

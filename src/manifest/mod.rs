@@ -352,14 +352,12 @@ fn validate_job(
             format!("{paths} paths; the maximum is {MAX_EXPOSED_PATHS}"),
         ));
     }
-    let mut seen = std::collections::BTreeSet::new();
-    for (p, _) in fs.exposures() {
-        if !seen.insert(p) {
-            return Err(FieldError::new(
-                "filesystem",
-                format!("{p} is exposed twice"),
-            ));
-        }
+    let all: Vec<&ExposedPath> = fs.exposures().map(|(p, _)| p).collect();
+    if let Some(p) = first_duplicate(&all) {
+        return Err(FieldError::new(
+            "filesystem",
+            format!("{p} is exposed twice"),
+        ));
     }
 
     match command.first() {
@@ -419,6 +417,21 @@ fn validate_job(
         fields::check_normal_path("cwd", cwd)?;
     }
     Ok(())
+}
+
+/// The first item that occurs twice. Lists are short (bounded above), so small ones are
+/// compared pairwise without allocating; long ones are sorted.
+fn first_duplicate<T: Ord + Copy>(items: &[T]) -> Option<T> {
+    if items.len() <= 16 {
+        return items
+            .iter()
+            .enumerate()
+            .find(|(i, a)| items[..*i].contains(a))
+            .map(|(_, a)| *a);
+    }
+    let mut sorted = items.to_vec();
+    sorted.sort_unstable();
+    sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }
 
 /// Splits `KEY=VALUE` at the first `=`; `None` unless the name is non-empty without

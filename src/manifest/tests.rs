@@ -326,6 +326,23 @@ fn the_same_path_cannot_be_exposed_twice() {
 }
 
 #[test]
+fn duplicates_are_found_in_long_lists_too() {
+    for n in [2usize, 16, 17, 40] {
+        let mut r = sample_request();
+        r.filesystem.read_only = (0..n).map(|i| path(&format!("/d/{i}"))).collect();
+        r.filesystem.read_write = vec![];
+        r.env = (0..n).map(|i| format!("K{i}=v")).collect();
+        assert_eq!(r.validate(), Ok(()), "{n} distinct entries");
+        let mut paths = r.clone();
+        paths.filesystem.read_write = vec![path(&format!("/d/{}", n - 1))];
+        assert_eq!(paths.validate().map_err(|e| e.field), Err("filesystem"), "{n}");
+        let mut env = r.clone();
+        env.env.push(format!("K{}=other", n / 2));
+        assert_eq!(env.validate().map_err(|e| e.field), Err("env"), "{n}");
+    }
+}
+
+#[test]
 fn spawn_requests_cannot_carry_lineage() -> TestResult {
     let mut v = serde_json::to_value(sample_request())?;
     if let serde_json::Value::Object(map) = &mut v {

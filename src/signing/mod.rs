@@ -284,10 +284,8 @@ impl ManifestSigner {
         self.check_time(m, now)
     }
 
-    /// Every check, in the order of the module documentation; on success the nonce is
-    /// remembered, so the same manifest is refused next time.
-    pub fn verify(&mut self, m: &Manifest, now: u64) -> Result<VerifiedManifest, VerifyError> {
-        self.check_signature(m)?;
+    /// Checks 5 and 6 after 1–4 passed; on success the nonce is remembered.
+    fn check_fresh(&mut self, m: &Manifest, now: u64) -> Result<(), VerifyError> {
         // The memory's clock never runs backwards; see `replay`.
         let now = self.nonces.advance(now);
         self.check_time(m, now)?;
@@ -296,14 +294,29 @@ impl ManifestSigner {
             .map_err(|e| match e {
                 ReplayError::Seen => VerifyError::Replayed(m.nonce),
                 ReplayError::Full { capacity } => VerifyError::ReplayMemoryFull { capacity },
-            })?;
+            })
+    }
+
+    /// Every check, in the order of the module documentation; on success the nonce is
+    /// remembered, so the same manifest is refused next time.
+    pub fn verify(&mut self, m: &Manifest, now: u64) -> Result<VerifiedManifest, VerifyError> {
+        self.check_signature(m)?;
+        self.check_fresh(m, now)?;
         Ok(VerifiedManifest(m.clone()))
+    }
+
+    /// [`verify`](ManifestSigner::verify) for a manifest the caller no longer needs if it
+    /// is refused (no copy is made).
+    pub fn verify_owned(&mut self, m: Manifest, now: u64) -> Result<VerifiedManifest, VerifyError> {
+        self.check_signature(&m)?;
+        self.check_fresh(&m, now)?;
+        Ok(VerifiedManifest(m))
     }
 
     /// Decodes JSON bytes ([`Manifest::from_json`]) and verifies the result.
     pub fn verify_json(&mut self, bytes: &[u8], now: u64) -> Result<VerifiedManifest, VerifyError> {
         let m = Manifest::from_json(bytes)?;
-        self.verify(&m, now)
+        self.verify_owned(m, now)
     }
 }
 

@@ -12,12 +12,15 @@
 //! Only manifests whose signature checked out get here, so filling the memory takes the
 //! controller's own signatures, not an attacker's garbage.
 
-use std::collections::{BTreeSet, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
 use crate::manifest::Nonce;
 
-/// Default capacity: at 24 bytes a nonce, a few MiB at most.
+/// Default capacity: at 24 bytes a nonce (twice), a few MiB at most.
 pub const DEFAULT_NONCE_CAPACITY: usize = 1 << 16;
+/// Entries allocated up front, so the first verifications do not pay for regrowth.
+const PREALLOCATED: usize = 1 << 12;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplayError {
@@ -32,8 +35,9 @@ pub struct NonceMemory {
     capacity: usize,
     /// nonce → the `expires_at` of the manifest that carried it.
     seen: HashMap<Nonce, u64>,
-    /// The same entries ordered by expiry, to forget the expired ones cheaply.
-    by_expiry: BTreeSet<(u64, Nonce)>,
+    /// The same entries, soonest expiry on top, to forget the expired ones cheaply.
+    /// Entries only ever leave by expiring, so a heap is all the order needed.
+    by_expiry: BinaryHeap<Reverse<(u64, Nonce)>>,
     /// The latest time this memory was told about.
     high_water: u64,
 }
@@ -42,8 +46,8 @@ impl NonceMemory {
     pub fn new(capacity: usize) -> NonceMemory {
         NonceMemory {
             capacity,
-            seen: HashMap::new(),
-            by_expiry: BTreeSet::new(),
+            seen: HashMap::with_capacity(capacity.min(PREALLOCATED)),
+            by_expiry: BinaryHeap::with_capacity(capacity.min(PREALLOCATED)),
             high_water: 0,
         }
     }
@@ -65,11 +69,11 @@ impl NonceMemory {
     /// time given before).
     pub fn advance(&mut self, now: u64) -> u64 {
         self.high_water = self.high_water.max(now);
-        while let Some(&(expires_at, nonce)) = self.by_expiry.first() {
+        while let Some(&Reverse((expires_at, nonce))) = self.by_expiry.peek() {
             if expires_at > self.high_water {
                 break;
             }
-            self.by_expiry.pop_first();
+            self.by_expiry.pop();
             self.seen.remove(&nonce);
         }
         self.high_water
@@ -92,7 +96,7 @@ impl NonceMemory {
             });
         }
         self.seen.insert(nonce, expires_at);
-        self.by_expiry.insert((expires_at, nonce));
+        self.by_expiry.push(Reverse((expires_at, nonce)));
         Ok(())
     }
 }
