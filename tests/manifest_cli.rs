@@ -212,6 +212,17 @@ fn a_key_file_others_can_read_is_refused() -> TestResult {
 }
 
 #[test]
+fn a_missing_key_file_error_says_how_to_make_one() -> TestResult {
+    let t = Scratch::new()?;
+    let missing = t.path("none.key");
+    let out = run(&["manifest", "issue", "--key", s(&missing)?, "--", "true"]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("manifest keygen"), "{}", stderr(&out));
+    assert!(!missing.exists(), "issue never creates a key");
+    Ok(())
+}
+
+#[test]
 fn a_manifest_signed_before_a_rotation_still_verifies() -> TestResult {
     let t = Scratch::new()?;
     let key = t.key()?;

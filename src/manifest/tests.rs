@@ -335,7 +335,11 @@ fn duplicates_are_found_in_long_lists_too() {
         assert_eq!(r.validate(), Ok(()), "{n} distinct entries");
         let mut paths = r.clone();
         paths.filesystem.read_write = vec![path(&format!("/d/{}", n - 1))];
-        assert_eq!(paths.validate().map_err(|e| e.field), Err("filesystem"), "{n}");
+        assert_eq!(
+            paths.validate().map_err(|e| e.field),
+            Err("filesystem"),
+            "{n}"
+        );
         let mut env = r.clone();
         env.env.push(format!("K{}=other", n / 2));
         assert_eq!(env.validate().map_err(|e| e.field), Err("env"), "{n}");

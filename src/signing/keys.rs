@@ -324,9 +324,12 @@ fn file_err(path: &Path, why: String) -> KeyError {
 
 /// The reason of an I/O error without anything that could echo file content.
 fn io_reason(e: &std::io::Error) -> String {
-    match e.raw_os_error() {
-        Some(libc::ELOOP) => "is a symlink; name the real file".to_string(),
-        _ => e.kind().to_string(),
+    match (e.raw_os_error(), e.kind()) {
+        (Some(libc::ELOOP), _) => "is a symlink; name the real file".to_string(),
+        (_, std::io::ErrorKind::NotFound) => {
+            "does not exist (create one with `hatchery manifest keygen --key FILE`)".to_string()
+        }
+        (_, kind) => kind.to_string(),
     }
 }
 
