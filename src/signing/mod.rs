@@ -1,15 +1,16 @@
 //! `ManifestSigner`: HMAC-SHA256 signatures over manifests, and their verification.
 //!
 //! The MAC covers the canonical encoding of every manifest field except the signature
-//! (`crate::manifest::canonical`). [`ManifestSigner::verify`] is the one door a manifest
-//! goes through before anything acts on it; it runs these checks in this order and
+//! (`crate::manifest::canonical`). [`ManifestSigner::verify`] (and its variants
+//! `verify_owned`, `verify_json`) is the one door a manifest goes through before anything
+//! acts on it; it runs these checks in this order and
 //! reports the first that fails as a [`VerifyError`] naming the check:
 //!
 //! 1. format — every field in bounds, the fields consistent with each other;
 //! 2. signature present and well-formed (64 lowercase hex digits);
 //! 3. key_id — a key of the keyring (the active one or one kept after a rotation);
 //! 4. signature — the MAC matches, compared in constant time;
-//! 5. issued_at / expires_at — `issued_at - skew <= now < expires_at`;
+//! 5. issued_at / expires_at — `issued_at <= now + skew` and `now < expires_at`;
 //! 6. nonce — not seen before (then remembered until the manifest expires).
 //!
 //! The cryptographic checks come before the time and replay checks so that nothing an
