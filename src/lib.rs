@@ -7,8 +7,11 @@
 
 pub mod audit;
 pub mod controller;
+pub mod contract;
+pub mod manifest;
 pub mod paths;
 pub mod profile;
 pub mod report;
 pub mod sandbox;
+pub mod signing;
 pub mod units;

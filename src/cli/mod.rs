@@ -4,6 +4,7 @@
 pub mod doctor;
 pub mod logging;
 pub mod profile;
+pub mod manifest;
 pub mod run;
 
 use clap::{Parser, Subcommand};
@@ -37,6 +38,8 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     /// Read, check, compare, lint, import and export security profiles
     Profile(profile::ProfileArgs),
+    /// Signing keys, signed manifests and replication contracts
+    Manifest(manifest::ManifestArgs),
 }
 
 /// Runs a subcommand and returns the process exit status.
@@ -45,5 +48,6 @@ pub fn dispatch(command: Command) -> i32 {
         Command::Run(args) => run::main(*args),
         Command::Doctor(args) => doctor::main(args),
         Command::Profile(args) => profile::main(args),
+        Command::Manifest(args) => manifest::main(args),
     }
 }

@@ -1,0 +1,455 @@
+//! Manifest tests, and the sample values and generators other modules' tests share.
+
+use proptest::prelude::*;
+
+use super::canonical::{self, decode::decode};
+use super::*;
+
+pub(crate) type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+pub(crate) const T0: u64 = 1_700_000_000;
+
+pub(crate) fn resources(cpu: f64, mem: u64, pids: u64, timeout_ms: u64) -> ResourceSpec {
+    match (
+        CpuLimit::new(cpu),
+        MemoryMb::new(mem),
+        PidsLimit::new(pids),
+        TimeoutMs::new(timeout_ms),
+    ) {
+        (Ok(cpu_limit), Ok(memory_limit_mb), Ok(pids_limit), Ok(timeout_ms)) => ResourceSpec {
+            cpu_limit,
+            memory_limit_mb,
+            pids_limit,
+            timeout_ms,
+            network_policy: NetworkPolicy::default(),
+        },
+        other => panic!("test resources out of bounds: {other:?}"),
+    }
+}
+
+pub(crate) fn path(s: &str) -> ExposedPath {
+    match ExposedPath::new(s) {
+        Ok(p) => p,
+        Err(e) => panic!("test path {s:?}: {e}"),
+    }
+}
+
+pub(crate) fn profile(s: &str) -> ProfileName {
+    match ProfileName::new(s) {
+        Ok(p) => p,
+        Err(e) => panic!("test profile {s:?}: {e}"),
+    }
+}
+
+pub(crate) fn worker(s: &str) -> WorkerId {
+    match WorkerId::new(s) {
+        Ok(w) => w,
+        Err(e) => panic!("test worker id {s:?}: {e}"),
+    }
+}
+
+pub(crate) fn sample_request() -> SpawnRequest {
+    SpawnRequest {
+        resources: resources(0.5, 256, 64, 30_000),
+        filesystem: FilesystemScope {
+            read_only: vec![path("/srv/data")],
+            read_write: vec![path("/srv/work")],
+        },
+        profile: profile("default"),
+        command: vec!["python3".into(), "agent.py".into()],
+        env: vec!["MODE=replica".into()],
+        cwd: Some("/srv/work".into()),
+        state_snapshot: StateSnapshot::default(),
+    }
+}
+
+/// A valid unsigned root manifest, issued at [`T0`] for one hour.
+pub(crate) fn sample_manifest() -> Manifest {
+    let key = match KeyId::new("k-test") {
+        Ok(k) => k,
+        Err(e) => panic!("{e}"),
+    };
+    let validity = match Validity::starting_at(T0, 3600) {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    };
+    Manifest::unsigned(
+        key,
+        Lineage::root(worker("w-root")),
+        validity,
+        Nonce::from_bytes([7; 16]),
+        sample_request(),
+    )
+}
+
+prop_compose! {
+    pub(crate) fn arb_resources()(
+        cpu in CpuLimit::MIN_MILLICORES..=CpuLimit::MAX_MILLICORES,
+        mem in MemoryMb::MIN..=MemoryMb::MAX,
+        pids in PidsLimit::MIN..=PidsLimit::MAX,
+        timeout in TimeoutMs::MIN..=TimeoutMs::MAX,
+        allow_controller in any::<bool>(),
+        allow_external in any::<bool>(),
+    ) -> ResourceSpec {
+        let mut r = resources(f64::from(cpu) / 1000.0, mem, pids, timeout);
+        r.network_policy = NetworkPolicy { allow_controller, allow_external };
+        r
+    }
+}
+
+pub(crate) fn arb_path() -> impl Strategy<Value = ExposedPath> {
+    "(/[a-c]{1,2}){1,3}".prop_map(|s| path(&s))
+}
+
+prop_compose! {
+    pub(crate) fn arb_filesystem()(
+        ro in proptest::collection::btree_set(arb_path(), 0..4),
+        rw in proptest::collection::btree_set(arb_path(), 0..4),
+    ) -> FilesystemScope {
+        let read_write: Vec<ExposedPath> = rw.into_iter().filter(|p| !ro.contains(p)).collect();
+        FilesystemScope { read_only: ro.into_iter().collect(), read_write }
+    }
+}
+
+prop_compose! {
+    pub(crate) fn arb_request()(
+        resources in arb_resources(),
+        filesystem in arb_filesystem(),
+        profile_name in "[a-z][a-z0-9-]{0,8}",
+        command in proptest::collection::vec("[ -~]{0,12}", 0..4),
+        env in proptest::collection::btree_map("[A-Z_]{1,6}", "[ -~]{0,8}", 0..3),
+        cwd in proptest::option::of("(/[a-z]{1,4}){0,2}"),
+        snapshot in "\\PC{0,40}",
+    ) -> SpawnRequest {
+        let mut argv = vec!["prog".to_string()];
+        argv.extend(command);
+        SpawnRequest {
+            resources,
+            filesystem,
+            profile: profile(&profile_name),
+            command: argv,
+            env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            cwd: cwd.map(|c| if c.is_empty() { "/".to_string() } else { c }),
+            state_snapshot: StateSnapshot::new(snapshot.replace('\0', "")).unwrap_or_default(),
+        }
+    }
+}
+
+prop_compose! {
+    /// Any valid unsigned manifest.
+    pub(crate) fn arb_manifest()(
+        job in arb_request(),
+        worker_id in "[a-z0-9][a-z0-9._-]{0,20}",
+        parent in proptest::option::of("[a-z0-9][a-z0-9._-]{0,20}"),
+        depth in 1u32..=MAX_DEPTH,
+        issued_at in 0u64..4_000_000_000,
+        lifetime in 1u64..=MAX_LIFETIME_SECONDS,
+        nonce in any::<[u8; 16]>(),
+        key in "[a-z0-9][a-z0-9-]{0,10}",
+    ) -> Manifest {
+        let (parent_id, depth) = match parent {
+            Some(p) if p != worker_id => (Some(worker(&p)), depth),
+            _ => (None, 0),
+        };
+        let validity = match Validity::starting_at(issued_at, lifetime) {
+            Ok(v) => v,
+            Err(e) => panic!("{e}"),
+        };
+        let key_id = match KeyId::new(key) {
+            Ok(k) => k,
+            Err(e) => panic!("{e}"),
+        };
+        let depth = match Depth::new(depth) {
+            Ok(d) => d,
+            Err(e) => panic!("{e}"),
+        };
+        Manifest::unsigned(
+            key_id,
+            Lineage { worker_id: worker(&worker_id), parent_id, depth },
+            validity,
+            Nonce::from_bytes(nonce),
+            job,
+        )
+    }
+}
+
+fn json_value(m: &Manifest) -> Result<serde_json::Value, serde_json::Error> {
+    serde_json::to_value(m)
+}
+
+fn decode_value(v: &serde_json::Value) -> Result<Manifest, ManifestError> {
+    Manifest::from_json(v.to_string().as_bytes())
+}
+
+#[test]
+fn json_round_trips() -> TestResult {
+    let m = sample_manifest();
+    assert_eq!(Manifest::from_json(m.to_json()?.as_bytes())?, m);
+    Ok(())
+}
+
+#[test]
+fn unknown_fields_are_refused_at_every_level() -> TestResult {
+    for pointer in ["", "/resources", "/resources/network_policy", "/filesystem"] {
+        let mut v = json_value(&sample_manifest())?;
+        match v.pointer_mut(pointer) {
+            Some(serde_json::Value::Object(map)) => {
+                map.insert("surprise".into(), serde_json::Value::Bool(true));
+            }
+            _ => panic!("no object at {pointer:?}"),
+        }
+        match decode_value(&v) {
+            Err(ManifestError::Decode(msg)) => assert!(msg.contains("surprise"), "{msg}"),
+            other => panic!("unknown field at {pointer:?} accepted: {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn duplicate_fields_are_refused() -> TestResult {
+    let text = sample_manifest().to_json()?;
+    let doubled = text.replacen("\"depth\": 0,", "\"depth\": 0, \"depth\": 1,", 1);
+    assert_ne!(doubled, text);
+    assert!(matches!(
+        Manifest::from_json(doubled.as_bytes()),
+        Err(ManifestError::Decode(_))
+    ));
+    Ok(())
+}
+
+#[test]
+fn absurd_values_are_refused() -> TestResult {
+    let cases: &[(&str, serde_json::Value)] = &[
+        ("/resources/memory_limit_mb", serde_json::json!(u64::MAX)),
+        ("/resources/memory_limit_mb", serde_json::json!(0)),
+        ("/resources/memory_limit_mb", serde_json::json!(-1)),
+        ("/resources/cpu_limit", serde_json::json!(-0.5)),
+        ("/resources/cpu_limit", serde_json::json!(0)),
+        ("/resources/cpu_limit", serde_json::json!(1e300)),
+        ("/resources/pids_limit", serde_json::json!(0)),
+        ("/resources/timeout_ms", serde_json::json!(u64::MAX)),
+        ("/depth", serde_json::json!(MAX_DEPTH + 1)),
+        ("/depth", serde_json::json!(1.5)),
+        ("/issued_at", serde_json::json!(-1)),
+        ("/expires_at", serde_json::json!(u64::MAX)),
+        ("/worker_id", serde_json::json!("../etc")),
+        ("/nonce", serde_json::json!("xyz")),
+        ("/profile", serde_json::json!("/tmp/evil.toml")),
+        ("/filesystem/read_only", serde_json::json!(["relative"])),
+        ("/filesystem/read_write", serde_json::json!(["/"])),
+        ("/command", serde_json::json!([])),
+        ("/command", serde_json::json!([""])),
+        ("/command", serde_json::json!(["a\u{0}b"])),
+        ("/env", serde_json::json!(["NOEQUALS"])),
+        ("/env", serde_json::json!(["A=1", "A=2"])),
+        ("/cwd", serde_json::json!("work")),
+        (
+            "/state_snapshot",
+            serde_json::json!("x".repeat(MAX_STATE_SNAPSHOT + 1)),
+        ),
+    ];
+    for (pointer, value) in cases {
+        let mut v = json_value(&sample_manifest())?;
+        match v.pointer_mut(pointer) {
+            Some(slot) => *slot = value.clone(),
+            None => panic!("no field at {pointer}"),
+        }
+        assert!(
+            decode_value(&v).is_err(),
+            "{pointer} = {value} was accepted"
+        );
+    }
+    Ok(())
+}
+
+const MAX_STATE_SNAPSHOT: usize = fields::MAX_STATE_SNAPSHOT_BYTES;
+
+#[test]
+fn non_json_and_invalid_utf8_are_refused() {
+    assert!(matches!(
+        Manifest::from_json(b"\xff\xfe{}"),
+        Err(ManifestError::NotUtf8 { offset: 0 })
+    ));
+    for bad in [
+        &b""[..],
+        b"not json",
+        b"[]",
+        b"{}",
+        b"null",
+        b"{\"key_id\": 1}",
+    ] {
+        assert!(
+            matches!(Manifest::from_json(bad), Err(ManifestError::Decode(_))),
+            "{bad:?}"
+        );
+    }
+    let huge = vec![b' '; MAX_MANIFEST_JSON_BYTES + 1];
+    assert!(matches!(
+        Manifest::from_json(&huge),
+        Err(ManifestError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn lineage_must_be_consistent() {
+    let mut m = sample_manifest();
+    m.depth = Depth::ROOT.child().unwrap_or(Depth::ROOT);
+    assert_eq!(m.validate().map_err(|e| e.field), Err("parent_id"));
+    let mut m = sample_manifest();
+    m.parent_id = Some(worker("w-other"));
+    assert_eq!(m.validate().map_err(|e| e.field), Err("parent_id"));
+    m.depth = Depth::ROOT.child().unwrap_or(Depth::ROOT);
+    assert_eq!(m.validate(), Ok(()));
+    m.parent_id = Some(m.worker_id.clone());
+    assert_eq!(m.validate().map_err(|e| e.field), Err("parent_id"));
+}
+
+#[test]
+fn validity_windows_are_positive_and_bounded() -> TestResult {
+    assert!(Validity::starting_at(T0, 0).is_err());
+    assert!(Validity::starting_at(T0, MAX_LIFETIME_SECONDS + 1).is_err());
+    assert!(Validity::starting_at(u64::MAX - 1, 10).is_err());
+    let mut m = sample_manifest();
+    m.expires_at = m.issued_at;
+    assert_eq!(m.validate().map_err(|e| e.field), Err("expires_at"));
+    let v = Validity::starting_at(T0, 60)?;
+    assert_eq!(v.expires_at.get() - v.issued_at.get(), 60);
+    Ok(())
+}
+
+#[test]
+fn the_same_path_cannot_be_exposed_twice() {
+    let mut r = sample_request();
+    r.filesystem.read_write.push(path("/srv/data"));
+    assert_eq!(r.validate().map_err(|e| e.field), Err("filesystem"));
+}
+
+#[test]
+fn duplicates_are_found_in_long_lists_too() {
+    for n in [2usize, 16, 17, 40] {
+        let mut r = sample_request();
+        r.filesystem.read_only = (0..n).map(|i| path(&format!("/d/{i}"))).collect();
+        r.filesystem.read_write = vec![];
+        r.env = (0..n).map(|i| format!("K{i}=v")).collect();
+        assert_eq!(r.validate(), Ok(()), "{n} distinct entries");
+        let mut paths = r.clone();
+        paths.filesystem.read_write = vec![path(&format!("/d/{}", n - 1))];
+        assert_eq!(
+            paths.validate().map_err(|e| e.field),
+            Err("filesystem"),
+            "{n}"
+        );
+        let mut env = r.clone();
+        env.env.push(format!("K{}=other", n / 2));
+        assert_eq!(env.validate().map_err(|e| e.field), Err("env"), "{n}");
+    }
+}
+
+#[test]
+fn spawn_requests_cannot_carry_lineage() -> TestResult {
+    let mut v = serde_json::to_value(sample_request())?;
+    if let serde_json::Value::Object(map) = &mut v {
+        map.insert("depth".into(), serde_json::json!(0));
+    }
+    match SpawnRequest::from_json(v.to_string().as_bytes()) {
+        Err(ManifestError::Decode(msg)) => assert!(msg.contains("depth"), "{msg}"),
+        other => panic!("a request naming its depth was accepted: {other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn the_largest_valid_manifest_fits_the_json_limit() -> TestResult {
+    // Every string at its limit and made of the character JSON escapes the longest.
+    let mut m = sample_manifest();
+    let ctl = "\u{1}";
+    m.state_snapshot = StateSnapshot::new(ctl.repeat(MAX_STATE_SNAPSHOT))?;
+    m.command = vec![ctl.repeat(MAX_COMMAND_BYTES / MAX_COMMAND_ARGS); MAX_COMMAND_ARGS];
+    m.env = (0..MAX_ENV_VARS)
+        .map(|i| {
+            let k = format!("K{i:04}=");
+            format!("{k}{}", ctl.repeat(MAX_ENV_BYTES / MAX_ENV_VARS - k.len()))
+        })
+        .collect();
+    let long = |i: usize| {
+        let mut s = format!("/{i:02}");
+        while s.len() + 2 <= fields::MAX_PATH_BYTES {
+            s.push_str("/\"");
+        }
+        path(&s)
+    };
+    m.filesystem.read_only = (0..MAX_EXPOSED_PATHS / 2).map(long).collect();
+    m.filesystem.read_write = (MAX_EXPOSED_PATHS / 2..MAX_EXPOSED_PATHS)
+        .map(long)
+        .collect();
+    m.validate()?;
+    let json = m.to_json()?;
+    assert!(
+        json.len() <= MAX_MANIFEST_JSON_BYTES,
+        "{} bytes",
+        json.len()
+    );
+    assert_eq!(Manifest::from_json(json.as_bytes())?, m);
+    Ok(())
+}
+
+#[test]
+fn json_layout_never_changes_the_canonical_bytes() -> TestResult {
+    let m = sample_manifest();
+    let compact = serde_json::to_string(&m)?;
+    // Same manifest, fields in reverse order, with whitespace and escaped characters.
+    let v = json_value(&m)?;
+    let mut reordered = String::from("{\n");
+    if let serde_json::Value::Object(map) = &v {
+        let entries: Vec<String> = map
+            .iter()
+            .rev()
+            .map(|(k, val)| format!("  \"{k}\" :\t{val}"))
+            .collect();
+        reordered.push_str(&entries.join(",\n"));
+    }
+    reordered.push_str("\n}\n");
+    let reordered = reordered.replace("python3", "\\u0070ython3");
+    let a = Manifest::from_json(compact.as_bytes())?;
+    let b = Manifest::from_json(reordered.as_bytes())?;
+    assert_eq!(canonical::encode(&a), canonical::encode(&b));
+    assert_eq!(canonical::encode(&a), canonical::encode(&m));
+    Ok(())
+}
+
+#[test]
+fn the_encoding_starts_with_the_format_name() {
+    assert!(canonical::encode(&sample_manifest()).starts_with(canonical::MAGIC));
+}
+
+proptest! {
+    #[test]
+    fn canonical_bytes_decode_back_to_the_same_manifest(m in arb_manifest()) {
+        prop_assert_eq!(m.validate(), Ok(()));
+        let decoded = decode(&canonical::encode(&m));
+        prop_assert_eq!(decoded, Ok(m));
+    }
+
+    #[test]
+    fn different_manifests_never_share_an_encoding(a in arb_manifest(), b in arb_manifest()) {
+        let (ea, eb) = (canonical::encode(&a), canonical::encode(&b));
+        let mut a_unsigned = a.clone();
+        let mut b_unsigned = b.clone();
+        a_unsigned.signature.clear();
+        b_unsigned.signature.clear();
+        prop_assert_eq!(ea == eb, a_unsigned == b_unsigned);
+    }
+
+    #[test]
+    fn valid_manifests_survive_json(m in arb_manifest()) {
+        let json = m.to_json().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(Manifest::from_json(json.as_bytes()), Ok(m));
+    }
+
+    #[test]
+    fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = Manifest::from_json(&bytes);
+        let _ = SpawnRequest::from_json(&bytes);
+    }
+}

@@ -1,0 +1,601 @@
+//! Signing keys: the keyring and its file.
+//!
+//! A keyring holds up to [`MAX_KEYS`] 256-bit HMAC keys, each with a [`KeyId`]; one is
+//! active and signs, every key verifies. Rotation adds a new active key and keeps the old
+//! ones, so manifests signed before the rotation stay valid until they expire; an operator
+//! retires an old key by deleting its line once nothing it signed is alive.
+//!
+//! The key file is text, one statement per line (`#` starts a comment):
+//!
+//! ```text
+//! active k-3f1c0e9a2b7d4c51
+//! key k-3f1c0e9a2b7d4c51 <64 hex digits>
+//! ```
+//!
+//! It is loaded only if it is a regular file (not a symlink), owned by the effective user,
+//! with no permission bits for group or others (0600 or 0400): anyone else able to read it
+//! could forge manifests. Secrets never appear in `Debug`, `Display`, logs or errors: key
+//! file errors name the path and line, never the line's content.
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use hmac::{Hmac, KeyInit};
+use sha2::{Digest, Sha256};
+
+use crate::manifest::KeyId;
+use crate::manifest::fields::decode_lower_hex;
+
+/// Most keys a keyring holds (active + retired ones still verifying).
+pub const MAX_KEYS: usize = 16;
+/// Largest key file read.
+pub const MAX_KEY_FILE_BYTES: u64 = 64 << 10;
+/// Key length in bytes (the SHA-256 block-size-independent recommendation: the hash size).
+pub const KEY_BYTES: usize = 32;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("key file {path}: {why}")]
+    File { path: PathBuf, why: String },
+    #[error(
+        "key file {path}: mode {mode:04o} lets others read or write it; run `chmod 600 {path}`"
+    )]
+    Permissions { path: PathBuf, mode: u32 },
+    #[error(
+        "key file {path}: owned by uid {owner}, not by the current user (uid {euid}); a key file must be owned by whoever uses it"
+    )]
+    Owner {
+        path: PathBuf,
+        owner: u32,
+        euid: u32,
+    },
+    #[error("key file {path} line {line}: {why}")]
+    Syntax {
+        path: PathBuf,
+        line: usize,
+        why: String,
+    },
+    #[error("key file {path} already exists; `hatchery manifest keygen --rotate` adds a key to it")]
+    Exists { path: PathBuf },
+    #[error("keyring: {0}")]
+    Keyring(String),
+    #[error("cannot generate a key: the system random source failed: {0}")]
+    Random(String),
+}
+
+/// A 256-bit HMAC key. Its bytes never leave this module except into a MAC or the key file.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretKey([u8; KEY_BYTES]);
+
+impl SecretKey {
+    /// A new key from the operating system's random source.
+    pub fn generate() -> Result<SecretKey, KeyError> {
+        let mut b = [0u8; KEY_BYTES];
+        getrandom::fill(&mut b).map_err(|e| KeyError::Random(e.to_string()))?;
+        Ok(SecretKey(b))
+    }
+
+    /// A key from raw bytes. An all-zero key is refused: it is what an uninitialised buffer
+    /// looks like, never what a random source produced.
+    pub fn from_bytes(bytes: [u8; KEY_BYTES]) -> Result<SecretKey, KeyError> {
+        if bytes == [0u8; KEY_BYTES] {
+            return Err(KeyError::Keyring("an all-zero key is not a key".into()));
+        }
+        Ok(SecretKey(bytes))
+    }
+
+    /// The id `keygen` gives a key: "k-" and 16 hex digits of a domain-separated SHA-256
+    /// of the key (one-way: it names the key without revealing it).
+    pub fn fingerprint_id(&self) -> Result<KeyId, KeyError> {
+        let digest = Sha256::new()
+            .chain_update(b"hatchery key id v1\0")
+            .chain_update(self.0)
+            .finalize();
+        KeyId::new(format!("k-{}", hex::encode(&digest[..8])))
+            .map_err(|e| KeyError::Keyring(e.to_string()))
+    }
+
+    pub(super) fn mac(&self) -> Result<Hmac<Sha256>, KeyError> {
+        <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0)
+            .map_err(|e| KeyError::Keyring(e.to_string()))
+    }
+}
+
+impl fmt::Debug for SecretKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretKey(<redacted>)")
+    }
+}
+
+/// One key of a keyring with its MAC state prepared (keyed once, cloned per use).
+#[derive(Clone)]
+pub(super) struct KeyEntry {
+    pub(super) id: KeyId,
+    secret: SecretKey,
+    pub(super) mac: Hmac<Sha256>,
+}
+
+/// The controller's signing keys. `Debug` shows key ids only.
+#[derive(Clone)]
+pub struct Keyring {
+    /// Index of the active key in `keys`.
+    active: usize,
+    keys: Vec<KeyEntry>,
+}
+
+impl fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keyring")
+            .field("active", self.active_key_id())
+            .field("keys", &self.key_ids().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Keyring {
+    /// A keyring of one key, active.
+    pub fn single(id: KeyId, key: SecretKey) -> Result<Keyring, KeyError> {
+        Keyring::from_keys(id.clone(), vec![(id, key)])
+    }
+
+    /// A keyring of the given keys with `active` signing; ids must be unique.
+    pub fn from_keys(active: KeyId, keys: Vec<(KeyId, SecretKey)>) -> Result<Keyring, KeyError> {
+        if keys.is_empty() {
+            return Err(KeyError::Keyring("no keys".into()));
+        }
+        if keys.len() > MAX_KEYS {
+            return Err(KeyError::Keyring(format!(
+                "{} keys; the maximum is {MAX_KEYS} (retire old ones)",
+                keys.len()
+            )));
+        }
+        let mut entries: Vec<KeyEntry> = Vec::with_capacity(keys.len());
+        for (id, secret) in keys {
+            if entries.iter().any(|e| e.id == id) {
+                return Err(KeyError::Keyring(format!("key id {id} appears twice")));
+            }
+            if entries.iter().any(|e| e.secret == secret) {
+                return Err(KeyError::Keyring(format!(
+                    "key {id} has the same secret as another key"
+                )));
+            }
+            let mac = secret.mac()?;
+            entries.push(KeyEntry { id, secret, mac });
+        }
+        let active = entries
+            .iter()
+            .position(|e| e.id == active)
+            .ok_or_else(|| KeyError::Keyring("the active key id names none of the keys".into()))?;
+        Ok(Keyring {
+            active,
+            keys: entries,
+        })
+    }
+
+    /// A keyring of one freshly generated key.
+    pub fn generate() -> Result<Keyring, KeyError> {
+        let key = SecretKey::generate()?;
+        Keyring::single(key.fingerprint_id()?, key)
+    }
+
+    /// Adds a freshly generated key and makes it active; the others keep verifying.
+    pub fn rotate(&mut self) -> Result<KeyId, KeyError> {
+        if self.keys.len() >= MAX_KEYS {
+            return Err(KeyError::Keyring(format!(
+                "already {MAX_KEYS} keys; retire old ones before rotating"
+            )));
+        }
+        let key = SecretKey::generate()?;
+        let id = key.fingerprint_id()?;
+        if self.keys.iter().any(|e| e.id == id) {
+            return Err(KeyError::Keyring(format!("key id {id} already present")));
+        }
+        let mac = key.mac()?;
+        self.keys.push(KeyEntry {
+            id: id.clone(),
+            secret: key,
+            mac,
+        });
+        self.active = self.keys.len() - 1;
+        Ok(id)
+    }
+
+    pub fn active_key_id(&self) -> &KeyId {
+        &self.active_entry().id
+    }
+
+    pub fn key_ids(&self) -> impl Iterator<Item = &KeyId> {
+        self.keys.iter().map(|e| &e.id)
+    }
+
+    pub(super) fn active_entry(&self) -> &KeyEntry {
+        // `active` is an index into `keys` by construction (never empty).
+        &self.keys[self.active]
+    }
+
+    pub(super) fn entry(&self, id: &KeyId) -> Option<&KeyEntry> {
+        self.keys.iter().find(|e| &e.id == id)
+    }
+
+    /// Reads a key file, refusing it unless it is a regular file owned by the effective
+    /// user with no group or other permissions.
+    pub fn load(path: &Path) -> Result<Keyring, KeyError> {
+        let file = open_private(path)?;
+        let mut text = String::new();
+        file.take(MAX_KEY_FILE_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(|e| file_err(path, format!("cannot read: {}", io_reason(&e))))?;
+        if text.len() as u64 > MAX_KEY_FILE_BYTES {
+            return Err(file_err(
+                path,
+                format!("larger than {MAX_KEY_FILE_BYTES} bytes"),
+            ));
+        }
+        parse(path, &text)
+    }
+
+    /// Loads the key file, or creates it with one new key when it does not exist (first
+    /// start). Returns whether it was created.
+    pub fn load_or_generate(path: &Path) -> Result<(Keyring, bool), KeyError> {
+        match std::fs::symlink_metadata(path) {
+            Ok(_) => Ok((Keyring::load(path)?, false)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let ring = Keyring::generate()?;
+                match ring.write_new(path) {
+                    Ok(()) => Ok((ring, true)),
+                    // Someone else created it between our look and our create: use theirs.
+                    Err(KeyError::Exists { .. }) => Ok((Keyring::load(path)?, false)),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(file_err(path, io_reason(&e))),
+        }
+    }
+
+    /// Writes the keyring to a new file (mode 0600); refuses to overwrite anything.
+    pub fn write_new(&self, path: &Path) -> Result<(), KeyError> {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => KeyError::Exists {
+                    path: path.to_path_buf(),
+                },
+                _ => file_err(path, format!("cannot create: {}", io_reason(&e))),
+            })?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| file_err(path, io_reason(&e)))?;
+        file.write_all(self.to_file_text().as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(|e| file_err(path, format!("cannot write: {}", io_reason(&e))))?;
+        sync_parent(path);
+        Ok(())
+    }
+
+    /// Replaces an existing key file atomically (a new file beside it, then rename), after
+    /// checking the existing one passes the same ownership and mode checks as [`load`].
+    ///
+    /// [`load`]: Keyring::load
+    pub fn replace(&self, path: &Path) -> Result<(), KeyError> {
+        drop(open_private(path)?);
+        let mut suffix = [0u8; 8];
+        getrandom::fill(&mut suffix).map_err(|e| KeyError::Random(e.to_string()))?;
+        let name = path
+            .file_name()
+            .ok_or_else(|| file_err(path, "not a file name".to_string()))?;
+        let mut tmp_name = name.to_os_string();
+        tmp_name.push(format!(".tmp-{}", hex::encode(suffix)));
+        let tmp = path.with_file_name(tmp_name);
+        self.write_new(&tmp)?;
+        std::fs::rename(&tmp, path).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            file_err(path, format!("cannot replace: {}", io_reason(&e)))
+        })?;
+        sync_parent(path);
+        Ok(())
+    }
+
+    fn to_file_text(&self) -> String {
+        let mut s = String::from(
+            "# hatchery manifest signing keys. Secret: anyone who can read this file can forge\n\
+             # manifests. Mode 0600, owned by the controller's user. The active key signs;\n\
+             # every listed key verifies (delete a key's line to retire it).\n",
+        );
+        s.push_str(&format!("active {}\n", self.active_key_id()));
+        for e in &self.keys {
+            s.push_str(&format!("key {} {}\n", e.id, hex::encode(e.secret.0)));
+        }
+        s
+    }
+}
+
+fn file_err(path: &Path, why: String) -> KeyError {
+    KeyError::File {
+        path: path.to_path_buf(),
+        why,
+    }
+}
+
+/// The reason of an I/O error without anything that could echo file content.
+fn io_reason(e: &std::io::Error) -> String {
+    match (e.raw_os_error(), e.kind()) {
+        (Some(libc::ELOOP), _) => "is a symlink; name the real file".to_string(),
+        (_, std::io::ErrorKind::NotFound) => {
+            "does not exist (create one with `hatchery manifest keygen --key FILE`)".to_string()
+        }
+        (_, kind) => kind.to_string(),
+    }
+}
+
+/// Opens a key file for reading after the ownership and mode checks (on the open file, so
+/// the checked file is the one read).
+fn open_private(path: &Path) -> Result<File, KeyError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| file_err(path, format!("cannot open: {}", io_reason(&e))))?;
+    let meta = file.metadata().map_err(|e| file_err(path, io_reason(&e)))?;
+    if !meta.is_file() {
+        return Err(file_err(path, "not a regular file".to_string()));
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    if meta.uid() != euid {
+        return Err(KeyError::Owner {
+            path: path.to_path_buf(),
+            owner: meta.uid(),
+            euid,
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(KeyError::Permissions {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    Ok(file)
+}
+
+/// Makes a create or rename durable; best effort, since the file itself is already synced.
+fn sync_parent(path: &Path) {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if let Ok(dir) = File::open(parent) {
+        let _ = dir.sync_all();
+    }
+}
+
+fn parse(path: &Path, text: &str) -> Result<Keyring, KeyError> {
+    let syntax = |line: usize, why: &str| KeyError::Syntax {
+        path: path.to_path_buf(),
+        line,
+        why: why.to_string(),
+    };
+    let mut active: Option<(usize, KeyId)> = None;
+    let mut keys: Vec<(KeyId, SecretKey)> = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let n = i + 1;
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let words: Vec<&str> = line.split_ascii_whitespace().collect();
+        match words.as_slice() {
+            ["active", id] => {
+                if active.is_some() {
+                    return Err(syntax(n, "a second `active` line"));
+                }
+                let id = KeyId::new(*id).map_err(|e| syntax(n, &e.to_string()))?;
+                active = Some((n, id));
+            }
+            ["key", id, secret] => {
+                let id = KeyId::new(*id).map_err(|e| syntax(n, &e.to_string()))?;
+                let bytes = decode_lower_hex::<KEY_BYTES>(secret).ok_or_else(|| {
+                    syntax(
+                        n,
+                        "the key must be 64 lowercase hex digits (256 bits); the line was not shown",
+                    )
+                })?;
+                let key = SecretKey::from_bytes(bytes).map_err(|e| syntax(n, &e.to_string()))?;
+                keys.push((id, key));
+            }
+            _ => {
+                return Err(syntax(
+                    n,
+                    "expected `active KEY_ID` or `key KEY_ID HEX` (the line was not shown: it may hold a secret)",
+                ));
+            }
+        }
+    }
+    let (line, active) = active.ok_or_else(|| file_err(path, "no `active KEY_ID` line".into()))?;
+    Keyring::from_keys(active, keys).map_err(|e| match e {
+        KeyError::Keyring(why) => syntax(line, &why),
+        other => other,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    fn write_mode(path: &Path, text: &str, mode: u32) -> std::io::Result<()> {
+        std::fs::write(path, text)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    }
+
+    #[test]
+    fn generated_key_files_are_private_and_load_back() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("keys");
+        let ring = Keyring::generate()?;
+        ring.write_new(&path)?;
+        let meta = std::fs::metadata(&path)?;
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        let loaded = Keyring::load(&path)?;
+        assert_eq!(loaded.active_key_id(), ring.active_key_id());
+        assert!(matches!(
+            ring.write_new(&path),
+            Err(KeyError::Exists { .. })
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn readable_by_others_is_refused() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("keys");
+        Keyring::generate()?.write_new(&path)?;
+        for mode in [0o644, 0o640, 0o604, 0o660, 0o602] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
+            assert!(
+                matches!(Keyring::load(&path), Err(KeyError::Permissions { .. })),
+                "mode {mode:o} accepted"
+            );
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400))?;
+        assert!(Keyring::load(&path).is_ok(), "0400 is stricter than 0600");
+        Ok(())
+    }
+
+    #[test]
+    fn symlinks_and_directories_are_refused() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let real = dir.path().join("keys");
+        Keyring::generate()?.write_new(&real)?;
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link)?;
+        match Keyring::load(&link) {
+            Err(KeyError::File { why, .. }) => assert!(why.contains("symlink"), "{why}"),
+            other => panic!("symlink accepted: {other:?}"),
+        }
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub)?;
+        std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o700))?;
+        assert!(Keyring::load(&sub).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn files_owned_by_someone_else_are_refused() -> TestResult {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP files_owned_by_someone_else_are_refused: needs root to chown");
+            return Ok(());
+        }
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("keys");
+        Keyring::generate()?.write_new(&path)?;
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534))?;
+        assert!(matches!(Keyring::load(&path), Err(KeyError::Owner { .. })));
+        Ok(())
+    }
+
+    #[test]
+    fn syntax_errors_name_the_line_but_never_show_it() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("keys");
+        let secret = "ab".repeat(31); // 62 digits: one byte short
+        let text = format!("# comment\nactive k1\nkey k1 {secret}\n");
+        write_mode(&path, &text, 0o600)?;
+        match Keyring::load(&path) {
+            Err(e @ KeyError::Syntax { line: 3, .. }) => {
+                assert!(!e.to_string().contains(&secret), "{e}");
+                assert!(!format!("{e:?}").contains(&secret), "{e:?}");
+            }
+            other => panic!("expected a syntax error on line 3, got {other:?}"),
+        }
+        let cases = [
+            ("key k1 x y z\n", 1),
+            ("active k1\nactive k1\n", 2),
+            ("active k1\nkey k1 UPPER\n", 2),
+        ];
+        for (text, line) in cases {
+            write_mode(&path, text, 0o600)?;
+            match Keyring::load(&path) {
+                Err(KeyError::Syntax { line: l, .. }) => assert_eq!(l, line, "{text:?}"),
+                other => panic!("{text:?}: {other:?}"),
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_active_key_must_be_listed_and_ids_unique() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("keys");
+        let k = "01".repeat(32);
+        let k2 = "02".repeat(32);
+        for text in [
+            format!("active k2\nkey k1 {k}\n"),
+            format!("active k1\nkey k1 {k}\nkey k1 {k2}\n"),
+            format!("active k1\nkey k1 {k}\nkey k2 {k}\n"),
+            format!("key k1 {k}\n"),
+            format!("active k1\nkey k1 {}\n", "00".repeat(32)),
+        ] {
+            write_mode(&path, &text, 0o600)?;
+            assert!(Keyring::load(&path).is_err(), "{text}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn secrets_never_show_in_debug_output() -> TestResult {
+        let ring = Keyring::generate()?;
+        let secret_hex = hex::encode(ring.active_entry().secret.0);
+        let shown = format!("{ring:?} {:?}", ring.active_entry().secret);
+        assert!(!shown.contains(&secret_hex), "{shown}");
+        assert!(shown.contains(ring.active_key_id().as_str()));
+        Ok(())
+    }
+
+    #[test]
+    fn rotation_adds_an_active_key_and_keeps_the_old_one() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("keys");
+        let mut ring = Keyring::generate()?;
+        let old = ring.active_key_id().clone();
+        ring.write_new(&path)?;
+        let new = ring.rotate()?;
+        assert_ne!(old, new);
+        ring.replace(&path)?;
+        let loaded = Keyring::load(&path)?;
+        assert_eq!(loaded.active_key_id(), &new);
+        assert!(loaded.entry(&old).is_some());
+        assert_eq!(std::fs::metadata(&path)?.mode() & 0o777, 0o600);
+        let leftovers = std::fs::read_dir(dir.path())?.count();
+        assert_eq!(leftovers, 1, "no temporary file is left behind");
+        Ok(())
+    }
+
+    #[test]
+    fn keyrings_are_bounded() -> TestResult {
+        let mut ring = Keyring::generate()?;
+        for _ in 1..MAX_KEYS {
+            ring.rotate()?;
+        }
+        assert!(matches!(ring.rotate(), Err(KeyError::Keyring(_))));
+        Ok(())
+    }
+
+    #[test]
+    fn load_or_generate_creates_once_then_loads() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("keys");
+        let (first, created) = Keyring::load_or_generate(&path)?;
+        assert!(created);
+        let (second, created) = Keyring::load_or_generate(&path)?;
+        assert!(!created);
+        assert_eq!(first.active_key_id(), second.active_key_id());
+        Ok(())
+    }
+}
