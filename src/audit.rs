@@ -115,22 +115,32 @@ impl AuditEntry {
     }
 }
 
-/// The trail's MAC key. Never printed.
+/// The trail's MAC key (a keyed HMAC-SHA256, derived from the controller's key). Never
+/// printed.
 #[derive(Clone)]
-pub struct AuditKey(Vec<u8>);
+pub struct AuditKey(Option<Hmac<Sha256>>);
+
+/// The derivation label of the audit key (see [`crate::signing::Keyring::derived_mac`]).
+pub const KEY_PURPOSE: &str = "audit trail";
 
 impl AuditKey {
+    /// A key from raw bytes (tests, tools).
     pub fn new(bytes: &[u8]) -> AuditKey {
-        AuditKey(bytes.to_vec())
+        AuditKey(<Hmac<Sha256> as KeyInit>::new_from_slice(bytes).ok())
+    }
+
+    /// The key as a keyed MAC, e.g. from `Keyring::derived_mac(audit::KEY_PURPOSE)`.
+    pub fn from_mac(mac: Hmac<Sha256>) -> AuditKey {
+        AuditKey(Some(mac))
     }
 
     fn mac(&self, data: &[u8]) -> String {
-        match <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0) {
-            Ok(mut m) => {
+        match self.0.clone() {
+            Some(mut m) => {
                 m.update(data);
                 hex::encode(m.finalize().into_bytes())
             }
-            Err(_) => String::new(),
+            None => String::new(),
         }
     }
 
@@ -138,12 +148,12 @@ impl AuditKey {
         let Ok(expected) = hex::decode(mac_hex) else {
             return false;
         };
-        match <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0) {
-            Ok(mut m) => {
+        match self.0.clone() {
+            Some(mut m) => {
                 m.update(data);
                 m.verify_slice(&expected).is_ok()
             }
-            Err(_) => false,
+            None => false,
         }
     }
 }

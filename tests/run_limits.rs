@@ -340,3 +340,62 @@ fn signals_to_run_reach_the_command() {
         "SIGTERM was forwarded to the command's trap"
     );
 }
+
+#[test]
+fn a_killed_run_takes_its_sandbox_along() {
+    if skip_unless_root("run killed") {
+        return;
+    }
+    let marker = format!("run-kill-marker-{}", std::process::id());
+    let mut child = match Command::new(hatchery())
+        .args([
+            "run",
+            "--timeout",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            &format!("sleep 300; : {marker}"),
+        ])
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("spawn: {e}"),
+    };
+    let start = std::time::Instant::now();
+    loop {
+        let ps = run_with_timeout(
+            Command::new("pgrep").args(["-f", &marker]),
+            Duration::from_secs(10),
+        );
+        if code(&ps) == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the sandbox never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let start = std::time::Instant::now();
+    loop {
+        let ps = run_with_timeout(
+            Command::new("pgrep").args(["-f", &marker]),
+            Duration::from_secs(10),
+        );
+        if code(&ps) != 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the sandbox outlived its supervisor: {}",
+            stdout(&ps)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Its cgroup is removed by the next run (a SIGKILLed process cleans up nothing itself).
+    let out = hatchery_cmd(&["run", "--", "true"]);
+    assert_eq!(code(&out), 0);
+}

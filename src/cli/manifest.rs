@@ -8,13 +8,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::{Args, Subcommand};
 
 use hatchery::contract::ContractConfig;
-use hatchery::manifest::{
-    CpuLimit, Depth, ExposedPath, FilesystemScope, Lineage, MAX_MANIFEST_JSON_BYTES, MemoryMb,
-    NetworkPolicy, PidsLimit, ProfileName, ResourceSpec, SpawnRequest, StateSnapshot, TimeoutMs,
-    Validity, WorkerId,
-};
+use hatchery::manifest::{Depth, Lineage, MAX_MANIFEST_JSON_BYTES, Validity, WorkerId};
 use hatchery::signing::{Keyring, ManifestSigner};
 use hatchery::units;
+
+use super::job::{JobArgs, parse_depth, parse_worker_id};
 
 /// Exit status of `verify` for a manifest that failed a check.
 pub const EXIT_INVALID: i32 = 1;
@@ -81,33 +79,6 @@ pub struct IssueArgs {
     /// Key file (its active key signs)
     #[arg(long, value_name = "FILE")]
     pub key: PathBuf,
-    /// Memory limit (64M, 1G), a whole number of MiB
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_memory_mb)]
-    pub memory: MemoryMb,
-    /// CPU quota in cores (0.5), in steps of 0.001
-    #[arg(long, value_name = "N", default_value = "0.5", value_parser = parse_cpu)]
-    pub cpus: CpuLimit,
-    /// Maximum number of tasks (processes + threads)
-    #[arg(long, value_name = "N", default_value = "64", value_parser = parse_pids)]
-    pub pids: PidsLimit,
-    /// Wall-clock limit of the worker's sandbox (500ms, 30s, 5m)
-    #[arg(long, value_name = "DUR", default_value = "5m", value_parser = parse_timeout)]
-    pub timeout: TimeoutMs,
-    /// Expose a host path read-only (absolute; repeatable)
-    #[arg(long = "ro", value_name = "PATH", value_parser = parse_path)]
-    pub ro: Vec<ExposedPath>,
-    /// Expose a host path read-write (absolute; repeatable)
-    #[arg(long = "rw", value_name = "PATH", value_parser = parse_path)]
-    pub rw: Vec<ExposedPath>,
-    /// Security profile name
-    #[arg(long, value_name = "NAME", default_value = "default", value_parser = parse_profile)]
-    pub profile: ProfileName,
-    /// Grant network access beyond the controller
-    #[arg(long)]
-    pub allow_external: bool,
-    /// Withhold the socket to the controller
-    #[arg(long)]
-    pub no_controller: bool,
     /// Worker id (default: a random w-XXXXXXXXXXXXXXXX)
     #[arg(long, value_name = "ID", value_parser = parse_worker_id)]
     pub worker_id: Option<WorkerId>,
@@ -117,24 +88,11 @@ pub struct IssueArgs {
     /// Depth of a child manifest, 1 or more (needs --parent)
     #[arg(long, value_name = "N", requires = "parent", value_parser = parse_depth)]
     pub depth: Option<Depth>,
-    /// State snapshot handed to the worker (UTF-8 text)
-    #[arg(long, value_name = "TEXT", conflicts_with = "state_file")]
-    pub state: Option<String>,
-    /// Read the state snapshot from a file
-    #[arg(long, value_name = "FILE")]
-    pub state_file: Option<PathBuf>,
-    /// Environment variable for the command (repeatable)
-    #[arg(long = "env", value_name = "KEY=VALUE")]
-    pub env: Vec<String>,
-    /// Working directory inside the sandbox
-    #[arg(long, value_name = "PATH")]
-    pub cwd: Option<String>,
     /// How long the manifest stays valid (max 30 days)
     #[arg(long, value_name = "DUR", default_value = "1h", value_parser = units::parse_duration)]
     pub expires_in: Duration,
-    /// The command and its arguments
-    #[arg(last = true, required = true, value_name = "COMMAND")]
-    pub command: Vec<String>,
+    #[command(flatten)]
+    pub job: JobArgs,
 }
 
 const VERIFY_EXAMPLES: &str = "\
@@ -178,54 +136,6 @@ pub struct ContractArgs {
     /// Contract file (TOML)
     #[arg(value_name = "FILE")]
     pub file: Option<PathBuf>,
-}
-
-fn parse_memory_mb(s: &str) -> Result<MemoryMb, String> {
-    let bytes = units::parse_memory(s).map_err(|e| e.to_string())?;
-    if bytes % (1 << 20) != 0 {
-        return Err(format!("{s:?}: must be a whole number of MiB (like 256M)"));
-    }
-    MemoryMb::new(bytes >> 20).map_err(|e| e.to_string())
-}
-
-fn parse_cpu(s: &str) -> Result<CpuLimit, String> {
-    let cores = units::parse_cpus(s).map_err(|e| e.to_string())?;
-    CpuLimit::new(cores).map_err(|e| e.to_string())
-}
-
-fn parse_pids(s: &str) -> Result<PidsLimit, String> {
-    let n = units::parse_pids(s).map_err(|e| e.to_string())?;
-    PidsLimit::new(n).map_err(|e| e.to_string())
-}
-
-fn parse_timeout(s: &str) -> Result<TimeoutMs, String> {
-    let d = units::parse_duration(s).map_err(|e| e.to_string())?;
-    let ms = u64::try_from(d.as_millis()).map_err(|e| e.to_string())?;
-    if Duration::from_millis(ms) != d {
-        return Err(format!("{s:?}: must be a whole number of milliseconds"));
-    }
-    TimeoutMs::new(ms).map_err(|e| e.to_string())
-}
-
-fn parse_path(s: &str) -> Result<ExposedPath, String> {
-    ExposedPath::new(s).map_err(|e| e.why)
-}
-
-fn parse_profile(s: &str) -> Result<ProfileName, String> {
-    ProfileName::new(s).map_err(|e| format!("{} (a profile name, not a file)", e.why))
-}
-
-fn parse_worker_id(s: &str) -> Result<WorkerId, String> {
-    WorkerId::new(s).map_err(|e| e.why)
-}
-
-fn parse_depth(s: &str) -> Result<Depth, String> {
-    let n: u32 = s.parse().map_err(|_| format!("{s:?}: not a depth"))?;
-    let d = Depth::new(n).map_err(|e| e.to_string())?;
-    if d == Depth::ROOT {
-        return Err("a child has a depth of 1 or more (omit --parent/--depth for a root)".into());
-    }
-    Ok(d)
 }
 
 fn unix_now() -> u64 {
@@ -272,16 +182,6 @@ fn keygen(args: KeygenArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn read_state(args: &IssueArgs) -> anyhow::Result<StateSnapshot> {
-    let text = match (&args.state, &args.state_file) {
-        (Some(s), _) => s.clone(),
-        (None, Some(path)) => std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("cannot read the state file {}: {e}", path.display()))?,
-        (None, None) => String::new(),
-    };
-    Ok(StateSnapshot::new(text)?)
-}
-
 fn issue(args: IssueArgs) -> anyhow::Result<()> {
     let signer = ManifestSigner::new(Keyring::load(&args.key)?);
     let worker_id = match &args.worker_id {
@@ -301,28 +201,7 @@ fn issue(args: IssueArgs) -> anyhow::Result<()> {
         },
         _ => Lineage::root(worker_id),
     };
-    let job = SpawnRequest {
-        resources: ResourceSpec {
-            cpu_limit: args.cpus,
-            memory_limit_mb: args.memory,
-            pids_limit: args.pids,
-            timeout_ms: args.timeout,
-            network_policy: NetworkPolicy {
-                allow_controller: !args.no_controller,
-                allow_external: args.allow_external,
-            },
-        },
-        filesystem: FilesystemScope {
-            read_only: args.ro.clone(),
-            read_write: args.rw.clone(),
-        },
-        profile: args.profile.clone(),
-        command: args.command.clone(),
-        env: args.env.clone(),
-        cwd: args.cwd.clone(),
-        state_snapshot: read_state(&args)?,
-    };
-    job.validate()?;
+    let job = args.job.request()?;
     let lifetime = args.expires_in.as_secs().max(1);
     let validity = Validity::starting_at(unix_now(), lifetime)?;
     let manifest = signer.issue(lineage, job, validity)?;

@@ -1,10 +1,14 @@
 //! Command-line edge: one module per subcommand. Errors become one clear line on stderr
 //! and an exit status; nothing below this layer prints.
 
+pub mod agent;
+pub mod audit;
+pub mod controller;
 pub mod doctor;
+pub mod job;
 pub mod logging;
-pub mod profile;
 pub mod manifest;
+pub mod profile;
 pub mod run;
 
 use clap::{Parser, Subcommand};
@@ -40,6 +44,20 @@ pub enum Command {
     Profile(profile::ProfileArgs),
     /// Signing keys, signed manifests and replication contracts
     Manifest(manifest::ManifestArgs),
+    /// Run the controller (foreground): issues manifests, launches workers, enforces the contract
+    Controller(Box<controller::ControllerArgs>),
+    /// Issue a manifest through the controller and launch the worker
+    Spawn(Box<controller::SpawnArgs>),
+    /// List workers (--tree for the lineage) with live usage
+    Ps(controller::PsArgs),
+    /// Kill a worker (--recursive: and its descendants)
+    Kill(controller::KillArgs),
+    /// Kill every worker and refuse new ones (--release to reopen)
+    KillSwitch(controller::KillSwitchArgs),
+    /// Verify or read the audit trail
+    Audit(audit::AuditArgs),
+    /// Talk to the controller from inside a worker
+    Agent(Box<agent::AgentArgs>),
 }
 
 /// Runs a subcommand and returns the process exit status.
@@ -49,5 +67,12 @@ pub fn dispatch(command: Command) -> i32 {
         Command::Doctor(args) => doctor::main(args),
         Command::Profile(args) => profile::main(args),
         Command::Manifest(args) => manifest::main(args),
+        Command::Controller(args) => controller::controller_main(*args),
+        Command::Spawn(args) => controller::spawn_main(*args),
+        Command::Ps(args) => controller::ps_main(args),
+        Command::Kill(args) => controller::kill_main(args),
+        Command::KillSwitch(args) => controller::kill_switch_main(args),
+        Command::Audit(args) => audit::main(args),
+        Command::Agent(args) => agent::main(*args),
     }
 }

@@ -35,6 +35,8 @@ pub struct LaunchSpec {
     pub worker_id: String,
     pub command: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// Working directory inside (default /).
+    pub cwd: Option<String>,
     pub ro: Vec<PathBuf>,
     pub rw: Vec<PathBuf>,
     pub memory: Option<u64>,
@@ -83,6 +85,10 @@ pub struct LiveUsage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case", deny_unknown_fields)]
 pub enum LauncherEvent {
+    /// The launcher is up; it removed these cgroups left by a crashed predecessor.
+    Ready {
+        swept: Vec<PathBuf>,
+    },
     Started {
         worker_id: String,
         pid: i32,
@@ -232,7 +238,7 @@ impl Launcher {
         let request = RunRequest {
             command: ls.command.clone(),
             env,
-            cwd: None,
+            cwd: ls.cwd.as_ref().map(PathBuf::from),
             exposures,
             limits: Limits {
                 memory: ls.memory,
@@ -330,15 +336,22 @@ impl Launcher {
 
 /// The launcher's main loop; returns its exit status.
 pub fn serve(requests: UnixStream, events: UnixStream) -> i32 {
+    // Our own session: a terminal's ^C reaches the controller, which stops workers in
+    // order; the launcher follows the controller (end of its request stream), not signals.
+    crate::sandbox::process::detach_from_terminal_signals();
     let mut l = Launcher {
         host: Host::detect(),
         profiles: HashMap::new(),
         running: HashMap::new(),
         events,
     };
-    if let Some(m) = &l.host.cgroups {
-        m.sweep_stale();
-    }
+    let swept = l
+        .host
+        .cgroups
+        .as_ref()
+        .map(|m| m.sweep_stale())
+        .unwrap_or_default();
+    l.emit(&LauncherEvent::Ready { swept });
     let mut shutting_down = false;
     loop {
         if shutting_down && l.running.is_empty() {

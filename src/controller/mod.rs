@@ -1,5 +1,279 @@
-//! The controller: issues signed manifests, launches workers through a single-threaded
-//! launcher, enforces the replication contract, and records every decision.
+//! The controller: issues signed manifests, launches each worker in its own sandbox through
+//! a single-threaded launcher, enforces the replication contract on what workers ask for,
+//! reaps the silent and the expired, stops everything on demand, and records every
+//! decision in the audit trail.
+//!
+//! Processes: the controller (this module; an async runtime for sockets plus one engine
+//! thread for decisions) and the launcher, forked before the runtime starts, which starts
+//! and supervises the sandboxes. The launcher dies with the controller and every sandbox
+//! dies with the launcher, so no worker outlives its controller.
 
+pub mod client;
+pub mod engine;
 pub mod launcher;
+pub mod paths;
+pub mod protocol;
+pub mod registry;
+pub mod server;
 pub mod wire;
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::audit::{self, AuditKey, AuditLog};
+use crate::contract::ReplicationContract;
+use crate::signing::{Keyring, ManifestSigner};
+
+pub use paths::ControllerPaths;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Setup(String),
+    #[error(transparent)]
+    Key(#[from] crate::signing::KeyError),
+    #[error(transparent)]
+    Audit(#[from] crate::audit::AuditError),
+    #[error(transparent)]
+    Contract(#[from] crate::contract::ContractError),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ControllerError + '_ {
+    move |source| ControllerError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// How a controller runs.
+#[derive(Debug, Clone)]
+pub struct ControllerOptions {
+    pub paths: ControllerPaths,
+    pub contract: Option<PathBuf>,
+    pub heartbeat_timeout: Duration,
+    pub register_timeout: Duration,
+    pub heartbeat_interval: Duration,
+    pub allow_degraded: bool,
+    /// Let members of this group use the API socket (mode 0660).
+    pub socket_group: Option<u32>,
+}
+
+/// Creates `dir` (and parents) and makes it private to the caller.
+fn private_dir(dir: &Path) -> Result<(), ControllerError> {
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io_err(dir))
+}
+
+/// Takes the state directory's lock (held until the returned guard is dropped or the
+/// process exits): one controller per state directory.
+fn lock_state(dir: &Path) -> Result<nix::fcntl::Flock<File>, ControllerError> {
+    let path = dir.join("controller.lock");
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+        ControllerError::Setup(format!(
+            "another controller is using {} ({e}); stop it first or use another --state-dir",
+            dir.display()
+        ))
+    })
+}
+
+/// Removes a socket left by a dead controller; refuses if one is still answering.
+fn clear_stale_socket(path: &Path) -> Result<bool, ControllerError> {
+    if !path.exists() {
+        return Ok(false);
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(ControllerError::Setup(format!(
+            "a controller is already listening on {}",
+            path.display()
+        )));
+    }
+    std::fs::remove_file(path).map_err(io_err(path))?;
+    Ok(true)
+}
+
+fn random_hex(bytes: usize) -> Result<String, ControllerError> {
+    let mut b = vec![0u8; bytes];
+    getrandom::fill(&mut b).map_err(|e| ControllerError::Setup(format!("random source: {e}")))?;
+    Ok(hex::encode(b))
+}
+
+/// Runs a controller in the foreground until SIGINT or SIGTERM.
+pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
+    let paths = &opts.paths;
+    private_dir(&paths.state_dir)?;
+    private_dir(&paths.state_dir.join("workers"))?;
+    let _lock = lock_state(&paths.state_dir)?;
+    let pid_file = paths.state_dir.join("controller.pid");
+    let crashed_pid = std::fs::read_to_string(&pid_file)
+        .ok()
+        .map(|s| s.trim().to_string());
+
+    let (master, key_created) = Keyring::load_or_generate(&paths.key)?;
+    let session = random_hex(8)?;
+    let signer = ManifestSigner::new(master.session(&session)?);
+    let audit_key = AuditKey::from_mac(master.derived_mac(audit::KEY_PURPOSE)?);
+    let mut audit = AuditLog::open(&paths.state_dir, audit_key)?;
+    let contract = match &opts.contract {
+        Some(path) => ReplicationContract::from_file(path)?,
+        None => ReplicationContract::default(),
+    };
+
+    if let Some(parent) = paths.socket.parent() {
+        std::fs::create_dir_all(parent).map_err(io_err(parent))?;
+    }
+    let stale_socket = clear_stale_socket(&paths.socket)?;
+    let listener =
+        std::os::unix::net::UnixListener::bind(&paths.socket).map_err(io_err(&paths.socket))?;
+    let mode = if opts.socket_group.is_some() {
+        0o660
+    } else {
+        0o600
+    };
+    std::fs::set_permissions(&paths.socket, std::fs::Permissions::from_mode(mode))
+        .map_err(io_err(&paths.socket))?;
+    if let Some(gid) = opts.socket_group {
+        nix::unistd::chown(&paths.socket, None, Some(nix::unistd::Gid::from_raw(gid)))
+            .map_err(|e| io_err(&paths.socket)(e.into()))?;
+    }
+
+    // The launcher must be forked while this process has one thread: before the runtime.
+    let launcher = crate::sandbox::zygote::fork_launcher(launcher::serve)
+        .map_err(|e| ControllerError::Setup(format!("cannot start the launcher: {e}")))?;
+    let launcher_start =
+        crate::sandbox::cgroup::process_start_time(launcher.pid.as_raw() as u32).unwrap_or(0);
+    let cleanup = |pid_file: &Path, socket: &Path| {
+        let _ = std::fs::remove_file(socket);
+        let _ = std::fs::remove_file(pid_file);
+    };
+    let mut f = File::create(&pid_file).map_err(io_err(&pid_file))?;
+    writeln!(f, "{}", std::process::id()).map_err(io_err(&pid_file))?;
+
+    audit.record(
+        audit::event::CONTROLLER_STARTED,
+        "controller",
+        None,
+        json!({
+            "pid": std::process::id(), "session": session, "key_created": key_created,
+            "contract": opts.contract, "socket": paths.socket,
+        }),
+    )?;
+    if crashed_pid.is_some() || stale_socket {
+        audit.record(
+            audit::event::CRASH_RECOVERED,
+            "controller",
+            None,
+            json!({ "previous_pid": crashed_pid, "stale_socket_removed": stale_socket }),
+        )?;
+    }
+
+    let agent_binary = std::env::current_exe()
+        .ok()
+        .and_then(|p| std::fs::canonicalize(p).ok())
+        .filter(|p| crate::paths::check_host_path(p).is_ok());
+    let distinct_ids = if nix::unistd::geteuid().is_root() {
+        1
+    } else {
+        crate::sandbox::userns::Identity::for_caller(None)
+            .mapped_ids()
+            .min(65536)
+    };
+    let cfg = engine::EngineConfig {
+        state_dir: paths.state_dir.clone(),
+        session,
+        heartbeat_timeout: opts.heartbeat_timeout,
+        register_timeout: opts.register_timeout,
+        heartbeat_interval: opts.heartbeat_interval,
+        allow_degraded: opts.allow_degraded,
+        agent_binary,
+        cgroup_owner: format!("{}-{}", launcher.pid, launcher_start),
+        distinct_ids,
+    };
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ControllerError::Setup(format!("async runtime: {e}")))?;
+    let (tx, rx) = mpsc::channel::<engine::Input>();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let mut engine = engine::Engine::new(
+        cfg,
+        contract,
+        signer,
+        audit,
+        launcher.requests,
+        rt.handle().clone(),
+        tx.clone(),
+        done_tx,
+    );
+    let engine_thread = std::thread::Builder::new()
+        .name("hatchery-engine".into())
+        .spawn(move || {
+            while let Ok(input) = rx.recv() {
+                engine.handle(input);
+                if engine.finished.is_none() {
+                    break;
+                }
+            }
+        })
+        .map_err(|e| ControllerError::Setup(format!("engine thread: {e}")))?;
+
+    let policy = server::AccessPolicy {
+        owner_uid: nix::unistd::geteuid().as_raw(),
+        group: opts.socket_group,
+    };
+    let result = rt.block_on(async {
+        listener
+            .set_nonblocking(true)
+            .map_err(io_err(&paths.socket))?;
+        let listener =
+            tokio::net::UnixListener::from_std(listener).map_err(io_err(&paths.socket))?;
+        launcher
+            .events
+            .set_nonblocking(true)
+            .map_err(|e| ControllerError::Setup(e.to_string()))?;
+        let events = tokio::net::UnixStream::from_std(launcher.events)
+            .map_err(|e| ControllerError::Setup(e.to_string()))?;
+        tokio::spawn(server::accept_clients(listener, policy, tx.clone()));
+        tokio::spawn(server::relay_launcher(events, tx.clone()));
+        tokio::spawn(server::ticker(tx.clone(), Duration::from_millis(250)));
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| ControllerError::Setup(e.to_string()))?;
+        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .map_err(|e| ControllerError::Setup(e.to_string()))?;
+        let shutdown_tx = tx.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            let _ = shutdown_tx.send(engine::Input::Shutdown);
+        });
+        let _ = done_rx.await;
+        Ok::<(), ControllerError>(())
+    });
+    drop(tx);
+    rt.shutdown_timeout(Duration::from_millis(200));
+    let _ = engine_thread.join();
+    let _ = nix::sys::wait::waitpid(launcher.pid, None);
+    cleanup(&pid_file, &paths.socket);
+    result
+}

@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Largest frame body accepted or sent.
-pub const MAX_FRAME: usize = 64 * 1024;
+pub const MAX_FRAME: usize = 256 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {

@@ -357,6 +357,10 @@ fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, F
         unsafe { libc::_exit(SETUP_FAILED) }
     }
     userns::assume_identity(&spec.identity).map_err(|e| step_err("identity", e as i32))?;
+    // Changing credentials cleared the parent-death signal: arm it again. (Should the
+    // supervisor die in between, the next read from the channel ends us.)
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(|e| step_err("parent death signal", e as i32))?;
     if spec.namespaces.uts {
         nix::unistd::sethostname(&spec.hostname).map_err(|e| step_err("hostname", e as i32))?;
     }
@@ -374,6 +378,9 @@ fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, F
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
             .map_err(|e| step_err("cgroup namespace", e as i32))?;
     }
+    // Start from default dispositions (a launcher ignores termination signals), then
+    // block what pid 1 collects with sigwaitinfo.
+    process::reset_signals();
     init::block_signals();
     // SAFETY: this process is single-threaded (a clone of a single-threaded supervisor).
     match unsafe { nix::unistd::fork() }.map_err(|e| step_err("fork the payload", e as i32))? {
@@ -409,8 +416,6 @@ fn payload_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, (
     process::reset_signals();
     // A new session: no controlling terminal, so TIOCSTI cannot push input into the caller's.
     nix::unistd::setsid().map_err(|e| fail("setsid", e as i32))?;
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
-        .map_err(|e| fail("parent death signal", e as i32))?;
 
     // Descriptors: stdio and passed fds at their numbers, nothing else survives exec
     // except the channel (close-on-exec, kept to report an exec failure).
@@ -493,6 +498,9 @@ fn payload_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, (
     caps::drop_all(Some(spec.identity.payload_ids))
         .map_err(|e| fail(&format!("capabilities ({})", e.step), e.errno))?;
     caps::no_new_privs().map_err(|e| fail(e.step, e.errno))?;
+    // After the last credential change (which would clear it): die with pid 1.
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(|e| fail("parent death signal", e as i32))?;
     if ctx.landlock {
         let outcome = landlock::restrict(&spec.landlock).map_err(|detail| {
             (

@@ -3,7 +3,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, RawFd};
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 
@@ -151,4 +151,49 @@ pub fn exec(argv: &[CString], env: &[CString], path_var: &str) -> i32 {
         }
     }
     best
+}
+
+/// Takes ownership of an inherited socket descriptor (the worker's `HATCHERY_FD`), after
+/// checking that it is open and is a socket, and marks it close-on-exec.
+pub fn inherited_socket(fd: RawFd) -> io::Result<std::os::fd::OwnedFd> {
+    if fd < 3 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "stdin, stdout and stderr are not the controller socket",
+        ));
+    }
+    // SAFETY: fstat into a zeroed struct we own; an unused number fails with EBADF.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("descriptor {fd} is not a socket"),
+        ));
+    }
+    // SAFETY: F_SETFD on a descriptor just checked to be open.
+    unsafe {
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
+    // SAFETY: the descriptor is open, is a socket, and this process takes sole ownership
+    // (the caller must not use the number again).
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Puts the calling process in a session of its own and ignores the termination signals
+/// a terminal or a process-group kill would send, so that it stops only when its parent
+/// tells it to (or dies).
+pub fn detach_from_terminal_signals() {
+    let _ = nix::unistd::setsid();
+    for sig in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        // SAFETY: installing SIG_IGN runs no handler code.
+        let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigIgn) };
+    }
 }

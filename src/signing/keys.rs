@@ -181,6 +181,32 @@ impl Keyring {
         Keyring::single(key.fingerprint_id()?, key)
     }
 
+    /// A key derived from the active key for one purpose (HMAC-SHA256 of a
+    /// domain-separated label): the secret never leaves the keyring, and keys derived for
+    /// different purposes are unrelated.
+    fn derive(&self, purpose: &str) -> Result<SecretKey, KeyError> {
+        let mut mac = self.active_entry().mac.clone();
+        hmac::Mac::update(&mut mac, b"hatchery derived key v1\0");
+        hmac::Mac::update(&mut mac, purpose.as_bytes());
+        let bytes: [u8; KEY_BYTES] = hmac::Mac::finalize(mac).into_bytes().into();
+        SecretKey::from_bytes(bytes)
+    }
+
+    /// A keyed HMAC-SHA256 for `purpose` (the audit trail's MAC), derived from the active key.
+    pub fn derived_mac(&self, purpose: &str) -> Result<Hmac<Sha256>, KeyError> {
+        self.derive(purpose)?.mac()
+    }
+
+    /// A keyring of one key derived for controller session `session`: manifests signed in
+    /// one controller run verify in no other, so a restart ends every earlier manifest,
+    /// while whoever holds the key file can still re-derive the key to audit them.
+    pub fn session(&self, session: &str) -> Result<Keyring, KeyError> {
+        let key = self.derive(&format!("session:{session}"))?;
+        let id = KeyId::new(format!("{}.s{}", self.active_key_id(), session))
+            .map_err(|e| KeyError::Keyring(e.to_string()))?;
+        Keyring::single(id, key)
+    }
+
     /// Adds a freshly generated key and makes it active; the others keep verifying.
     pub fn rotate(&mut self) -> Result<KeyId, KeyError> {
         if self.keys.len() >= MAX_KEYS {
@@ -555,6 +581,27 @@ mod tests {
         let shown = format!("{ring:?} {:?}", ring.active_entry().secret);
         assert!(!shown.contains(&secret_hex), "{shown}");
         assert!(shown.contains(ring.active_key_id().as_str()));
+        Ok(())
+    }
+
+    #[test]
+    fn session_keyrings_differ_per_session_and_from_the_master() -> TestResult {
+        let master = Keyring::generate()?;
+        let a = master.session("0011223344556677")?;
+        let b = master.session("8899aabbccddeeff")?;
+        assert_ne!(a.active_key_id(), b.active_key_id());
+        assert!(
+            a.active_key_id()
+                .as_str()
+                .starts_with(master.active_key_id().as_str())
+        );
+        let again = master.session("0011223344556677")?;
+        assert!(
+            a.active_entry().secret == again.active_entry().secret,
+            "derivation is deterministic"
+        );
+        assert!(a.active_entry().secret != b.active_entry().secret);
+        assert!(a.active_entry().secret != master.active_entry().secret);
         Ok(())
     }
 

@@ -3,6 +3,8 @@
 //! test instead of hanging the suite.
 #![allow(dead_code)]
 
+pub mod controller;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -1,0 +1,133 @@
+//! `hatchery agent`: the client a worker uses, from inside its sandbox, to talk to its
+//! controller over the socket it inherited (`HATCHERY_FD`). One request at a time.
+
+use clap::{Args, Subcommand};
+
+use hatchery::controller::client::AgentClient;
+use hatchery::controller::protocol::{
+    Claim, RegisterMsg, ReplicateMsg, ReportMsg, WorkerMessage, WorkerReply,
+};
+use hatchery::manifest::{FilesystemScope, ResourceSpec};
+
+use super::job::JobArgs;
+
+const AGENT_EXAMPLES: &str = "\
+Inside a worker (the binary is at /run/hatchery/bin/hatchery, on PATH):
+  hatchery agent register
+  hatchery agent heartbeat
+  hatchery agent replicate --reason 'split the work' -- sh -c 'echo child'
+  hatchery agent replicate --reason 'smaller' --inherit=false --memory 64M -- ./child.sh
+  hatchery agent report 'done: 42 files'
+  hatchery agent shutdown
+
+Exit status: 0 ok; 3 denied by the contract; 1 any other error.";
+
+#[derive(Args, Debug)]
+#[command(after_help = AGENT_EXAMPLES)]
+pub struct AgentArgs {
+    #[command(subcommand)]
+    pub command: AgentCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AgentCommand {
+    /// Read the welcome (this worker's id and manifest) and register with the manifest
+    Register,
+    /// Tell the controller this worker is alive
+    Heartbeat,
+    /// Ask for a child; without --explicit it inherits this worker's grant
+    Replicate(Box<ReplicateArgs>),
+    /// Send a task result
+    Report {
+        /// The result text
+        result: String,
+    },
+    /// Say this worker is done (it is stopped if it does not exit)
+    Shutdown,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplicateArgs {
+    /// Why (recorded in the audit trail)
+    #[arg(long)]
+    pub reason: String,
+    /// Send the resources, exposure and profile given by the flags instead of inheriting
+    /// this worker's own
+    #[arg(long)]
+    pub explicit: bool,
+    #[command(flatten)]
+    pub job: JobArgs,
+}
+
+fn print(reply: &WorkerReply) -> i32 {
+    println!("{}", serde_json::to_string(reply).unwrap_or_default());
+    match reply {
+        WorkerReply::Denied { .. } => 3,
+        WorkerReply::Error { .. } => 1,
+        _ => 0,
+    }
+}
+
+fn run(command: AgentCommand) -> anyhow::Result<i32> {
+    let mut client = AgentClient::from_env()?;
+    let reply = match command {
+        AgentCommand::Register => {
+            let manifest = match client.receive()? {
+                WorkerReply::Welcome { manifest, .. } => manifest,
+                other => anyhow::bail!(
+                    "expected the controller's welcome, got {other:?} (already registered?)"
+                ),
+            };
+            client.call(&WorkerMessage::Register(Box::new(RegisterMsg {
+                manifest: *manifest,
+            })))?
+        }
+        AgentCommand::Heartbeat => client.call(&WorkerMessage::Heartbeat(Claim::default()))?,
+        AgentCommand::Replicate(a) => {
+            let (resources, filesystem, profile): (
+                Option<ResourceSpec>,
+                Option<FilesystemScope>,
+                _,
+            ) = if a.explicit {
+                (
+                    Some(a.job.resources()),
+                    Some(FilesystemScope {
+                        read_only: a.job.ro.clone(),
+                        read_write: a.job.rw.clone(),
+                    }),
+                    Some(a.job.profile.clone()),
+                )
+            } else {
+                (None, None, None)
+            };
+            let state = a.job.state_snapshot()?;
+            client.call(&WorkerMessage::Replicate(Box::new(ReplicateMsg {
+                worker_id: None,
+                reason: a.reason,
+                command: a.job.command,
+                state_snapshot: Some(state.as_str().to_string()).filter(|s| !s.is_empty()),
+                resources,
+                filesystem,
+                profile,
+                env: (!a.job.env.is_empty()).then_some(a.job.env),
+                cwd: a.job.cwd,
+            })))?
+        }
+        AgentCommand::Report { result } => client.call(&WorkerMessage::Report(ReportMsg {
+            worker_id: None,
+            result,
+        }))?,
+        AgentCommand::Shutdown => client.call(&WorkerMessage::Shutdown(Claim::default()))?,
+    };
+    Ok(print(&reply))
+}
+
+pub fn main(args: AgentArgs) -> i32 {
+    match run(args.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("hatchery agent: {e:#}");
+            1
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The flags that describe a worker's job — resources, filesystem exposure, profile,
+//! environment, state snapshot, command — shared by `manifest issue`, `spawn` and
+//! `agent replicate`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use hatchery::manifest::{
+    CpuLimit, Depth, ExposedPath, FilesystemScope, MemoryMb, NetworkPolicy, PidsLimit, ProfileName,
+    ResourceSpec, SpawnRequest, StateSnapshot, TimeoutMs, WorkerId,
+};
+use hatchery::units;
+
+#[derive(Args, Debug, Clone)]
+pub struct JobArgs {
+    /// Memory limit (64M, 1G), a whole number of MiB
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_memory_mb)]
+    pub memory: MemoryMb,
+    /// CPU quota in cores (0.5), in steps of 0.001
+    #[arg(long, value_name = "N", default_value = "0.5", value_parser = parse_cpu)]
+    pub cpus: CpuLimit,
+    /// Maximum number of tasks (processes + threads)
+    #[arg(long, value_name = "N", default_value = "64", value_parser = parse_pids)]
+    pub pids: PidsLimit,
+    /// Wall-clock limit of the worker's sandbox (500ms, 30s, 5m)
+    #[arg(long, value_name = "DUR", default_value = "5m", value_parser = parse_timeout)]
+    pub timeout: TimeoutMs,
+    /// Expose a host path read-only (absolute; repeatable)
+    #[arg(long = "ro", value_name = "PATH", value_parser = parse_path)]
+    pub ro: Vec<ExposedPath>,
+    /// Expose a host path read-write (absolute; repeatable)
+    #[arg(long = "rw", value_name = "PATH", value_parser = parse_path)]
+    pub rw: Vec<ExposedPath>,
+    /// Security profile name
+    #[arg(long, value_name = "NAME", default_value = "default", value_parser = parse_profile)]
+    pub profile: ProfileName,
+    /// Grant network access beyond the controller
+    #[arg(long)]
+    pub allow_external: bool,
+    /// Withhold the socket to the controller
+    #[arg(long)]
+    pub no_controller: bool,
+    /// State snapshot handed to the worker (UTF-8 text)
+    #[arg(long, value_name = "TEXT", conflicts_with = "state_file")]
+    pub state: Option<String>,
+    /// Read the state snapshot from a file
+    #[arg(long, value_name = "FILE")]
+    pub state_file: Option<PathBuf>,
+    /// Environment variable for the command (repeatable)
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Working directory inside the sandbox
+    #[arg(long, value_name = "PATH")]
+    pub cwd: Option<String>,
+    /// The command and its arguments
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+impl JobArgs {
+    pub fn resources(&self) -> ResourceSpec {
+        ResourceSpec {
+            cpu_limit: self.cpus,
+            memory_limit_mb: self.memory,
+            pids_limit: self.pids,
+            timeout_ms: self.timeout,
+            network_policy: NetworkPolicy {
+                allow_controller: !self.no_controller,
+                allow_external: self.allow_external,
+            },
+        }
+    }
+
+    pub fn state_snapshot(&self) -> anyhow::Result<StateSnapshot> {
+        let text = match (&self.state, &self.state_file) {
+            (Some(s), _) => s.clone(),
+            (None, Some(path)) => std::fs::read_to_string(path).map_err(|e| {
+                anyhow::anyhow!("cannot read the state file {}: {e}", path.display())
+            })?,
+            (None, None) => String::new(),
+        };
+        Ok(StateSnapshot::new(text)?)
+    }
+
+    /// The request these flags describe, validated.
+    pub fn request(&self) -> anyhow::Result<SpawnRequest> {
+        let job = SpawnRequest {
+            resources: self.resources(),
+            filesystem: FilesystemScope {
+                read_only: self.ro.clone(),
+                read_write: self.rw.clone(),
+            },
+            profile: self.profile.clone(),
+            command: self.command.clone(),
+            env: self.env.clone(),
+            cwd: self.cwd.clone(),
+            state_snapshot: self.state_snapshot()?,
+        };
+        job.validate()?;
+        Ok(job)
+    }
+}
+
+pub fn parse_memory_mb(s: &str) -> Result<MemoryMb, String> {
+    let bytes = units::parse_memory(s).map_err(|e| e.to_string())?;
+    if bytes % (1 << 20) != 0 {
+        return Err(format!("{s:?}: must be a whole number of MiB (like 256M)"));
+    }
+    MemoryMb::new(bytes >> 20).map_err(|e| e.to_string())
+}
+
+pub fn parse_cpu(s: &str) -> Result<CpuLimit, String> {
+    let cores = units::parse_cpus(s).map_err(|e| e.to_string())?;
+    CpuLimit::new(cores).map_err(|e| e.to_string())
+}
+
+pub fn parse_pids(s: &str) -> Result<PidsLimit, String> {
+    let n = units::parse_pids(s).map_err(|e| e.to_string())?;
+    PidsLimit::new(n).map_err(|e| e.to_string())
+}
+
+pub fn parse_timeout(s: &str) -> Result<TimeoutMs, String> {
+    let d = units::parse_duration(s).map_err(|e| e.to_string())?;
+    let ms = u64::try_from(d.as_millis()).map_err(|e| e.to_string())?;
+    if Duration::from_millis(ms) != d {
+        return Err(format!("{s:?}: must be a whole number of milliseconds"));
+    }
+    TimeoutMs::new(ms).map_err(|e| e.to_string())
+}
+
+pub fn parse_path(s: &str) -> Result<ExposedPath, String> {
+    ExposedPath::new(s).map_err(|e| e.why)
+}
+
+pub fn parse_profile(s: &str) -> Result<ProfileName, String> {
+    ProfileName::new(s).map_err(|e| format!("{} (a profile name, not a file)", e.why))
+}
+
+pub fn parse_worker_id(s: &str) -> Result<WorkerId, String> {
+    WorkerId::new(s).map_err(|e| e.why)
+}
+
+pub fn parse_depth(s: &str) -> Result<Depth, String> {
+    let n: u32 = s.parse().map_err(|_| format!("{s:?}: not a depth"))?;
+    let d = Depth::new(n).map_err(|e| e.to_string())?;
+    if d == Depth::ROOT {
+        return Err("a child has a depth of 1 or more (omit --parent/--depth for a root)".into());
+    }
+    Ok(d)
+}

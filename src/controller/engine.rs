@@ -1,0 +1,1176 @@
+//! The controller's decision core. One thread owns the registry, the signer, the contract
+//! and the audit trail, and handles one [`Input`] at a time: every decision is taken in a
+//! well-defined order and written to the audit trail (and synced, for security decisions)
+//! before it takes effect. The async side only moves bytes.
+
+use std::collections::BTreeSet;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+
+use crate::audit::{self, AuditLog, event};
+use crate::contract::{Decision, DenyReason, IssueError, ReplicationContract};
+use crate::manifest::{Lineage, Manifest, SpawnRequest, StateSnapshot, WorkerId};
+use crate::signing::ManifestSigner;
+
+use super::launcher::{self, LaunchSpec, LauncherEvent, LauncherRequest, LiveUsage};
+use super::protocol::{
+    ApiRequest, ApiResponse, ExitInfo, MAX_TEXT_BYTES, ReplicateMsg, WorkerMessage, WorkerReply,
+};
+use super::registry::{Registry, WorkerRecord, WorkerState};
+use super::server;
+
+/// Everything the engine is told.
+pub enum Input {
+    Api {
+        peer_uid: u32,
+        request: Box<ApiRequest>,
+        reply: oneshot::Sender<ApiResponse>,
+    },
+    Worker {
+        id: WorkerId,
+        message: WorkerMessage,
+    },
+    /// A frame the worker sent could not be read or parsed.
+    WorkerProtocolError {
+        id: WorkerId,
+        error: String,
+    },
+    WorkerRateLimited {
+        id: WorkerId,
+        dropped: u64,
+    },
+    WorkerDisconnected {
+        id: WorkerId,
+    },
+    ClientRejected {
+        uid: u32,
+        pid: i32,
+    },
+    Launcher(LauncherEvent),
+    LauncherGone,
+    Tick,
+    Shutdown,
+}
+
+/// Fixed settings of one controller run.
+pub struct EngineConfig {
+    pub state_dir: PathBuf,
+    pub session: String,
+    pub heartbeat_timeout: Duration,
+    pub register_timeout: Duration,
+    pub heartbeat_interval: Duration,
+    pub allow_degraded: bool,
+    pub agent_binary: Option<PathBuf>,
+    /// Launcher pid and start time: the owner part of every worker cgroup's name.
+    pub cgroup_owner: String,
+    /// Inside ids available for distinct worker ids (rootless with a subordinate range).
+    pub distinct_ids: u32,
+}
+
+enum WaitKind {
+    Kill,
+    KillSwitch,
+}
+
+struct Waiter {
+    ids: BTreeSet<WorkerId>,
+    killed: Vec<WorkerId>,
+    kind: WaitKind,
+    reply: oneshot::Sender<ApiResponse>,
+    started: Instant,
+}
+
+/// How long `kill` and `kill-switch` wait for the launcher to confirm every exit.
+const WAIT_LIMIT: Duration = Duration::from_secs(30);
+/// Grace after a worker's own `shutdown` before it is killed.
+const SHUTDOWN_GRACE_MS: u64 = 5000;
+/// At most one rate_limited / protocol_violation entry per worker per this many ms.
+const NOISY_AUDIT_MS: u64 = 10_000;
+
+pub struct Engine {
+    cfg: EngineConfig,
+    contract: ReplicationContract,
+    signer: ManifestSigner,
+    audit: AuditLog,
+    registry: Registry,
+    launcher: UnixStream,
+    launcher_alive: bool,
+    rt: Handle,
+    inputs: Sender<Input>,
+    pending_ps: Vec<oneshot::Sender<ApiResponse>>,
+    waiters: Vec<Waiter>,
+    shutdown_deadlines: Vec<(WorkerId, u64)>,
+    noisy: std::collections::HashMap<WorkerId, u64>,
+    next_slot: u32,
+    shutting_down: bool,
+    /// Set when the engine is done; the server stops.
+    pub finished: Option<oneshot::Sender<()>>,
+}
+
+pub fn now_s() -> u64 {
+    audit::now_ms() / 1000
+}
+
+fn new_worker_id() -> Result<WorkerId, String> {
+    let mut b = [0u8; 6];
+    getrandom::fill(&mut b).map_err(|e| format!("random source: {e}"))?;
+    WorkerId::new(format!("w-{}", hex::encode(b))).map_err(|e| e.to_string())
+}
+
+fn deny_details(reason: &DenyReason) -> serde_json::Value {
+    json!({ "reason": reason.to_string() })
+}
+
+impl Engine {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cfg: EngineConfig,
+        contract: ReplicationContract,
+        signer: ManifestSigner,
+        audit: AuditLog,
+        launcher: UnixStream,
+        rt: Handle,
+        inputs: Sender<Input>,
+        finished: oneshot::Sender<()>,
+    ) -> Engine {
+        Engine {
+            cfg,
+            contract,
+            signer,
+            audit,
+            registry: Registry::default(),
+            launcher,
+            launcher_alive: true,
+            rt,
+            inputs,
+            pending_ps: Vec::new(),
+            waiters: Vec::new(),
+            shutdown_deadlines: Vec::new(),
+            noisy: Default::default(),
+            next_slot: 0,
+            shutting_down: false,
+            finished: Some(finished),
+        }
+    }
+
+    /// Appends an entry; `sync` makes it durable before returning (security decisions).
+    fn record(
+        &mut self,
+        ev: &str,
+        actor: &str,
+        worker: Option<&WorkerId>,
+        details: serde_json::Value,
+        sync: bool,
+    ) {
+        self.audit
+            .append(ev, actor, worker.map(|w| w.as_str()), details);
+        if sync {
+            if let Err(e) = self.audit.sync() {
+                // Without a durable trail no decision may take effect: stop everything.
+                tracing::error!(error = %e, "the audit trail cannot be written; engaging the kill switch");
+                self.registry.kill_switch = true;
+                self.send_launcher(&LauncherRequest::KillAll, None);
+            }
+        }
+    }
+
+    fn send_launcher(&mut self, req: &LauncherRequest, fd: Option<&std::os::fd::OwnedFd>) -> bool {
+        if !self.launcher_alive {
+            return false;
+        }
+        match launcher::send_request(&self.launcher, req, fd) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "the launcher is gone");
+                self.launcher_alive = false;
+                false
+            }
+        }
+    }
+
+    pub fn handle(&mut self, input: Input) {
+        match input {
+            Input::Api {
+                peer_uid,
+                request,
+                reply,
+            } => self.api(peer_uid, *request, reply),
+            Input::Worker { id, message } => self.worker(id, message),
+            Input::WorkerProtocolError { id, error } => {
+                if self.noisy_ok(&id) {
+                    self.record(
+                        event::PROTOCOL_VIOLATION,
+                        &format!("worker:{id}"),
+                        Some(&id),
+                        json!({ "error": error }),
+                        false,
+                    );
+                }
+                self.reply_worker(&id, WorkerReply::Error { message: error });
+            }
+            Input::WorkerRateLimited { id, dropped } => {
+                if self.noisy_ok(&id) {
+                    self.record(
+                        event::RATE_LIMITED,
+                        &format!("worker:{id}"),
+                        Some(&id),
+                        json!({ "dropped_messages": dropped }),
+                        false,
+                    );
+                }
+            }
+            Input::WorkerDisconnected { id } => {
+                if let Some(w) = self.registry.get_mut(&id) {
+                    w.conn = None;
+                }
+            }
+            Input::ClientRejected { uid, pid } => {
+                self.record(
+                    event::CLIENT_REJECTED,
+                    &format!("uid:{uid}"),
+                    None,
+                    json!({ "pid": pid }),
+                    false,
+                );
+            }
+            Input::Launcher(ev) => self.launcher_event(ev),
+            Input::LauncherGone => {
+                self.launcher_alive = false;
+                // Every sandbox died with the launcher (parent-death signals).
+                let ids: Vec<WorkerId> = self.registry.active().map(|(id, _)| id.clone()).collect();
+                for id in ids {
+                    self.exited(
+                        &id,
+                        ExitInfo {
+                            exit_code: 137,
+                            signal: Some(9),
+                            oom_killed: false,
+                            timed_out: false,
+                            ended_by: Some("launcher exited".into()),
+                        },
+                    );
+                }
+                if !self.shutting_down {
+                    tracing::error!("the launcher exited unexpectedly; stopping the controller");
+                }
+                self.finish();
+            }
+            Input::Tick => self.tick(),
+            Input::Shutdown => {
+                if self.shutting_down {
+                    return;
+                }
+                self.shutting_down = true;
+                self.registry.kill_switch = true;
+                if !self.send_launcher(&LauncherRequest::Shutdown, None) {
+                    self.finish();
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        for reply in self.pending_ps.drain(..) {
+            let _ = reply.send(ApiResponse::Error {
+                message: "the controller is stopping".into(),
+            });
+        }
+        for w in self.waiters.drain(..) {
+            let _ = w.reply.send(ApiResponse::Error {
+                message: "the controller is stopping".into(),
+            });
+        }
+        let active = self.registry.active().count();
+        self.record(
+            event::CONTROLLER_STOPPED,
+            "controller",
+            None,
+            json!({ "session": self.cfg.session, "active_workers": active }),
+            true,
+        );
+        if let Some(done) = self.finished.take() {
+            let _ = done.send(());
+        }
+    }
+
+    fn noisy_ok(&mut self, id: &WorkerId) -> bool {
+        let now = audit::now_ms();
+        let last = self.noisy.entry(id.clone()).or_insert(0);
+        if now.saturating_sub(*last) >= NOISY_AUDIT_MS {
+            *last = now;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn reply_worker(&self, id: &WorkerId, reply: WorkerReply) {
+        if let Some(conn) = self.registry.get(id).and_then(|w| w.conn.as_ref()) {
+            let _ = conn.send(reply);
+        }
+    }
+
+    // ------------------------------------------------------------------ API requests
+
+    fn api(&mut self, uid: u32, request: ApiRequest, reply: oneshot::Sender<ApiResponse>) {
+        let actor = format!("uid:{uid}");
+        match request {
+            ApiRequest::Spawn { parent, request } => {
+                let resp = match parent {
+                    None => self.spawn_root(*request, &actor),
+                    Some(p) => self.spawn_child(&p, *request, &actor, None),
+                };
+                let _ = reply.send(resp);
+            }
+            ApiRequest::Ps(_) => {
+                if self.launcher_alive && self.send_launcher(&LauncherRequest::Usage, None) {
+                    self.pending_ps.push(reply);
+                } else {
+                    let _ = reply.send(self.ps(&[]));
+                }
+            }
+            ApiRequest::Kill {
+                worker_id,
+                recursive,
+            } => {
+                let ids = if recursive {
+                    self.registry.subtree(&worker_id)
+                } else if self
+                    .registry
+                    .get(&worker_id)
+                    .is_some_and(|w| w.state.is_active())
+                {
+                    vec![worker_id.clone()]
+                } else {
+                    Vec::new()
+                };
+                if ids.is_empty() {
+                    let _ = reply.send(ApiResponse::Error {
+                        message: format!("no running worker {worker_id}"),
+                    });
+                    return;
+                }
+                for id in &ids {
+                    self.record(
+                        event::WORKER_KILLED,
+                        &actor,
+                        Some(id),
+                        json!({ "recursive": recursive }),
+                        false,
+                    );
+                    self.stop(id, &format!("killed by {actor}"));
+                }
+                let _ = self.audit.sync();
+                self.wait_for(ids, WaitKind::Kill, reply);
+            }
+            ApiRequest::KillSwitch { release: false } => {
+                let ids: Vec<WorkerId> = self.registry.active().map(|(id, _)| id.clone()).collect();
+                self.registry.kill_switch = true;
+                // Durable before it takes effect.
+                self.record(
+                    event::KILL_SWITCH_ENGAGED,
+                    &actor,
+                    None,
+                    json!({ "active_workers": ids.len() }),
+                    true,
+                );
+                self.send_launcher(&LauncherRequest::KillAll, None);
+                for id in &ids {
+                    if let Some(w) = self.registry.get_mut(id) {
+                        w.state = WorkerState::Stopping;
+                        w.ended_by = Some("kill switch".into());
+                        w.conn = None;
+                    }
+                }
+                self.wait_for(ids, WaitKind::KillSwitch, reply);
+            }
+            ApiRequest::KillSwitch { release: true } => {
+                self.registry.kill_switch = false;
+                self.record(event::KILL_SWITCH_RELEASED, &actor, None, json!({}), true);
+                let _ = reply.send(ApiResponse::KillSwitch {
+                    engaged: false,
+                    killed: 0,
+                    elapsed_ms: 0,
+                });
+            }
+            ApiRequest::Status(_) => {
+                let _ = reply.send(ApiResponse::Status {
+                    pid: std::process::id(),
+                    session: self.cfg.session.clone(),
+                    kill_switch: self.registry.kill_switch,
+                    active: self.registry.active().count() as u64,
+                    lifetime_total: crate::contract::RegistryView::lifetime_total(&self.registry),
+                    audit_entries: self.audit.len(),
+                });
+            }
+        }
+    }
+
+    fn wait_for(
+        &mut self,
+        ids: Vec<WorkerId>,
+        kind: WaitKind,
+        reply: oneshot::Sender<ApiResponse>,
+    ) {
+        let waiter = Waiter {
+            ids: ids
+                .iter()
+                .filter(|id| self.registry.get(id).is_some_and(|w| w.state.is_active()))
+                .cloned()
+                .collect(),
+            killed: ids,
+            kind,
+            reply,
+            started: Instant::now(),
+        };
+        self.waiters.push(waiter);
+        self.settle_waiters();
+    }
+
+    fn settle_waiters(&mut self) {
+        let mut i = 0;
+        while i < self.waiters.len() {
+            let w = &mut self.waiters[i];
+            w.ids
+                .retain(|id| self.registry.get(id).is_some_and(|r| r.state.is_active()));
+            let expired = w.started.elapsed() > WAIT_LIMIT;
+            if w.ids.is_empty() || expired {
+                let w = self.waiters.remove(i);
+                let elapsed_ms = w.started.elapsed().as_millis() as u64;
+                let resp = if !w.ids.is_empty() {
+                    ApiResponse::Error {
+                        message: format!(
+                            "{} workers did not exit within {} s",
+                            w.ids.len(),
+                            WAIT_LIMIT.as_secs()
+                        ),
+                    }
+                } else {
+                    match w.kind {
+                        WaitKind::Kill => ApiResponse::Killed {
+                            workers: w.killed,
+                            elapsed_ms,
+                        },
+                        WaitKind::KillSwitch => ApiResponse::KillSwitch {
+                            engaged: true,
+                            killed: w.killed.len(),
+                            elapsed_ms,
+                        },
+                    }
+                };
+                let _ = w.reply.send(resp);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Ends a worker: the launcher kills its whole sandbox.
+    fn stop(&mut self, id: &WorkerId, why: &str) {
+        if let Some(w) = self.registry.get_mut(id) {
+            if !w.state.is_active() {
+                return;
+            }
+            w.state = WorkerState::Stopping;
+            w.ended_by.get_or_insert_with(|| why.to_string());
+            w.conn = None;
+        }
+        self.send_launcher(
+            &LauncherRequest::Kill {
+                worker_id: id.to_string(),
+            },
+            None,
+        );
+    }
+
+    fn ps(&self, usage: &[(String, LiveUsage)]) -> ApiResponse {
+        let now = audit::now_ms();
+        let workers = self
+            .registry
+            .all()
+            .map(|(id, w)| {
+                let mut info = self.registry.info(id, w, now);
+                info.usage = usage
+                    .iter()
+                    .find(|(u, _)| u == id.as_str())
+                    .map(|(_, u)| u.clone());
+                info
+            })
+            .collect();
+        ApiResponse::Workers {
+            workers,
+            kill_switch: self.registry.kill_switch,
+        }
+    }
+
+    // ------------------------------------------------------------- issuing manifests
+
+    fn deny(
+        &mut self,
+        actor: &str,
+        worker: Option<&WorkerId>,
+        reason: &DenyReason,
+        extra: serde_json::Value,
+    ) -> ApiResponse {
+        let mut details = deny_details(reason);
+        if let (Some(obj), serde_json::Value::Object(more)) = (details.as_object_mut(), extra) {
+            obj.extend(more);
+        }
+        self.record(reason.audit_event(), actor, worker, details, true);
+        ApiResponse::Denied {
+            event: reason.audit_event().to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    fn spawn_root(&mut self, request: SpawnRequest, actor: &str) -> ApiResponse {
+        let now = now_s();
+        if let Err(e) = request.validate() {
+            return self.deny(actor, None, &DenyReason::InvalidRequest(e), json!({}));
+        }
+        let id = match new_worker_id() {
+            Ok(id) => id,
+            Err(message) => return ApiResponse::Error { message },
+        };
+        let validity = match self.contract.child_validity(now, None) {
+            Ok(v) => v,
+            Err(e) => {
+                return ApiResponse::Error {
+                    message: e.to_string(),
+                };
+            }
+        };
+        let manifest = match self
+            .signer
+            .issue(Lineage::root(id.clone()), request, validity)
+        {
+            Ok(m) => m,
+            Err(e) => {
+                return ApiResponse::Error {
+                    message: e.to_string(),
+                };
+            }
+        };
+        if let Decision::Deny(reason) = self.contract.admit(&manifest, &self.registry, now) {
+            return self.deny(actor, None, &reason, json!({ "parent": null }));
+        }
+        self.record(
+            event::REPLICATION_REQUESTED,
+            actor,
+            Some(&id),
+            json!({ "parent": null, "depth": 0 }),
+            true,
+        );
+        self.launch(manifest, now)
+    }
+
+    /// Issues a child of `parent` (asked by a person through the API, or by the parent
+    /// itself through `replicate`) and launches it.
+    fn spawn_child(
+        &mut self,
+        parent: &WorkerId,
+        request: SpawnRequest,
+        actor: &str,
+        reason: Option<&str>,
+    ) -> ApiResponse {
+        let now = now_s();
+        let parent_manifest = match self.registry.get(parent) {
+            Some(w)
+                if w.state == WorkerState::Registered
+                    || (w.unsupervised && w.state.is_active()) =>
+            {
+                w.manifest.clone()
+            }
+            Some(_) => {
+                return ApiResponse::Error {
+                    message: format!("worker {parent} is not running and registered"),
+                };
+            }
+            None => {
+                return ApiResponse::Error {
+                    message: format!("no worker {parent}"),
+                };
+            }
+        };
+        let id = match new_worker_id() {
+            Ok(id) => id,
+            Err(message) => return ApiResponse::Error { message },
+        };
+        let extra = json!({ "parent": parent.as_str(), "why": reason });
+        match self.contract.issue_child(
+            &self.signer,
+            &parent_manifest,
+            request,
+            id.clone(),
+            &self.registry,
+            now,
+        ) {
+            Ok(manifest) => {
+                let depth = manifest.depth.get();
+                self.record(
+                    event::REPLICATION_REQUESTED,
+                    actor,
+                    Some(&id),
+                    json!({ "parent": parent.as_str(), "depth": depth, "why": reason }),
+                    true,
+                );
+                self.launch(manifest, now)
+            }
+            Err(IssueError::Denied(r)) => self.deny(actor, Some(parent), &r, extra),
+            Err(IssueError::Sign(e)) => ApiResponse::Error {
+                message: e.to_string(),
+            },
+        }
+    }
+
+    fn launch(&mut self, manifest: Manifest, now: u64) -> ApiResponse {
+        let id = manifest.worker_id.clone();
+        match self.try_launch(manifest, now) {
+            Ok(resp) => resp,
+            Err(message) => {
+                self.record(
+                    event::WORKER_START_FAILED,
+                    "controller",
+                    Some(&id),
+                    json!({ "error": message }),
+                    true,
+                );
+                ApiResponse::Error { message }
+            }
+        }
+    }
+
+    fn try_launch(&mut self, manifest: Manifest, now: u64) -> Result<ApiResponse, String> {
+        let id = manifest.worker_id.clone();
+        let size = serde_json::to_vec(&manifest)
+            .map(|v| v.len())
+            .unwrap_or(usize::MAX);
+        if size > super::wire::MAX_FRAME - 1024 {
+            return Err(format!(
+                "the manifest is {size} bytes; a worker could not receive it (frames are at most {} bytes): shorten the state snapshot, environment or command",
+                super::wire::MAX_FRAME
+            ));
+        }
+        let depth = manifest.depth.get();
+        let supervised = manifest.resources.network_policy.allow_controller;
+        let (ours, theirs) = if supervised {
+            match UnixStream::pair() {
+                Ok((a, b)) => (Some(a), Some(b)),
+                Err(e) => return Err(format!("socketpair: {e}")),
+            }
+        } else {
+            (None, None)
+        };
+        let slot = self.next_slot;
+        self.next_slot = self.next_slot.wrapping_add(1);
+        let payload_ids = (self.cfg.distinct_ids > 1 && manifest.filesystem.read_write.is_empty())
+            .then(|| {
+                let k = 1 + slot % (self.cfg.distinct_ids - 1);
+                (k, k)
+            });
+        let mut env: Vec<(String, String)> = manifest
+            .env
+            .iter()
+            .filter_map(|a| crate::manifest::split_env(a))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        env.push(("HATCHERY_WORKER_ID".into(), id.to_string()));
+        if supervised {
+            env.push(("HATCHERY_FD".into(), "3".into()));
+        }
+        let spec = LaunchSpec {
+            worker_id: id.to_string(),
+            command: manifest.command.clone(),
+            env,
+            cwd: manifest.cwd.clone(),
+            ro: manifest
+                .filesystem
+                .read_only
+                .iter()
+                .map(|p| PathBuf::from(p.as_str()))
+                .collect(),
+            rw: manifest
+                .filesystem
+                .read_write
+                .iter()
+                .map(|p| PathBuf::from(p.as_str()))
+                .collect(),
+            memory: Some(manifest.resources.memory_limit_mb.bytes()),
+            cpus: Some(manifest.resources.cpu_limit.get()),
+            pids: Some(manifest.resources.pids_limit.get()),
+            timeout_ms: Some(manifest.resources.timeout_ms.get()),
+            profile: manifest.profile.to_string(),
+            log_path: self.cfg.state_dir.join("workers").join(format!("{id}.log")),
+            share_network: manifest.resources.network_policy.allow_external,
+            payload_ids,
+            allow_degraded: self.cfg.allow_degraded,
+            agent_binary: if supervised {
+                self.cfg.agent_binary.clone()
+            } else {
+                None
+            },
+            cgroup_name: format!("hatchery-{id}-{}", self.cfg.cgroup_owner),
+        };
+        let fd = theirs.map(std::os::fd::OwnedFd::from);
+        if !self.send_launcher(
+            &LauncherRequest::Launch {
+                spec: Box::new(spec),
+            },
+            fd.as_ref(),
+        ) {
+            return Err("the launcher is not running".into());
+        }
+        drop(fd);
+        let conn = ours
+            .and_then(|s| server::attach_worker(&self.rt, id.clone(), s, self.inputs.clone()).ok());
+        if let Some(tx) = &conn {
+            let _ = tx.send(WorkerReply::Welcome {
+                worker_id: id.clone(),
+                manifest: Box::new(manifest.clone()),
+                heartbeat_interval_ms: self.cfg.heartbeat_interval.as_millis() as u64,
+            });
+        }
+        self.registry.insert(
+            WorkerRecord {
+                manifest,
+                state: if supervised {
+                    WorkerState::Starting
+                } else {
+                    WorkerState::Registered
+                },
+                pid: None,
+                cgroup: None,
+                started_at_ms: audit::now_ms(),
+                last_heartbeat_ms: None,
+                last_spawn_at: None,
+                children: Vec::new(),
+                conn,
+                ended_by: None,
+                exit: None,
+                unsupervised: !supervised,
+            },
+            now,
+        );
+        Ok(ApiResponse::Spawned {
+            worker_id: id,
+            depth,
+        })
+    }
+
+    // ------------------------------------------------------------- worker messages
+
+    fn worker(&mut self, id: WorkerId, message: WorkerMessage) {
+        let actor = format!("worker:{id}");
+        // Identity is the connection: a claimed id must be the connection's own.
+        if let Some(claimed) = message.claimed_id() {
+            if claimed != id.as_str() {
+                self.record(
+                    event::IMPERSONATION_ATTEMPT,
+                    &actor,
+                    Some(&id),
+                    json!({ "claimed": claimed, "message": message.kind() }),
+                    true,
+                );
+                self.reply_worker(
+                    &id,
+                    WorkerReply::Error {
+                        message: format!("this connection is worker {id}, not {claimed}"),
+                    },
+                );
+                return;
+            }
+        }
+        let state = self.registry.get(&id).map(|w| w.state);
+        match (message, state) {
+            (_, None) | (_, Some(WorkerState::Exited | WorkerState::Stopping)) => {
+                self.reply_worker(
+                    &id,
+                    WorkerReply::Error {
+                        message: "this worker is stopping".into(),
+                    },
+                );
+            }
+            (WorkerMessage::Register(r), Some(WorkerState::Starting)) => {
+                self.register(&id, r.manifest)
+            }
+            (WorkerMessage::Register(_), Some(_)) => {
+                self.reply_worker(
+                    &id,
+                    WorkerReply::Error {
+                        message: "already registered".into(),
+                    },
+                );
+            }
+            (_, Some(WorkerState::Starting)) => {
+                self.reply_worker(
+                    &id,
+                    WorkerReply::Error {
+                        message: "register first".into(),
+                    },
+                );
+            }
+            (WorkerMessage::Heartbeat(_), _) => {
+                if let Some(w) = self.registry.get_mut(&id) {
+                    w.last_heartbeat_ms = Some(audit::now_ms());
+                }
+                self.reply_worker(&id, WorkerReply::Ok);
+            }
+            (WorkerMessage::Replicate(r), _) => self.replicate(&id, *r),
+            (WorkerMessage::Report(r), _) => {
+                let mut result = r.result;
+                if result.len() > MAX_TEXT_BYTES {
+                    self.reply_worker(
+                        &id,
+                        WorkerReply::Error {
+                            message: format!("report longer than {MAX_TEXT_BYTES} bytes"),
+                        },
+                    );
+                    return;
+                }
+                result.truncate(1024);
+                self.record(
+                    "worker_report",
+                    &actor,
+                    Some(&id),
+                    json!({ "result": result }),
+                    false,
+                );
+                self.reply_worker(&id, WorkerReply::Ok);
+            }
+            (WorkerMessage::Shutdown(_), _) => {
+                self.record(
+                    "worker_shutdown_requested",
+                    &actor,
+                    Some(&id),
+                    json!({}),
+                    false,
+                );
+                self.reply_worker(&id, WorkerReply::Ok);
+                self.shutdown_deadlines
+                    .push((id.clone(), audit::now_ms() + SHUTDOWN_GRACE_MS));
+            }
+        }
+    }
+
+    fn register(&mut self, id: &WorkerId, presented: Manifest) {
+        let actor = format!("worker:{id}");
+        let now = now_s();
+        let issued = self.registry.get(id).map(|w| w.manifest.clone());
+        if issued.as_ref() != Some(&presented) {
+            // A validly signed manifest of another worker, or a forged one.
+            let verdict = self
+                .signer
+                .authenticate(&presented, now)
+                .err()
+                .map(|e| e.to_string());
+            self.record(
+                event::REJECT_MANIFEST_SIGNATURE,
+                &actor,
+                Some(id),
+                json!({ "why": "not the manifest this worker was issued", "verification": verdict }),
+                true,
+            );
+            self.reply_worker(
+                id,
+                WorkerReply::Error {
+                    message: "this is not the manifest this worker was issued".into(),
+                },
+            );
+            return;
+        }
+        if let Err(e) = self.signer.verify(&presented, now) {
+            self.record(
+                e.audit_event(),
+                &actor,
+                Some(id),
+                json!({ "check": e.check(), "error": e.to_string() }),
+                true,
+            );
+            self.reply_worker(
+                id,
+                WorkerReply::Error {
+                    message: e.to_string(),
+                },
+            );
+            return;
+        }
+        if let Decision::Deny(reason) =
+            self.contract
+                .admit(&presented, &self.registry.excluding(id), now)
+        {
+            self.record(
+                reason.audit_event(),
+                &actor,
+                Some(id),
+                deny_details(&reason),
+                true,
+            );
+            self.reply_worker(
+                id,
+                WorkerReply::Denied {
+                    event: reason.audit_event().to_string(),
+                    reason: reason.to_string(),
+                },
+            );
+            self.stop(id, "rejected at registration");
+            return;
+        }
+        let depth = presented.depth.get();
+        if let Some(w) = self.registry.get_mut(id) {
+            w.state = WorkerState::Registered;
+            w.last_heartbeat_ms = Some(audit::now_ms());
+        }
+        self.record(
+            event::WORKER_REGISTERED,
+            &actor,
+            Some(id),
+            json!({ "depth": depth }),
+            true,
+        );
+        self.reply_worker(
+            id,
+            WorkerReply::Registered {
+                worker_id: id.clone(),
+                depth,
+            },
+        );
+    }
+
+    fn replicate(&mut self, id: &WorkerId, r: ReplicateMsg) {
+        let actor = format!("worker:{id}");
+        let Some(parent) = self.registry.get(id).map(|w| w.manifest.clone()) else {
+            return;
+        };
+        if r.reason.len() > MAX_TEXT_BYTES {
+            self.reply_worker(
+                id,
+                WorkerReply::Error {
+                    message: format!("reason longer than {MAX_TEXT_BYTES} bytes"),
+                },
+            );
+            return;
+        }
+        let snapshot = match r.state_snapshot {
+            Some(s) => match StateSnapshot::new(s) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.reply_worker(
+                        id,
+                        WorkerReply::Error {
+                            message: e.to_string(),
+                        },
+                    );
+                    return;
+                }
+            },
+            None => parent.state_snapshot.clone(),
+        };
+        let request = SpawnRequest {
+            resources: r.resources.unwrap_or(parent.resources),
+            filesystem: r.filesystem.unwrap_or_else(|| parent.filesystem.clone()),
+            profile: r.profile.unwrap_or_else(|| parent.profile.clone()),
+            command: r.command,
+            env: r.env.unwrap_or_else(|| parent.env.clone()),
+            cwd: r.cwd.or_else(|| parent.cwd.clone()),
+            state_snapshot: snapshot,
+        };
+        let reply = match self.spawn_child(id, request, &actor, Some(&r.reason)) {
+            ApiResponse::Spawned { worker_id, depth } => WorkerReply::Allowed {
+                child_id: worker_id,
+                depth,
+            },
+            ApiResponse::Denied { event, reason } => WorkerReply::Denied { event, reason },
+            ApiResponse::Error { message } => WorkerReply::Error { message },
+            _ => WorkerReply::Error {
+                message: "unexpected result".into(),
+            },
+        };
+        self.reply_worker(id, reply);
+    }
+
+    // ------------------------------------------------------------- launcher events
+
+    fn launcher_event(&mut self, ev: LauncherEvent) {
+        match ev {
+            LauncherEvent::Ready { swept } => {
+                if !swept.is_empty() {
+                    self.record(
+                        event::CRASH_RECOVERED,
+                        "controller",
+                        None,
+                        json!({ "removed_cgroups": swept }),
+                        true,
+                    );
+                }
+            }
+            LauncherEvent::Started {
+                worker_id,
+                pid,
+                cgroup,
+                enforcement,
+            } => {
+                let Ok(id) = WorkerId::new(worker_id) else {
+                    return;
+                };
+                let not_enforced = enforcement.get("not_enforced").cloned().unwrap_or_default();
+                if let Some(w) = self.registry.get_mut(&id) {
+                    w.pid = Some(pid);
+                    w.cgroup = cgroup.clone();
+                }
+                self.record(
+                    event::WORKER_STARTED,
+                    "controller",
+                    Some(&id),
+                    json!({ "pid": pid, "cgroup": cgroup, "not_enforced": not_enforced }),
+                    false,
+                );
+            }
+            LauncherEvent::StartFailed { worker_id, error } => {
+                let Ok(id) = WorkerId::new(worker_id) else {
+                    return;
+                };
+                self.record(
+                    event::WORKER_START_FAILED,
+                    "controller",
+                    Some(&id),
+                    json!({ "error": error }),
+                    true,
+                );
+                self.exited(
+                    &id,
+                    ExitInfo {
+                        exit_code: 125,
+                        signal: None,
+                        oom_killed: false,
+                        timed_out: false,
+                        ended_by: Some(format!("could not start: {error}")),
+                    },
+                );
+            }
+            LauncherEvent::Exited {
+                worker_id,
+                exit_code,
+                signal,
+                oom_killed,
+                timed_out,
+                wall_ms,
+                usage,
+                error,
+            } => {
+                let Ok(id) = WorkerId::new(worker_id) else {
+                    return;
+                };
+                let ended_by = self.registry.get(&id).and_then(|w| w.ended_by.clone());
+                self.record(
+                    event::WORKER_EXITED,
+                    "controller",
+                    Some(&id),
+                    json!({
+                        "exit_code": exit_code, "signal": signal, "oom_killed": oom_killed,
+                        "timed_out": timed_out, "wall_ms": wall_ms, "ended_by": ended_by,
+                        "cpu_usec": usage.cpu_usec, "memory_peak_bytes": usage.memory_peak_bytes,
+                        "error": error,
+                    }),
+                    false,
+                );
+                self.exited(
+                    &id,
+                    ExitInfo {
+                        exit_code,
+                        signal,
+                        oom_killed,
+                        timed_out,
+                        ended_by,
+                    },
+                );
+            }
+            LauncherEvent::Usage { workers } => {
+                let resp = self.ps(&workers);
+                for reply in self.pending_ps.drain(..) {
+                    let _ = reply.send(resp.clone());
+                }
+            }
+        }
+    }
+
+    fn exited(&mut self, id: &WorkerId, exit: ExitInfo) {
+        self.registry.mark_exited(id, exit);
+        self.settle_waiters();
+    }
+
+    // ------------------------------------------------------------- periodic checks
+
+    fn tick(&mut self) {
+        let now_ms = audit::now_ms();
+        let now = now_ms / 1000;
+        let hb = self.cfg.heartbeat_timeout.as_millis() as u64;
+        let reg = self.cfg.register_timeout.as_millis() as u64;
+        let mut stale = Vec::new();
+        let mut expired = Vec::new();
+        for (id, w) in self.registry.active() {
+            if w.state == WorkerState::Stopping {
+                continue;
+            }
+            if w.manifest.is_expired(now) {
+                expired.push(id.clone());
+            } else if w.unsupervised {
+                continue;
+            } else if w.state == WorkerState::Registered
+                && w.last_heartbeat_ms
+                    .is_some_and(|t| now_ms.saturating_sub(t) > hb)
+            {
+                stale.push((id.clone(), "missed heartbeats"));
+            } else if w.state == WorkerState::Starting
+                && now_ms.saturating_sub(w.started_at_ms) > reg
+            {
+                stale.push((id.clone(), "never registered"));
+            }
+        }
+        for (id, why) in stale {
+            let silent_ms = self
+                .registry
+                .get(&id)
+                .and_then(|w| w.last_heartbeat_ms)
+                .map(|t| now_ms.saturating_sub(t));
+            self.record(
+                event::REAP_STALE,
+                "controller",
+                Some(&id),
+                json!({ "why": why, "silent_ms": silent_ms }),
+                true,
+            );
+            self.stop(&id, &format!("reaped: {why}"));
+        }
+        for id in expired {
+            let at = self.registry.get(&id).map(|w| w.manifest.expires_at.get());
+            self.record(
+                event::WORKER_EXPIRED,
+                "controller",
+                Some(&id),
+                json!({ "expires_at": at }),
+                true,
+            );
+            self.stop(&id, "manifest expired");
+        }
+        let due: Vec<WorkerId> = self
+            .shutdown_deadlines
+            .iter()
+            .filter(|(_, t)| *t <= now_ms)
+            .map(|(id, _)| id.clone())
+            .collect();
+        self.shutdown_deadlines.retain(|(_, t)| *t > now_ms);
+        for id in due {
+            self.stop(&id, "did not exit after its shutdown request");
+        }
+        self.settle_waiters();
+        if let Err(e) = self.audit.sync() {
+            tracing::error!(error = %e, "the audit trail cannot be written");
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! The messages on the controller's two sockets, framed by [`super::wire`].
+//!
+//! Worker socket (fd 3 inside a worker, `HATCHERY_FD`): the controller speaks first with
+//! `welcome` (the worker's id and its signed manifest); the worker then sends one request at
+//! a time — `register` (presenting that manifest), `heartbeat`, `replicate`, `report`,
+//! `shutdown` — and gets exactly one reply to each. A worker's identity is its connection:
+//! a `worker_id` in a request is optional and, if present, must be the connection's own.
+//!
+//! API socket (the CLI): one request, one response, as often as the client likes.
+//! Unknown fields are refused everywhere.
+
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::{
+    FilesystemScope, Manifest, ProfileName, ResourceSpec, SpawnRequest, WorkerId,
+};
+
+use super::launcher::LiveUsage;
+
+/// Largest `reason` or `report` text accepted from a worker.
+pub const MAX_TEXT_BYTES: usize = 16 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkerMessage {
+    Register(Box<RegisterMsg>),
+    Heartbeat(Claim),
+    Replicate(Box<ReplicateMsg>),
+    Report(ReportMsg),
+    Shutdown(Claim),
+}
+
+/// An optional claim of identity (ignored when it matches, refused when it does not).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Claim {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterMsg {
+    pub manifest: Manifest,
+}
+
+/// A request for a child. Everything but `command` defaults to the parent's own grant;
+/// whatever is given must be equal to it or narrower.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicateMsg {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    pub reason: String,
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_snapshot: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<FilesystemScope>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<ProfileName>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportMsg {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    pub result: String,
+}
+
+impl WorkerMessage {
+    /// The identity the message claims, if any.
+    pub fn claimed_id(&self) -> Option<&str> {
+        match self {
+            WorkerMessage::Register(r) => Some(r.manifest.worker_id.as_str()),
+            WorkerMessage::Heartbeat(c) | WorkerMessage::Shutdown(c) => c.worker_id.as_deref(),
+            WorkerMessage::Replicate(r) => r.worker_id.as_deref(),
+            WorkerMessage::Report(r) => r.worker_id.as_deref(),
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WorkerMessage::Register(_) => "register",
+            WorkerMessage::Heartbeat(_) => "heartbeat",
+            WorkerMessage::Replicate(_) => "replicate",
+            WorkerMessage::Report(_) => "report",
+            WorkerMessage::Shutdown(_) => "shutdown",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum WorkerReply {
+    /// First frame on a new worker's socket.
+    Welcome {
+        worker_id: WorkerId,
+        manifest: Box<Manifest>,
+        heartbeat_interval_ms: u64,
+    },
+    Registered {
+        worker_id: WorkerId,
+        depth: u32,
+    },
+    Ok,
+    /// The child was issued a manifest and is starting.
+    Allowed {
+        child_id: WorkerId,
+        depth: u32,
+    },
+    /// The contract (or the kill switch, or a person) said no.
+    Denied {
+        event: String,
+        reason: String,
+    },
+    Error {
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ApiRequest {
+    /// Issue a root manifest (or, with `parent`, a child manifest as that parent) and launch.
+    Spawn {
+        parent: Option<WorkerId>,
+        request: Box<SpawnRequest>,
+    },
+    Ps(NoFields),
+    Kill {
+        worker_id: WorkerId,
+        recursive: bool,
+    },
+    KillSwitch {
+        release: bool,
+    },
+    Status(NoFields),
+}
+
+/// The body of a request that takes no arguments (any field is refused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoFields {}
+
+/// How a worker ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExitInfo {
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub oom_killed: bool,
+    pub timed_out: bool,
+    /// Why the controller ended it, when it did (killed, reaped, expired, kill switch).
+    pub ended_by: Option<String>,
+}
+
+/// One worker as `ps` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerInfo {
+    pub worker_id: WorkerId,
+    pub parent_id: Option<WorkerId>,
+    pub depth: u32,
+    pub state: String,
+    pub pid: Option<i32>,
+    pub command: Vec<String>,
+    pub profile: ProfileName,
+    pub resources: ResourceSpec,
+    pub started_at_ms: u64,
+    pub last_heartbeat_ms_ago: Option<u64>,
+    pub children: Vec<WorkerId>,
+    pub usage: Option<LiveUsage>,
+    pub exit: Option<ExitInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ApiResponse {
+    Spawned {
+        worker_id: WorkerId,
+        depth: u32,
+    },
+    Denied {
+        event: String,
+        reason: String,
+    },
+    Workers {
+        workers: Vec<WorkerInfo>,
+        kill_switch: bool,
+    },
+    Killed {
+        workers: Vec<WorkerId>,
+        elapsed_ms: u64,
+    },
+    KillSwitch {
+        engaged: bool,
+        killed: usize,
+        elapsed_ms: u64,
+    },
+    Status {
+        pid: u32,
+        session: String,
+        kill_switch: bool,
+        active: u64,
+        lifetime_total: u64,
+        audit_entries: u64,
+    },
+    Error {
+        message: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_messages_refuse_unknown_fields_and_types() {
+        let ok: Result<WorkerMessage, _> = serde_json::from_str(r#"{"type":"heartbeat"}"#);
+        assert!(ok.is_ok());
+        for bad in [
+            r#"{"type":"heartbeat","extra":1}"#,
+            r#"{"type":"explode"}"#,
+            r#"{"type":"replicate","reason":"x"}"#,
+            r#"{"type":"report","result":"x","depth":3}"#,
+            r#"{"reason":"x","command":["true"]}"#,
+            "[]",
+        ] {
+            let r: Result<WorkerMessage, _> = serde_json::from_str(bad);
+            assert!(r.is_err(), "accepted {bad}");
+        }
+    }
+
+    #[test]
+    fn replicate_needs_only_a_reason_and_a_command() {
+        let r: Result<WorkerMessage, _> = serde_json::from_str(
+            r#"{"type":"replicate","reason":"more hands","command":["sh","-c","true"]}"#,
+        );
+        match r {
+            Ok(WorkerMessage::Replicate(m)) => {
+                assert_eq!(m.command, ["sh", "-c", "true"]);
+                assert!(m.resources.is_none());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn argumentless_api_requests_refuse_fields() {
+        let ok: Result<ApiRequest, _> = serde_json::from_str(r#"{"op":"ps"}"#);
+        assert_eq!(ok.ok(), Some(ApiRequest::Ps(NoFields {})));
+        let bad: Result<ApiRequest, _> = serde_json::from_str(r#"{"op":"ps","extra":1}"#);
+        assert!(bad.is_err());
+        let bad: Result<ApiRequest, _> =
+            serde_json::from_str(r#"{"op":"kill_switch","release":true,"x":1}"#);
+        assert!(bad.is_err());
+    }
+
+    #[test]
+    fn api_requests_round_trip() {
+        let req = ApiRequest::KillSwitch { release: false };
+        let json = serde_json::to_string(&req).unwrap_or_default();
+        assert_eq!(json, r#"{"op":"kill_switch","release":false}"#);
+        let back: Result<ApiRequest, _> = serde_json::from_str(&json);
+        assert_eq!(back.ok(), Some(req));
+    }
+}

@@ -1,0 +1,241 @@
+//! The controller's registry: every worker it launched, its lineage and state, and the
+//! counters the replication contract reads through [`RegistryView`].
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::contract::RegistryView;
+use crate::manifest::{Manifest, WorkerId};
+
+use super::protocol::{ExitInfo, WorkerInfo, WorkerReply};
+
+/// Exited workers kept for `ps` after they are gone.
+const KEEP_EXITED: usize = 1000;
+/// Spawn times remembered for rate stop conditions (a window longer than this many spawns
+/// is counted as full).
+const KEEP_SPAWN_TIMES: usize = 100_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerState {
+    /// Launched, not yet registered.
+    Starting,
+    Registered,
+    /// The controller ended it; waiting for the launcher to confirm.
+    Stopping,
+    Exited,
+}
+
+impl WorkerState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Starting => "starting",
+            WorkerState::Registered => "running",
+            WorkerState::Stopping => "stopping",
+            WorkerState::Exited => "exited",
+        }
+    }
+
+    /// Holds a slot of the quota: everything until the launcher says it is gone.
+    pub fn is_active(self) -> bool {
+        !matches!(self, WorkerState::Exited)
+    }
+}
+
+pub struct WorkerRecord {
+    pub manifest: Manifest,
+    pub state: WorkerState,
+    pub pid: Option<i32>,
+    pub cgroup: Option<PathBuf>,
+    pub started_at_ms: u64,
+    pub last_heartbeat_ms: Option<u64>,
+    /// When this worker last had a child issued (seconds), for cooldowns.
+    pub last_spawn_at: Option<u64>,
+    pub children: Vec<WorkerId>,
+    /// The worker's socket, while connected.
+    pub conn: Option<UnboundedSender<WorkerReply>>,
+    /// Why the controller ended it (killed, reaped, expired, kill switch).
+    pub ended_by: Option<String>,
+    pub exit: Option<ExitInfo>,
+    /// The worker has no controller socket (its manifest withholds it): nothing to await.
+    pub unsupervised: bool,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    workers: BTreeMap<WorkerId, WorkerRecord>,
+    exited_order: VecDeque<WorkerId>,
+    spawn_times: VecDeque<u64>,
+    lifetime_total: u64,
+    pub kill_switch: bool,
+}
+
+impl Registry {
+    pub fn get(&self, id: &WorkerId) -> Option<&WorkerRecord> {
+        self.workers.get(id)
+    }
+
+    pub fn get_mut(&mut self, id: &WorkerId) -> Option<&mut WorkerRecord> {
+        self.workers.get_mut(id)
+    }
+
+    /// Adds a worker just issued a manifest; counts it in the spawn history.
+    pub fn insert(&mut self, record: WorkerRecord, now_s: u64) {
+        if let Some(parent) = record.manifest.parent_id.clone() {
+            if let Some(p) = self.workers.get_mut(&parent) {
+                p.children.push(record.manifest.worker_id.clone());
+                p.last_spawn_at = Some(now_s);
+            }
+        }
+        self.spawn_times.push_back(now_s);
+        while self.spawn_times.len() > KEEP_SPAWN_TIMES {
+            self.spawn_times.pop_front();
+        }
+        self.lifetime_total += 1;
+        self.workers
+            .insert(record.manifest.worker_id.clone(), record);
+    }
+
+    /// Marks a worker gone and forgets the oldest exited ones beyond the history size.
+    pub fn mark_exited(&mut self, id: &WorkerId, exit: ExitInfo) {
+        if let Some(w) = self.workers.get_mut(id) {
+            w.state = WorkerState::Exited;
+            w.conn = None;
+            w.exit = Some(exit);
+            self.exited_order.push_back(id.clone());
+        }
+        while self.exited_order.len() > KEEP_EXITED {
+            if let Some(old) = self.exited_order.pop_front() {
+                self.workers.remove(&old);
+            }
+        }
+    }
+
+    pub fn active(&self) -> impl Iterator<Item = (&WorkerId, &WorkerRecord)> {
+        self.workers.iter().filter(|(_, w)| w.state.is_active())
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = (&WorkerId, &WorkerRecord)> {
+        self.workers.iter()
+    }
+
+    /// `id` and all its descendants that are still active, parents first.
+    pub fn subtree(&self, id: &WorkerId) -> Vec<WorkerId> {
+        let mut out = Vec::new();
+        let mut stack = vec![id.clone()];
+        while let Some(cur) = stack.pop() {
+            if let Some(w) = self.workers.get(&cur) {
+                if w.state.is_active() {
+                    out.push(cur.clone());
+                }
+                stack.extend(w.children.iter().rev().cloned());
+            }
+        }
+        out
+    }
+
+    pub fn info(&self, id: &WorkerId, w: &WorkerRecord, now_ms: u64) -> WorkerInfo {
+        WorkerInfo {
+            worker_id: id.clone(),
+            parent_id: w.manifest.parent_id.clone(),
+            depth: w.manifest.depth.get(),
+            state: w.state.as_str().to_string(),
+            pid: w.pid,
+            command: w.manifest.command.clone(),
+            profile: w.manifest.profile.clone(),
+            resources: w.manifest.resources,
+            started_at_ms: w.started_at_ms,
+            last_heartbeat_ms_ago: w.last_heartbeat_ms.map(|t| now_ms.saturating_sub(t)),
+            children: w.children.clone(),
+            usage: None,
+            exit: w.exit.clone(),
+        }
+    }
+
+    /// A view that leaves one worker out (the one being admitted is not counted yet).
+    pub fn excluding<'a>(&'a self, id: &'a WorkerId) -> Excluding<'a> {
+        Excluding { registry: self, id }
+    }
+
+    fn totals(&self, skip: Option<&WorkerId>) -> (u64, u64, f64) {
+        let mut n = 0;
+        let mut mem = 0u64;
+        let mut cpu = 0f64;
+        for (id, w) in self.active() {
+            if Some(id) == skip {
+                continue;
+            }
+            n += 1;
+            mem = mem.saturating_add(w.manifest.resources.memory_limit_mb.get());
+            cpu += w.manifest.resources.cpu_limit.get();
+        }
+        (n, mem, cpu)
+    }
+}
+
+impl RegistryView for Registry {
+    fn kill_switch_engaged(&self) -> bool {
+        self.kill_switch
+    }
+    fn active_count(&self) -> u64 {
+        self.totals(None).0
+    }
+    fn last_spawn_by(&self, parent: &WorkerId) -> Option<u64> {
+        self.workers.get(parent).and_then(|w| w.last_spawn_at)
+    }
+    fn total_memory_limit_mb(&self) -> u64 {
+        self.totals(None).1
+    }
+    fn total_cpu_limit(&self) -> f64 {
+        self.totals(None).2
+    }
+    fn spawns_since(&self, since: u64) -> u64 {
+        self.spawn_times
+            .iter()
+            .rev()
+            .take_while(|t| **t >= since)
+            .count() as u64
+    }
+    fn lifetime_total(&self) -> u64 {
+        self.lifetime_total
+    }
+}
+
+/// [`Registry`] without one worker.
+pub struct Excluding<'a> {
+    registry: &'a Registry,
+    id: &'a WorkerId,
+}
+
+impl RegistryView for Excluding<'_> {
+    fn kill_switch_engaged(&self) -> bool {
+        self.registry.kill_switch
+    }
+    fn active_count(&self) -> u64 {
+        self.registry.totals(Some(self.id)).0
+    }
+    fn last_spawn_by(&self, parent: &WorkerId) -> Option<u64> {
+        self.registry.last_spawn_by(parent)
+    }
+    fn total_memory_limit_mb(&self) -> u64 {
+        self.registry.totals(Some(self.id)).1
+    }
+    fn total_cpu_limit(&self) -> f64 {
+        self.registry.totals(Some(self.id)).2
+    }
+    fn spawns_since(&self, since: u64) -> u64 {
+        let own = self
+            .registry
+            .workers
+            .get(self.id)
+            .is_some_and(|w| w.manifest.issued_at.get() >= since);
+        self.registry
+            .spawns_since(since)
+            .saturating_sub(u64::from(own))
+    }
+    fn lifetime_total(&self) -> u64 {
+        let own = self.registry.workers.contains_key(self.id);
+        self.registry.lifetime_total.saturating_sub(u64::from(own))
+    }
+}

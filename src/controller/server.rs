@@ -1,0 +1,307 @@
+//! The async side of the controller: it accepts API clients (checking their credentials),
+//! reads and writes worker sockets, relays the launcher's events and ticks the reaper.
+//! It decides nothing; every message goes to the engine thread as an [`Input`].
+
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+use tokio::sync::oneshot;
+
+use crate::manifest::WorkerId;
+
+use super::engine::Input;
+use super::launcher::LauncherEvent;
+use super::protocol::{ApiRequest, ApiResponse, WorkerMessage, WorkerReply};
+use super::wire::{self, FrameError};
+
+/// A frame that has started must be complete within this time.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+/// Messages per second a worker may send on average, and the burst it may save up.
+const WORKER_RATE: f64 = 20.0;
+const WORKER_BURST: f64 = 40.0;
+
+/// Who may use the API socket.
+#[derive(Debug, Clone, Copy)]
+pub struct AccessPolicy {
+    /// The controller's own uid (always allowed, as is root).
+    pub owner_uid: u32,
+    /// Members of this group may connect too (the socket is then mode 0660).
+    pub group: Option<u32>,
+}
+
+impl AccessPolicy {
+    fn allows(&self, uid: u32, gid: u32, pid: i32) -> bool {
+        if uid == 0 || uid == self.owner_uid {
+            return true;
+        }
+        let Some(group) = self.group else {
+            return false;
+        };
+        gid == group || supplementary_groups(pid).contains(&group)
+    }
+}
+
+fn supplementary_groups(pid: i32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
+                g.split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// A token bucket: `rate` tokens per second, at most `burst` saved.
+struct TokenBucket {
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    fn new() -> TokenBucket {
+        TokenBucket {
+            tokens: WORKER_BURST,
+            last: Instant::now(),
+        }
+    }
+
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        self.tokens = (self.tokens + now.duration_since(self.last).as_secs_f64() * WORKER_RATE)
+            .min(WORKER_BURST);
+        self.last = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Reads one frame body: no limit on waiting for a frame to begin, [`FRAME_TIMEOUT`] for it
+/// to complete once it has.
+async fn read_body(
+    stream: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> Result<Option<Vec<u8>>, FrameError> {
+    let mut first = [0u8; 1];
+    let n = tokio::io::AsyncReadExt::read(stream, &mut first).await?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let mut rest = PrefixedReader {
+        first: Some(first[0]),
+        inner: stream,
+    };
+    match tokio::time::timeout(FRAME_TIMEOUT, wire::read_body_async(&mut rest)).await {
+        Ok(r) => r,
+        Err(_) => Err(FrameError::Truncated),
+    }
+}
+
+/// A reader that yields one already-read byte before the rest of the stream.
+struct PrefixedReader<'a, R> {
+    first: Option<u8>,
+    inner: &'a mut R,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for PrefixedReader<'_, R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if let Some(b) = self.first.take() {
+            buf.put_slice(&[b]);
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut *self.inner).poll_read(cx, buf)
+    }
+}
+
+/// Takes over the controller's end of a new worker's socket: a reader task feeding the
+/// engine and a writer task draining the returned sender.
+pub fn attach_worker(
+    rt: &Handle,
+    id: WorkerId,
+    stream: StdUnixStream,
+    inputs: Sender<Input>,
+) -> std::io::Result<UnboundedSender<WorkerReply>> {
+    stream.set_nonblocking(true)?;
+    let _guard = rt.enter();
+    let stream = UnixStream::from_std(stream)?;
+    let (mut rd, mut wr) = stream.into_split();
+    let (tx, mut rx) = unbounded_channel::<WorkerReply>();
+    rt.spawn(async move {
+        while let Some(reply) = rx.recv().await {
+            if wire::write_frame_async(&mut wr, &reply).await.is_err() {
+                break;
+            }
+        }
+        // The engine dropped the connection (the worker is stopping): close our end.
+        let _ = wr.shutdown().await;
+    });
+    rt.spawn(async move {
+        let mut bucket = TokenBucket::new();
+        let mut dropped = 0u64;
+        let mut last_report = Instant::now();
+        loop {
+            match read_body(&mut rd).await {
+                Ok(Some(body)) => {
+                    if !bucket.take() {
+                        // Report the first drop at once, then at most once a second.
+                        dropped += 1;
+                        if dropped == 1 || last_report.elapsed() >= Duration::from_secs(1) {
+                            let _ = inputs.send(Input::WorkerRateLimited {
+                                id: id.clone(),
+                                dropped,
+                            });
+                            dropped = 0;
+                            last_report = Instant::now();
+                        }
+                        continue;
+                    }
+                    let input = match wire::parse::<WorkerMessage>(&body) {
+                        Ok(message) => Input::Worker {
+                            id: id.clone(),
+                            message,
+                        },
+                        Err(e) => Input::WorkerProtocolError {
+                            id: id.clone(),
+                            error: e.to_string(),
+                        },
+                    };
+                    if inputs.send(input).is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    // Framing is lost (oversized, truncated): this connection is over.
+                    let _ = inputs.send(Input::WorkerProtocolError {
+                        id: id.clone(),
+                        error: e.to_string(),
+                    });
+                    break;
+                }
+            }
+        }
+        let _ = inputs.send(Input::WorkerDisconnected { id });
+    });
+    Ok(tx)
+}
+
+async fn api_client(mut stream: UnixStream, uid: u32, inputs: Sender<Input>) {
+    loop {
+        let body = match read_body(&mut stream).await {
+            Ok(Some(b)) => b,
+            Ok(None) => return,
+            Err(e) => {
+                let _ = wire::write_frame_async(
+                    &mut stream,
+                    &ApiResponse::Error {
+                        message: e.to_string(),
+                    },
+                )
+                .await;
+                return;
+            }
+        };
+        let response = match wire::parse::<ApiRequest>(&body) {
+            Ok(request) => {
+                let (tx, rx) = oneshot::channel();
+                if inputs
+                    .send(Input::Api {
+                        peer_uid: uid,
+                        request: Box::new(request),
+                        reply: tx,
+                    })
+                    .is_err()
+                {
+                    return;
+                }
+                match rx.await {
+                    Ok(r) => r,
+                    Err(_) => ApiResponse::Error {
+                        message: "the controller is stopping".into(),
+                    },
+                }
+            }
+            Err(e) => ApiResponse::Error {
+                message: e.to_string(),
+            },
+        };
+        if wire::write_frame_async(&mut stream, &response)
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Accepts API clients until the runtime stops.
+pub async fn accept_clients(listener: UnixListener, policy: AccessPolicy, inputs: Sender<Input>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let cred = match stream.peer_cred() {
+            Ok(c) => c,
+            Err(_) => continue,
+        };
+        let (uid, gid, pid) = (cred.uid(), cred.gid(), cred.pid().unwrap_or(0));
+        if !policy.allows(uid, gid, pid) {
+            let _ = inputs.send(Input::ClientRejected { uid, pid });
+            let mut stream = stream;
+            let _ = wire::write_frame_async(
+                &mut stream,
+                &ApiResponse::Error {
+                    message: format!("uid {uid} may not use this controller"),
+                },
+            )
+            .await;
+            continue;
+        }
+        tokio::spawn(api_client(stream, uid, inputs.clone()));
+    }
+}
+
+/// Relays the launcher's events to the engine; its end of stream means it is gone.
+pub async fn relay_launcher(mut events: UnixStream, inputs: Sender<Input>) {
+    loop {
+        match wire::read_body_async(&mut events).await {
+            Ok(Some(body)) => match wire::parse::<LauncherEvent>(&body) {
+                Ok(ev) => {
+                    if inputs.send(Input::Launcher(ev)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "malformed launcher event"),
+            },
+            Ok(None) | Err(_) => {
+                let _ = inputs.send(Input::LauncherGone);
+                return;
+            }
+        }
+    }
+}
+
+/// Ticks the engine's periodic checks (reaping, expiry, audit sync).
+pub async fn ticker(inputs: Sender<Input>, every: Duration) {
+    let mut interval = tokio::time::interval(every);
+    loop {
+        interval.tick().await;
+        if inputs.send(Input::Tick).is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! A controller started for one test: its own socket, state directory and contract; killed
+//! (and checked for leftovers) when the test ends.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{hatchery, run_with_timeout};
+
+pub struct TestController {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub state: PathBuf,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+impl TestController {
+    /// Starts a controller with `contract` (TOML) and extra flags.
+    pub fn start(contract: &str, extra: &[&str]) -> TestController {
+        let dir = match tempfile::Builder::new().prefix("hatchery-ctl-").tempdir() {
+            Ok(d) => d,
+            Err(e) => panic!("tempdir: {e}"),
+        };
+        let socket = dir.path().join("c.sock");
+        let state = dir.path().join("state");
+        let contract_path = dir.path().join("contract.toml");
+        if let Err(e) = std::fs::write(&contract_path, contract) {
+            panic!("write contract: {e}");
+        }
+        let mut c = TestController {
+            dir,
+            socket,
+            state,
+            child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        c.launch();
+        c
+    }
+
+    fn launch(&mut self) {
+        let contract = self.dir.path().join("contract.toml");
+        let log = match std::fs::File::create(self.dir.path().join("controller.log")) {
+            Ok(f) => f,
+            Err(e) => panic!("log: {e}"),
+        };
+        let err = match log.try_clone() {
+            Ok(f) => f,
+            Err(e) => panic!("log: {e}"),
+        };
+        let child = Command::new(hatchery())
+            .arg("controller")
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .arg("--contract")
+            .arg(&contract)
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) => panic!("start the controller: {e}"),
+        };
+        self.child = Some(child);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20) {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("the controller exited with {status}: {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the controller did not come up: {}", self.log());
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("controller.log")).unwrap_or_default()
+    }
+
+    /// `hatchery ARGS --socket S` (the socket flag goes after the subcommand).
+    pub fn cli(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new(hatchery());
+        cmd.arg(args[0])
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(&args[1..]);
+        run_with_timeout(&mut cmd, Duration::from_secs(90))
+    }
+
+    /// Spawns a root worker running `script` with `sh -c`; returns its id.
+    pub fn spawn(&self, flags: &[&str], script: &str) -> Result<String, Output> {
+        let mut args = vec!["spawn"];
+        args.extend_from_slice(flags);
+        args.extend(["--", "sh", "-c", script]);
+        let out = self.cli(&args);
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(out)
+        }
+    }
+
+    pub fn ps(&self) -> Value {
+        let out = self.cli(&["ps", "--json"]);
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+
+    pub fn worker(&self, id: &str) -> Value {
+        self.ps()["workers"]
+            .as_array()
+            .and_then(|ws| ws.iter().find(|w| w["worker_id"] == id).cloned())
+            .unwrap_or(Value::Null)
+    }
+
+    /// Waits until `pred` holds for the `ps --json` document (or panics after `limit`).
+    pub fn wait_for(&self, what: &str, limit: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let v = self.ps();
+            if pred(&v) {
+                return v;
+            }
+            if start.elapsed() > limit {
+                panic!(
+                    "timed out waiting for {what}: {v}\ncontroller log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Workers in a state.
+    pub fn count(v: &Value, state: &str) -> usize {
+        v["workers"]
+            .as_array()
+            .map(|ws| ws.iter().filter(|w| w["state"] == state).count())
+            .unwrap_or(0)
+    }
+
+    /// Audit entries with this event name.
+    pub fn audit(&self, event: &str) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.state.join("audit.jsonl")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["event"] == event)
+            .collect()
+    }
+
+    /// Waits for an audit entry with this event name.
+    pub fn wait_audit(&self, event: &str, limit: Duration) -> Vec<Value> {
+        let start = Instant::now();
+        loop {
+            let found = self.audit(event);
+            if !found.is_empty() {
+                return found;
+            }
+            if start.elapsed() > limit {
+                panic!(
+                    "no {event} in the audit trail after {limit:?}:\n{}",
+                    std::fs::read_to_string(self.state.join("audit.jsonl")).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGKILLs the controller (as a crash would).
+    pub fn crash(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the controller again on the same socket and state.
+    pub fn restart(&mut self) {
+        self.crash();
+        self.launch();
+    }
+
+    /// Stops the controller with SIGTERM and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(20) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("the controller did not stop on SIGTERM: {}", self.log());
+        }
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state
+    }
+}
+
+impl Drop for TestController {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.stop();
+        }
+    }
+}
+
+/// The cgroup directories of hatchery workers whose names contain `needle`.
+pub fn worker_cgroups(needle: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if !e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                continue;
+            }
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.starts_with("hatchery-") && name.contains(needle) {
+                out.push(e.path());
+            } else if dir.components().count() < 8 {
+                stack.push(e.path());
+            }
+        }
+    }
+    out
+}
