@@ -1,55 +1,79 @@
 #!/usr/bin/env bash
-# The main job: builds hatchery and shows, with real sandboxes, what the kernel enforces.
-# Runs unattended; as root for the full picture (cgroup limits), rootless otherwise.
+# The main job, on built-in defaults: a controller whose workers replicate until the
+# replication contract says no, the lineage, the denials in the audit trail, the kill
+# switch (every process and cgroup gone), and the audit trail verified. Preceded by a few
+# one-shot sandboxes that show what the kernel enforces. Runs unattended, as root.
+#
+#   scripts/demo.sh              everything
+#   scripts/demo.sh --run-only   just the one-shot sandboxes
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-if [ "$(id -u)" = 0 ] && [ "${HATCHERY_SKIP_APT:-0}" != 1 ]; then
+if [ "$(id -u)" != 0 ]; then
+    echo "demo.sh: run as root (the controller's default paths are /run/hatchery and /var/lib/hatchery)" >&2
+    exit 1
+fi
+if [ "${HATCHERY_SKIP_APT:-0}" != 1 ] && ! dpkg -s libseccomp-dev pkg-config gcc libc6-dev >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
-    if ! dpkg -s libseccomp-dev pkg-config >/dev/null 2>&1; then
-        apt-get update -qq && apt-get install -y -qq --no-install-recommends libseccomp-dev pkg-config gcc libc6-dev >/dev/null
-    fi
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends libseccomp-dev pkg-config gcc libc6-dev python3 >/dev/null
 fi
 cargo build --release --locked --quiet
 H=$PWD/target/release/hatchery
-step() { printf '\n\033[1m== %s\033[0m\n$ %s\n' "$1" "$2"; }
-show() {
-    local d=$1; shift
-    step "$d" "$(printf '%q ' "$@" | sed "s#$H#hatchery#g")"
-    set +e; "$@"; local rc=$?; set -e
-    echo "(exit $rc)"
-}
+bold() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+say() { printf '$ %s\n' "$*"; }
+show() { local d=$1; shift; bold "$d"; say "$(printf '%q ' "$@" | sed "s#$H#hatchery#g")"; set +e; "$@"; local rc=$?; set -e; echo "(exit $rc)"; }
 
-show "What this host can enforce" "$H" doctor
-show "A command in its own namespaces: not root on the host, its own hostname, nothing of the host but /usr and /etc" \
-    "$H" run -- sh -c 'id; hostname; cat /proc/self/uid_map; ls /; ls /home /root 2>&1 | head -2'
-show "No network: only loopback, nothing reachable" \
-    "$H" run -- sh -c 'cat /proc/net/dev | tail -n +3 | cut -d: -f1; (exec 3<>/dev/tcp/127.0.0.1/22) 2>&1 || echo "connect refused"'
-show "No privileges: no capabilities, no_new_privs, a seccomp filter; mount and unshare fail" \
-    "$H" run -- sh -c 'grep -E "^(Cap(Eff|Bnd)|NoNewPrivs|Seccomp):" /proc/self/status; unshare -r true 2>&1; mount -t tmpfs x /tmp 2>&1'
-if [ "$(id -u)" = 0 ]; then
-    show "A memory bomb under --memory 64M is OOM-killed (exit 137)" \
-        "$H" run --memory 64M -- python3 -c 'b = [bytearray(1 << 20) for _ in range(512)]'
-    show "A fork bomb under --pids 32 cannot grow" \
-        "$H" run --pids 32 --timeout 20s -- python3 -c '
-import os, time
-n = 0
-try:
-    while n < 300:
-        if os.fork() == 0:
-            time.sleep(2); os._exit(0)
-        n += 1
-except OSError as e:
-    print("fork refused after", n, "children:", e)'
-    tmp=$(mktemp -d); chmod 755 "$tmp"
-    show "--cpus 0.5 for 2 s of spinning, with a report" \
-        "$H" run --cpus 0.5 --report "$tmp/report.json" -- sh -c 'end=$(($(date +%s)+2)); while [ $(date +%s) -lt $end ]; do :; done'
-    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("wall_ms", r["wall_ms"], "cpu_usec", r["cpu_usec"], "-> %.2f cores" % (r["cpu_usec"]/1000/r["wall_ms"])); print("enforced:", json.dumps(r["enforcement"]["limits"], indent=1))' "$tmp/report.json"
-    rm -rf "$tmp"
-else
-    show "Rootless without a delegated cgroup: a limit is refused (fail closed)" "$H" run --memory 64M -- true
-fi
+# ---------------------------------------------------------------------- one-shot sandboxes
+show "A command in its own namespaces: not root on the host, nothing of the host but /usr and /etc, no network" \
+    "$H" run -- sh -c 'id; hostname; cat /proc/self/uid_map; ls /; tail -n +3 /proc/net/dev | cut -d: -f1'
+show "No privileges: no capabilities, no_new_privs, a seccomp filter; unshare and mount fail" \
+    "$H" run -- sh -c 'grep -E "^(CapEff|CapBnd|NoNewPrivs|Seccomp):" /proc/self/status; unshare -r true 2>&1; mount -t tmpfs x /tmp 2>&1 | head -1'
+show "A memory bomb under --memory 64M is OOM-killed (exit 137)" \
+    "$H" run --memory 64M -- python3 -c 'b = [bytearray(1 << 20) for _ in range(512)]'
 show "A timeout kills everything, daemons included (exit 124)" \
     "$H" run --timeout 1s -- sh -c 'setsid sleep 600 & sleep 600'
+[ "${1:-}" = --run-only ] && exit 0
+
+# ---------------------------------------------------------------------- the controller
+SOCK=/run/hatchery/controller.sock
+LOG=$(mktemp /tmp/hatchery-demo-controller.XXXXXX)
+bold "The controller, on built-in defaults (contract: max_depth 3, max_replicas 8, cooldown 5 s)"
+say "hatchery controller &"
+"$H" controller >"$LOG" 2>&1 &
+CTL=$!
+stop_controller() {
+    if kill -0 "$CTL" 2>/dev/null; then
+        kill -TERM "$CTL" 2>/dev/null || true
+        wait "$CTL" 2>/dev/null || true
+    fi
+    rm -f "$LOG"
+}
+trap stop_controller EXIT
+for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+"$H" ps >/dev/null
+
+# Every worker: register, ask for a child running this same script, ask for a second one
+# at once (the cooldown says no), then stay alive with heartbeats.
+WORKER='hatchery agent register >/dev/null || exit 1
+hatchery agent replicate --reason "one more generation" -- sh -c "$S"
+hatchery agent replicate --reason "and a sibling, right away" -- sh -c "$S"
+while hatchery agent heartbeat >/dev/null; do sleep 1; done'
+show "A root worker that replicates until the contract denies it" \
+    "$H" spawn --memory 128M --cpus 0.25 --pids 32 --env "S=$WORKER" -- sh -c 'eval "$S"'
+sleep 4
+show "More root workers, until the quota (max_replicas 8) refuses one" \
+    sh -c "for i in 1 2 3 4 5; do $H spawn --memory 64M --cpus 0.1 -- sh -c 'hatchery agent register >/dev/null; while hatchery agent heartbeat >/dev/null; do sleep 1; done' || break; done"
+sleep 1
+show "The lineage, with live usage from each worker's cgroup" "$H" ps --tree
+show "Every denial, from the audit trail" sh -c "$H audit tail -n 200 | grep -E 'deny_|kill_switch' || true"
+show "The kill switch: every worker, whole sandboxes and cgroups" "$H" kill-switch
+show "Nothing is left: no worker process, no worker cgroup" \
+    sh -c "pgrep -a -f '[h]atchery agent|[s]h -c eval' || echo 'no worker processes'; find /sys/fs/cgroup -name 'hatchery-w-*' | head -3; echo \"worker cgroups: \$(find /sys/fs/cgroup -name 'hatchery-w-*' | wc -l)\""
+show "New workers are refused while the switch is engaged" "$H" spawn -- true
+show "Released, they may start again" "$H" kill-switch --release
+stop_controller
+trap - EXIT
+show "The audit trail is intact (hash chain, MACs and head)" "$H" audit verify
+show "Its last entries" "$H" audit tail -n 8
 echo
-echo "demo finished: nothing is left behind ($(scripts/check-leftovers.sh | tail -1))"
+echo "demo finished: $(scripts/check-leftovers.sh | tail -1)"

@@ -204,8 +204,19 @@ fn line(w: &WorkerInfo, indent: &str) -> String {
             .unwrap_or_else(|| "-".into()),
         w.resources.cpu_limit.get(),
         w.resources.pids_limit.get(),
-        w.command.join(" "),
+        short_command(&w.command),
     )
+}
+
+/// The command on one line, at most 60 characters.
+fn short_command(argv: &[String]) -> String {
+    let joined = argv.join(" ");
+    let first = joined.lines().next().unwrap_or("");
+    let mut out: String = first.chars().take(60).collect();
+    if out.len() < joined.len() {
+        out.push('…');
+    }
+    out
 }
 
 fn print_tree(workers: &[WorkerInfo], id: &WorkerId, depth: usize, out: &mut Vec<String>) {
