@@ -49,7 +49,10 @@ impl ApiClient {
         let sent = wire::write_frame(&mut self.stream, request);
         // A controller that turns a client away answers first and closes: read its reason
         // even when our write found the connection closed.
-        match (wire::read_frame(&mut self.stream), sent) {
+        match (
+            wire::read_frame_limited(&mut self.stream, wire::MAX_RESPONSE),
+            sent,
+        ) {
             (Ok(Some(resp)), _) => Ok(resp),
             (_, Err(e)) => Err(e.into()),
             (Ok(None), Ok(())) => Err(ClientError::Closed),

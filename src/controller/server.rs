@@ -239,7 +239,7 @@ async fn api_client(mut stream: UnixStream, uid: u32, inputs: Sender<Input>) {
                 message: e.to_string(),
             },
         };
-        if wire::write_frame_async(&mut stream, &response)
+        if wire::write_frame_async_limited(&mut stream, &response, wire::MAX_RESPONSE)
             .await
             .is_err()
         {

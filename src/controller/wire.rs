@@ -11,8 +11,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// Largest frame body accepted or sent.
+/// Largest frame body accepted from a peer (workers, API clients) or sent to a worker.
 pub const MAX_FRAME: usize = 256 * 1024;
+/// Largest response the controller sends an API client (a `ps` of thousands of workers),
+/// and so the largest a client accepts.
+pub const MAX_RESPONSE: usize = 64 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
@@ -26,9 +29,9 @@ pub enum FrameError {
     Io(#[from] io::Error),
 }
 
-fn encode(value: &impl Serialize) -> Result<Vec<u8>, FrameError> {
+fn encode(value: &impl Serialize, limit: usize) -> Result<Vec<u8>, FrameError> {
     let body = serde_json::to_vec(value).map_err(|e| FrameError::Malformed(e.to_string()))?;
-    if body.len() > MAX_FRAME {
+    if body.len() > limit {
         return Err(FrameError::TooLarge(body.len()));
     }
     let mut frame = Vec::with_capacity(4 + body.len());
@@ -41,9 +44,9 @@ fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
     serde_json::from_slice(body).map_err(|e| FrameError::Malformed(e.to_string()))
 }
 
-fn check_len(header: [u8; 4]) -> Result<usize, FrameError> {
+fn check_len(header: [u8; 4], limit: usize) -> Result<usize, FrameError> {
     let len = u32::from_be_bytes(header) as usize;
-    if len > MAX_FRAME {
+    if len > limit {
         return Err(FrameError::TooLarge(len));
     }
     Ok(len)
@@ -51,13 +54,21 @@ fn check_len(header: [u8; 4]) -> Result<usize, FrameError> {
 
 /// Writes one frame.
 pub fn write_frame(w: &mut impl Write, value: &impl Serialize) -> Result<(), FrameError> {
-    w.write_all(&encode(value)?)?;
+    w.write_all(&encode(value, MAX_FRAME)?)?;
     w.flush()?;
     Ok(())
 }
 
 /// Reads one frame; `Ok(None)` when the peer closed cleanly between frames.
 pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> Result<Option<T>, FrameError> {
+    read_frame_limited(r, MAX_FRAME)
+}
+
+/// [`read_frame`] with another size limit (a client reading the controller's responses).
+pub fn read_frame_limited<T: DeserializeOwned>(
+    r: &mut impl Read,
+    limit: usize,
+) -> Result<Option<T>, FrameError> {
     let mut header = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -69,7 +80,7 @@ pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> Result<Option<T>, F
             Err(e) => return Err(e.into()),
         }
     }
-    let len = check_len(header)?;
+    let len = check_len(header, limit)?;
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).map_err(|e| match e.kind() {
         io::ErrorKind::UnexpectedEof => FrameError::Truncated,
@@ -83,7 +94,16 @@ pub async fn write_frame_async<W: AsyncWrite + Unpin>(
     w: &mut W,
     value: &impl Serialize,
 ) -> Result<(), FrameError> {
-    w.write_all(&encode(value)?).await?;
+    write_frame_async_limited(w, value, MAX_FRAME).await
+}
+
+/// [`write_frame_async`] with another size limit (responses to API clients).
+pub async fn write_frame_async_limited<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    value: &impl Serialize,
+    limit: usize,
+) -> Result<(), FrameError> {
+    w.write_all(&encode(value, limit)?).await?;
     w.flush().await?;
     Ok(())
 }
@@ -106,7 +126,7 @@ pub async fn read_body_async<R: AsyncRead + Unpin>(
         }
         got += n;
     }
-    let len = check_len(header)?;
+    let len = check_len(header, MAX_FRAME)?;
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).await.map_err(|e| match e.kind() {
         io::ErrorKind::UnexpectedEof => FrameError::Truncated,

@@ -347,6 +347,59 @@ fn status_line(args: &[String]) -> i32 {
     0
 }
 
+/// Reads one frame (4-byte big-endian length + body) from `f`.
+fn read_frame(f: &mut std::fs::File) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut len = [0u8; 4];
+    f.read_exact(&mut len).ok()?;
+    let n = u32::from_be_bytes(len) as usize;
+    if n > 256 * 1024 {
+        return None;
+    }
+    let mut body = vec![0u8; n];
+    f.read_exact(&mut body).ok()?;
+    Some(body)
+}
+
+fn write_frame(f: &mut std::fs::File, body: &[u8]) -> bool {
+    let mut out = (body.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(body);
+    f.write_all(&out).is_ok()
+}
+
+/// `agent-idle SECONDS`: a minimal worker for benchmarks — reads the controller's welcome
+/// from fd 3, registers with the manifest it carries, then heartbeats once a second.
+fn agent_idle(args: &[String]) -> i32 {
+    use std::os::fd::FromRawFd;
+    // SAFETY (test probe): fd 3 is the worker socket the controller passed in.
+    let mut sock = unsafe { std::fs::File::from_raw_fd(3) };
+    let Some(welcome) = read_frame(&mut sock) else {
+        return 1;
+    };
+    // {"type":"welcome","worker_id":..,"manifest":{..},"heartbeat_interval_ms":..}: take the
+    // manifest object verbatim (it is the only value that starts with `"manifest":`).
+    let text = String::from_utf8_lossy(&welcome);
+    let Some(start) = text.find("\"manifest\":") else {
+        return 1;
+    };
+    let rest = &text[start + 11..];
+    let Some(end) = rest.rfind(",\"heartbeat_interval_ms\"") else {
+        return 1;
+    };
+    let register = format!("{{\"type\":\"register\",\"manifest\":{}}}", &rest[..end]);
+    if !write_frame(&mut sock, register.as_bytes()) || read_frame(&mut sock).is_none() {
+        return 1;
+    }
+    let until = Instant::now() + Duration::from_secs(num(args, 1));
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_secs(1));
+        if !write_frame(&mut sock, b"{\"type\":\"heartbeat\"}") || read_frame(&mut sock).is_none() {
+            return 1;
+        }
+    }
+    0
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let code = match arg(&args, 0) {
@@ -371,6 +424,7 @@ fn main() {
         "clone-newuser" => clone_newuser(),
         "kill" => kill_pid(&args),
         "status" => status_line(&args),
+        "agent-idle" => agent_idle(&args),
         other => {
             eprintln!("probe: unknown command {other:?}");
             2
