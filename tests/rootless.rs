@@ -359,3 +359,91 @@ fn rootless_with_subordinate_ids_maps_a_range() {
             .map(|v| v.iter().map(|s| s.to_string()).collect::<Vec<_>>())
     );
 }
+
+#[test]
+fn a_rootless_controller_uses_the_users_directories_and_runs_workers_degraded() {
+    if skip("rootless controller") || !no_delegated_cgroup() {
+        return;
+    }
+    let base = shared_tempdir();
+    let b = canonical(base.path());
+    let (runtime, state) = (b.join("runtime"), b.join("state"));
+    for d in [&runtime, &state] {
+        let _ = std::fs::create_dir(d);
+        let _ = std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o777));
+    }
+    let as_user = |args: &[&str]| -> Command {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .arg(hatchery())
+            .args(args)
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .env("XDG_STATE_HOME", &state);
+        cmd
+    };
+    let mut ctl = match as_user(&["controller", "--allow-degraded"])
+        .stdin(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("start the controller: {e}"),
+    };
+    let socket = runtime.join("hatchery/controller.sock");
+    let start = std::time::Instant::now();
+    while !socket.exists() && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        socket.exists(),
+        "the controller's socket is in $XDG_RUNTIME_DIR/hatchery"
+    );
+    assert!(
+        state.join("hatchery/audit.jsonl").exists(),
+        "its state is in $XDG_STATE_HOME/hatchery"
+    );
+    let out = run_with_timeout(
+        &mut as_user(&[
+            "spawn",
+            "--",
+            "sh",
+            "-c",
+            "hatchery agent register; sleep 30",
+        ]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let id = stdout(&out);
+    let start = std::time::Instant::now();
+    let mut running = false;
+    while start.elapsed() < Duration::from_secs(30) {
+        let out = run_with_timeout(&mut as_user(&["ps", "--json"]), Duration::from_secs(30));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        if v["workers"].as_array().is_some_and(|ws| {
+            ws.iter()
+                .any(|w| w["worker_id"] == id.as_str() && w["state"] == "running")
+        }) {
+            running = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(running, "the rootless worker registered");
+    let audit = std::fs::read_to_string(state.join("hatchery/audit.jsonl")).unwrap_or_default();
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("worker_started") && l.contains("RLIMIT")
+                || l.contains("worker_started") && l.contains("not_enforced")),
+        "the audit trail records what was not enforced for the worker"
+    );
+    let out = run_with_timeout(&mut as_user(&["kill-switch"]), Duration::from_secs(60));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(ctl.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = ctl.wait();
+    let out = run_with_timeout(&mut as_user(&["audit", "verify"]), Duration::from_secs(30));
+    assert_eq!(code(&out), 0, "{}", stdout(&out));
+    assert!(!socket.exists(), "the socket is removed on exit");
+}

@@ -45,7 +45,7 @@ pub fn default_state_dir() -> PathBuf {
     if let Some(d) = env_dir("XDG_STATE_HOME") {
         return d.join("hatchery");
     }
-    if let Some(home) = env_dir("HOME") {
+    if let Some(home) = env_dir("HOME").filter(|h| h.is_dir()) {
         return home.join(".local/state/hatchery");
     }
     let uid = nix::unistd::geteuid().as_raw();
