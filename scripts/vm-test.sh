@@ -35,9 +35,10 @@ REPO=$(pwd -P)
 VM=$REPO/scripts/vm
 START=$SECONDS
 
-# The test targets that run in the guest. More come here (e.g. the controller's kill
-# switch test), or through HATCHERY_VM_EXTRA_TESTS; keep them few and v2-specific: every
-# sandbox start costs about 30x the host's under TCG.
+# The test targets that run in the guest: tests/cgroup_v2.rs (limits, cleanup, placement,
+# delegation) and tests/cgroup_v2_controller.rs (the controller's kill switch on v2). More
+# through HATCHERY_VM_EXTRA_TESTS; keep them few and v2-specific: every sandbox start costs
+# about 30x the host's under TCG.
 VM_TEST_TARGETS=('cgroup_v2*')
 # shellcheck disable=SC2206
 VM_TEST_TARGETS+=(${HATCHERY_VM_EXTRA_TESTS:-})
