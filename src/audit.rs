@@ -53,6 +53,11 @@ pub mod event {
     pub const CONTROLLER_STARTED: &str = "controller_started";
     pub const CONTROLLER_STOPPED: &str = "controller_stopped";
     pub const CRASH_RECOVERED: &str = "crash_recovered";
+    pub const APPROVAL_REQUESTED: &str = "approval_requested";
+    pub const APPROVAL_GRANTED: &str = "approval_granted";
+    pub const APPROVAL_DENIED: &str = "approval_denied";
+    pub const APPROVAL_TIMEOUT: &str = "approval_timeout";
+    pub const APPROVAL_REFUSED: &str = "approval_refused";
 }
 
 #[derive(Debug, thiserror::Error)]

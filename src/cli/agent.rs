@@ -101,7 +101,7 @@ fn run(command: AgentCommand) -> anyhow::Result<i32> {
                 (None, None, None)
             };
             let state = a.job.state_snapshot()?;
-            client.call(&WorkerMessage::Replicate(Box::new(ReplicateMsg {
+            let reply = client.call(&WorkerMessage::Replicate(Box::new(ReplicateMsg {
                 worker_id: None,
                 reason: a.reason,
                 command: a.job.command,
@@ -111,7 +111,14 @@ fn run(command: AgentCommand) -> anyhow::Result<i32> {
                 profile,
                 env: (!a.job.env.is_empty()).then_some(a.job.env),
                 cwd: a.job.cwd,
-            })))?
+            })))?;
+            if let WorkerReply::Pending { .. } = &reply {
+                // A person decides; the decision follows on the same socket.
+                print(&reply);
+                client.receive()?
+            } else {
+                reply
+            }
         }
         AgentCommand::Report { result } => client.call(&WorkerMessage::Report(ReportMsg {
             worker_id: None,

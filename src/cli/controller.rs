@@ -32,7 +32,7 @@ impl SocketArg {
             .unwrap_or_else(controller::paths::default_socket)
     }
 
-    fn call(&self, request: &ApiRequest) -> anyhow::Result<ApiResponse> {
+    pub fn call(&self, request: &ApiRequest) -> anyhow::Result<ApiResponse> {
         let mut client = ApiClient::connect(&self.path())?;
         Ok(client.call(request, CALL_TIMEOUT)?)
     }

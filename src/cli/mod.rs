@@ -2,6 +2,7 @@
 //! and an exit status; nothing below this layer prints.
 
 pub mod agent;
+pub mod approvals;
 pub mod audit;
 pub mod controller;
 pub mod doctor;
@@ -54,6 +55,12 @@ pub enum Command {
     Kill(controller::KillArgs),
     /// Kill every worker and refuse new ones (--release to reopen)
     KillSwitch(controller::KillSwitchArgs),
+    /// Replication requests waiting for a person's approval
+    Approvals(approvals::ApprovalsArgs),
+    /// Approve a waiting replication request (launches exactly the manifest shown)
+    Approve(approvals::ApproveArgs),
+    /// Deny a waiting replication request
+    Deny(approvals::DenyArgs),
     /// Verify or read the audit trail
     Audit(audit::AuditArgs),
     /// Talk to the controller from inside a worker
@@ -72,6 +79,9 @@ pub fn dispatch(command: Command) -> i32 {
         Command::Ps(args) => controller::ps_main(args),
         Command::Kill(args) => controller::kill_main(args),
         Command::KillSwitch(args) => controller::kill_switch_main(args),
+        Command::Approvals(args) => approvals::approvals_main(args),
+        Command::Approve(args) => approvals::approve_main(args),
+        Command::Deny(args) => approvals::deny_main(args),
         Command::Audit(args) => audit::main(args),
         Command::Agent(args) => agent::main(*args),
     }

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::manifest::fields::{bounded_int, identifier};
 use crate::manifest::{MAX_DEPTH, MAX_LIFETIME_SECONDS, ProfileName};
 
+use super::approval::ApprovalPolicy;
 use super::stop::{CpuBudget, LifetimeTotal, MemoryBudget, SpawnRate, StopCondition};
 use super::{
     DEFAULT_COOLDOWN_SECONDS, DEFAULT_EXPIRATION_SECONDS, DEFAULT_MAX_DEPTH, DEFAULT_MAX_REPLICAS,
@@ -232,6 +233,9 @@ pub struct ContractConfig {
     pub stop_conditions: Vec<StopConditionConfig>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub profile_narrowing: BTreeMap<ProfileName, Vec<ProfileName>>,
+    /// Which replication requests wait for a person (see [`super::approval`]).
+    #[serde(default)]
+    pub approval: ApprovalPolicy,
 }
 
 impl Default for ContractConfig {
@@ -243,6 +247,7 @@ impl Default for ContractConfig {
             expiration_seconds: default_expiration(),
             stop_conditions: Vec::new(),
             profile_narrowing: BTreeMap::new(),
+            approval: ApprovalPolicy::default(),
         }
     }
 }
@@ -305,6 +310,7 @@ impl ContractConfig {
                 ));
             }
         }
+        self.approval.validate()?;
         let rules: usize = self.profile_narrowing.values().map(|v| v.len() + 1).sum();
         if rules > MAX_PROFILE_RULES {
             return Err(format!(
@@ -334,6 +340,7 @@ impl ContractConfig {
                 .map(StopConditionConfig::build)
                 .collect(),
             profile_narrowing: narrowing,
+            approval: self.approval.clone(),
         }
     }
 

@@ -26,6 +26,7 @@
 //! Decisions are pure: the registry is read through [`RegistryView`], which the
 //! controller implements over its own state; nothing here does I/O or keeps time.
 
+pub mod approval;
 pub mod file;
 pub mod narrowing;
 pub mod stop;
@@ -235,6 +236,8 @@ pub struct ReplicationContract {
     pub expiration_seconds: u64,
     pub stop_conditions: Vec<Box<dyn StopCondition>>,
     pub profile_narrowing: ProfileNarrowing,
+    /// Which allowed requests still wait for a person.
+    pub approval: approval::ApprovalPolicy,
 }
 
 impl Default for ReplicationContract {
@@ -246,6 +249,7 @@ impl Default for ReplicationContract {
             expiration_seconds: DEFAULT_EXPIRATION_SECONDS,
             stop_conditions: Vec::new(),
             profile_narrowing: ProfileNarrowing::new(),
+            approval: approval::ApprovalPolicy::default(),
         }
     }
 }

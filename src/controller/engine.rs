@@ -10,17 +10,20 @@ use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use sha2::Digest;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 use crate::audit::{self, AuditLog, event};
+use crate::contract::approval::ApprovalVerdict;
 use crate::contract::{Decision, DenyReason, IssueError, ReplicationContract};
 use crate::manifest::{Lineage, Manifest, SpawnRequest, StateSnapshot, WorkerId};
 use crate::signing::ManifestSigner;
 
 use super::launcher::{self, LaunchSpec, LauncherEvent, LauncherRequest, LiveUsage};
 use super::protocol::{
-    ApiRequest, ApiResponse, ExitInfo, MAX_TEXT_BYTES, ReplicateMsg, WorkerMessage, WorkerReply,
+    ApiRequest, ApiResponse, ExitInfo, MAX_TEXT_BYTES, PendingApproval, ReplicateMsg,
+    WorkerMessage, WorkerReply,
 };
 use super::registry::{Registry, WorkerRecord, WorkerState};
 use super::server;
@@ -107,6 +110,9 @@ pub struct Engine {
     waiters: Vec<Waiter>,
     shutdown_deadlines: Vec<(WorkerId, u64)>,
     noisy: std::collections::HashMap<WorkerId, u64>,
+    pending_approvals: std::collections::BTreeMap<String, PendingApproval>,
+    /// The uid allowed to decide approvals (the controller's own; root always may).
+    owner_uid: u32,
     next_slot: u32,
     shutting_down: bool,
     /// Set when the engine is done; the server stops.
@@ -153,6 +159,8 @@ impl Engine {
             waiters: Vec::new(),
             shutdown_deadlines: Vec::new(),
             noisy: Default::default(),
+            pending_approvals: Default::default(),
+            owner_uid: nix::unistd::geteuid().as_raw(),
             next_slot: 0,
             shutting_down: false,
             finished: Some(finished),
@@ -381,6 +389,15 @@ impl Engine {
                     true,
                 );
                 self.send_launcher(&LauncherRequest::KillAll, None);
+                for p in std::mem::take(&mut self.pending_approvals).into_values() {
+                    self.record(
+                        event::APPROVAL_DENIED,
+                        "controller",
+                        Some(&p.manifest.worker_id),
+                        json!({ "approval_id": p.approval_id, "reason": "the kill switch is engaged" }),
+                        false,
+                    );
+                }
                 for id in &ids {
                     if let Some(w) = self.registry.get_mut(id) {
                         w.state = WorkerState::Stopping;
@@ -398,6 +415,19 @@ impl Engine {
                     killed: 0,
                     elapsed_ms: 0,
                 });
+            }
+            ApiRequest::Approvals(_) => {
+                let pending = self.pending_approvals.values().cloned().collect();
+                let _ = reply.send(ApiResponse::Approvals { pending });
+            }
+            ApiRequest::Approve { approval_id } => {
+                let _ = reply.send(self.decide(&approval_id, uid, None));
+            }
+            ApiRequest::Deny {
+                approval_id,
+                reason,
+            } => {
+                let _ = reply.send(self.decide(&approval_id, uid, Some(reason)));
             }
             ApiRequest::Status(_) => {
                 let _ = reply.send(ApiResponse::Status {
@@ -613,6 +643,43 @@ impl Engine {
         ) {
             Ok(manifest) => {
                 let depth = manifest.depth.get();
+                // A person asked through the API is the approver; a worker's own request
+                // goes through the approval rules.
+                if reason.is_some() {
+                    let job = SpawnRequest {
+                        resources: manifest.resources,
+                        filesystem: manifest.filesystem.clone(),
+                        profile: manifest.profile.clone(),
+                        command: manifest.command.clone(),
+                        env: manifest.env.clone(),
+                        cwd: manifest.cwd.clone(),
+                        state_snapshot: manifest.state_snapshot.clone(),
+                    };
+                    match self
+                        .contract
+                        .approval
+                        .evaluate(&parent_manifest, &job, depth)
+                    {
+                        ApprovalVerdict::NotNeeded => {}
+                        ApprovalVerdict::AutoApproved { rule, reasons } => {
+                            self.record(
+                                event::APPROVAL_GRANTED,
+                                "controller",
+                                Some(&id),
+                                json!({ "auto_approve": rule, "rules": reasons, "parent": parent.as_str() }),
+                                true,
+                            );
+                        }
+                        ApprovalVerdict::Needed { reasons } => {
+                            return self.hold_for_approval(
+                                parent,
+                                manifest,
+                                reasons,
+                                reason.unwrap_or(""),
+                            );
+                        }
+                    }
+                }
                 self.record(
                     event::REPLICATION_REQUESTED,
                     actor,
@@ -626,6 +693,235 @@ impl Engine {
             Err(IssueError::Sign(e)) => ApiResponse::Error {
                 message: e.to_string(),
             },
+        }
+    }
+
+    /// Queues an allowed request for a person: the child's manifest is issued and signed
+    /// now, and exactly that manifest starts if it is approved.
+    fn hold_for_approval(
+        &mut self,
+        parent: &WorkerId,
+        manifest: Manifest,
+        rules: Vec<String>,
+        why: &str,
+    ) -> ApiResponse {
+        let actor = format!("worker:{parent}");
+        let child = manifest.worker_id.clone();
+        if self.pending_approvals.len() >= self.contract.approval.max_pending {
+            let reason = format!(
+                "the approval queue is full ({} requests wait for a decision)",
+                self.contract.approval.max_pending
+            );
+            self.record(
+                event::APPROVAL_DENIED,
+                "controller",
+                Some(parent),
+                json!({ "reason": reason, "why": why }),
+                true,
+            );
+            return ApiResponse::Denied {
+                event: event::APPROVAL_DENIED.into(),
+                reason,
+            };
+        }
+        let digest = sha2::Sha256::digest(manifest.signature.as_bytes());
+        let approval_id = format!("a-{}", hex::encode(&digest[..6]));
+        let now_ms = audit::now_ms();
+        let pending = PendingApproval {
+            approval_id: approval_id.clone(),
+            requested_at_ms: now_ms,
+            deadline_ms: now_ms + self.contract.approval.timeout_seconds * 1000,
+            requested_by: parent.clone(),
+            why: why.to_string(),
+            rules: rules.clone(),
+            manifest: Box::new(manifest),
+        };
+        self.record(
+            event::APPROVAL_REQUESTED,
+            &actor,
+            Some(&child),
+            json!({
+                "approval_id": approval_id, "parent": parent.as_str(), "rules": rules, "why": why,
+                "manifest_signature": pending.manifest.signature,
+                "command": pending.manifest.command, "depth": pending.manifest.depth.get(),
+            }),
+            true,
+        );
+        self.pending_approvals.insert(approval_id.clone(), pending);
+        if let Some(w) = self.registry.get_mut(parent) {
+            w.awaiting_approval = true;
+        }
+        ApiResponse::Denied {
+            event: "pending".into(),
+            reason: approval_id,
+        }
+    }
+
+    /// A person's decision (`reason` = None approves). Only the controller's owner or root
+    /// decides; unknown or already decided ids change nothing.
+    fn decide(&mut self, approval_id: &str, uid: u32, deny_reason: Option<String>) -> ApiResponse {
+        let actor = format!("uid:{uid}");
+        let refuse = |e: &mut Self, why: String| {
+            e.record(
+                event::APPROVAL_REFUSED,
+                &actor,
+                None,
+                json!({ "approval_id": approval_id, "why": why }),
+                true,
+            );
+            ApiResponse::Error { message: why }
+        };
+        if uid != 0 && uid != self.owner_uid {
+            return refuse(
+                self,
+                format!("uid {uid} may not decide approvals (only the controller's owner or root)"),
+            );
+        }
+        let Some(p) = self.pending_approvals.remove(approval_id) else {
+            return refuse(
+                self,
+                format!("no pending approval {approval_id} (unknown, or already decided)"),
+            );
+        };
+        let parent = p.requested_by.clone();
+        let child = p.manifest.worker_id.clone();
+        if let Some(w) = self.registry.get_mut(&parent) {
+            w.awaiting_approval = false;
+            w.last_heartbeat_ms = Some(audit::now_ms());
+        }
+        if let Some(reason) = deny_reason {
+            self.record(
+                event::APPROVAL_DENIED,
+                &actor,
+                Some(&child),
+                json!({ "approval_id": approval_id, "reason": reason }),
+                true,
+            );
+            self.reply_worker(
+                &parent,
+                WorkerReply::Denied {
+                    event: event::APPROVAL_DENIED.into(),
+                    reason,
+                },
+            );
+            return ApiResponse::Decided {
+                approval_id: approval_id.to_string(),
+                approved: false,
+                child_id: None,
+            };
+        }
+        let now = now_s();
+        let parent_alive = self
+            .registry
+            .get(&parent)
+            .is_some_and(|w| w.state == WorkerState::Registered);
+        if !parent_alive {
+            let reason = format!("the parent {parent} is no longer running");
+            self.record(
+                event::APPROVAL_DENIED,
+                "controller",
+                Some(&child),
+                json!({ "approval_id": approval_id, "reason": reason }),
+                true,
+            );
+            return ApiResponse::Error { message: reason };
+        }
+        // The world may have changed while the request waited.
+        if let Decision::Deny(r) = self.contract.admit(&p.manifest, &self.registry, now) {
+            self.record(
+                r.audit_event(),
+                "controller",
+                Some(&child),
+                json!({ "approval_id": approval_id, "reason": r.to_string() }),
+                true,
+            );
+            self.reply_worker(
+                &parent,
+                WorkerReply::Denied {
+                    event: r.audit_event().into(),
+                    reason: r.to_string(),
+                },
+            );
+            return ApiResponse::Denied {
+                event: r.audit_event().into(),
+                reason: r.to_string(),
+            };
+        }
+        self.record(
+            event::APPROVAL_GRANTED,
+            &actor,
+            Some(&child),
+            json!({ "approval_id": approval_id }),
+            true,
+        );
+        let depth = p.manifest.depth.get();
+        self.record(
+            event::REPLICATION_REQUESTED,
+            &format!("worker:{parent}"),
+            Some(&child),
+            json!({ "parent": parent.as_str(), "depth": depth, "why": p.why, "approval_id": approval_id }),
+            true,
+        );
+        match self.launch(*p.manifest, now) {
+            ApiResponse::Spawned { worker_id, depth } => {
+                self.reply_worker(
+                    &parent,
+                    WorkerReply::Allowed {
+                        child_id: worker_id.clone(),
+                        depth,
+                    },
+                );
+                ApiResponse::Decided {
+                    approval_id: approval_id.to_string(),
+                    approved: true,
+                    child_id: Some(worker_id),
+                }
+            }
+            other => {
+                self.reply_worker(
+                    &parent,
+                    WorkerReply::Error {
+                        message: "approved, but the child could not be started".into(),
+                    },
+                );
+                other
+            }
+        }
+    }
+
+    fn expire_approvals(&mut self, now_ms: u64) {
+        let due: Vec<String> = self
+            .pending_approvals
+            .values()
+            .filter(|p| p.deadline_ms <= now_ms)
+            .map(|p| p.approval_id.clone())
+            .collect();
+        for id in due {
+            let Some(p) = self.pending_approvals.remove(&id) else {
+                continue;
+            };
+            let reason = format!(
+                "no decision within {} s (an undecided request is never approved)",
+                self.contract.approval.timeout_seconds
+            );
+            self.record(
+                event::APPROVAL_TIMEOUT,
+                "controller",
+                Some(&p.manifest.worker_id),
+                json!({ "approval_id": id, "reason": reason }),
+                true,
+            );
+            if let Some(w) = self.registry.get_mut(&p.requested_by) {
+                w.awaiting_approval = false;
+                w.last_heartbeat_ms = Some(now_ms);
+            }
+            self.reply_worker(
+                &p.requested_by,
+                WorkerReply::Denied {
+                    event: event::APPROVAL_TIMEOUT.into(),
+                    reason,
+                },
+            );
         }
     }
 
@@ -754,6 +1050,7 @@ impl Engine {
                 ended_by: None,
                 exit: None,
                 unsupervised: !supervised,
+                awaiting_approval: false,
             },
             now,
         );
@@ -985,6 +1282,21 @@ impl Engine {
                 child_id: worker_id,
                 depth,
             },
+            ApiResponse::Denied {
+                event,
+                reason: approval_id,
+            } if event == "pending" => {
+                let (child_id, reasons) = self
+                    .pending_approvals
+                    .get(&approval_id)
+                    .map(|p| (p.manifest.worker_id.clone(), p.rules.clone()))
+                    .unwrap_or_else(|| (id.clone(), Vec::new()));
+                WorkerReply::Pending {
+                    approval_id,
+                    child_id,
+                    reasons,
+                }
+            }
             ApiResponse::Denied { event, reason } => WorkerReply::Denied { event, reason },
             ApiResponse::Error { message } => WorkerReply::Error { message },
             _ => WorkerReply::Error {
@@ -1119,7 +1431,7 @@ impl Engine {
             }
             if w.manifest.is_expired(now) {
                 expired.push(id.clone());
-            } else if w.unsupervised {
+            } else if w.unsupervised || w.awaiting_approval {
                 continue;
             } else if w.state == WorkerState::Registered
                 && w.last_heartbeat_ms
@@ -1168,6 +1480,7 @@ impl Engine {
         for id in due {
             self.stop(&id, "did not exit after its shutdown request");
         }
+        self.expire_approvals(now_ms);
         self.settle_waiters();
         if let Err(e) = self.audit.sync() {
             tracing::error!(error = %e, "the audit trail cannot be written");

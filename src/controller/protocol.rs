@@ -116,6 +116,12 @@ pub enum WorkerReply {
         child_id: WorkerId,
         depth: u32,
     },
+    /// The request waits for a person; the decision follows as `allowed` or `denied`.
+    Pending {
+        approval_id: String,
+        child_id: WorkerId,
+        reasons: Vec<String>,
+    },
     /// The contract (or the kill switch, or a person) said no.
     Denied {
         event: String,
@@ -143,6 +149,30 @@ pub enum ApiRequest {
         release: bool,
     },
     Status(NoFields),
+    /// Replication requests waiting for a person.
+    Approvals(NoFields),
+    Approve {
+        approval_id: String,
+    },
+    Deny {
+        approval_id: String,
+        reason: String,
+    },
+}
+
+/// A replication request waiting for a person, with the exact manifest that would start.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PendingApproval {
+    pub approval_id: String,
+    pub requested_at_ms: u64,
+    pub deadline_ms: u64,
+    /// The worker that asked, and why (its own words).
+    pub requested_by: WorkerId,
+    pub why: String,
+    /// Which approval rules it matched.
+    pub rules: Vec<String>,
+    pub manifest: Box<Manifest>,
 }
 
 /// The body of a request that takes no arguments (any field is refused).
@@ -204,6 +234,14 @@ pub enum ApiResponse {
         engaged: bool,
         killed: usize,
         elapsed_ms: u64,
+    },
+    Approvals {
+        pending: Vec<PendingApproval>,
+    },
+    Decided {
+        approval_id: String,
+        approved: bool,
+        child_id: Option<WorkerId>,
     },
     Status {
         pid: u32,

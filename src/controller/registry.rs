@@ -60,6 +60,8 @@ pub struct WorkerRecord {
     pub exit: Option<ExitInfo>,
     /// The worker has no controller socket (its manifest withholds it): nothing to await.
     pub unsupervised: bool,
+    /// The worker waits for a person's decision on its replication (not reaped meanwhile).
+    pub awaiting_approval: bool,
 }
 
 #[derive(Default)]

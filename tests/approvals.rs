@@ -1,0 +1,285 @@
+//! Human approval of replication: a request the contract holds waits for a person, and
+//! exactly the manifest shown starts when it is approved; denial, timeout, auto-approval,
+//! and every bad decision are audited.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::controller::TestController;
+use common::*;
+use serde_json::Value;
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn contract(approval: &str) -> String {
+    format!(
+        "max_depth = 3\nmax_replicas = 16\ncooldown_seconds = 0\nexpiration_seconds = 3600\n\n[approval]\n{approval}\n"
+    )
+}
+
+/// A worker that registers and asks for one child (which prints its own manifest's
+/// signature), printing every reply it gets.
+fn parent_script() -> String {
+    r#"hatchery agent register >/dev/null
+hatchery agent replicate --reason "a helper" -- sh -c 'python3 -c "import json,os,socket,struct; s=socket.socket(fileno=3); n=struct.unpack(\">I\", s.recv(4, socket.MSG_WAITALL))[0]; w=json.loads(s.recv(n, socket.MSG_WAITALL)); print(\"CHILD-SIGNATURE\", w[\"manifest\"][\"signature\"])"'
+echo "rc=$?"
+sleep 30"#
+        .to_string()
+}
+
+fn log_of(c: &TestController, id: &str) -> String {
+    std::fs::read_to_string(c.state_dir().join("workers").join(format!("{id}.log")))
+        .unwrap_or_default()
+}
+
+fn wait_pending(c: &TestController, n: usize) -> Vec<Value> {
+    let start = std::time::Instant::now();
+    loop {
+        let out = c.cli(&["approvals", "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        if let Some(a) = v.as_array() {
+            if a.len() >= n {
+                return a.clone();
+            }
+        }
+        if start.elapsed() > LONG {
+            panic!(
+                "{n} pending approvals never appeared: {}\n{}",
+                stdout(&out),
+                c.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn wait_log(c: &TestController, id: &str, needle: &str) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let log = log_of(c, id);
+        if log.contains(needle) {
+            return log;
+        }
+        if start.elapsed() > LONG {
+            panic!(
+                "{needle:?} never appeared in {id}'s log:\n{log}\n{}",
+                c.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_approved_request_starts_exactly_the_manifest_shown() {
+    if skip_unless_root("approve") {
+        return;
+    }
+    let c = TestController::start(&contract("require = [{ kind = \"always\" }]"), &[]);
+    let parent = match c.spawn(&[], &parent_script()) {
+        Ok(id) => id,
+        Err(o) => panic!("{}", stderr(&o)),
+    };
+    let pending = wait_pending(&c, 1);
+    let shown = pending[0]["manifest"]["signature"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let approval_id = pending[0]["approval_id"].as_str().unwrap_or("").to_string();
+    assert_eq!(pending[0]["requested_by"], parent.as_str());
+    assert!(
+        log_of(&c, &parent).contains("\"pending\""),
+        "the worker was told to wait"
+    );
+    assert!(
+        c.audit("replication_requested")
+            .iter()
+            .all(|e| e["worker_id"] == parent.as_str()),
+        "no child before the decision"
+    );
+    // A second client decides.
+    let out = c.cli(&["approve", &approval_id]);
+    assert_eq!(code(&out), 0, "{} {}", stdout(&out), stderr(&out));
+    let child = pending[0]["manifest"]["worker_id"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let log = wait_log(&c, &parent, "rc=");
+    assert!(log.contains("\"allowed\"") && log.contains(&child), "{log}");
+    let child_log = wait_log(&c, &child, "CHILD-SIGNATURE");
+    assert!(
+        child_log.contains(&shown),
+        "the child runs the manifest that was shown:\n{child_log}\nshown {shown}"
+    );
+    let requested = c.audit("approval_requested");
+    let granted = c.audit("approval_granted");
+    assert_eq!(requested.len(), 1);
+    assert_eq!(
+        requested[0]["details"]["manifest_signature"],
+        shown.as_str()
+    );
+    assert_eq!(granted.len(), 1);
+    assert_eq!(granted[0]["actor"], "uid:0");
+    assert_eq!(granted[0]["details"]["approval_id"], approval_id.as_str());
+    assert!(
+        c.audit("replication_requested")
+            .iter()
+            .any(|e| e["worker_id"] == child.as_str())
+    );
+    // Deciding again changes nothing and is audited.
+    let out = c.cli(&["approve", &approval_id]);
+    assert_ne!(code(&out), 0);
+    assert!(stderr(&out).contains("already decided"), "{}", stderr(&out));
+    assert_eq!(c.audit("approval_refused").len(), 1);
+}
+
+#[test]
+fn a_denied_request_never_starts_and_the_worker_hears_why() {
+    if skip_unless_root("deny") {
+        return;
+    }
+    let c = TestController::start(&contract("require = [{ kind = \"always\" }]"), &[]);
+    let parent = match c.spawn(&[], &parent_script()) {
+        Ok(id) => id,
+        Err(o) => panic!("{}", stderr(&o)),
+    };
+    let pending = wait_pending(&c, 1);
+    let id = pending[0]["approval_id"].as_str().unwrap_or("").to_string();
+    let out = c.cli(&["deny", &id, "--reason", "not today"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let log = wait_log(&c, &parent, "rc=");
+    assert!(
+        log.contains("approval_denied") && log.contains("not today") && log.contains("rc=3"),
+        "{log}"
+    );
+    let denied = c.audit("approval_denied");
+    assert_eq!(denied.len(), 1);
+    assert_eq!(denied[0]["actor"], "uid:0");
+    assert_eq!(denied[0]["details"]["reason"], "not today");
+    assert_eq!(
+        c.audit("replication_requested").len(),
+        1,
+        "only the parent ever started"
+    );
+}
+
+#[test]
+fn an_undecided_request_is_denied_at_its_deadline() {
+    if skip_unless_root("timeout") {
+        return;
+    }
+    let c = TestController::start(
+        &contract("timeout_seconds = 1\nrequire = [{ kind = \"always\" }]"),
+        &[],
+    );
+    let parent = match c.spawn(&[], &parent_script()) {
+        Ok(id) => id,
+        Err(o) => panic!("{}", stderr(&o)),
+    };
+    let log = wait_log(&c, &parent, "rc=");
+    assert!(
+        log.contains("approval_timeout") && log.contains("rc=3"),
+        "{log}"
+    );
+    assert_eq!(c.audit("approval_timeout").len(), 1);
+    assert!(
+        c.audit("approval_granted").is_empty(),
+        "never approved by default"
+    );
+}
+
+#[test]
+fn known_safe_requests_are_approved_automatically() {
+    if skip_unless_root("auto approve") {
+        return;
+    }
+    let c = TestController::start(
+        &contract(
+            "require = [{ kind = \"always\" }]\n[[approval.auto_approve]]\nname = \"small\"\nmax_memory_mb = 256\nprofile = \"default\"\n",
+        ),
+        &[],
+    );
+    let parent = match c.spawn(&[], &parent_script()) {
+        Ok(id) => id,
+        Err(o) => panic!("{}", stderr(&o)),
+    };
+    let log = wait_log(&c, &parent, "rc=");
+    assert!(
+        log.contains("\"allowed\"") && !log.contains("\"pending\""),
+        "{log}"
+    );
+    let granted = c.audit("approval_granted");
+    assert_eq!(granted.len(), 1);
+    assert_eq!(granted[0]["details"]["auto_approve"], "small");
+    // The same contract holds a request above the rule's memory for a person.
+    let big = r#"hatchery agent register >/dev/null
+hatchery agent replicate --reason bigger --explicit --memory 256M --cpus 0.5 -- true
+sleep 30"#;
+    let _ = c.spawn(&["--memory", "512M"], big);
+    let _ = c.spawn(&["--memory", "512M"], &big.replace("256M", "300M"));
+    let pending = wait_pending(&c, 1);
+    assert!(
+        pending
+            .iter()
+            .any(|p| p["manifest"]["resources"]["memory_limit_mb"] == 300)
+    );
+}
+
+#[test]
+fn bad_decisions_change_nothing_and_are_audited() {
+    if skip_unless_root("bad decisions") {
+        return;
+    }
+    let c = TestController::start(
+        &contract("max_pending = 2\nrequire = [{ kind = \"always\" }]"),
+        &["--socket-group", "65534"],
+    );
+    let out = c.cli(&["approve", "a-000000000000"]);
+    assert_ne!(code(&out), 0);
+    assert!(stderr(&out).contains("unknown"), "{}", stderr(&out));
+    // Three workers ask; the queue holds two; the third is denied at once.
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        match c.spawn(&[], &parent_script()) {
+            Ok(id) => ids.push(id),
+            Err(o) => panic!("{}", stderr(&o)),
+        }
+    }
+    let start = std::time::Instant::now();
+    while c.audit("approval_denied").is_empty() && start.elapsed() < LONG {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let full = c.audit("approval_denied");
+    assert_eq!(full.len(), 1, "{}", c.log());
+    assert!(
+        full[0]["details"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("queue is full"))
+    );
+    let pending = wait_pending(&c, 2);
+    assert_eq!(pending.len(), 2);
+    // A member of the socket's group may look but not decide.
+    let _ = std::fs::set_permissions(
+        c.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    );
+    let id = pending[0]["approval_id"].as_str().unwrap_or("").to_string();
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(hatchery())
+        .args(["approve", "--socket"])
+        .arg(&c.socket)
+        .arg(&id);
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(30));
+    assert_ne!(code(&out), 0, "{}", stdout(&out));
+    assert!(stderr(&out).contains("may not decide"), "{}", stderr(&out));
+    let refused = c.audit("approval_refused");
+    assert!(
+        refused.iter().any(|e| e["actor"] == "uid:65534"),
+        "{refused:?}"
+    );
+    assert_eq!(wait_pending(&c, 2).len(), 2, "nothing changed");
+    assert!(c.audit("approval_granted").is_empty());
+}
