@@ -184,6 +184,12 @@ pub fn attach_worker(
                     }
                 }
                 Ok(None) => break,
+                // The worker went away (its sandbox ended with our welcome unread): no offence.
+                Err(FrameError::Io(e))
+                    if matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) =>
+                {
+                    break;
+                }
                 Err(e) => {
                     // Framing is lost (oversized, truncated): this connection is over.
                     let _ = inputs.send(Input::WorkerProtocolError {
