@@ -6,8 +6,8 @@
 //! binary.
 
 pub mod audit;
-pub mod controller;
 pub mod contract;
+pub mod controller;
 pub mod manifest;
 pub mod paths;
 pub mod profile;

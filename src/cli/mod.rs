@@ -3,8 +3,8 @@
 
 pub mod doctor;
 pub mod logging;
-pub mod profile;
 pub mod manifest;
+pub mod profile;
 pub mod run;
 
 use clap::{Parser, Subcommand};
