@@ -17,6 +17,7 @@ pub mod landlock;
 pub mod launch;
 pub mod mounts;
 pub mod net;
+pub mod output;
 pub mod process;
 pub mod rlimits;
 pub mod seccomp;
