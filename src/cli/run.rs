@@ -27,7 +27,8 @@ Examples:
   hatchery run -- sh -c 'id; hostname; ls /'
   hatchery run --memory 256M --cpus 0.5 --pids 64 --timeout 30s --rw \"$PWD/workspace\" -- python3 agent.py
   hatchery run --profile strict --report out.json -- python3 -c 'print(1)'
-  hatchery run --max-output 64K --timeout 10s -- sh -c 'yes'";
+  hatchery run --max-output 64K --timeout 10s -- sh -c 'yes'
+  hatchery run --allow-exec /usr/bin/python3.11 --ro \"$PWD/agent.py\" -- python3 \"$PWD/agent.py\"";
 
 #[derive(Args, Debug)]
 #[command(after_help = RUN_EXAMPLES)]
@@ -55,6 +56,11 @@ pub struct RunArgs {
     /// Expose a host path read-write at the same path (repeatable)
     #[arg(long = "rw", value_name = "PATH")]
     pub rw: Vec<PathBuf>,
+    /// Allow executing this file, and no other (repeatable): an executable allowlist
+    /// enforced by Landlock. Real paths only (/usr/bin/python3.11, not the python3 link);
+    /// the dynamic loader is added, a script's interpreter must be listed too
+    #[arg(long = "allow-exec", value_name = "PATH")]
+    pub allow_exec: Vec<PathBuf>,
     /// Working directory inside (default: the current directory if exposed, else /)
     #[arg(long, value_name = "PATH")]
     pub cwd: Option<PathBuf>,
@@ -157,9 +163,15 @@ pub fn main(args: RunArgs) -> i32 {
         Ok((outcome, enforcement)) => {
             if let Some(f) = &outcome.failure {
                 match f {
-                    sandbox::Failure::Exec { .. } => {
+                    sandbox::Failure::Exec { errno } => {
+                        let hint = if *errno == libc::EACCES && enforcement.exec_allowlist.is_some()
+                        {
+                            " (an executable allowlist is in force: only the files in the report's enforcement.exec_allowlist may run)"
+                        } else {
+                            ""
+                        };
                         eprintln!(
-                            "hatchery: cannot execute {}: {f}",
+                            "hatchery: cannot execute {}: {f}{hint}",
                             command.first().map(String::as_str).unwrap_or("")
                         );
                     }
@@ -195,9 +207,30 @@ pub fn main(args: RunArgs) -> i32 {
     }
 }
 
+/// Checks `--allow-exec` files on the host, so that a mistake is reported with the flag
+/// that made it.
+fn allowed_executables(paths: &[PathBuf]) -> Result<Vec<PathBuf>, SandboxError> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in paths {
+        let host = sandbox::exec::check_exec_path(p)
+            .map_err(|e| SandboxError::Invalid(format!("--allow-exec {e}")))?;
+        if out.contains(&host.path) {
+            return Err(SandboxError::Invalid(format!(
+                "--allow-exec {} is given twice",
+                host.path.display()
+            )));
+        }
+        out.push(host.path);
+    }
+    Ok(out)
+}
+
 fn run(args: RunArgs) -> Result<(sandbox::Outcome, sandbox::Enforcement), SandboxError> {
-    let profile =
+    let mut profile =
         Profile::resolve(&args.profile).map_err(|e| SandboxError::Invalid(e.to_string()))?;
+    profile
+        .narrow_exec(&allowed_executables(&args.allow_exec)?)
+        .map_err(|e| SandboxError::Invalid(format!("--allow-exec: {e}")))?;
     let env = args
         .env
         .iter()
@@ -240,6 +273,11 @@ fn run(args: RunArgs) -> Result<(sandbox::Outcome, sandbox::Enforcement), Sandbo
         }
     }
     let enforcement = sandbox::preflight(&spec, &host)?;
+    if let Some(allow) = &enforcement.exec_allowlist {
+        for note in &allow.notes {
+            eprintln!("hatchery: note: {note}");
+        }
+    }
     let mut pump =
         match args.max_output {
             Some(cap) => Some(capture_output(&mut spec, cap).map_err(|e| {

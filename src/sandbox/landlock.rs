@@ -20,6 +20,8 @@ pub struct LandlockRules {
     pub read: Vec<PathBuf>,
     pub write: Vec<PathBuf>,
     pub execute: Vec<PathBuf>,
+    /// Files that may be read and executed (an executable allowlist and its loaders).
+    pub exec_files: Vec<PathBuf>,
     /// Where ioctls on device files are allowed (terminals under /dev).
     pub ioctl_dev: Vec<PathBuf>,
     /// Directories that may be listed but whose files are not thereby readable (the new
@@ -86,11 +88,12 @@ pub fn restrict(rules: &LandlockRules) -> Result<LandlockOutcome, String> {
         .map_err(|e| e.to_string())?
         .create()
         .map_err(|e| e.to_string())?;
-    let groups: [(&Vec<PathBuf>, BitFlags<AccessFs>); 5] = [
+    let groups: [(&Vec<PathBuf>, BitFlags<AccessFs>); 6] = [
         (&rules.list, AccessFs::ReadDir.into()),
         (&rules.read, read_rights()),
         (&rules.write, write_rights()),
         (&rules.execute, AccessFs::Execute.into()),
+        (&rules.exec_files, AccessFs::ReadFile | AccessFs::Execute),
         (&rules.ioctl_dev, AccessFs::IoctlDev.into()),
     ];
     for (paths, rights) in groups {

@@ -4,7 +4,8 @@
 //! Read [`contain`] and [`payload`] top to bottom for the whole security order:
 //! identity → hostname → loopback → root filesystem → cgroup namespace → fork the
 //! payload; in the payload: session → descriptors → cwd → rlimits → capabilities →
-//! no_new_privs → Landlock → seccomp (last) → execve.
+//! no_new_privs → Landlock → seccomp (the allowlist's memfd rule, then the profile's,
+//! last) → execve.
 //!
 //! Starting a sandbox is fork-like: it must happen in a single-threaded process (the
 //! `run` command, or the controller's launcher forked before its async runtime starts).
@@ -102,6 +103,8 @@ struct ChildContext<'a> {
     env: Vec<CString>,
     path_var: String,
     filter: LoadableFilter,
+    /// The executable allowlist's memfd rule, loaded just before `filter`.
+    guard: Option<LoadableFilter>,
     landlock: bool,
     unshare_cgroup: bool,
     /// (source fd, target number) pairs for the payload, stdio included.
@@ -230,6 +233,7 @@ pub fn start(
         env: to_cstrings(spec.env.iter().map(|(k, v)| format!("{k}={v}")))?,
         path_var,
         filter: LoadableFilter::new(&spec.seccomp),
+        guard: spec.exec_guard.as_ref().map(LoadableFilter::new),
         landlock: enforcement.landlock_abi.is_some(),
         unshare_cgroup: spec.namespaces.cgroup,
         fds,
@@ -515,6 +519,12 @@ fn payload_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, (
             status: outcome.status.to_string(),
         }
         .send(chan);
+    }
+    // The allowlist's filter first: the profile's may not allow seccomp(2) itself.
+    if let Some(guard) = &ctx.guard {
+        guard
+            .load()
+            .map_err(|errno| fail("seccomp (executable allowlist)", errno))?;
     }
     // Last: from here on every syscall, execve included, goes through the filter.
     ctx.filter.load().map_err(|errno| fail("seccomp", errno))?;
