@@ -583,3 +583,93 @@ fn allowlisted_paths_are_checked_on_the_host() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_signed_manifest_carries_an_allowlist_and_an_output_cap() {
+    let dir = shared_tempdir();
+    let key = dir.path().join("manifest.key");
+    let out = hatchery_cmd(&["manifest", "keygen", "--key", &s(&key)]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = hatchery_cmd(&[
+        "manifest",
+        "issue",
+        "--key",
+        &s(&key),
+        "--allow-exec",
+        "/usr/bin/python3.11",
+        "--allow-exec",
+        "/usr/bin/git",
+        "--max-output",
+        "1M",
+        "--",
+        "python3",
+        "agent.py",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        v["filesystem"]["allow_exec"],
+        serde_json::json!(["/usr/bin/python3.11", "/usr/bin/git"]),
+        "{v}"
+    );
+    assert_eq!(v["resources"]["max_output_bytes"], 1 << 20, "{v}");
+    let file = dir.path().join("m.json");
+    if let Err(e) = std::fs::write(&file, &out.stdout) {
+        panic!("{e}");
+    }
+    let out = hatchery_cmd(&["manifest", "verify", &s(&file), "--key", &s(&key)]);
+    assert_eq!(code(&out), 0, "{} {}", stdout(&out), stderr(&out));
+    // The allowlist is signed: editing it breaks the signature.
+    let edited = String::from_utf8_lossy(&std::fs::read(&file).unwrap_or_default())
+        .replace("/usr/bin/git", "/usr/bin/gdb");
+    if let Err(e) = std::fs::write(&file, edited) {
+        panic!("{e}");
+    }
+    let out = hatchery_cmd(&["manifest", "verify", &s(&file), "--key", &s(&key)]);
+    assert_eq!(code(&out), 1, "{} {}", stdout(&out), stderr(&out));
+    // Bad values are refused by the flags.
+    for (flag, value) in [
+        ("--allow-exec", "python3"),
+        ("--allow-exec", "/"),
+        ("--max-output", "0"),
+        ("--max-output", "2T"),
+    ] {
+        let out = hatchery_cmd(&[
+            "manifest",
+            "issue",
+            "--key",
+            &s(&key),
+            flag,
+            value,
+            "--",
+            "true",
+        ]);
+        assert_eq!(code(&out), 2, "{flag} {value}: {}", stderr(&out));
+        assert!(stdout(&out).is_empty());
+    }
+}
+
+#[test]
+fn an_allowlist_holds_for_rootless_runs_too() {
+    let Some(py) = skip("an_allowlist_holds_for_rootless_runs_too") else {
+        return;
+    };
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(hatchery())
+        .args(["run", "--timeout", "30s", "--allow-exec"])
+        .arg(&py)
+        .args([
+            "--",
+            "python3",
+            "-c",
+            "import os\ntry:\n    os.execv('/usr/bin/id', ['id'])\nexcept OSError as e:\n    print(e.errno)",
+        ]);
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(60));
+    assert_eq!(
+        (code(&out), stdout(&out).as_str()),
+        (0, "13"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -9,9 +9,9 @@ use clap::{Args, Subcommand};
 
 use hatchery::contract::ContractConfig;
 use hatchery::manifest::{
-    CpuLimit, Depth, ExposedPath, FilesystemScope, Lineage, MAX_MANIFEST_JSON_BYTES, MemoryMb,
-    NetworkPolicy, PidsLimit, ProfileName, ResourceSpec, SpawnRequest, StateSnapshot, TimeoutMs,
-    Validity, WorkerId,
+    CpuLimit, Depth, ExecPath, ExposedPath, FilesystemScope, Lineage, MAX_MANIFEST_JSON_BYTES,
+    MemoryMb, NetworkPolicy, OutputBytes, PidsLimit, ProfileName, ResourceSpec, SpawnRequest,
+    StateSnapshot, TimeoutMs, Validity, WorkerId,
 };
 use hatchery::signing::{Keyring, ManifestSigner};
 use hatchery::units;
@@ -73,7 +73,9 @@ Prints the manifest on stdout. Limits not given take the defaults shown.
 Examples:
   hatchery manifest issue --key k.key -- sh -c 'echo hello'
   hatchery manifest issue --key k.key --memory 512M --cpus 1 --pids 128 --timeout 10m \\
-      --ro /srv/data --rw /srv/work --cwd /srv/work --expires-in 15m -- python3 agent.py";
+      --ro /srv/data --rw /srv/work --cwd /srv/work --expires-in 15m -- python3 agent.py
+  hatchery manifest issue --key k.key --allow-exec /usr/bin/python3.11 --max-output 1M \\
+      --ro /srv/agent -- python3 /srv/agent/agent.py";
 
 #[derive(Args, Debug)]
 #[command(after_help = ISSUE_EXAMPLES)]
@@ -99,6 +101,13 @@ pub struct IssueArgs {
     /// Expose a host path read-write (absolute; repeatable)
     #[arg(long = "rw", value_name = "PATH", value_parser = parse_path)]
     pub rw: Vec<ExposedPath>,
+    /// The only file the worker may execute (repeatable: an executable allowlist; real
+    /// paths, e.g. /usr/bin/python3.11)
+    #[arg(long = "allow-exec", value_name = "PATH", value_parser = parse_exec_path)]
+    pub allow_exec: Vec<ExecPath>,
+    /// Cap on the worker's output, stdout and stderr together (64K, 1M)
+    #[arg(long, value_name = "SIZE", value_parser = parse_output)]
+    pub max_output: Option<OutputBytes>,
     /// Security profile name
     #[arg(long, value_name = "NAME", default_value = "default", value_parser = parse_profile)]
     pub profile: ProfileName,
@@ -211,6 +220,15 @@ fn parse_path(s: &str) -> Result<ExposedPath, String> {
     ExposedPath::new(s).map_err(|e| e.why)
 }
 
+fn parse_exec_path(s: &str) -> Result<ExecPath, String> {
+    ExecPath::new(s).map_err(|e| e.why)
+}
+
+fn parse_output(s: &str) -> Result<OutputBytes, String> {
+    let n = units::parse_output_cap(s).map_err(|e| e.to_string())?;
+    OutputBytes::new(n).map_err(|e| e.to_string())
+}
+
 fn parse_profile(s: &str) -> Result<ProfileName, String> {
     ProfileName::new(s).map_err(|e| format!("{} (a profile name, not a file)", e.why))
 }
@@ -311,10 +329,12 @@ fn issue(args: IssueArgs) -> anyhow::Result<()> {
                 allow_controller: !args.no_controller,
                 allow_external: args.allow_external,
             },
+            max_output_bytes: args.max_output,
         },
         filesystem: FilesystemScope {
             read_only: args.ro.clone(),
             read_write: args.rw.clone(),
+            allow_exec: (!args.allow_exec.is_empty()).then(|| args.allow_exec.clone()),
         },
         profile: args.profile.clone(),
         command: args.command.clone(),
