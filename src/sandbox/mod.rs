@@ -233,11 +233,23 @@ pub fn preflight(spec: &SandboxSpec, host: &Host) -> Result<Enforcement, Sandbox
     if let Some(allow) = &spec.exec_allowlist {
         let mut by = Vec::new();
         if host.landlock_abi.is_some() {
+            let own = spec
+                .landlock
+                .exec_files
+                .len()
+                .saturating_sub(allow.files.len() + allow.loaders.len());
+            let plural = |n: usize| if n == 1 { "" } else { "s" };
             by.push(format!(
-                "landlock execute right on {} files only ({} listed, {} loaders, plus the supervisor's own binds)",
-                spec.landlock.exec_files.len(),
+                "landlock execute right on the {} listed file{} and {} ELF loader{} only{}",
                 allow.files.len(),
-                allow.loaders.len()
+                plural(allow.files.len()),
+                allow.loaders.len(),
+                plural(allow.loaders.len()),
+                if own > 0 {
+                    format!(" (and {own} file(s) hatchery binds in itself)")
+                } else {
+                    String::new()
+                }
             ));
             by.push(format!("no read access to {}", exec::EXEC_DIRS.join(" ")));
         } else if spec.allow_degraded {
