@@ -396,6 +396,38 @@ mod tests {
     }
 
     #[test]
+    fn files_hatchery_binds_elsewhere_stay_executable_under_an_allowlist()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let Some(py) = python() else {
+            eprintln!("SKIP: no /usr/bin/python3");
+            return Ok(());
+        };
+        let mut p = Profile::resolve("default")?;
+        p.narrow_exec(std::slice::from_ref(&py))?;
+        let dir = tempfile::tempdir()?;
+        let tool = std::fs::canonicalize(dir.path())?.join("client");
+        std::fs::write(&tool, "#!/bin/sh\n")?;
+        let inside = PathBuf::from("/run/hatchery/bin/client");
+        let mut r = request(&["python3"]);
+        r.extra_binds
+            .push((check_host_path(&tool)?, inside.clone()));
+        r.extra_binds.push((
+            check_host_path(&std::fs::canonicalize(dir.path())?)?,
+            PathBuf::from("/run/hatchery/dir"),
+        ));
+        let spec = build(r, &p, None)?;
+        assert!(spec.landlock.exec_files.contains(&inside));
+        assert!(
+            !spec
+                .landlock
+                .exec_files
+                .contains(&PathBuf::from("/run/hatchery/dir")),
+            "a directory bound elsewhere gets no execute right"
+        );
+        Ok(())
+    }
+
+    #[test]
     fn without_an_allowlist_nothing_is_narrowed() -> Result<(), Box<dyn std::error::Error>> {
         let p = Profile::resolve("default")?;
         let spec = build(request(&["true"]), &p, None)?;
