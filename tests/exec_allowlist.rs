@@ -49,7 +49,11 @@ elif case == "open":
 elif case == "memfd":
     report(lambda: os.close(os.memfd_create("x", int(args[0]))))
 elif case == "memfd-exec":
-    fd = os.memfd_create("x", 8)  # MFD_NOEXEC_SEAL: the only kind allowed
+    try:
+        fd = os.memfd_create("x", 8)  # MFD_NOEXEC_SEAL: the only kind allowed
+    except OSError as e:
+        print("err", e.errno)  # EINVAL: a kernel before 6.3 has no such flag
+        sys.exit(0)
     os.write(fd, open(args[0], "rb").read())
     report(lambda: os.fchmod(fd, 0o755))
     report(lambda: os.execve(fd, ["x", "-c", "print('escaped')"], {}))
@@ -364,9 +368,15 @@ fn memory_files_cannot_be_executed() {
     // An executable memfd cannot even be created...
     let out = attack(&py, &a, &[], &["memfd", "0"]);
     assert_eq!(lines(&out), ["err 13"], "{}", stderr(&out));
-    // ...a sealed one can, but can neither become executable nor be executed.
+    // ...a sealed one can, but can neither become executable nor be executed (before
+    // Linux 6.3 there is no sealed kind: no memory file can be created at all).
     let out = attack(&py, &a, &[], &["memfd-exec", &s(&py)]);
-    assert_eq!(lines(&out), ["err 1", "err 13"], "{}", stderr(&out));
+    let got = lines(&out);
+    if got == ["err 22"] {
+        eprintln!("note: this kernel has no MFD_NOEXEC_SEAL (before 6.3)");
+    } else {
+        assert_eq!(got, ["err 1", "err 13"], "{}", stderr(&out));
+    }
     // Without an allowlist nothing of this applies.
     let out = run(&[
         "--ro".into(),
@@ -697,8 +707,24 @@ fn an_allowlist_holds_for_rootless_runs_too() {
     let Some(py) = skip("an_allowlist_holds_for_rootless_runs_too") else {
         return;
     };
+    let as_nobody = ["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"];
+    let mut plain = Command::new("setpriv");
+    plain
+        .args(as_nobody)
+        .arg(hatchery())
+        .args(["run", "--", "true"]);
+    let out = run_with_timeout(&mut plain, Duration::from_secs(60));
+    if code(&out) != 0 {
+        // A pure cgroup v2 host without a delegated subtree (the VM suite) runs nothing
+        // rootless at all; that is tested in tests/cgroup_v2.rs.
+        eprintln!(
+            "SKIP an_allowlist_holds_for_rootless_runs_too: rootless runs do not start here: {}",
+            stderr(&out)
+        );
+        return;
+    }
     let mut cmd = Command::new("setpriv");
-    cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+    cmd.args(as_nobody)
         .arg(hatchery())
         .args(["run", "--timeout", "30s", "--allow-exec"])
         .arg(&py)

@@ -87,6 +87,12 @@ pub struct ExecAllowlist {
     pub loaders: Vec<PathBuf>,
     /// Things the caller should know: a listed script whose interpreter is not listed.
     pub notes: Vec<String>,
+    /// The listed files and loaders that lie in exposed paths (not in system mounts), as
+    /// validated: each is bound onto itself, so the Landlock rule is on the inode that was
+    /// checked and inspected, held by the mount (a filesystem that makes a new inode for
+    /// every lookup, such as 9p without a cache, would otherwise never match the rule).
+    #[serde(skip)]
+    pub pinned: Vec<HostPath>,
 }
 
 impl ExecAllowlist {
@@ -338,6 +344,9 @@ pub fn resolve(
         .filter(|b| b.writable)
         .filter_map(|b| b.expect.map(|(dev, _)| dev))
         .collect();
+    let exposed = |host: &HostPath| {
+        containing(&host.path, &mounts).is_some_and(|b| exposures.iter().any(|x| x == b))
+    };
     let check_inside = |host: &HostPath| -> Result<(), String> {
         let p = &host.path;
         match containing(p, &mounts) {
@@ -371,7 +380,10 @@ pub fn resolve(
             return Err(format!("{} is listed twice", host.path.display()));
         }
         check_inside(&host)?;
-        out.files.push(host.path);
+        out.files.push(host.path.clone());
+        if exposed(&host) {
+            out.pinned.push(host);
+        }
     }
     for file in out.files.clone() {
         match inspect(&file)? {
@@ -390,11 +402,20 @@ pub fn resolve(
                 check_inside(&host)
                     .map_err(|e| format!("{}: its ELF interpreter {e}", file.display()))?;
                 if !out.loaders.contains(&host.path) && !out.files.contains(&host.path) {
-                    out.loaders.push(host.path);
+                    out.loaders.push(host.path.clone());
+                    if exposed(&host) {
+                        out.pinned.push(host);
+                    }
                 }
             }
             Program::Script { interpreter } => {
-                let real = std::fs::canonicalize(&interpreter).unwrap_or(interpreter.clone());
+                // A relative interpreter is found from the working directory at run time;
+                // it cannot be matched here, and is only reported.
+                let real = if interpreter.is_absolute() {
+                    std::fs::canonicalize(&interpreter).unwrap_or(interpreter.clone())
+                } else {
+                    interpreter.clone()
+                };
                 if !out.files.contains(&real) {
                     out.notes.push(format!(
                         "{} starts with #!{}, which is not allowed: running it fails with EACCES (allow {} too)",
@@ -592,6 +613,11 @@ mod tests {
         let sys = system()?;
         let got = resolve(std::slice::from_ref(&in_ro), &sys, &exposures)?;
         assert_eq!(got.files, vec![in_ro.clone()]);
+        assert_eq!(
+            got.pinned.iter().map(|h| &h.path).collect::<Vec<_>>(),
+            vec![&in_ro],
+            "a file in an exposed path is pinned"
+        );
         assert_eq!(got.notes.len(), 1, "the script's interpreter is not listed");
         let e = resolve(std::slice::from_ref(&in_rw), &sys, &exposures)
             .err()

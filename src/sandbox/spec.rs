@@ -272,7 +272,7 @@ pub fn build_compiled(
 /// execute right only on the allowed files, their loaders and the supervisor's own binds
 /// (files bound at another path, such as the in-sandbox client); no read access to
 /// directories of executables; and everything the sandbox may write mounted noexec.
-fn restrict_exec(allow: &exec::ExecAllowlist, landlock: &mut LandlockRules, binds: &mut [Bind]) {
+fn restrict_exec(allow: &exec::ExecAllowlist, landlock: &mut LandlockRules, binds: &mut Vec<Bind>) {
     landlock.read = exec::without_exec_dirs(&landlock.read);
     landlock.write = exec::without_exec_dirs(&landlock.write);
     landlock.execute.clear();
@@ -285,6 +285,21 @@ fn restrict_exec(allow: &exec::ExecAllowlist, landlock: &mut LandlockRules, bind
             b.noexec = true;
         }
     }
+    // Listed files in exposed paths are bound onto themselves: the validated inode.
+    for host in &allow.pinned {
+        if binds.iter().any(|b| b.target == host.path) {
+            continue;
+        }
+        binds.push(Bind {
+            source: host.path.clone(),
+            target: host.path.clone(),
+            writable: false,
+            is_dir: false,
+            expect: Some((host.dev, host.ino)),
+            noexec: false,
+        });
+    }
+    binds.sort_by_key(|b| b.target.components().count());
 }
 
 #[cfg(test)]
@@ -391,7 +406,43 @@ mod tests {
         }
         assert!(spec.rootfs.noexec_tmp);
         assert!(spec.rootfs.exposures.iter().all(|b| b.noexec == b.writable));
+        assert_eq!(
+            spec.rootfs.exposures.len(),
+            1,
+            "python is in /usr: nothing to pin"
+        );
         assert!(spec.exec_guard.is_some());
+        Ok(())
+    }
+
+    #[test]
+    fn a_listed_file_in_an_exposed_path_is_bound_onto_itself()
+    -> Result<(), Box<dyn std::error::Error>> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir()?;
+        let canon = std::fs::canonicalize(dir.path())?;
+        let tool = canon.join("tool");
+        std::fs::write(&tool, "#!/bin/sh\n")?;
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755))?;
+        let mut p = Profile::resolve("default")?;
+        p.narrow_exec(std::slice::from_ref(&tool))?;
+        let mut r = request(&["/bin/sh"]);
+        r.exposures.push(Exposure {
+            host: check_host_path(&canon)?,
+            writable: false,
+        });
+        let spec = build(r, &p, None)?;
+        let meta = std::fs::metadata(&tool)?;
+        let targets: Vec<&Path> = spec
+            .rootfs
+            .exposures
+            .iter()
+            .map(|b| b.target.as_path())
+            .collect();
+        assert_eq!(targets, [canon.as_path(), tool.as_path()], "parents first");
+        let pin = &spec.rootfs.exposures[1];
+        assert_eq!(pin.expect, Some((meta.dev(), meta.ino())));
+        assert!(!pin.writable && !pin.is_dir && !pin.noexec);
         Ok(())
     }
 
