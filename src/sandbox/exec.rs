@@ -385,7 +385,14 @@ pub fn resolve(
             out.pinned.push(host);
         }
     }
-    for file in out.files.clone() {
+    // Files hatchery binds in at another path (its in-sandbox client) keep the execute
+    // right whatever the list says (see `spec`), so their loader is needed too.
+    let own: Vec<PathBuf> = exposures
+        .iter()
+        .filter(|b| b.source != b.target && !b.is_dir)
+        .map(|b| b.source.clone())
+        .collect();
+    for file in out.files.clone().into_iter().chain(own) {
         match inspect(&file)? {
             Program::Elf {
                 interpreter: Some(interp),
@@ -408,7 +415,7 @@ pub fn resolve(
                     }
                 }
             }
-            Program::Script { interpreter } => {
+            Program::Script { interpreter } if out.files.contains(&file) => {
                 // A relative interpreter is found from the working directory at run time;
                 // it cannot be matched here, and is only reported.
                 let real = if interpreter.is_absolute() {
@@ -425,7 +432,7 @@ pub fn resolve(
                     ));
                 }
             }
-            Program::Elf { interpreter: None } | Program::Other => {}
+            Program::Elf { interpreter: None } | Program::Script { .. } | Program::Other => {}
         }
     }
     Ok(out)

@@ -449,25 +449,37 @@ mod tests {
     #[test]
     fn files_hatchery_binds_elsewhere_stay_executable_under_an_allowlist()
     -> Result<(), Box<dyn std::error::Error>> {
-        let Some(py) = python() else {
-            eprintln!("SKIP: no /usr/bin/python3");
-            return Ok(());
-        };
-        let mut p = Profile::resolve("default")?;
-        p.narrow_exec(std::slice::from_ref(&py))?;
+        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir()?;
         let tool = std::fs::canonicalize(dir.path())?.join("client");
         std::fs::write(&tool, "#!/bin/sh\n")?;
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755))?;
+        let listed = std::fs::canonicalize(dir.path())?.join("listed");
+        std::fs::write(&listed, "#!/bin/sh\n")?;
+        std::fs::set_permissions(&listed, std::fs::Permissions::from_mode(0o755))?;
+        let mut p = Profile::resolve("default")?;
+        p.narrow_exec(std::slice::from_ref(&listed))?;
         let inside = PathBuf::from("/run/hatchery/bin/client");
         let mut r = request(&["python3"]);
+        r.exposures.push(Exposure {
+            host: check_host_path(&std::fs::canonicalize(dir.path())?)?,
+            writable: false,
+        });
         r.extra_binds
             .push((check_host_path(&tool)?, inside.clone()));
         r.extra_binds.push((
             check_host_path(&std::fs::canonicalize(dir.path())?)?,
             PathBuf::from("/run/hatchery/dir"),
         ));
+        // Its loader too, though the only listed program (a script) names none.
+        let me = std::fs::canonicalize(std::env::current_exe()?)?;
+        let client = PathBuf::from("/run/hatchery/bin/elf-client");
+        r.extra_binds.push((check_host_path(&me)?, client.clone()));
         let spec = build(r, &p, None)?;
         assert!(spec.landlock.exec_files.contains(&inside));
+        assert!(spec.landlock.exec_files.contains(&client));
+        let allow = spec.exec_allowlist.as_ref().ok_or("no allowlist")?;
+        assert_eq!(allow.loaders.len(), 1, "{allow:?}");
         assert!(
             !spec
                 .landlock
