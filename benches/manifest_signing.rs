@@ -30,10 +30,12 @@ fn typical_request() -> BenchResult<SpawnRequest> {
             pids_limit: PidsLimit::new(64)?,
             timeout_ms: TimeoutMs::new(300_000)?,
             network_policy: NetworkPolicy::default(),
+            max_output_bytes: None,
         },
         filesystem: FilesystemScope {
             read_only: vec![ExposedPath::new("/srv/datasets/corpus")?],
             read_write: vec![ExposedPath::new("/srv/workers/w-0001/work")?],
+            allow_exec: None,
         },
         profile: ProfileName::new("default")?,
         command: vec!["python3".into(), "agent.py".into(), "--replica".into()],

@@ -19,6 +19,8 @@ pub struct LimitsRequested {
     pub cpus: Option<f64>,
     pub pids: Option<u64>,
     pub timeout_ms: Option<u128>,
+    /// The output cap (`--max-output`), stdout and stderr together.
+    pub max_output_bytes: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -32,6 +34,12 @@ pub struct Report {
     pub memory_peak_bytes: Option<u64>,
     pub pids_peak: Option<u64>,
     pub pids_limit_hits: u64,
+    /// Bytes of output (stdout and stderr together) that reached the caller; `null` when
+    /// the output was not captured (no `--max-output`: the command wrote to the caller's
+    /// descriptors directly).
+    pub output_bytes: Option<u64>,
+    /// Whether output beyond the cap was cut.
+    pub output_truncated: bool,
     pub command: Vec<String>,
     pub profile: ProfileRef,
     pub limits: LimitsRequested,
@@ -69,6 +77,8 @@ impl Report {
             memory_peak_bytes: outcome.usage.memory_peak_bytes,
             pids_peak: outcome.usage.pids_peak,
             pids_limit_hits: outcome.usage.pids_limit_hits,
+            output_bytes: outcome.output.map(|o| o.bytes),
+            output_truncated: outcome.output.is_some_and(|o| o.truncated),
             profile: ProfileRef {
                 name: enforcement.seccomp_profile.clone(),
                 sha256: enforcement.profile_sha256.clone(),

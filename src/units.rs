@@ -19,6 +19,8 @@ pub const MAX_CPUS: f64 = 1024.0;
 pub const MIN_CPUS: f64 = 0.01;
 /// Largest pids limit accepted.
 pub const MAX_PIDS: u64 = 4_194_304;
+/// Largest output cap accepted (1 TiB): a cap above it caps nothing.
+pub const MAX_OUTPUT_BYTES: u64 = 1 << 40;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UnitError {
@@ -239,6 +241,20 @@ pub fn parse_pids(input: &str) -> Result<u64, UnitError> {
     Ok(v)
 }
 
+/// Parses an output cap (stdout and stderr together): a size between one byte and
+/// [`MAX_OUTPUT_BYTES`].
+pub fn parse_output_cap(input: &str) -> Result<u64, UnitError> {
+    let bytes = parse_size(input)?;
+    if bytes > MAX_OUTPUT_BYTES {
+        return Err(invalid(
+            "output cap",
+            input,
+            format!("above the maximum of {}", format_size(MAX_OUTPUT_BYTES)),
+        ));
+    }
+    Ok(bytes)
+}
+
 /// Formats a byte count the way [`parse_size`] reads it back (largest exact binary unit).
 pub fn format_size(bytes: u64) -> String {
     for (shift, suffix) in [(40u32, "T"), (30, "G"), (20, "M"), (10, "K")] {
@@ -300,6 +316,16 @@ mod tests {
     }
 
     #[test]
+    fn output_caps_are_bounded() {
+        assert_eq!(parse_output_cap("1"), Ok(1));
+        assert_eq!(parse_output_cap("10K"), Ok(10 << 10));
+        assert_eq!(parse_output_cap("1T"), Ok(MAX_OUTPUT_BYTES));
+        for bad in ["0", "2T", "-5", "", "1X"] {
+            assert!(parse_output_cap(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
     fn durations_parse_common_units() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
@@ -348,6 +374,7 @@ mod tests {
             let _ = parse_duration(&s);
             let _ = parse_cpus(&s);
             let _ = parse_pids(&s);
+            let _ = parse_output_cap(&s);
         }
 
         #[test]

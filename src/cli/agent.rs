@@ -91,10 +91,7 @@ fn run(command: AgentCommand) -> anyhow::Result<i32> {
             ) = if a.explicit {
                 (
                     Some(a.job.resources()),
-                    Some(FilesystemScope {
-                        read_only: a.job.ro.clone(),
-                        read_write: a.job.rw.clone(),
-                    }),
+                    Some(a.job.filesystem()),
                     Some(a.job.profile.clone()),
                 )
             } else {

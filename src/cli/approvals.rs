@@ -102,7 +102,10 @@ fn describe(p: &PendingApproval) -> String {
         "  read-write: {}\n",
         list(&m.filesystem.read_write)
     ));
-    out.push_str(&format!("  expires at: {}\n", audit::format_time(m.expires_at.get().saturating_mul(1000))));
+    out.push_str(&format!(
+        "  expires at: {}\n",
+        audit::format_time(m.expires_at.get().saturating_mul(1000))
+    ));
     out.push_str(&format!("  signature:  {}\n", m.signature));
     out
 }

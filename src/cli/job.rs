@@ -8,8 +8,8 @@ use std::time::Duration;
 use clap::Args;
 
 use hatchery::manifest::{
-    CpuLimit, Depth, ExposedPath, FilesystemScope, MemoryMb, NetworkPolicy, PidsLimit, ProfileName,
-    ResourceSpec, SpawnRequest, StateSnapshot, TimeoutMs, WorkerId,
+    CpuLimit, Depth, ExecPath, ExposedPath, FilesystemScope, MemoryMb, NetworkPolicy, OutputBytes,
+    PidsLimit, ProfileName, ResourceSpec, SpawnRequest, StateSnapshot, TimeoutMs, WorkerId,
 };
 use hatchery::units;
 
@@ -33,6 +33,13 @@ pub struct JobArgs {
     /// Expose a host path read-write (absolute; repeatable)
     #[arg(long = "rw", value_name = "PATH", value_parser = parse_path)]
     pub rw: Vec<ExposedPath>,
+    /// The only file the worker may execute (repeatable: an executable allowlist; real
+    /// paths, e.g. /usr/bin/python3.11)
+    #[arg(long = "allow-exec", value_name = "PATH", value_parser = parse_exec_path)]
+    pub allow_exec: Vec<ExecPath>,
+    /// Cap on the worker's output, stdout and stderr together (64K, 1M)
+    #[arg(long, value_name = "SIZE", value_parser = parse_output)]
+    pub max_output: Option<OutputBytes>,
     /// Security profile name
     #[arg(long, value_name = "NAME", default_value = "default", value_parser = parse_profile)]
     pub profile: ProfileName,
@@ -70,6 +77,15 @@ impl JobArgs {
                 allow_controller: !self.no_controller,
                 allow_external: self.allow_external,
             },
+            max_output_bytes: self.max_output,
+        }
+    }
+
+    pub fn filesystem(&self) -> FilesystemScope {
+        FilesystemScope {
+            read_only: self.ro.clone(),
+            read_write: self.rw.clone(),
+            allow_exec: (!self.allow_exec.is_empty()).then(|| self.allow_exec.clone()),
         }
     }
 
@@ -88,10 +104,7 @@ impl JobArgs {
     pub fn request(&self) -> anyhow::Result<SpawnRequest> {
         let job = SpawnRequest {
             resources: self.resources(),
-            filesystem: FilesystemScope {
-                read_only: self.ro.clone(),
-                read_write: self.rw.clone(),
-            },
+            filesystem: self.filesystem(),
             profile: self.profile.clone(),
             command: self.command.clone(),
             env: self.env.clone(),
@@ -132,6 +145,15 @@ pub fn parse_timeout(s: &str) -> Result<TimeoutMs, String> {
 
 pub fn parse_path(s: &str) -> Result<ExposedPath, String> {
     ExposedPath::new(s).map_err(|e| e.why)
+}
+
+pub fn parse_exec_path(s: &str) -> Result<ExecPath, String> {
+    ExecPath::new(s).map_err(|e| e.why)
+}
+
+pub fn parse_output(s: &str) -> Result<OutputBytes, String> {
+    let n = units::parse_output_cap(s).map_err(|e| e.to_string())?;
+    OutputBytes::new(n).map_err(|e| e.to_string())
 }
 
 pub fn parse_profile(s: &str) -> Result<ProfileName, String> {

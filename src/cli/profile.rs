@@ -303,6 +303,12 @@ fn table(p: &Profile) -> anyhow::Result<String> {
         paths(&l.execute),
         l.min_abi
     ));
+    if let Some(allow) = &l.allow_exec {
+        t.push_str(&format!(
+            "allow_exec  {} (an executable allowlist: nothing else runs)\n",
+            paths(allow)
+        ));
+    }
     let n = &p.namespaces;
     let mut ns = vec!["user", "pid", "mount"];
     for (on, name) in [

@@ -1,5 +1,6 @@
 //! `hatchery run`: one command in a new sandbox, supervised until it ends.
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -11,7 +12,8 @@ use hatchery::paths::check_host_path;
 use hatchery::profile::Profile;
 use hatchery::report::{LimitsRequested, Report};
 use hatchery::sandbox::cgroup::{Limits, unique_name};
-use hatchery::sandbox::{self, Exposure, Host, RunRequest, SandboxError, spec};
+use hatchery::sandbox::output::OutputPump;
+use hatchery::sandbox::{self, Exposure, Host, RunRequest, SandboxError, SandboxSpec, spec};
 use hatchery::units;
 
 /// Exit status when the sandbox could not be set up.
@@ -24,7 +26,9 @@ Exit status: the command's own; 128+N if killed by signal N; 137 OOM kill; 124 t
 Examples:
   hatchery run -- sh -c 'id; hostname; ls /'
   hatchery run --memory 256M --cpus 0.5 --pids 64 --timeout 30s --rw \"$PWD/workspace\" -- python3 agent.py
-  hatchery run --profile strict --report out.json -- python3 -c 'print(1)'";
+  hatchery run --profile strict --report out.json -- python3 -c 'print(1)'
+  hatchery run --max-output 64K --timeout 10s -- sh -c 'yes'
+  hatchery run --allow-exec /usr/bin/python3.11 --ro \"$PWD/agent.py\" -- python3 \"$PWD/agent.py\"";
 
 #[derive(Args, Debug)]
 #[command(after_help = RUN_EXAMPLES)]
@@ -41,12 +45,22 @@ pub struct RunArgs {
     /// Wall-clock limit (500ms, 5s, 1m); kills everything in the sandbox; exit 124
     #[arg(long, value_name = "DUR", allow_hyphen_values = true, value_parser = units::parse_duration)]
     pub timeout: Option<Duration>,
+    /// Cap on the command's output, stdout and stderr together (64K, 1M). At the cap the
+    /// output pipes close: further writes fail with EPIPE (SIGPIPE), the report says
+    /// output_truncated
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = units::parse_output_cap)]
+    pub max_output: Option<u64>,
     /// Expose a host path read-only at the same path (repeatable)
     #[arg(long = "ro", value_name = "PATH")]
     pub ro: Vec<PathBuf>,
     /// Expose a host path read-write at the same path (repeatable)
     #[arg(long = "rw", value_name = "PATH")]
     pub rw: Vec<PathBuf>,
+    /// Allow executing this file, and no other (repeatable): an executable allowlist
+    /// enforced by Landlock. Real paths only (/usr/bin/python3.11, not the python3 link);
+    /// the dynamic loader is added, a script's interpreter must be listed too
+    #[arg(long = "allow-exec", value_name = "PATH")]
+    pub allow_exec: Vec<PathBuf>,
     /// Working directory inside (default: the current directory if exposed, else /)
     #[arg(long, value_name = "PATH")]
     pub cwd: Option<PathBuf>,
@@ -102,6 +116,29 @@ fn exposures(ro: &[PathBuf], rw: &[PathBuf]) -> Result<Vec<Exposure>, SandboxErr
     Ok(out)
 }
 
+/// Gives the payload pipes as stdout and stderr, read by the returned pump, which passes at
+/// most `cap` bytes on to this process's own stdout and stderr. stdin stays the caller's.
+fn capture_output(spec: &mut SandboxSpec, cap: u64) -> std::io::Result<OutputPump> {
+    // A closed descriptor of the caller's becomes /dev/null, as it would without the cap.
+    fn dup_or_null(fd: BorrowedFd<'_>, write: bool) -> std::io::Result<OwnedFd> {
+        match fd.try_clone_to_owned() {
+            Ok(fd) => Ok(fd),
+            Err(_) => Ok(OwnedFd::from(
+                std::fs::OpenOptions::new()
+                    .read(!write)
+                    .write(write)
+                    .open("/dev/null")?,
+            )),
+        }
+    }
+    let stdin = dup_or_null(std::io::stdin().as_fd(), false)?;
+    let stdout = dup_or_null(std::io::stdout().as_fd(), true)?;
+    let stderr = dup_or_null(std::io::stderr().as_fd(), true)?;
+    let (pump, [out, err]) = OutputPump::new(Some(cap), stdout, stderr)?;
+    spec.stdio = Some([stdin, out, err]);
+    Ok(pump)
+}
+
 /// Blocks the signals `run` forwards and returns a signalfd that delivers them.
 fn forwarded_signals() -> Option<SignalFd> {
     let mut set = SigSet::empty();
@@ -120,14 +157,21 @@ pub fn main(args: RunArgs) -> i32 {
         cpus: args.cpus,
         pids: args.pids,
         timeout_ms: args.timeout.map(|t| t.as_millis()),
+        max_output_bytes: args.max_output,
     };
     match run(args) {
         Ok((outcome, enforcement)) => {
             if let Some(f) = &outcome.failure {
                 match f {
-                    sandbox::Failure::Exec { .. } => {
+                    sandbox::Failure::Exec { errno } => {
+                        let hint = if *errno == libc::EACCES && enforcement.exec_allowlist.is_some()
+                        {
+                            " (an executable allowlist is in force: only the files in the report's enforcement.exec_allowlist may run)"
+                        } else {
+                            ""
+                        };
                         eprintln!(
-                            "hatchery: cannot execute {}: {f}",
+                            "hatchery: cannot execute {}: {f}{hint}",
                             command.first().map(String::as_str).unwrap_or("")
                         );
                     }
@@ -137,6 +181,12 @@ pub fn main(args: RunArgs) -> i32 {
                 eprintln!("hatchery: timed out; the sandbox was killed");
             } else if outcome.oom_killed {
                 eprintln!("hatchery: out of memory; the sandbox was killed by the OOM killer");
+            }
+            if let Some(o) = outcome.output.filter(|o| o.truncated) {
+                eprintln!(
+                    "hatchery: output cut at {} bytes (--max-output); later writes failed with EPIPE",
+                    o.cap.unwrap_or(o.bytes)
+                );
             }
             if let Some(err) = &outcome.cleanup_error {
                 eprintln!("hatchery: warning: cleanup incomplete: {err}");
@@ -157,9 +207,30 @@ pub fn main(args: RunArgs) -> i32 {
     }
 }
 
+/// Checks `--allow-exec` files on the host, so that a mistake is reported with the flag
+/// that made it.
+fn allowed_executables(paths: &[PathBuf]) -> Result<Vec<PathBuf>, SandboxError> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in paths {
+        let host = sandbox::exec::check_exec_path(p)
+            .map_err(|e| SandboxError::Invalid(format!("--allow-exec {e}")))?;
+        if out.contains(&host.path) {
+            return Err(SandboxError::Invalid(format!(
+                "--allow-exec {} is given twice",
+                host.path.display()
+            )));
+        }
+        out.push(host.path);
+    }
+    Ok(out)
+}
+
 fn run(args: RunArgs) -> Result<(sandbox::Outcome, sandbox::Enforcement), SandboxError> {
-    let profile =
+    let mut profile =
         Profile::resolve(&args.profile).map_err(|e| SandboxError::Invalid(e.to_string()))?;
+    profile
+        .narrow_exec(&allowed_executables(&args.allow_exec)?)
+        .map_err(|e| SandboxError::Invalid(format!("--allow-exec: {e}")))?;
     let env = args
         .env
         .iter()
@@ -187,7 +258,7 @@ fn run(args: RunArgs) -> Result<(sandbox::Outcome, sandbox::Enforcement), Sandbo
         .map_err(|e| SandboxError::Invalid(e.to_string()))?
         .timeout);
     let caller_cwd = std::env::current_dir().ok();
-    let spec = spec::build(
+    let mut spec = spec::build(
         request,
         &profile,
         caller_cwd
@@ -202,10 +273,27 @@ fn run(args: RunArgs) -> Result<(sandbox::Outcome, sandbox::Enforcement), Sandbo
         }
     }
     let enforcement = sandbox::preflight(&spec, &host)?;
+    if let Some(allow) = &enforcement.exec_allowlist {
+        for note in &allow.notes {
+            eprintln!("hatchery: note: {note}");
+        }
+    }
+    let mut pump =
+        match args.max_output {
+            Some(cap) => Some(capture_output(&mut spec, cap).map_err(|e| {
+                SandboxError::Internal(format!("cannot set up the output pipes: {e}"))
+            })?),
+            None => None,
+        };
     let signals = forwarded_signals();
     let result = sandbox::start(&spec, enforcement, host.cgroups.as_deref()).map(|sb| {
+        // Only the sandbox may hold the pipes' write ends, or they never reach end-of-file.
+        spec.stdio = None;
         let enforcement = sb.enforcement.clone();
-        (sb.wait(timeout, signals.as_ref()), enforcement)
+        (
+            sb.wait(timeout, signals.as_ref(), pump.as_mut()),
+            enforcement,
+        )
     });
     if let Some(m) = &host.cgroups {
         m.release();

@@ -9,12 +9,17 @@
 //!   outlives it: the contract caps the child's `expires_at` at the parent's);
 //! - `resources.cpu_limit`, `memory_limit_mb`, `pids_limit`, `timeout_ms`: at most the
 //!   parent's;
+//! - `resources.max_output_bytes`: when the parent has an output cap, a cap of at most
+//!   the parent's (no cap is more than any cap);
 //! - `resources.network_policy.allow_controller`, `allow_external`: true only if true for
 //!   the parent;
 //! - `filesystem.read_only`: each path equal to or beneath one of the parent's paths,
 //!   read-only or read-write;
 //! - `filesystem.read_write`: each path equal to or beneath one of the parent's read-write
 //!   paths (write access never comes from a read-only grant);
+//! - `filesystem.allow_exec`: when the parent has an executable allowlist, an allowlist
+//!   whose every file is in the parent's (the same path: these are files, nothing lies
+//!   beneath them; no allowlist at all would allow every program);
 //! - `profile`: the parent's profile, or one the contract lists as a narrowing of it
 //!   (`[profile_narrowing]`: a stricter profile the operator vouches for). Nothing else:
 //!   comparing two seccomp policies for "stricter" is not something to guess at.
@@ -26,7 +31,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use crate::manifest::{ExposedPath, Manifest, ProfileName, SpawnRequest};
+use crate::manifest::{ExecPath, ExposedPath, Manifest, OutputBytes, ProfileName, SpawnRequest};
 
 /// For each profile, the other profiles a worker running under it may give its children.
 pub type ProfileNarrowing = BTreeMap<ProfileName, BTreeSet<ProfileName>>;
@@ -103,6 +108,38 @@ fn within(
     Ok(())
 }
 
+fn output_cap(
+    requested: Option<OutputBytes>,
+    parent: Option<OutputBytes>,
+) -> Result<(), NarrowingViolation> {
+    const FIELD: &str = "resources.max_output_bytes";
+    match (requested, parent) {
+        (_, None) => Ok(()),
+        (None, Some(p)) => Err(violation(FIELD, "no cap", format!("at most {p}"))),
+        (Some(c), Some(p)) => at_most(FIELD, c, p),
+    }
+}
+
+fn files(list: &[ExecPath]) -> String {
+    let names: Vec<&str> = list.iter().map(|p| p.as_str()).collect();
+    format!("only {}", names.join(", "))
+}
+
+fn exec_allowlist(
+    requested: Option<&[ExecPath]>,
+    parent: Option<&[ExecPath]>,
+) -> Result<(), NarrowingViolation> {
+    const FIELD: &str = "filesystem.allow_exec";
+    match (requested, parent) {
+        (_, None) => Ok(()),
+        (None, Some(p)) => Err(violation(FIELD, "any program (no allowlist)", files(p))),
+        (Some(c), Some(p)) => match c.iter().find(|f| !p.contains(f)) {
+            Some(extra) => Err(violation(FIELD, extra, files(p))),
+            None => Ok(()),
+        },
+    }
+}
+
 /// Checks that `request` asks for nothing beyond `parent` at time `now` (the order and
 /// rules of the module documentation).
 pub fn check(
@@ -127,6 +164,7 @@ pub fn check(
     )?;
     at_most("resources.pids_limit", c.pids_limit, p.pids_limit)?;
     at_most("resources.timeout_ms", c.timeout_ms, p.timeout_ms)?;
+    output_cap(c.max_output_bytes, p.max_output_bytes)?;
     only_if(
         "resources.network_policy.allow_controller",
         c.network_policy.allow_controller,
@@ -149,6 +187,10 @@ pub fn check(
         "filesystem.read_write",
         &request.filesystem.read_write,
         &writable,
+    )?;
+    exec_allowlist(
+        request.filesystem.allow_exec.as_deref(),
+        parent.filesystem.allow_exec.as_deref(),
     )?;
 
     if request.profile != parent.profile

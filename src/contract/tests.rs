@@ -4,10 +4,10 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::manifest::tests::{
-    T0, TestResult, arb_manifest, arb_request, path, profile, resources, sample_manifest,
-    sample_request, worker,
+    T0, TestResult, arb_manifest, arb_request, exec_path, path, profile, resources,
+    sample_manifest, sample_request, worker,
 };
-use crate::manifest::{Depth, ExposedPath, ResourceSpec};
+use crate::manifest::{Depth, ExposedPath, OutputBytes, ResourceSpec};
 use crate::signing::{Keyring, ManifestSigner};
 
 /// A registry that keeps real workers, for decisions over sequences.
@@ -441,6 +441,68 @@ fn paths_must_lie_within_the_parents() {
 }
 
 #[test]
+fn an_output_cap_can_only_shrink() -> TestResult {
+    let c = ReplicationContract::default();
+    let mut p = parent();
+    let cap = |n: u64| OutputBytes::new(n).map(Some);
+    let check = |p: &Manifest, child: Option<OutputBytes>| {
+        let mut r = request();
+        r.resources.max_output_bytes = child;
+        c.can_spawn(p, &r, &snapshot(), T0)
+    };
+    assert!(check(&p, None).is_allowed(), "an uncapped parent");
+    assert!(check(&p, cap(1 << 20)?).is_allowed(), "a cap under none");
+    p.resources.max_output_bytes = cap(1 << 20)?;
+    assert!(check(&p, cap(1 << 20)?).is_allowed(), "the same cap");
+    assert!(check(&p, cap(1024)?).is_allowed(), "a smaller cap");
+    assert_eq!(
+        narrowing_field(check(&p, cap((1 << 20) + 1)?)),
+        "resources.max_output_bytes"
+    );
+    assert_eq!(
+        narrowing_field(check(&p, None)),
+        "resources.max_output_bytes",
+        "no cap is more than any cap"
+    );
+    Ok(())
+}
+
+#[test]
+fn an_executable_allowlist_can_only_shrink() {
+    let c = ReplicationContract::default();
+    let mut p = parent();
+    let list = |files: &[&str]| Some(files.iter().map(|f| exec_path(f)).collect::<Vec<_>>());
+    let check = |p: &Manifest, child| {
+        let mut r = request();
+        r.filesystem.allow_exec = child;
+        c.can_spawn(p, &r, &snapshot(), T0)
+    };
+    assert!(check(&p, None).is_allowed(), "a parent without a list");
+    assert!(check(&p, list(&["/usr/bin/git"])).is_allowed());
+    p.filesystem.allow_exec = list(&["/usr/bin/python3.11", "/usr/bin/git"]);
+    assert!(check(&p, list(&["/usr/bin/git", "/usr/bin/python3.11"])).is_allowed());
+    assert!(check(&p, list(&["/usr/bin/git"])).is_allowed(), "a subset");
+    let d = check(&p, list(&["/usr/bin/git", "/usr/bin/perl"]));
+    match denied(d) {
+        DenyReason::Narrowing(v) => {
+            assert_eq!(v.field, "filesystem.allow_exec");
+            assert_eq!(v.requested, "/usr/bin/perl");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        narrowing_field(check(&p, list(&["/usr/bin/git/x"]))),
+        "filesystem.allow_exec",
+        "files, not directories: nothing lies beneath an allowed file"
+    );
+    assert_eq!(
+        narrowing_field(check(&p, None)),
+        "filesystem.allow_exec",
+        "no list would allow every program"
+    );
+}
+
+#[test]
 fn a_profile_must_be_the_parents_or_a_listed_narrowing() -> TestResult {
     let mut c = ReplicationContract::default();
     let mut r = request();
@@ -716,7 +778,7 @@ fn oversized_contract_files_are_refused() {
 enum Op {
     Spawn {
         parent: prop::sample::Index,
-        request: SpawnRequest,
+        request: Box<SpawnRequest>,
     },
     Release(prop::sample::Index),
     Wait(u64),
@@ -726,7 +788,7 @@ enum Op {
 fn arb_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (any::<prop::sample::Index>(), arb_small_request())
-            .prop_map(|(parent, request)| Op::Spawn { parent, request }),
+            .prop_map(|(parent, request)| Op::Spawn { parent, request: Box::new(request) }),
         2 => any::<prop::sample::Index>().prop_map(Op::Release),
         2 => (0u64..20).prop_map(Op::Wait),
         1 => any::<bool>().prop_map(Op::KillSwitch),
@@ -790,7 +852,7 @@ proptest! {
                         let validity = contract.child_validity(now, Some(&parent))
                             .map_err(|e| TestCaseError::fail(e.to_string()))?;
                         let child = Manifest::unsigned(
-                            parent.key_id.clone(), lineage, validity, parent.nonce, request);
+                            parent.key_id.clone(), lineage, validity, parent.nonce, *request);
                         if contract.admit(&child, &reg, now).is_allowed() {
                             reg.register(child, now);
                         }
@@ -830,6 +892,23 @@ proptest! {
             c.timeout_ms = c.timeout_ms.min(p.timeout_ms);
             c.network_policy.allow_controller &= p.network_policy.allow_controller;
             c.network_policy.allow_external &= p.network_policy.allow_external;
+            if let Some(cap) = p.max_output_bytes {
+                c.max_output_bytes = Some(c.max_output_bytes.unwrap_or(cap).min(cap));
+            }
+            if let Some(allowed) = &parent.filesystem.allow_exec {
+                let mut kept: Vec<_> = child
+                    .filesystem
+                    .allow_exec
+                    .iter()
+                    .flatten()
+                    .filter(|f| allowed.contains(f))
+                    .cloned()
+                    .collect();
+                if kept.is_empty() {
+                    kept = allowed[..1].to_vec();
+                }
+                child.filesystem.allow_exec = Some(kept);
+            }
             child.profile = parent.profile.clone();
         }
         let mut contract = ReplicationContract {
@@ -884,5 +963,15 @@ fn oracle_is_narrower(
         || profiles
             .get(&parent.profile)
             .is_some_and(|s| s.contains(&child.profile));
-    resources && ro && rw && profile
+    let cap = match (c.max_output_bytes, p.max_output_bytes) {
+        (_, None) => true,
+        (None, Some(_)) => false,
+        (Some(a), Some(b)) => a.get() <= b.get(),
+    };
+    let exec = match (&child.filesystem.allow_exec, &parent.filesystem.allow_exec) {
+        (_, None) => true,
+        (None, Some(_)) => false,
+        (Some(c), Some(p)) => c.iter().all(|f| p.iter().any(|g| g.as_str() == f.as_str())),
+    };
+    resources && ro && rw && profile && cap && exec
 }

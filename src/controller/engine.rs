@@ -1012,6 +1012,14 @@ impl Engine {
                 None
             },
             cgroup_name: format!("hatchery-{id}-{}", self.cfg.cgroup_owner),
+            allow_exec: manifest
+                .filesystem
+                .allow_exec
+                .iter()
+                .flatten()
+                .map(|p| PathBuf::from(p.as_str()))
+                .collect(),
+            max_output_bytes: manifest.resources.max_output_bytes.map(|b| b.get()),
         };
         let fd = theirs.map(std::os::fd::OwnedFd::from);
         if !self.send_launcher(
@@ -1374,6 +1382,8 @@ impl Engine {
                 wall_ms,
                 usage,
                 error,
+                output_bytes,
+                output_truncated,
             } => {
                 let Ok(id) = WorkerId::new(worker_id) else {
                     return;
@@ -1388,6 +1398,7 @@ impl Engine {
                         "timed_out": timed_out, "wall_ms": wall_ms, "ended_by": ended_by,
                         "cpu_usec": usage.cpu_usec, "memory_peak_bytes": usage.memory_peak_bytes,
                         "error": error,
+                        "output_bytes": output_bytes, "output_truncated": output_truncated,
                     }),
                     false,
                 );

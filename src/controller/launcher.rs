@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::paths::check_host_path;
 use crate::profile::{Profile, SeccompProgram};
 use crate::sandbox::cgroup::Limits;
+use crate::sandbox::output::OutputPump;
 use crate::sandbox::{self, Exposure, Host, RunRequest, Sandbox, spec, zygote};
 
 use super::wire::{self, FrameError};
@@ -55,6 +56,12 @@ pub struct LaunchSpec {
     pub agent_binary: Option<PathBuf>,
     /// The cgroup name (unique, owned by the launcher process).
     pub cgroup_name: String,
+    /// The manifest's `filesystem.allow_exec` (empty: no list but the profile's).
+    #[serde(default)]
+    pub allow_exec: Vec<PathBuf>,
+    /// The manifest's `resources.max_output_bytes`: the worker's log gets at most this.
+    #[serde(default)]
+    pub max_output_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -108,6 +115,11 @@ pub enum LauncherEvent {
         wall_ms: u64,
         usage: LiveUsage,
         error: Option<String>,
+        /// Bytes of output that reached the log, when it was capped.
+        #[serde(default)]
+        output_bytes: Option<u64>,
+        #[serde(default)]
+        output_truncated: bool,
     },
     Usage {
         workers: Vec<(String, LiveUsage)>,
@@ -154,6 +166,8 @@ struct Running {
     sandbox: Sandbox,
     deadline: Option<Instant>,
     timed_out: bool,
+    /// The worker's stdout and stderr on their way to its log, under a cap.
+    output: Option<OutputPump>,
 }
 
 struct Launcher {
@@ -182,7 +196,7 @@ impl Launcher {
     fn launch(&mut self, spec: LaunchSpec, socket: Option<OwnedFd>) {
         let id = spec.worker_id.clone();
         match self.try_launch(spec, socket) {
-            Ok((sandbox, deadline)) => {
+            Ok((sandbox, deadline, output)) => {
                 let ev = LauncherEvent::Started {
                     worker_id: id.clone(),
                     pid: sandbox.pid(),
@@ -195,6 +209,7 @@ impl Launcher {
                         sandbox,
                         deadline,
                         timed_out: false,
+                        output,
                     },
                 );
                 self.emit(&ev);
@@ -210,7 +225,7 @@ impl Launcher {
         &mut self,
         ls: LaunchSpec,
         socket: Option<OwnedFd>,
-    ) -> Result<(Sandbox, Option<Instant>), String> {
+    ) -> Result<(Sandbox, Option<Instant>, Option<OutputPump>), String> {
         if self.running.contains_key(&ls.worker_id) {
             return Err(format!("worker {} is already running", ls.worker_id));
         }
@@ -218,6 +233,9 @@ impl Launcher {
         if ls.share_network {
             profile.namespaces.net = false;
         }
+        profile
+            .narrow_exec(&ls.allow_exec)
+            .map_err(|e| e.to_string())?;
         let mut exposures = Vec::new();
         for (paths, writable) in [(&ls.ro, false), (&ls.rw, true)] {
             for p in paths {
@@ -267,22 +285,37 @@ impl Launcher {
             .map_err(|e| format!("{}: {e}", ls.log_path.display()))?;
         let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
         let err = log.try_clone().map_err(|e| e.to_string())?;
-        spec.stdio = Some([OwnedFd::from(null), OwnedFd::from(log), OwnedFd::from(err)]);
+        let output = match ls.max_output_bytes {
+            Some(cap) => {
+                let (pump, [out, err]) =
+                    OutputPump::new(Some(cap), OwnedFd::from(log), OwnedFd::from(err))
+                        .map_err(|e| format!("output pipes: {e}"))?;
+                spec.stdio = Some([OwnedFd::from(null), out, err]);
+                Some(pump)
+            }
+            None => {
+                spec.stdio = Some([OwnedFd::from(null), OwnedFd::from(log), OwnedFd::from(err)]);
+                None
+            }
+        };
         if let Some(sock) = socket {
             spec.pass_fds.push((sock, 3));
         }
         let enforcement = sandbox::preflight(&spec, &self.host).map_err(|e| e.to_string())?;
         let sb = sandbox::start(&spec, enforcement, self.host.cgroups.as_deref())
             .map_err(|e| e.to_string())?;
+        // `spec` (and with it the pipes' write ends) is dropped on return: only the
+        // sandbox holds them from here on.
         Ok((
             sb,
             ls.timeout_ms
                 .map(|ms| Instant::now() + Duration::from_millis(ms)),
+            output,
         ))
     }
 
     fn reap(&mut self, id: &str) {
-        let Some(r) = self.running.remove(id) else {
+        let Some(mut r) = self.running.remove(id) else {
             return;
         };
         let status = loop {
@@ -291,6 +324,11 @@ impl Launcher {
                 other => break other.ok(),
             }
         };
+        // A log file never makes the drain wait.
+        let output = r.output.as_mut().map(|p| {
+            p.drain(None);
+            p.summary()
+        });
         let outcome = r.sandbox.finish(status, r.timed_out);
         self.emit(&LauncherEvent::Exited {
             worker_id: id.to_string(),
@@ -305,6 +343,8 @@ impl Launcher {
                 pids_peak: outcome.usage.pids_peak,
             },
             error: outcome.failure.map(|f| f.to_string()),
+            output_bytes: output.map(|o| o.bytes),
+            output_truncated: output.is_some_and(|o| o.truncated),
         });
     }
 
@@ -391,6 +431,12 @@ pub fn serve(requests: UnixStream, events: UnixStream) -> i32 {
                     fds.push(PollFd::new(r.sandbox.pidfd(), PollFlags::POLLIN));
                 }
             }
+            // Output pipes after the pidfds, so the indices above stay as they are.
+            for r in l.running.values() {
+                if let Some(p) = &r.output {
+                    fds.extend(p.poll_fds());
+                }
+            }
             match poll(&mut fds, timeout) {
                 Ok(_) => {}
                 Err(nix::errno::Errno::EINTR) => continue,
@@ -407,6 +453,12 @@ pub fn serve(requests: UnixStream, events: UnixStream) -> i32 {
                 .collect();
             (request_ready, exited)
         };
+        // Cheap when nothing is ready: every read and write is non-blocking.
+        for r in l.running.values_mut() {
+            if let Some(p) = &mut r.output {
+                p.progress();
+            }
+        }
         for id in exited {
             l.reap(&id);
         }

@@ -186,7 +186,10 @@ pub fn attach_worker(
                 Ok(None) => break,
                 // The worker went away (its sandbox ended with our welcome unread): no offence.
                 Err(FrameError::Io(e))
-                    if matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) =>
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+                    ) =>
                 {
                     break;
                 }

@@ -28,6 +28,10 @@
 //! command          list(str)
 //! env              list(str)
 //! cwd              opt(str)
+//! extensions       fields added after v1, each present field as one tag byte and its
+//!                  value, in increasing tag order; an absent field writes nothing:
+//!   0x01  filesystem.allow_exec        list(str)
+//!   0x02  resources.max_output_bytes   u64
 //!
 //! u64       8 bytes, big-endian
 //! bool      one byte, 0x00 or 0x01
@@ -39,14 +43,23 @@
 //! Why two manifests that differ in any signed field never encode the same: every item is
 //! either fixed-width or announces its own length before its bytes, and the sequence of
 //! items is fixed, so reading the bytes back from the start recovers every field
-//! unambiguously — the encoding is a prefix-free code, hence injective. The tests hold
-//! the decoder that demonstrates it (`decode(encode(m)) == m` for generated manifests).
+//! unambiguously — the encoding is a prefix-free code, hence injective. The extensions
+//! keep it so: after `cwd` a reader either meets the end (no extension field) or a tag
+//! naming the one field that follows, and tags only ever increase, so each set of present
+//! fields has exactly one spelling. A manifest without extension fields encodes exactly
+//! as before they existed, so its signature stays valid. The tests hold the decoder that
+//! demonstrates all this (`decode(encode(m)) == m` for generated manifests).
 
 use super::Manifest;
 
 /// The first bytes of every encoding: names the format and its version, so these bytes
 /// can never be mistaken for a signature over anything else.
 pub const MAGIC: &[u8; 21] = b"hatchery-manifest-v1\n";
+
+/// Tag of `filesystem.allow_exec` in the extensions.
+pub const TAG_ALLOW_EXEC: u8 = 0x01;
+/// Tag of `resources.max_output_bytes` in the extensions.
+pub const TAG_MAX_OUTPUT_BYTES: u8 = 0x02;
 
 /// Where encoded bytes go (a buffer; kept as a trait so a test can count or inspect).
 pub trait Sink {
@@ -113,6 +126,14 @@ pub fn encode_into(m: &Manifest, out: &mut impl Sink) {
     put_list(out, m.command.iter().map(String::as_str));
     put_list(out, m.env.iter().map(String::as_str));
     put_opt_str(out, m.cwd.as_deref());
+    if let Some(allow) = &m.filesystem.allow_exec {
+        out.put(&[TAG_ALLOW_EXEC]);
+        put_list(out, allow.iter().map(|p| p.as_str()));
+    }
+    if let Some(cap) = m.resources.max_output_bytes {
+        out.put(&[TAG_MAX_OUTPUT_BYTES]);
+        put_u64(out, cap.get());
+    }
 }
 
 /// The canonical encoding as one buffer: what the MAC is computed over.
@@ -211,8 +232,27 @@ pub(crate) mod decode {
         let command = r.list()?;
         let env = r.list()?;
         let cwd = r.opt()?;
-        if !r.bytes.is_empty() {
-            return Err("trailing bytes".into());
+        let mut allow_exec = None;
+        let mut max_output_bytes = None;
+        let mut last_tag = 0u8;
+        while !r.bytes.is_empty() {
+            let tag = r.take(1)?[0];
+            if tag <= last_tag {
+                return Err(format!("extension tag {tag} after {last_tag}"));
+            }
+            last_tag = tag;
+            match tag {
+                TAG_ALLOW_EXEC => {
+                    allow_exec = Some(
+                        r.list()?
+                            .into_iter()
+                            .map(|s| field(ExecPath::new(s)))
+                            .collect::<R<Vec<_>>>()?,
+                    )
+                }
+                TAG_MAX_OUTPUT_BYTES => max_output_bytes = Some(field(OutputBytes::new(r.u64()?))?),
+                other => return Err(format!("unknown extension tag {other}")),
+            }
         }
         Ok(Manifest {
             key_id,
@@ -229,10 +269,12 @@ pub(crate) mod decode {
                 pids_limit,
                 timeout_ms,
                 network_policy,
+                max_output_bytes,
             },
             filesystem: FilesystemScope {
                 read_only,
                 read_write,
+                allow_exec,
             },
             profile,
             command,

@@ -129,6 +129,11 @@ bounded_int!(
     /// Wall-clock limit of the worker's sandbox, in milliseconds.
     TimeoutMs(u64), "timeout_ms", 1, MAX_TIMEOUT_MS
 );
+bounded_int!(
+    /// Cap on the worker's output, stdout and stderr together, in bytes (seed 004's
+    /// `max_output_bytes`).
+    OutputBytes(u64), "max_output_bytes", 1, units::MAX_OUTPUT_BYTES
+);
 
 impl Depth {
     /// The depth of a root worker.
@@ -530,6 +535,55 @@ impl fmt::Display for ExposedPath {
     }
 }
 
+/// A file a worker may execute (an entry of `filesystem.allow_exec`): an absolute path in
+/// normal form, like [`ExposedPath`], naming a file, so "the same program" is string
+/// equality. That it is a real path to an executable file (no symlink) is checked when the
+/// sandbox is built (`sandbox::exec::check_exec_path`), not here.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ExecPath(String);
+
+impl ExecPath {
+    pub fn new(s: impl Into<String>) -> Result<ExecPath, FieldError> {
+        let s = s.into();
+        check_normal_path("allow_exec", &s)?;
+        if s == "/" {
+            return Err(FieldError::new(
+                "allow_exec",
+                "the root directory is not a program",
+            ));
+        }
+        Ok(ExecPath(s))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn as_path(&self) -> &Path {
+        Path::new(&self.0)
+    }
+}
+
+impl TryFrom<String> for ExecPath {
+    type Error = FieldError;
+    fn try_from(s: String) -> Result<ExecPath, FieldError> {
+        ExecPath::new(s)
+    }
+}
+
+impl From<ExecPath> for String {
+    fn from(v: ExecPath) -> String {
+        v.0
+    }
+}
+
+impl fmt::Display for ExecPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -612,6 +666,23 @@ mod tests {
             assert!(ExposedPath::new(bad).is_err(), "{bad:?} accepted");
         }
         assert!(ExposedPath::new("/srv/data").is_ok());
+        for bad in [
+            "python3",
+            "/",
+            "/usr/bin/../bin/sh",
+            "/usr//bin/sh",
+            "/usr/bin/",
+        ] {
+            assert!(ExecPath::new(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(ExecPath::new("/usr/bin/python3.11").is_ok());
+    }
+
+    #[test]
+    fn output_caps_are_bounded() {
+        assert!(OutputBytes::new(0).is_err());
+        assert!(OutputBytes::new(units::MAX_OUTPUT_BYTES + 1).is_err());
+        assert_eq!(OutputBytes::new(1).map(OutputBytes::get), Ok(1));
     }
 
     #[test]

@@ -22,8 +22,8 @@ pub mod fields;
 use serde::{Deserialize, Serialize};
 
 pub use fields::{
-    CpuLimit, Depth, ExposedPath, FieldError, KeyId, MAX_DEPTH, MemoryMb, Nonce, PidsLimit,
-    ProfileName, StateSnapshot, TimeoutMs, UnixSeconds, WorkerId,
+    CpuLimit, Depth, ExecPath, ExposedPath, FieldError, KeyId, MAX_DEPTH, MemoryMb, Nonce,
+    OutputBytes, PidsLimit, ProfileName, StateSnapshot, TimeoutMs, UnixSeconds, WorkerId,
 };
 
 /// Largest manifest (or spawn request) accepted as JSON. The field bounds keep every valid
@@ -33,6 +33,8 @@ pub const MAX_MANIFEST_JSON_BYTES: usize = 2 << 20;
 pub const MAX_LIFETIME_SECONDS: u64 = 30 * 24 * 3600;
 /// Most paths a worker may be given, read-only and read-write together.
 pub const MAX_EXPOSED_PATHS: usize = 64;
+/// Most files an executable allowlist may list.
+pub const MAX_ALLOW_EXEC: usize = 64;
 /// Most arguments in a command, the program included.
 pub const MAX_COMMAND_ARGS: usize = 1024;
 /// Largest command line, all arguments together, in bytes.
@@ -84,6 +86,9 @@ pub struct ResourceSpec {
     pub pids_limit: PidsLimit,
     pub timeout_ms: TimeoutMs,
     pub network_policy: NetworkPolicy,
+    /// Cap on stdout and stderr together; absent for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<OutputBytes>,
 }
 
 /// Host paths exposed to the worker at the same path inside its sandbox.
@@ -92,6 +97,11 @@ pub struct ResourceSpec {
 pub struct FilesystemScope {
     pub read_only: Vec<ExposedPath>,
     pub read_write: Vec<ExposedPath>,
+    /// An executable allowlist: when present, the only files the worker may execute (the
+    /// dynamic loader they name is added by the sandbox). Absent: whatever the profile
+    /// allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_exec: Option<Vec<ExecPath>>,
 }
 
 impl FilesystemScope {
@@ -358,6 +368,27 @@ fn validate_job(
             "filesystem",
             format!("{p} is exposed twice"),
         ));
+    }
+    if let Some(allow) = &fs.allow_exec {
+        if allow.is_empty() {
+            return Err(FieldError::new(
+                "allow_exec",
+                "an empty allowlist would let nothing run (leave it out for none)",
+            ));
+        }
+        if allow.len() > MAX_ALLOW_EXEC {
+            return Err(FieldError::new(
+                "allow_exec",
+                format!("{} files; the maximum is {MAX_ALLOW_EXEC}", allow.len()),
+            ));
+        }
+        let files: Vec<&ExecPath> = allow.iter().collect();
+        if let Some(p) = first_duplicate(&files) {
+            return Err(FieldError::new(
+                "allow_exec",
+                format!("{p} is listed twice"),
+            ));
+        }
     }
 
     match command.first() {

@@ -22,6 +22,7 @@ pub(crate) fn resources(cpu: f64, mem: u64, pids: u64, timeout_ms: u64) -> Resou
             pids_limit,
             timeout_ms,
             network_policy: NetworkPolicy::default(),
+            max_output_bytes: None,
         },
         other => panic!("test resources out of bounds: {other:?}"),
     }
@@ -31,6 +32,13 @@ pub(crate) fn path(s: &str) -> ExposedPath {
     match ExposedPath::new(s) {
         Ok(p) => p,
         Err(e) => panic!("test path {s:?}: {e}"),
+    }
+}
+
+pub(crate) fn exec_path(s: &str) -> ExecPath {
+    match ExecPath::new(s) {
+        Ok(p) => p,
+        Err(e) => panic!("test executable {s:?}: {e}"),
     }
 }
 
@@ -54,6 +62,7 @@ pub(crate) fn sample_request() -> SpawnRequest {
         filesystem: FilesystemScope {
             read_only: vec![path("/srv/data")],
             read_write: vec![path("/srv/work")],
+            allow_exec: None,
         },
         profile: profile("default"),
         command: vec!["python3".into(), "agent.py".into()],
@@ -90,9 +99,11 @@ prop_compose! {
         timeout in TimeoutMs::MIN..=TimeoutMs::MAX,
         allow_controller in any::<bool>(),
         allow_external in any::<bool>(),
+        max_output in proptest::option::of(OutputBytes::MIN..=OutputBytes::MAX),
     ) -> ResourceSpec {
         let mut r = resources(f64::from(cpu) / 1000.0, mem, pids, timeout);
         r.network_policy = NetworkPolicy { allow_controller, allow_external };
+        r.max_output_bytes = max_output.and_then(|n| OutputBytes::new(n).ok());
         r
     }
 }
@@ -101,13 +112,22 @@ pub(crate) fn arb_path() -> impl Strategy<Value = ExposedPath> {
     "(/[a-c]{1,2}){1,3}".prop_map(|s| path(&s))
 }
 
+pub(crate) fn arb_exec_path() -> impl Strategy<Value = ExecPath> {
+    "(/[a-c]{1,2}){1,3}".prop_map(|s| exec_path(&s))
+}
+
 prop_compose! {
     pub(crate) fn arb_filesystem()(
         ro in proptest::collection::btree_set(arb_path(), 0..4),
         rw in proptest::collection::btree_set(arb_path(), 0..4),
+        allow in proptest::option::of(proptest::collection::btree_set(arb_exec_path(), 1..4)),
     ) -> FilesystemScope {
         let read_write: Vec<ExposedPath> = rw.into_iter().filter(|p| !ro.contains(p)).collect();
-        FilesystemScope { read_only: ro.into_iter().collect(), read_write }
+        FilesystemScope {
+            read_only: ro.into_iter().collect(),
+            read_write,
+            allow_exec: allow.map(|a| a.into_iter().collect()),
+        }
     }
 }
 
@@ -238,6 +258,16 @@ fn absurd_values_are_refused() -> TestResult {
         ("/profile", serde_json::json!("/tmp/evil.toml")),
         ("/filesystem/read_only", serde_json::json!(["relative"])),
         ("/filesystem/read_write", serde_json::json!(["/"])),
+        ("/filesystem/allow_exec", serde_json::json!([])),
+        ("/filesystem/allow_exec", serde_json::json!(["python3"])),
+        (
+            "/filesystem/allow_exec",
+            serde_json::json!(["/usr/bin/a", "/usr/bin/a"]),
+        ),
+        ("/filesystem/allow_exec", serde_json::json!("/usr/bin/a")),
+        ("/resources/max_output_bytes", serde_json::json!(0)),
+        ("/resources/max_output_bytes", serde_json::json!(u64::MAX)),
+        ("/resources/max_output_bytes", serde_json::json!(-1)),
         ("/command", serde_json::json!([])),
         ("/command", serde_json::json!([""])),
         ("/command", serde_json::json!(["a\u{0}b"])),
@@ -249,8 +279,12 @@ fn absurd_values_are_refused() -> TestResult {
             serde_json::json!("x".repeat(MAX_STATE_SNAPSHOT + 1)),
         ),
     ];
+    let mut with_extensions = sample_manifest();
+    with_extensions.filesystem.allow_exec = Some(vec![exec_path("/usr/bin/python3.11")]);
+    with_extensions.resources.max_output_bytes = Some(OutputBytes::new(1 << 20)?);
+    with_extensions.validate()?;
     for (pointer, value) in cases {
-        let mut v = json_value(&sample_manifest())?;
+        let mut v = json_value(&with_extensions)?;
         match v.pointer_mut(pointer) {
             Some(slot) => *slot = value.clone(),
             None => panic!("no field at {pointer}"),
@@ -383,6 +417,12 @@ fn the_largest_valid_manifest_fits_the_json_limit() -> TestResult {
     m.filesystem.read_write = (MAX_EXPOSED_PATHS / 2..MAX_EXPOSED_PATHS)
         .map(long)
         .collect();
+    m.filesystem.allow_exec = Some(
+        (0..MAX_ALLOW_EXEC)
+            .map(|i| exec_path(long(i).as_str()))
+            .collect(),
+    );
+    m.resources.max_output_bytes = Some(OutputBytes::new(OutputBytes::MAX)?);
     m.validate()?;
     let json = m.to_json()?;
     assert!(
@@ -415,6 +455,65 @@ fn json_layout_never_changes_the_canonical_bytes() -> TestResult {
     let b = Manifest::from_json(reordered.as_bytes())?;
     assert_eq!(canonical::encode(&a), canonical::encode(&b));
     assert_eq!(canonical::encode(&a), canonical::encode(&m));
+    Ok(())
+}
+
+#[test]
+fn the_extension_fields_are_optional_in_json() -> TestResult {
+    // A document written before they existed decodes, to a manifest without them.
+    let mut v = json_value(&sample_manifest())?;
+    assert!(v.pointer("/filesystem/allow_exec").is_none());
+    assert!(v.pointer("/resources/max_output_bytes").is_none());
+    if let Some(serde_json::Value::Object(fs)) = v.pointer_mut("/filesystem") {
+        fs.insert("allow_exec".into(), serde_json::Value::Null);
+    }
+    let m = decode_value(&v)?;
+    assert_eq!(m.filesystem.allow_exec, None);
+    assert_eq!(m.resources.max_output_bytes, None);
+    Ok(())
+}
+
+#[test]
+fn absent_extension_fields_add_no_bytes_and_present_ones_only_append() -> TestResult {
+    let plain = sample_manifest();
+    let base = canonical::encode(&plain);
+    let mut m = plain.clone();
+    m.resources.max_output_bytes = Some(OutputBytes::new(4096)?);
+    let capped = canonical::encode(&m);
+    assert!(capped.starts_with(&base));
+    assert_eq!(
+        &capped[base.len()..],
+        &[
+            &[canonical::TAG_MAX_OUTPUT_BYTES][..],
+            &4096u64.to_be_bytes()[..]
+        ]
+        .concat()[..]
+    );
+    m.filesystem.allow_exec = Some(vec![exec_path("/usr/bin/python3.11")]);
+    let both = canonical::encode(&m);
+    assert!(both.starts_with(&base));
+    assert_eq!(
+        both[base.len()],
+        canonical::TAG_ALLOW_EXEC,
+        "tags in increasing order"
+    );
+    Ok(())
+}
+
+#[test]
+fn extension_tags_out_of_order_or_unknown_do_not_decode() -> TestResult {
+    let mut m = sample_manifest();
+    m.filesystem.allow_exec = Some(vec![exec_path("/usr/bin/python3.11")]);
+    m.resources.max_output_bytes = Some(OutputBytes::new(7)?);
+    let bytes = canonical::encode(&m);
+    let base = canonical::encode(&sample_manifest()).len();
+    // Swap the two extension fields: same values, tags descending.
+    let (allow, cap) = bytes[base..].split_at(bytes.len() - base - 9);
+    let swapped = [&bytes[..base], cap, allow].concat();
+    assert!(decode(&swapped).is_err());
+    let unknown = [&bytes[..base], &[0x7f][..]].concat();
+    assert!(decode(&unknown).is_err());
+    assert_eq!(decode(&bytes), Ok(m));
     Ok(())
 }
 

@@ -106,6 +106,11 @@ pub struct LandlockPolicy {
     /// Execute files.
     #[serde(default)]
     pub execute: Vec<PathBuf>,
+    /// An executable allowlist: when present, these files (and the dynamic loader they
+    /// name) are the only ones that may be executed, and `execute` above no longer
+    /// applies (see `sandbox::exec`). Real paths of regular files, no symlinks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_exec: Option<Vec<PathBuf>>,
     /// Lowest Landlock ABI that enforces this profile's filesystem rules. A kernel below it
     /// makes `run` fail closed (exit 125) unless `--allow-degraded`.
     #[serde(default = "default_min_abi")]
@@ -122,6 +127,7 @@ impl Default for LandlockPolicy {
             read: Vec::new(),
             write: Vec::new(),
             execute: Vec::new(),
+            allow_exec: None,
             min_abi: default_min_abi(),
         }
     }
@@ -385,16 +391,24 @@ impl Profile {
         if self.name.is_empty() || self.name.len() > 64 {
             return Err(self.invalid("name must be 1 to 64 characters"));
         }
-        let lists: [(&[&str], &Vec<PathBuf>); 4] = [
+        let no_list = Vec::new();
+        let lists: [(&[&str], &Vec<PathBuf>); 5] = [
             (&["landlock", "read"], &self.landlock.read),
             (&["landlock", "write"], &self.landlock.write),
             (&["landlock", "execute"], &self.landlock.execute),
+            (
+                &["landlock", "allow_exec"],
+                self.landlock.allow_exec.as_ref().unwrap_or(&no_list),
+            ),
             (&["mounts", "system"], &self.mounts.system),
         ];
         for (what, paths) in lists {
             for p in paths {
                 crate::paths::check_absolute_clean(p).map_err(|e| at(what, e.to_string()))?;
             }
+        }
+        if let Some(allow) = &self.landlock.allow_exec {
+            check_allowlist(allow).map_err(|m| at(&["landlock", "allow_exec"], m))?;
         }
         if self.landlock.min_abi == 0 || self.landlock.min_abi > 10 {
             return Err(at(
@@ -493,6 +507,33 @@ impl Profile {
         })
     }
 
+    /// Narrows the profile to run only `files` (an executable allowlist given with the
+    /// command, such as `run --allow-exec`). A profile that already has an allowlist can
+    /// only be narrowed to a subset of it, so a request never runs what its profile
+    /// forbids. An empty `files` changes nothing.
+    pub fn narrow_exec(&mut self, files: &[PathBuf]) -> Result<(), ProfileError> {
+        if files.is_empty() {
+            return Ok(());
+        }
+        for p in files {
+            crate::paths::check_absolute_clean(p)
+                .map_err(|e| self.invalid(format!("allow_exec: {e}")))?;
+        }
+        check_allowlist(files).map_err(|m| self.invalid(format!("allow_exec: {m}")))?;
+        if let Some(allowed) = &self.landlock.allow_exec {
+            if let Some(extra) = files.iter().find(|f| !allowed.contains(f)) {
+                let names: Vec<String> = allowed.iter().map(|p| p.display().to_string()).collect();
+                return Err(self.invalid(format!(
+                    "{} is not in the profile's executable allowlist ({}); an allowlist given with the command can only narrow the profile's",
+                    extra.display(),
+                    names.join(", ")
+                )));
+            }
+        }
+        self.landlock.allow_exec = Some(files.to_vec());
+        Ok(())
+    }
+
     /// Compiles the seccomp policy for this machine's architecture with libseccomp: the
     /// exact filter program the kernel will be given.
     pub fn compile_seccomp(&self) -> Result<SeccompProgram, ProfileError> {
@@ -503,6 +544,30 @@ impl Profile {
                 message,
             })
     }
+}
+
+/// Most files an executable allowlist may list.
+pub const MAX_ALLOW_EXEC: usize = 64;
+
+/// The rules of an allowlist that need no filesystem: not empty, bounded, no duplicates.
+fn check_allowlist(files: &[PathBuf]) -> Result<(), String> {
+    if files.is_empty() {
+        return Err(
+            "an empty allowlist would let nothing run (remove the key for no allowlist)".into(),
+        );
+    }
+    if files.len() > MAX_ALLOW_EXEC {
+        return Err(format!(
+            "{} files; at most {MAX_ALLOW_EXEC} may be listed",
+            files.len()
+        ));
+    }
+    for (i, f) in files.iter().enumerate() {
+        if files[..i].contains(f) {
+            return Err(format!("{} is listed twice", f.display()));
+        }
+    }
+    Ok(())
 }
 
 /// SHA-256 of a profile's bytes, hex: the identity reports and audit records use.
@@ -668,6 +733,57 @@ mod tests {
             assert_eq!(back.landlock, p.landlock, "{name}");
             assert_eq!(back.mounts, p.mounts, "{name}");
             assert_eq!(back.rlimits, p.rlimits, "{name}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn allowlists_in_profiles_are_checked_and_round_trip() -> Result<(), ProfileError> {
+        let base = "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n[landlock]\n";
+        for bad in [
+            "allow_exec = []\n",
+            "allow_exec = [\"usr/bin/python3.11\"]\n",
+            "allow_exec = [\"/usr/bin/../bin/sh\"]\n",
+            "allow_exec = [\"/usr/bin/dash\", \"/usr/bin/dash\"]\n",
+        ] {
+            match Profile::from_toml(&format!("{base}{bad}"), "test") {
+                Err(ProfileError::Invalid { message, .. }) => {
+                    assert!(message.contains("allow_exec"), "{message}")
+                }
+                other => panic!("accepted {bad}: {other:?}"),
+            }
+        }
+        let p = Profile::from_toml(
+            &format!("{base}allow_exec = [\"/usr/bin/dash\", \"/usr/bin/python3.11\"]\n"),
+            "test",
+        )?;
+        let back = Profile::from_toml(&p.to_toml()?, "back")?;
+        assert_eq!(back.landlock.allow_exec, p.landlock.allow_exec);
+        Ok(())
+    }
+
+    #[test]
+    fn a_command_allowlist_only_narrows_the_profiles() -> Result<(), ProfileError> {
+        let mut open = Profile::resolve("default")?;
+        open.narrow_exec(&[PathBuf::from("/usr/bin/git")])?;
+        assert_eq!(
+            open.landlock.allow_exec,
+            Some(vec![PathBuf::from("/usr/bin/git")])
+        );
+        let src = "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n[landlock]\nallow_exec = [\"/usr/bin/dash\", \"/usr/bin/python3.11\"]\n";
+        let mut listed = Profile::from_toml(src, "test")?;
+        listed.narrow_exec(&[])?;
+        assert_eq!(listed.landlock.allow_exec.as_ref().map(Vec::len), Some(2));
+        listed.narrow_exec(&[PathBuf::from("/usr/bin/python3.11")])?;
+        assert_eq!(
+            listed.landlock.allow_exec,
+            Some(vec![PathBuf::from("/usr/bin/python3.11")])
+        );
+        match listed.narrow_exec(&[PathBuf::from("/usr/bin/dash")]) {
+            Err(ProfileError::Invalid { message, .. }) => {
+                assert!(message.contains("not in the profile"), "{message}")
+            }
+            other => panic!("widened the allowlist: {other:?}"),
         }
         Ok(())
     }

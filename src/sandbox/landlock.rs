@@ -20,6 +20,8 @@ pub struct LandlockRules {
     pub read: Vec<PathBuf>,
     pub write: Vec<PathBuf>,
     pub execute: Vec<PathBuf>,
+    /// Files that may be read and executed (an executable allowlist and its loaders).
+    pub exec_files: Vec<PathBuf>,
     /// Where ioctls on device files are allowed (terminals under /dev).
     pub ioctl_dev: Vec<PathBuf>,
     /// Directories that may be listed but whose files are not thereby readable (the new
@@ -46,6 +48,12 @@ pub fn kernel_abi() -> Option<u8> {
         )
     };
     (v > 0).then(|| v.min(u8::MAX as libc::c_long) as u8)
+}
+
+/// The rights that apply to a file (as opposed to a directory) at the highest ABI hatchery
+/// asks for.
+fn file_rights() -> BitFlags<AccessFs> {
+    AccessFs::from_file(TARGET_ABI)
 }
 
 fn read_rights() -> BitFlags<AccessFs> {
@@ -80,11 +88,12 @@ pub fn restrict(rules: &LandlockRules) -> Result<LandlockOutcome, String> {
         .map_err(|e| e.to_string())?
         .create()
         .map_err(|e| e.to_string())?;
-    let groups: [(&Vec<PathBuf>, BitFlags<AccessFs>); 5] = [
+    let groups: [(&Vec<PathBuf>, BitFlags<AccessFs>); 6] = [
         (&rules.list, AccessFs::ReadDir.into()),
         (&rules.read, read_rights()),
         (&rules.write, write_rights()),
         (&rules.execute, AccessFs::Execute.into()),
+        (&rules.exec_files, AccessFs::ReadFile | AccessFs::Execute),
         (&rules.ioctl_dev, AccessFs::IoctlDev.into()),
     ];
     for (paths, rights) in groups {
@@ -94,6 +103,20 @@ pub fn restrict(rules: &LandlockRules) -> Result<LandlockOutcome, String> {
                 Err(_) if !path.exists() => continue,
                 Err(e) => return Err(format!("{}: {e}", path.display())),
             };
+            // A rule on a file may only carry rights that apply to files: the kernel refuses
+            // the others (EINVAL), and the crate's best-effort mode would drop them and
+            // report the whole ruleset as only partially enforced.
+            let is_dir = nix::sys::stat::fstat(&fd)
+                .map(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let rights = if is_dir {
+                rights
+            } else {
+                rights & file_rights()
+            };
+            if rights.is_empty() {
+                continue;
+            }
             ruleset = ruleset
                 .add_rule(PathBeneath::new(fd, rights))
                 .map_err(|e| format!("{}: {e}", path.display()))?;

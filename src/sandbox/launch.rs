@@ -4,7 +4,8 @@
 //! Read [`contain`] and [`payload`] top to bottom for the whole security order:
 //! identity → hostname → loopback → root filesystem → cgroup namespace → fork the
 //! payload; in the payload: session → descriptors → cwd → rlimits → capabilities →
-//! no_new_privs → Landlock → seccomp (last) → execve.
+//! no_new_privs → Landlock → seccomp (the allowlist's memfd rule, then the profile's,
+//! last) → execve.
 //!
 //! Starting a sandbox is fork-like: it must happen in a single-threaded process (the
 //! `run` command, or the controller's launcher forked before its async runtime starts).
@@ -27,6 +28,7 @@ use super::init;
 use super::landlock;
 use super::mounts;
 use super::net;
+use super::output::{OutputPump, OutputSummary};
 use super::process;
 use super::rlimits;
 use super::seccomp::LoadableFilter;
@@ -101,6 +103,8 @@ struct ChildContext<'a> {
     env: Vec<CString>,
     path_var: String,
     filter: LoadableFilter,
+    /// The executable allowlist's memfd rule, loaded just before `filter`.
+    guard: Option<LoadableFilter>,
     landlock: bool,
     unshare_cgroup: bool,
     /// (source fd, target number) pairs for the payload, stdio included.
@@ -177,6 +181,8 @@ pub struct Outcome {
     pub failure: Option<Failure>,
     /// Set when the sandbox's cgroup could not be removed.
     pub cleanup_error: Option<String>,
+    /// What passed through the output pump, when there was one.
+    pub output: Option<OutputSummary>,
 }
 
 /// Starts `spec` in a new sandbox. `cgroups` is the host's backend, if any.
@@ -227,6 +233,7 @@ pub fn start(
         env: to_cstrings(spec.env.iter().map(|(k, v)| format!("{k}={v}")))?,
         path_var,
         filter: LoadableFilter::new(&spec.seccomp),
+        guard: spec.exec_guard.as_ref().map(LoadableFilter::new),
         landlock: enforcement.landlock_abi.is_some(),
         unshare_cgroup: spec.namespaces.cgroup,
         fds,
@@ -521,6 +528,12 @@ fn payload_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, (
         }
         .send(chan);
     }
+    // The allowlist's filter first: the profile's may not allow seccomp(2) itself.
+    if let Some(guard) = &ctx.guard {
+        guard
+            .load()
+            .map_err(|errno| fail("seccomp (executable allowlist)", errno))?;
+    }
     // Last: from here on every syscall, execve included, goes through the filter.
     ctx.filter.load().map_err(|errno| fail("seccomp", errno))?;
     let errno = process::exec(&ctx.argv, &ctx.env, &ctx.path_var);
@@ -568,9 +581,15 @@ impl Sandbox {
         }
     }
 
-    /// Waits for the sandbox to end, killing it at `timeout` and forwarding the signals
-    /// that arrive on `signals` to it.
-    pub fn wait(self, timeout: Option<Duration>, signals: Option<&SignalFd>) -> Outcome {
+    /// Waits for the sandbox to end, killing it at `timeout`, forwarding the signals that
+    /// arrive on `signals` to it, and moving its output through `output` (when its stdout
+    /// and stderr are the pump's pipes) as it comes.
+    pub fn wait(
+        self,
+        timeout: Option<Duration>,
+        signals: Option<&SignalFd>,
+        mut output: Option<&mut OutputPump>,
+    ) -> Outcome {
         use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
         let deadline = timeout.map(|t| self.started + t);
         let mut timed_out = false;
@@ -584,28 +603,34 @@ impl Sandbox {
             let ms = remaining
                 .map(|r| r.as_millis().clamp(1, i32::MAX as u128) as i32)
                 .unwrap_or(-1);
-            let mut fds = vec![PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
-            if let Some(s) = signals {
-                fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
-            }
-            let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::NONE);
-            match poll(&mut fds, timeout) {
-                Ok(0) => continue,
-                Ok(_) => {}
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(_) => break,
-            }
-            let exited = fds[0].revents().is_some_and(|r| !r.is_empty());
-            let signalled = fds
-                .get(1)
-                .and_then(|f| f.revents())
-                .is_some_and(|r| !r.is_empty());
+            let (exited, signalled) = {
+                let mut fds = vec![PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
+                if let Some(s) = signals {
+                    fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
+                }
+                if let Some(pump) = output.as_deref() {
+                    fds.extend(pump.poll_fds());
+                }
+                let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::NONE);
+                match poll(&mut fds, timeout) {
+                    Ok(0) => continue,
+                    Ok(_) => {}
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(_) => break,
+                }
+                let ready =
+                    |f: Option<&PollFd>| f.and_then(|f| f.revents()).is_some_and(|r| !r.is_empty());
+                (ready(fds.first()), signals.is_some() && ready(fds.get(1)))
+            };
             if signalled {
                 if let Some(Ok(Some(info))) = signals.map(|s| s.read_signal()) {
                     if let Ok(sig) = Signal::try_from(info.ssi_signo as i32) {
                         let _ = self.signal(sig);
                     }
                 }
+            }
+            if let Some(pump) = output.as_deref_mut() {
+                pump.progress();
             }
             if exited {
                 break;
@@ -617,7 +642,14 @@ impl Sandbox {
                 other => break other.ok(),
             }
         };
-        self.finish(status, timed_out)
+        // Everything in the sandbox is gone now: what its pipes hold is all there is.
+        let summary = output.map(|pump| {
+            pump.drain(deadline);
+            pump.summary()
+        });
+        let mut outcome = self.finish(status, timed_out);
+        outcome.output = summary;
+        outcome
     }
 
     /// Collects the report of an ended sandbox and removes its cgroup.
@@ -690,6 +722,7 @@ impl Sandbox {
             landlock,
             failure,
             cleanup_error,
+            output: None,
         }
     }
 }

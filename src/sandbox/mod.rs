@@ -12,11 +12,13 @@
 pub mod caps;
 pub mod cgroup;
 pub mod channel;
+pub mod exec;
 pub mod init;
 pub mod landlock;
 pub mod launch;
 pub mod mounts;
 pub mod net;
+pub mod output;
 pub mod process;
 pub mod rlimits;
 pub mod seccomp;
@@ -63,6 +65,12 @@ pub struct SandboxSpec {
     pub pass_fds: Vec<(OwnedFd, RawFd)>,
     pub cgroup_name: String,
     pub allow_degraded: bool,
+    /// The executable allowlist, when there is one (its Landlock rules and mounts are
+    /// already in `landlock` and `rootfs`).
+    pub exec_allowlist: Option<exec::ExecAllowlist>,
+    /// A second seccomp filter loaded before the profile's under an allowlist (see
+    /// [`exec::memfd_guard_policy`]).
+    pub exec_guard: Option<SeccompProgram>,
 }
 
 /// What is enforced for a sandbox, and by what: the `enforcement` object of the report.
@@ -85,6 +93,9 @@ pub struct Enforcement {
     pub uid_host: u32,
     pub gid_host: u32,
     pub rootless: bool,
+    /// The executable allowlist, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exec_allowlist: Option<ExecEnforcement>,
     /// What was asked for (or is normally enforced) and is not, with the reason.
     pub not_enforced: Vec<String>,
     /// The limits actually given to the cgroup.
@@ -93,6 +104,20 @@ pub struct Enforcement {
     /// rlimits standing in for cgroup limits the host cannot enforce (degraded runs only).
     #[serde(skip)]
     pub fallback_rlimits: Vec<Rlimit>,
+}
+
+/// How an executable allowlist is enforced: the `enforcement.exec_allowlist` object of the
+/// report.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ExecEnforcement {
+    /// The listed files.
+    pub files: Vec<PathBuf>,
+    /// ELF interpreters added because the listed programs name them.
+    pub loaders: Vec<PathBuf>,
+    /// The mechanisms in force ("landlock execute right on 3 files", ...).
+    pub by: Vec<String>,
+    /// A listed script whose interpreter is not listed, and the like.
+    pub notes: Vec<String>,
 }
 
 /// Errors of the sandbox layer.
@@ -202,6 +227,56 @@ pub fn preflight(spec: &SandboxSpec, host: &Host) -> Result<Enforcement, Sandbox
             "the kernel has no seccomp filter support".into(),
             "use a kernel built with CONFIG_SECCOMP_FILTER",
         ));
+    }
+
+    // The executable allowlist: its heart is Landlock's execute right (ABI 1).
+    if let Some(allow) = &spec.exec_allowlist {
+        let mut by = Vec::new();
+        if host.landlock_abi.is_some() {
+            let own = spec
+                .landlock
+                .exec_files
+                .len()
+                .saturating_sub(allow.files.len() + allow.loaders.len());
+            let plural = |n: usize| if n == 1 { "" } else { "s" };
+            by.push(format!(
+                "landlock execute right on the {} listed file{} and {} ELF loader{} only{}",
+                allow.files.len(),
+                plural(allow.files.len()),
+                allow.loaders.len(),
+                plural(allow.loaders.len()),
+                if own > 0 {
+                    format!(" (and {own} file(s) hatchery binds in itself)")
+                } else {
+                    String::new()
+                }
+            ));
+            by.push(format!("no read access to {}", exec::EXEC_DIRS.join(" ")));
+        } else if spec.allow_degraded {
+            e.not_enforced.push(
+                "executable allowlist: the kernel has no Landlock, so any readable file may be executed; only the noexec mounts and the memfd rule apply".into(),
+            );
+        } else {
+            return Err(refuse(
+                "the executable allowlist",
+                "the kernel has no Landlock (its execute right is what enforces the allowlist)"
+                    .into(),
+                "boot a kernel with Landlock enabled (5.13+, lsm=...,landlock)",
+            ));
+        }
+        by.push("/tmp, /dev/shm and --rw paths mounted noexec".into());
+        if let Some(guard) = &spec.exec_guard {
+            by.push(format!(
+                "seccomp: memfd_create without MFD_NOEXEC_SEAL fails with EACCES (a second filter of {} instructions)",
+                guard.len()
+            ));
+        }
+        e.exec_allowlist = Some(ExecEnforcement {
+            files: allow.files.clone(),
+            loaders: allow.loaders.clone(),
+            by,
+            notes: allow.notes.clone(),
+        });
     }
 
     // Landlock

@@ -49,6 +49,9 @@ pub struct Bind {
     pub is_dir: bool,
     /// The (dev, ino) the supervisor validated; the clone must match it.
     pub expect: Option<(u64, u64)>,
+    /// Nothing on it may be executed or mapped executable (writable places under an
+    /// executable allowlist).
+    pub noexec: bool,
 }
 
 /// Everything the new root is made of, decided by the supervisor before the clone.
@@ -62,6 +65,8 @@ pub struct RootfsPlan {
     pub exposures: Vec<Bind>,
     pub tmp_size: u64,
     pub dev_shm: bool,
+    /// Mount `/tmp` and `/dev/shm` noexec (under an executable allowlist).
+    pub noexec_tmp: bool,
 }
 
 /// Device nodes bound from the host into `/dev`.
@@ -294,6 +299,9 @@ fn clone_source(bind: &Bind) -> Result<Source, MountError> {
     if !bind.writable {
         attrs |= MOUNT_ATTR_RDONLY;
     }
+    if bind.noexec {
+        attrs |= MOUNT_ATTR_NOEXEC;
+    }
     set_attrs(tree.as_raw_fd(), None, attrs, true)
         .map_err(fail(format!("flag {}", bind.source.display())))?;
     Ok(Source {
@@ -384,7 +392,7 @@ pub fn build_root(plan: &RootfsPlan) -> Result<(), MountError> {
         &stage_path(Path::new("/tmp")),
         "1777",
         plan.tmp_size,
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        tmp_flags(plan),
     )?;
 
     // 4. Minimal /dev.
@@ -424,6 +432,16 @@ pub fn build_root(plan: &RootfsPlan) -> Result<(), MountError> {
     Ok(())
 }
 
+/// Mount flags of the writable tmpfs mounts (`/tmp`, `/dev/shm`).
+fn tmp_flags(plan: &RootfsPlan) -> MsFlags {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if plan.noexec_tmp {
+        flags | MsFlags::MS_NOEXEC
+    } else {
+        flags
+    }
+}
+
 fn build_dev(
     root: &OwnedFd,
     plan: &RootfsPlan,
@@ -454,12 +472,7 @@ fn build_dev(
     if plan.dev_shm {
         let shm = dev.join("shm");
         mount_point(root, &shm, true)?;
-        mount_tmpfs(
-            &stage_path(&shm),
-            "1777",
-            plan.tmp_size,
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        )?;
+        mount_tmpfs(&stage_path(&shm), "1777", plan.tmp_size, tmp_flags(plan))?;
     }
     for (link, text) in [
         ("ptmx", "pts/ptmx"),

@@ -9,6 +9,7 @@ use crate::paths::{HostPath, check_absolute_clean};
 use crate::profile::Profile;
 
 use super::cgroup::Limits;
+use super::exec;
 use super::landlock::LandlockRules;
 use super::mounts::{self, Bind, RootfsPlan};
 use super::userns::Identity;
@@ -113,6 +114,7 @@ pub fn build_compiled(
             writable: x.writable,
             is_dir: x.host.is_dir,
             expect: Some((x.host.dev, x.host.ino)),
+            noexec: false,
         });
     }
     for (host, target) in &req.extra_binds {
@@ -129,6 +131,7 @@ pub fn build_compiled(
             writable: false,
             is_dir: host.is_dir,
             expect: Some((host.dev, host.ino)),
+            noexec: false,
         });
     }
     // Parents are mounted before children.
@@ -144,6 +147,7 @@ pub fn build_compiled(
                 writable: false,
                 is_dir: true,
                 expect: None,
+                noexec: false,
             });
         }
     }
@@ -156,6 +160,7 @@ pub fn build_compiled(
         read: profile.landlock.read.clone(),
         write: profile.landlock.write.clone(),
         execute: profile.landlock.execute.clone(),
+        exec_files: Vec::new(),
         ioctl_dev: vec![PathBuf::from("/dev")],
         list: vec![PathBuf::from("/")],
     };
@@ -170,6 +175,18 @@ pub fn build_compiled(
             landlock.write.push(x.target.clone());
         }
     }
+
+    let (exec_allowlist, exec_guard) = match &profile.landlock.allow_exec {
+        None => (None, None),
+        Some(listed) => {
+            let allow = exec::resolve(listed, &system, &exposures)
+                .map_err(|e| invalid(format!("executable allowlist: {e}")))?;
+            restrict_exec(&allow, &mut landlock, &mut exposures);
+            let guard = exec::memfd_guard(&profile.seccomp.architectures)
+                .map_err(|e| invalid(format!("executable allowlist: seccomp: {e}")))?;
+            (Some(allow), Some(guard))
+        }
+    };
 
     let cwd = match &req.cwd {
         Some(c) => {
@@ -226,6 +243,7 @@ pub fn build_compiled(
             exposures,
             tmp_size: profile.mounts.tmp_size_bytes(),
             dev_shm: profile.mounts.dev_shm,
+            noexec_tmp: exec_allowlist.is_some(),
         },
         landlock,
         landlock_min_abi: profile.landlock.min_abi,
@@ -245,7 +263,43 @@ pub fn build_compiled(
         pass_fds: Vec::new(),
         cgroup_name: req.cgroup_name,
         allow_degraded: req.allow_degraded,
+        exec_allowlist,
+        exec_guard,
     })
+}
+
+/// Narrows the Landlock rules and mounts to an executable allowlist (see [`exec`]): the
+/// execute right only on the allowed files, their loaders and the supervisor's own binds
+/// (files bound at another path, such as the in-sandbox client); no read access to
+/// directories of executables; and everything the sandbox may write mounted noexec.
+fn restrict_exec(allow: &exec::ExecAllowlist, landlock: &mut LandlockRules, binds: &mut Vec<Bind>) {
+    landlock.read = exec::without_exec_dirs(&landlock.read);
+    landlock.write = exec::without_exec_dirs(&landlock.write);
+    landlock.execute.clear();
+    landlock.exec_files = allow.executable().cloned().collect();
+    for b in binds.iter_mut() {
+        if b.source != b.target && !b.is_dir {
+            landlock.exec_files.push(b.target.clone());
+        }
+        if b.writable {
+            b.noexec = true;
+        }
+    }
+    // Listed files in exposed paths are bound onto themselves: the validated inode.
+    for host in &allow.pinned {
+        if binds.iter().any(|b| b.target == host.path) {
+            continue;
+        }
+        binds.push(Bind {
+            source: host.path.clone(),
+            target: host.path.clone(),
+            writable: false,
+            is_dir: false,
+            expect: Some((host.dev, host.ino)),
+            noexec: false,
+        });
+    }
+    binds.sort_by_key(|b| b.target.components().count());
 }
 
 #[cfg(test)]
@@ -309,6 +363,178 @@ mod tests {
             });
         }
         assert!(build(r, &p, None).is_err());
+        Ok(())
+    }
+
+    fn python() -> Option<PathBuf> {
+        std::fs::canonicalize("/usr/bin/python3").ok()
+    }
+
+    #[test]
+    fn an_allowlist_narrows_execute_read_and_mounts() -> Result<(), Box<dyn std::error::Error>> {
+        let Some(py) = python() else {
+            eprintln!("SKIP: no /usr/bin/python3");
+            return Ok(());
+        };
+        let mut p = Profile::resolve("default")?;
+        p.narrow_exec(std::slice::from_ref(&py))?;
+        let dir = tempfile::tempdir()?;
+        let canon = std::fs::canonicalize(dir.path())?;
+        let mut r = request(&["python3"]);
+        r.exposures.push(Exposure {
+            host: check_host_path(&canon)?,
+            writable: true,
+        });
+        let spec = build(r, &p, None)?;
+        let allow = spec.exec_allowlist.as_ref().ok_or("no allowlist")?;
+        assert_eq!(allow.files, vec![py.clone()]);
+        assert_eq!(allow.loaders.len(), 1, "{allow:?}");
+        assert!(
+            spec.landlock.execute.is_empty(),
+            "{:?}",
+            spec.landlock.execute
+        );
+        assert!(spec.landlock.exec_files.contains(&py));
+        for d in exec::EXEC_DIRS {
+            for r in spec.landlock.read.iter().chain(&spec.landlock.write) {
+                assert!(
+                    !r.starts_with(d) && !Path::new(d).starts_with(r),
+                    "{} reaches {d}",
+                    r.display()
+                );
+            }
+        }
+        assert!(spec.rootfs.noexec_tmp);
+        assert!(spec.rootfs.exposures.iter().all(|b| b.noexec == b.writable));
+        assert_eq!(
+            spec.rootfs.exposures.len(),
+            1,
+            "python is in /usr: nothing to pin"
+        );
+        assert!(spec.exec_guard.is_some());
+        Ok(())
+    }
+
+    #[test]
+    fn a_listed_file_in_an_exposed_path_is_bound_onto_itself()
+    -> Result<(), Box<dyn std::error::Error>> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir()?;
+        let canon = std::fs::canonicalize(dir.path())?;
+        let tool = canon.join("tool");
+        std::fs::write(&tool, "#!/bin/sh\n")?;
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755))?;
+        let mut p = Profile::resolve("default")?;
+        p.narrow_exec(std::slice::from_ref(&tool))?;
+        let mut r = request(&["/bin/sh"]);
+        r.exposures.push(Exposure {
+            host: check_host_path(&canon)?,
+            writable: false,
+        });
+        let spec = build(r, &p, None)?;
+        let meta = std::fs::metadata(&tool)?;
+        let targets: Vec<&Path> = spec
+            .rootfs
+            .exposures
+            .iter()
+            .map(|b| b.target.as_path())
+            .collect();
+        assert_eq!(targets, [canon.as_path(), tool.as_path()], "parents first");
+        let pin = &spec.rootfs.exposures[1];
+        assert_eq!(pin.expect, Some((meta.dev(), meta.ino())));
+        assert!(!pin.writable && !pin.is_dir && !pin.noexec);
+        Ok(())
+    }
+
+    #[test]
+    fn files_hatchery_binds_elsewhere_stay_executable_under_an_allowlist()
+    -> Result<(), Box<dyn std::error::Error>> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir()?;
+        let tool = std::fs::canonicalize(dir.path())?.join("client");
+        std::fs::write(&tool, "#!/bin/sh\n")?;
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755))?;
+        let listed = std::fs::canonicalize(dir.path())?.join("listed");
+        std::fs::write(&listed, "#!/bin/sh\n")?;
+        std::fs::set_permissions(&listed, std::fs::Permissions::from_mode(0o755))?;
+        let mut p = Profile::resolve("default")?;
+        p.narrow_exec(std::slice::from_ref(&listed))?;
+        let inside = PathBuf::from("/run/hatchery/bin/client");
+        let mut r = request(&["python3"]);
+        r.exposures.push(Exposure {
+            host: check_host_path(&std::fs::canonicalize(dir.path())?)?,
+            writable: false,
+        });
+        r.extra_binds
+            .push((check_host_path(&tool)?, inside.clone()));
+        r.extra_binds.push((
+            check_host_path(&std::fs::canonicalize(dir.path())?)?,
+            PathBuf::from("/run/hatchery/dir"),
+        ));
+        // Its loader too, though the only listed program (a script) names none.
+        let me = std::fs::canonicalize(std::env::current_exe()?)?;
+        let client = PathBuf::from("/run/hatchery/bin/elf-client");
+        r.extra_binds.push((check_host_path(&me)?, client.clone()));
+        let spec = build(r, &p, None)?;
+        assert!(spec.landlock.exec_files.contains(&inside));
+        assert!(spec.landlock.exec_files.contains(&client));
+        let allow = spec.exec_allowlist.as_ref().ok_or("no allowlist")?;
+        assert_eq!(allow.loaders.len(), 1, "{allow:?}");
+        assert!(
+            !spec
+                .landlock
+                .exec_files
+                .contains(&PathBuf::from("/run/hatchery/dir")),
+            "a directory bound elsewhere gets no execute right"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn without_an_allowlist_nothing_is_narrowed() -> Result<(), Box<dyn std::error::Error>> {
+        let p = Profile::resolve("default")?;
+        let spec = build(request(&["true"]), &p, None)?;
+        assert!(spec.exec_allowlist.is_none() && spec.exec_guard.is_none());
+        assert!(!spec.rootfs.noexec_tmp);
+        assert!(spec.landlock.read.contains(&PathBuf::from("/usr")));
+        assert!(spec.landlock.exec_files.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn an_allowlist_without_landlock_fails_closed_unless_degraded()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let Some(py) = python() else {
+            eprintln!("SKIP: no /usr/bin/python3");
+            return Ok(());
+        };
+        let mut p = Profile::resolve("default")?;
+        p.narrow_exec(&[py])?;
+        let host = super::super::Host {
+            cgroups: None,
+            cgroup_problem: Some("none here".into()),
+            landlock_abi: None,
+            seccomp: true,
+        };
+        let spec = build(request(&["python3"]), &p, None)?;
+        match super::super::preflight(&spec, &host) {
+            Err(SandboxError::Refused { what, .. }) => {
+                assert!(what.contains("allowlist"), "{what}")
+            }
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(_) => panic!("an allowlist ran without Landlock"),
+        }
+        let mut r = request(&["python3"]);
+        r.allow_degraded = true;
+        let spec = build(r, &p, None)?;
+        let e = super::super::preflight(&spec, &host)?;
+        assert!(
+            e.not_enforced
+                .iter()
+                .any(|n| n.starts_with("executable allowlist")),
+            "{:?}",
+            e.not_enforced
+        );
         Ok(())
     }
 

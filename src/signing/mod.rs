@@ -124,9 +124,12 @@ impl VerifiedManifest {
     /// The `hatchery run` request this manifest grants: its command, environment, working
     /// directory, exposed paths (each checked on the host now: it must exist and contain
     /// no symlink) and cgroup limits. Not in the request and left to the caller: the
-    /// wall-clock limit (`resources.timeout_ms`), resolving `profile`, and the network
+    /// wall-clock limit (`resources.timeout_ms`), resolving `profile`, the network
     /// policy (the controller gives the sandbox its own network namespace and, when
-    /// `allow_controller`, its socket). Degraded enforcement is never allowed here.
+    /// `allow_controller`, its socket), the executable allowlist (narrow the resolved
+    /// profile with `Profile::narrow_exec(&m.allowed_executables())`) and the output cap
+    /// (`resources.max_output_bytes`, enforced by a `sandbox::output::OutputPump` on the
+    /// worker's stdout and stderr). Degraded enforcement is never allowed here.
     pub fn run_request(&self, cgroup_name: String) -> Result<RunRequest, PathError> {
         let m = &self.0;
         let exposures = m
@@ -162,6 +165,20 @@ impl VerifiedManifest {
             extra_binds: Vec::new(),
             payload_ids: None,
         })
+    }
+}
+
+impl VerifiedManifest {
+    /// The files of `filesystem.allow_exec` as paths; empty when the manifest has no
+    /// allowlist (what `Profile::narrow_exec` takes as "no change").
+    pub fn allowed_executables(&self) -> Vec<std::path::PathBuf> {
+        self.0
+            .filesystem
+            .allow_exec
+            .iter()
+            .flatten()
+            .map(|p| p.as_path().to_path_buf())
+            .collect()
     }
 }
 

@@ -3,10 +3,10 @@ use proptest::prelude::*;
 use super::*;
 use crate::manifest::canonical::decode::decode;
 use crate::manifest::tests::{
-    T0, TestResult, arb_manifest, path, profile, sample_manifest, worker,
+    T0, TestResult, arb_manifest, exec_path, path, profile, sample_manifest, worker,
 };
 use crate::manifest::{
-    CpuLimit, Depth, MemoryMb, PidsLimit, StateSnapshot, TimeoutMs, UnixSeconds,
+    CpuLimit, Depth, MemoryMb, OutputBytes, PidsLimit, StateSnapshot, TimeoutMs, UnixSeconds,
 };
 
 fn signer() -> Result<ManifestSigner, KeyError> {
@@ -75,6 +75,118 @@ tampering! {
     tampered_command_fails_verification: |m| m.command = vec!["sh".into(), "-c".into(), "curl evil".into()];
     tampered_env_fails_verification: |m| m.env.push("LD_PRELOAD=/tmp/x.so".into());
     tampered_cwd_fails_verification: |m| m.cwd = Some("/srv".into());
+    added_allow_exec_fails_verification: |m| m.filesystem.allow_exec = Some(vec![exec_path("/usr/bin/perl")]);
+    added_max_output_bytes_fails_verification: |m| m.resources.max_output_bytes = Some(OutputBytes::new(1 << 30)?);
+}
+
+/// A signed child whose manifest has an executable allowlist and an output cap.
+fn signed_restricted_child(s: &ManifestSigner) -> Result<Manifest, Box<dyn std::error::Error>> {
+    let mut m = sample_manifest();
+    m.parent_id = Some(worker("w-parent"));
+    m.depth = Depth::new(1)?;
+    m.filesystem.allow_exec = Some(vec![exec_path("/usr/bin/python3.11")]);
+    m.resources.max_output_bytes = Some(OutputBytes::new(1 << 20)?);
+    s.sign(&mut m)?;
+    Ok(m)
+}
+
+#[test]
+fn a_manifest_with_an_allowlist_and_a_cap_verifies() -> TestResult {
+    let s = signer()?;
+    let m = signed_restricted_child(&s)?;
+    let v = verify_fresh(&s, &m)?;
+    assert_eq!(
+        v.allowed_executables(),
+        vec![std::path::PathBuf::from("/usr/bin/python3.11")]
+    );
+    Ok(())
+}
+
+#[test]
+fn stripping_or_widening_an_allowlist_or_a_cap_fails_verification() -> TestResult {
+    let s = signer()?;
+    let original = signed_restricted_child(&s)?;
+    let changes: [fn(&mut Manifest); 4] = [
+        |m| m.filesystem.allow_exec = None,
+        |m| {
+            if let Some(list) = &mut m.filesystem.allow_exec {
+                list.push(exec_path("/usr/bin/perl"));
+            }
+        },
+        |m| m.resources.max_output_bytes = None,
+        |m| m.resources.max_output_bytes = OutputBytes::new(1 << 30).ok(),
+    ];
+    for (i, change) in changes.iter().enumerate() {
+        let mut m = original.clone();
+        change(&mut m);
+        assert_ne!(m, original, "change {i}");
+        assert_eq!(m.validate(), Ok(()), "change {i}");
+        assert_eq!(
+            verify_fresh(&s, &m),
+            Err(VerifyError::BadSignature),
+            "change {i}"
+        );
+    }
+    Ok(())
+}
+
+/// A key and a manifest it signed with hatchery built before `allow_exec` and
+/// `max_output_bytes` existed (`manifest keygen` + `manifest issue`).
+const BEFORE_EXTENSIONS_KEY: &str =
+    "c7241504e39046a10678b734ec719df99140b988e11c23029c108757613376ab";
+const BEFORE_EXTENSIONS_MANIFEST: &str = r#"{
+  "key_id": "k-5f48048f215a27ce",
+  "worker_id": "w-compat",
+  "parent_id": null,
+  "depth": 0,
+  "issued_at": 1795372931,
+  "expires_at": 1797964931,
+  "nonce": "25178fec80172dfa10d107fde9031442",
+  "state_snapshot": "",
+  "resources": {
+    "cpu_limit": 0.5,
+    "memory_limit_mb": 256,
+    "pids_limit": 64,
+    "timeout_ms": 300000,
+    "network_policy": {
+      "allow_controller": true,
+      "allow_external": false
+    }
+  },
+  "filesystem": {
+    "read_only": [
+      "/srv/data"
+    ],
+    "read_write": []
+  },
+  "profile": "default",
+  "command": [
+    "sh",
+    "-c",
+    "echo hi"
+  ],
+  "env": [],
+  "cwd": null,
+  "signature": "5f2af3165e419773e0429bf902f47f8ffe5757b5e2c4d7e5d74ac52f80084904"
+}"#;
+
+#[test]
+fn manifests_signed_before_the_extension_fields_still_verify() -> TestResult {
+    let mut bytes = [0u8; 32];
+    hex::decode_to_slice(BEFORE_EXTENSIONS_KEY, &mut bytes)?;
+    let ring = Keyring::single(
+        KeyId::new("k-5f48048f215a27ce")?,
+        SecretKey::from_bytes(bytes)?,
+    )?;
+    let s = ManifestSigner::new(ring);
+    let m = Manifest::from_json(BEFORE_EXTENSIONS_MANIFEST.as_bytes())?;
+    assert_eq!(m.filesystem.allow_exec, None);
+    assert_eq!(s.check_signature(&m), Ok(()));
+    // And it is the signature, not a lax check: one byte more and it fails.
+    let mut changed = m.clone();
+    changed.resources.max_output_bytes = Some(OutputBytes::new(1)?);
+    assert_eq!(s.check_signature(&changed), Err(VerifyError::BadSignature));
+    Ok(())
 }
 
 #[test]

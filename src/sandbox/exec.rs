@@ -1,0 +1,740 @@
+//! The executable allowlist: only the listed files (and the dynamic loader they name) may
+//! be executed, enforced by the kernel, never by matching command strings.
+//!
+//! Four mechanisms, each closing one way to run something else:
+//!
+//! 1. Landlock's execute right is granted on the listed files alone (a rule per file, with
+//!    read), instead of on `/usr`, `/tmp` and the exposed paths. execve(2) of any other
+//!    file fails with EACCES, and so does a script whose `#!` interpreter is not listed
+//!    (the kernel opens the interpreter for execution too).
+//! 2. The ELF interpreter named by each listed program (`PT_INTERP`, e.g.
+//!    `/lib64/ld-linux-x86-64.so.2`) gets the execute right as well: without it no
+//!    dynamically linked program starts. Run as a program, the loader opens its argument
+//!    with a plain read and maps it executable, which the execute right does not cover;
+//!    3 and 4 close that.
+//! 3. Directories of executables ([`EXEC_DIRS`]: `/usr/bin`, `/usr/sbin`, `/usr/libexec`,
+//!    ...) are not readable: read rules on their ancestors are split into rules on the
+//!    siblings, so `/usr/lib`, `/usr/share` and `/etc` stay readable and `/usr/bin/perl`
+//!    cannot even be opened by `ld.so /usr/bin/perl`.
+//! 4. Places the sandbox can write (`/tmp`, `/dev/shm`, `--rw` paths) are mounted
+//!    `noexec`, so a copied binary can neither be executed nor mapped executable by the
+//!    loader; and a second seccomp filter makes memfd_create(2) fail with EACCES unless it
+//!    asks for `MFD_NOEXEC_SEAL` (what `vm.memfd_noexec = 2` does), because Landlock lets
+//!    anonymous memory files through and execveat(2) of one would run any bytes.
+//!
+//! What stays possible is listed in the README ("Executable allowlists and the output
+//! cap"): chiefly, ELF executables kept outside the executable directories (such as
+//! `/usr/lib/git-core/`) and in `--ro` paths can still be started through the loader, and
+//! an allowed interpreter runs whatever program it is given.
+
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::paths::{HostPath, PathError, check_host_path};
+use crate::profile::seccomp::{ActionKind, ArgCondition, CompareOp, ErrnoValue, ValueSpec};
+use crate::profile::{SeccompPolicy, SeccompProgram, SyscallRule};
+
+use super::mounts::Bind;
+
+/// Directories that hold programs rather than libraries or data. Under an allowlist none
+/// of them is readable, so the loader cannot be pointed at what they hold.
+pub const EXEC_DIRS: [&str; 10] = [
+    "/bin",
+    "/sbin",
+    "/usr/bin",
+    "/usr/sbin",
+    "/usr/libexec",
+    "/usr/games",
+    "/usr/local/bin",
+    "/usr/local/sbin",
+    "/usr/local/libexec",
+    "/usr/local/games",
+];
+
+/// Most files one allowlist may name.
+pub const MAX_ALLOWED: usize = 64;
+
+/// `MFD_NOEXEC_SEAL` (Linux 6.3): the memory file is not executable and cannot become so.
+const MFD_NOEXEC_SEAL: u64 = 0x0008;
+
+/// The kernel reads at most this much of a script to find its interpreter.
+const SHEBANG_BYTES: usize = 256;
+/// Largest program header table read (the kernel refuses larger ones too).
+const MAX_PHDR_BYTES: u64 = 64 << 10;
+/// Longest `PT_INTERP` path accepted.
+const MAX_INTERP_BYTES: u64 = 4096;
+
+/// What a listed file is, as far as execution goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Program {
+    /// An ELF executable, with the interpreter it names (none when statically linked).
+    Elf { interpreter: Option<PathBuf> },
+    /// A script starting with `#!interpreter`.
+    Script { interpreter: PathBuf },
+    /// Neither (the kernel will refuse to execute it, or a binfmt_misc handler decides).
+    Other,
+}
+
+/// The resolved allowlist of one sandbox: what gets the execute right, and why.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ExecAllowlist {
+    /// The listed files, real paths (the same inside the sandbox).
+    pub files: Vec<PathBuf>,
+    /// ELF interpreters the listed programs name, added because they must be.
+    pub loaders: Vec<PathBuf>,
+    /// Things the caller should know: a listed script whose interpreter is not listed.
+    pub notes: Vec<String>,
+    /// The listed files and loaders that lie in exposed paths (not in system mounts), as
+    /// validated: each is bound onto itself, so the Landlock rule is on the inode that was
+    /// checked and inspected, held by the mount (a filesystem that makes a new inode for
+    /// every lookup, such as 9p without a cache, would otherwise never match the rule).
+    #[serde(skip)]
+    pub pinned: Vec<HostPath>,
+}
+
+impl ExecAllowlist {
+    /// Every file that gets read + execute rights.
+    pub fn executable(&self) -> impl Iterator<Item = &PathBuf> {
+        self.files.iter().chain(self.loaders.iter())
+    }
+}
+
+/// Checks a host path for an allowlist: like an exposed path (absolute, clean, no symlink,
+/// existing), and a regular file with an execute bit that neither group nor others may
+/// write. A symlink is refused with the real path it leads to, so the message says what
+/// to allow instead (`/usr/bin/python3` → `/usr/bin/python3.11`).
+pub fn check_exec_path(path: &Path) -> Result<HostPath, PathError> {
+    let host = check_host_path(path).map_err(|e| match e {
+        PathError::Symlink {
+            path, component, ..
+        } => PathError::Symlink {
+            target: std::fs::canonicalize(&path).unwrap_or_else(|_| component.clone()),
+            path,
+            component,
+        },
+        other => other,
+    })?;
+    let other = |reason: String| PathError::Other {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if host.is_dir {
+        return Err(other(
+            "is a directory; list files (a directory would allow everything in it)".into(),
+        ));
+    }
+    let meta = std::fs::metadata(&host.path).map_err(|e| other(e.to_string()))?;
+    let mode = meta.mode();
+    if mode & 0o111 == 0 {
+        return Err(other(format!(
+            "is not executable (mode {:o})",
+            mode & 0o7777
+        )));
+    }
+    if mode & 0o022 != 0 {
+        return Err(other(format!(
+            "may be written by group or others (mode {:o}): such a file is no fixed program",
+            mode & 0o7777
+        )));
+    }
+    Ok(host)
+}
+
+/// Reads what kind of program `path` is: the `PT_INTERP` of an ELF file, or the `#!` line
+/// of a script. Malformed ELF headers are errors (the kernel would refuse them too).
+pub fn inspect(path: &Path) -> Result<Program, String> {
+    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut head = [0u8; SHEBANG_BYTES];
+    let n = read_some(&file, 0, &mut head).map_err(|e| format!("{}: {e}", path.display()))?;
+    let head = &head[..n];
+    if head.starts_with(b"\x7fELF") {
+        let interpreter =
+            elf_interpreter(&file).map_err(|e| format!("{}: ELF: {e}", path.display()))?;
+        return Ok(Program::Elf { interpreter });
+    }
+    Ok(match shebang(head) {
+        Some(interpreter) => Program::Script { interpreter },
+        None => Program::Other,
+    })
+}
+
+/// Positioned reads: a file, or bytes in memory (tests).
+trait ReadAt {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize>;
+}
+
+impl ReadAt for File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        FileExt::read_at(self, buf, offset)
+    }
+}
+
+impl ReadAt for [u8] {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(self.len());
+        let n = buf.len().min(self.len() - start);
+        buf[..n].copy_from_slice(&self[start..start + n]);
+        Ok(n)
+    }
+}
+
+fn read_some<R: ReadAt + ?Sized>(f: &R, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read_at(&mut buf[done..], offset.saturating_add(done as u64)) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// The interpreter of a `#!` line: the first word after `#!`, as the kernel takes it.
+pub fn shebang(head: &[u8]) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let rest = head.strip_prefix(b"#!")?;
+    let line = rest.split(|b| *b == b'\n').next().unwrap_or(rest);
+    let line = match line.iter().position(|b| *b != b' ' && *b != b'\t') {
+        Some(i) => &line[i..],
+        None => return None,
+    };
+    let word = line
+        .split(|b| *b == b' ' || *b == b'\t' || *b == 0)
+        .next()
+        .unwrap_or(line);
+    (!word.is_empty()).then(|| PathBuf::from(std::ffi::OsStr::from_bytes(word)))
+}
+
+/// The `PT_INTERP` path of an ELF file, 32- or 64-bit, either byte order.
+fn elf_interpreter<R: ReadAt + ?Sized>(f: &R) -> Result<Option<PathBuf>, String> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut ident = [0u8; 64];
+    if read_some(f, 0, &mut ident).map_err(|e| e.to_string())? < 52 {
+        return Err("truncated header".into());
+    }
+    let wide = match ident[4] {
+        1 => false,
+        2 => true,
+        c => return Err(format!("unknown class {c}")),
+    };
+    let big = match ident[5] {
+        1 => false,
+        2 => true,
+        d => return Err(format!("unknown byte order {d}")),
+    };
+    let u16_at = |b: &[u8], at: usize| -> u64 {
+        let v = [b[at], b[at + 1]];
+        u64::from(if big {
+            u16::from_be_bytes(v)
+        } else {
+            u16::from_le_bytes(v)
+        })
+    };
+    let u32_at = |b: &[u8], at: usize| -> u64 {
+        let v = [b[at], b[at + 1], b[at + 2], b[at + 3]];
+        u64::from(if big {
+            u32::from_be_bytes(v)
+        } else {
+            u32::from_le_bytes(v)
+        })
+    };
+    let u64_at = |b: &[u8], at: usize| -> u64 {
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&b[at..at + 8]);
+        if big {
+            u64::from_be_bytes(v)
+        } else {
+            u64::from_le_bytes(v)
+        }
+    };
+    let (phoff, phentsize, phnum) = if wide {
+        (
+            u64_at(&ident, 0x20),
+            u16_at(&ident, 0x36),
+            u16_at(&ident, 0x38),
+        )
+    } else {
+        (
+            u32_at(&ident, 0x1c),
+            u16_at(&ident, 0x2a),
+            u16_at(&ident, 0x2c),
+        )
+    };
+    let min_entry = if wide { 56 } else { 32 };
+    if phnum == 0 {
+        return Ok(None);
+    }
+    if phentsize < min_entry {
+        return Err(format!("program header entries of {phentsize} bytes"));
+    }
+    let table = phentsize * phnum; // both at most 0xffff: no overflow
+    if table > MAX_PHDR_BYTES {
+        return Err(format!("a program header table of {table} bytes"));
+    }
+    let mut phdrs = vec![0u8; table as usize];
+    if read_some(f, phoff, &mut phdrs).map_err(|e| e.to_string())? != phdrs.len() {
+        return Err("truncated program headers".into());
+    }
+    for entry in phdrs.chunks_exact(phentsize as usize) {
+        const PT_INTERP: u64 = 3;
+        if u32_at(entry, 0) != PT_INTERP {
+            continue;
+        }
+        let (offset, size) = if wide {
+            (u64_at(entry, 8), u64_at(entry, 32))
+        } else {
+            (u32_at(entry, 4), u32_at(entry, 16))
+        };
+        if !(2..=MAX_INTERP_BYTES).contains(&size) {
+            return Err(format!("an interpreter path of {size} bytes"));
+        }
+        let mut buf = vec![0u8; size as usize];
+        if read_some(f, offset, &mut buf).map_err(|e| e.to_string())? != buf.len() {
+            return Err("truncated interpreter path".into());
+        }
+        // The kernel requires the terminating NUL and stops at it.
+        if buf.last() != Some(&0) {
+            return Err("the interpreter path is not NUL-terminated".into());
+        }
+        let path = buf.split(|b| *b == 0).next().unwrap_or(&[]);
+        return Ok(Some(PathBuf::from(std::ffi::OsStr::from_bytes(path))));
+    }
+    Ok(None)
+}
+
+/// Where a path lands inside the sandbox: the deepest mount (system bind or exposure at
+/// the same path) that contains it.
+fn containing<'a>(path: &Path, mounts: &'a [&'a Bind]) -> Option<&'a Bind> {
+    mounts
+        .iter()
+        .filter(|b| b.source == b.target && path.starts_with(&b.target))
+        .max_by_key(|b| b.target.components().count())
+        .copied()
+}
+
+/// Resolves the allowlist of a sandbox: checks every listed file on the host and against
+/// the sandbox's mounts (`system` binds and same-path `exposures`), and finds the loaders.
+/// Refuses a file that is not inside the sandbox, one the sandbox could write (beneath an
+/// `--rw` path, or hard-linked from the filesystem of one and not owned by root), and a
+/// loader in either situation.
+pub fn resolve(
+    listed: &[PathBuf],
+    system: &[Bind],
+    exposures: &[Bind],
+) -> Result<ExecAllowlist, String> {
+    if listed.is_empty() {
+        return Err("an empty allowlist would let nothing run".into());
+    }
+    if listed.len() > MAX_ALLOWED {
+        return Err(format!(
+            "{} files; at most {MAX_ALLOWED} may be listed",
+            listed.len()
+        ));
+    }
+    let mounts: Vec<&Bind> = system.iter().chain(exposures.iter()).collect();
+    let writable_devs: Vec<u64> = exposures
+        .iter()
+        .filter(|b| b.writable)
+        .filter_map(|b| b.expect.map(|(dev, _)| dev))
+        .collect();
+    let exposed = |host: &HostPath| {
+        containing(&host.path, &mounts).is_some_and(|b| exposures.iter().any(|x| x == b))
+    };
+    let check_inside = |host: &HostPath| -> Result<(), String> {
+        let p = &host.path;
+        match containing(p, &mounts) {
+            None => Err(format!(
+                "{}: not inside the sandbox; expose its directory with --ro (or allow a program under /usr)",
+                p.display()
+            )),
+            Some(b) if b.writable => Err(format!(
+                "{}: the sandbox may rewrite it (it is beneath --rw {}); expose it read-only",
+                p.display(),
+                b.target.display()
+            )),
+            Some(_) => {
+                let meta = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+                if meta.nlink() > 1 && meta.uid() != 0 && writable_devs.contains(&meta.dev()) {
+                    return Err(format!(
+                        "{}: has {} hard links on the filesystem of an --rw path, through which the sandbox could rewrite it",
+                        p.display(),
+                        meta.nlink()
+                    ));
+                }
+                Ok(())
+            }
+        }
+    };
+
+    let mut out = ExecAllowlist::default();
+    for path in listed {
+        let host = check_exec_path(path).map_err(|e| e.to_string())?;
+        if out.files.contains(&host.path) {
+            return Err(format!("{} is listed twice", host.path.display()));
+        }
+        check_inside(&host)?;
+        out.files.push(host.path.clone());
+        if exposed(&host) {
+            out.pinned.push(host);
+        }
+    }
+    // Files hatchery binds in at another path (its in-sandbox client) keep the execute
+    // right whatever the list says (see `spec`), so their loader is needed too.
+    let own: Vec<PathBuf> = exposures
+        .iter()
+        .filter(|b| b.source != b.target && !b.is_dir)
+        .map(|b| b.source.clone())
+        .collect();
+    for file in out.files.clone().into_iter().chain(own) {
+        match inspect(&file)? {
+            Program::Elf {
+                interpreter: Some(interp),
+            } => {
+                let real = std::fs::canonicalize(&interp).map_err(|e| {
+                    format!(
+                        "{}: its ELF interpreter {}: {e}",
+                        file.display(),
+                        interp.display()
+                    )
+                })?;
+                let host = check_exec_path(&real)
+                    .map_err(|e| format!("{}: its ELF interpreter {e}", file.display()))?;
+                check_inside(&host)
+                    .map_err(|e| format!("{}: its ELF interpreter {e}", file.display()))?;
+                if !out.loaders.contains(&host.path) && !out.files.contains(&host.path) {
+                    out.loaders.push(host.path.clone());
+                    if exposed(&host) {
+                        out.pinned.push(host);
+                    }
+                }
+            }
+            Program::Script { interpreter } if out.files.contains(&file) => {
+                // A relative interpreter is found from the working directory at run time;
+                // it cannot be matched here, and is only reported.
+                let real = if interpreter.is_absolute() {
+                    std::fs::canonicalize(&interpreter).unwrap_or(interpreter.clone())
+                } else {
+                    interpreter.clone()
+                };
+                if !out.files.contains(&real) {
+                    out.notes.push(format!(
+                        "{} starts with #!{}, which is not allowed: running it fails with EACCES (allow {} too)",
+                        file.display(),
+                        interpreter.display(),
+                        real.display()
+                    ));
+                }
+            }
+            Program::Elf { interpreter: None } | Program::Script { .. } | Program::Other => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Rewrites read (or write) rules so that none covers a directory of executables: a rule on
+/// one of them or beneath it is dropped; a rule on an ancestor is replaced by rules on its
+/// entries (recursively, skipping symlinks, which lead to what other rules cover). Reads
+/// the host's directories, which the sandbox sees at the same paths.
+pub fn without_exec_dirs(paths: &[PathBuf]) -> Vec<PathBuf> {
+    let hidden: Vec<&Path> = EXEC_DIRS.iter().map(Path::new).collect();
+    let mut out = Vec::new();
+    for p in paths {
+        split_around(p, &hidden, &mut out);
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn split_around(path: &Path, hidden: &[&Path], out: &mut Vec<PathBuf>) {
+    if hidden.iter().any(|h| path.starts_with(h)) {
+        return;
+    }
+    if !hidden.iter().any(|h| h.starts_with(path)) {
+        out.push(path.to_path_buf());
+        return;
+    }
+    // An ancestor of a hidden directory: grant its entries instead. One that cannot be
+    // listed grants nothing.
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        match entry.file_type() {
+            Ok(t) if t.is_symlink() => {}
+            Ok(_) => split_around(&path.join(entry.file_name()), hidden, out),
+            Err(_) => {}
+        }
+    }
+}
+
+/// The seccomp policy loaded next to the profile's under an allowlist: memfd_create(2)
+/// without `MFD_NOEXEC_SEAL` fails with EACCES (as under `vm.memfd_noexec = 2`), because
+/// Landlock does not restrict anonymous memory files and `execveat(memfd)` would run any
+/// bytes the sandbox wrote. Everything else is allowed here and left to the profile;
+/// `architectures` are the profile's, so no ABI it admits escapes the rule.
+pub fn memfd_guard_policy(architectures: &[String]) -> SeccompPolicy {
+    SeccompPolicy {
+        default_action: ActionKind::Allow,
+        default_errno: None,
+        architectures: architectures.to_vec(),
+        bad_arch_action: ActionKind::Allow,
+        rules: vec![SyscallRule {
+            action: ActionKind::Errno,
+            errno: Some(ErrnoValue::Name("EACCES".into())),
+            syscalls: vec!["memfd_create".into()],
+            args: vec![ArgCondition {
+                index: 1,
+                op: CompareOp::MaskedEq,
+                value: Some(ValueSpec::Number(0)),
+                mask: Some(ValueSpec::Number(MFD_NOEXEC_SEAL)),
+            }],
+            reason: "under an executable allowlist a memory file must be sealed non-executable"
+                .into(),
+        }],
+    }
+}
+
+/// [`memfd_guard_policy`], compiled.
+pub fn memfd_guard(architectures: &[String]) -> Result<SeccompProgram, String> {
+    memfd_guard_policy(architectures).compile()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    fn bind(path: &Path, writable: bool) -> Result<Bind, std::io::Error> {
+        let meta = std::fs::metadata(path)?;
+        Ok(Bind {
+            source: path.to_path_buf(),
+            target: path.to_path_buf(),
+            writable,
+            is_dir: meta.is_dir(),
+            expect: Some((meta.dev(), meta.ino())),
+            noexec: false,
+        })
+    }
+
+    fn system() -> Result<Vec<Bind>, std::io::Error> {
+        Ok(vec![bind(Path::new("/usr"), false)?])
+    }
+
+    fn script(dir: &Path, name: &str, text: &str, mode: u32) -> Result<PathBuf, std::io::Error> {
+        let p = dir.join(name);
+        let mut f = File::create(&p)?;
+        f.write_all(text.as_bytes())?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))?;
+        Ok(p)
+    }
+
+    #[test]
+    fn shebang_takes_the_first_word_like_the_kernel() {
+        assert_eq!(shebang(b"#!/bin/sh\necho"), Some(PathBuf::from("/bin/sh")));
+        assert_eq!(
+            shebang(b"#! \t/usr/bin/env python3\n"),
+            Some(PathBuf::from("/usr/bin/env"))
+        );
+        assert_eq!(
+            shebang(b"#!/usr/bin/perl"),
+            Some(PathBuf::from("/usr/bin/perl"))
+        );
+        assert_eq!(shebang(b"#!   \nx"), None);
+        assert_eq!(shebang(b"echo hi"), None);
+    }
+
+    #[test]
+    fn a_dynamic_elf_names_an_existing_loader() -> TestResult {
+        // The test binary itself is a dynamically linked ELF on this kind of host.
+        let me = std::fs::canonicalize(std::env::current_exe()?)?;
+        let Program::Elf {
+            interpreter: Some(interp),
+        } = inspect(&me)?
+        else {
+            panic!("the test binary has no ELF interpreter");
+        };
+        assert!(interp.is_absolute(), "{}", interp.display());
+        let real = std::fs::canonicalize(&interp)?;
+        assert!(real.exists());
+        Ok(())
+    }
+
+    #[test]
+    fn garbage_elf_headers_are_errors_not_panics() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let mut bytes = b"\x7fELF\x02\x01\x01".to_vec();
+        bytes.resize(64, 0);
+        // e_phoff far beyond the end, 56-byte entries, 1000 of them.
+        bytes[0x20..0x28].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        bytes[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        bytes[0x38..0x3a].copy_from_slice(&1000u16.to_le_bytes());
+        let p = dir.path().join("bad");
+        std::fs::write(&p, &bytes)?;
+        assert!(inspect(&p).is_err());
+        std::fs::write(&p, b"\x7fELF\x09")?;
+        assert!(inspect(&p).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn symlinks_directories_and_writable_files_are_refused() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let base = std::fs::canonicalize(dir.path())?;
+        let real = script(&base, "tool", "#!/bin/sh\n", 0o755)?;
+        std::os::unix::fs::symlink(&real, base.join("link"))?;
+        match check_exec_path(&base.join("link")) {
+            Err(PathError::Symlink { target, .. }) => assert_eq!(target, real),
+            other => panic!("a symlink was not refused with its real path: {other:?}"),
+        }
+        assert!(check_exec_path(&base).is_err(), "a directory");
+        let plain = script(&base, "data", "x", 0o644)?;
+        assert!(check_exec_path(&plain).is_err(), "not executable");
+        let open = script(&base, "open", "#!/bin/sh\n", 0o757)?;
+        assert!(check_exec_path(&open).is_err(), "world-writable");
+        assert!(check_exec_path(&real).is_ok());
+        Ok(())
+    }
+
+    #[test]
+    fn files_must_be_inside_and_not_writable_by_the_sandbox() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let base = std::fs::canonicalize(dir.path())?;
+        let ro = base.join("ro");
+        let rw = base.join("rw");
+        std::fs::create_dir_all(&ro)?;
+        std::fs::create_dir_all(&rw)?;
+        let in_ro = script(&ro, "tool", "#!/usr/bin/nonexistent\n", 0o755)?;
+        let in_rw = script(&rw, "tool", "#!/bin/sh\n", 0o755)?;
+        let exposures = vec![bind(&ro, false)?, bind(&rw, true)?];
+        let sys = system()?;
+        let got = resolve(std::slice::from_ref(&in_ro), &sys, &exposures)?;
+        assert_eq!(got.files, vec![in_ro.clone()]);
+        assert_eq!(
+            got.pinned.iter().map(|h| &h.path).collect::<Vec<_>>(),
+            vec![&in_ro],
+            "a file in an exposed path is pinned"
+        );
+        assert_eq!(got.notes.len(), 1, "the script's interpreter is not listed");
+        let e = resolve(std::slice::from_ref(&in_rw), &sys, &exposures)
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("--rw"), "{e}");
+        let e = resolve(std::slice::from_ref(&in_ro), &sys, &[])
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("not inside"), "{e}");
+        let e = resolve(&[in_ro.clone(), in_ro.clone()], &sys, &exposures)
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("twice"), "{e}");
+        assert!(resolve(&[], &sys, &exposures).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn exec_dirs_are_carved_out_of_read_rules() {
+        let out = without_exec_dirs(&[
+            PathBuf::from("/usr"),
+            PathBuf::from("/etc"),
+            PathBuf::from("/usr/bin/x"),
+        ]);
+        assert!(out.contains(&PathBuf::from("/etc")));
+        assert!(!out.contains(&PathBuf::from("/usr")));
+        for p in &out {
+            for d in EXEC_DIRS {
+                assert!(
+                    !p.starts_with(d) && !Path::new(d).starts_with(p),
+                    "{} covers or lies in {d}",
+                    p.display()
+                );
+            }
+        }
+        if Path::new("/usr/lib").is_dir() {
+            assert!(out.contains(&PathBuf::from("/usr/lib")), "{out:?}");
+        }
+    }
+
+    /// A minimal ELF image: header, one PT_INTERP program header, the path.
+    fn elf(wide: bool, big: bool, interp: &[u8]) -> Vec<u8> {
+        let (ehsize, phentsize) = if wide { (64usize, 56usize) } else { (52, 32) };
+        let mut b = vec![0u8; ehsize + phentsize];
+        b[..4].copy_from_slice(b"\x7fELF");
+        b[4] = if wide { 2 } else { 1 };
+        b[5] = if big { 2 } else { 1 };
+        let put = |b: &mut Vec<u8>, at: usize, v: u64, n: usize| {
+            let bytes = if big {
+                v.to_be_bytes()
+            } else {
+                v.to_le_bytes()
+            };
+            let bytes = if big { &bytes[8 - n..] } else { &bytes[..n] };
+            b[at..at + n].copy_from_slice(bytes);
+        };
+        let path_at = (ehsize + phentsize) as u64;
+        let size = interp.len() as u64 + 1;
+        if wide {
+            put(&mut b, 0x20, ehsize as u64, 8);
+            put(&mut b, 0x36, phentsize as u64, 2);
+            put(&mut b, 0x38, 1, 2);
+            put(&mut b, ehsize, 3, 4);
+            put(&mut b, ehsize + 8, path_at, 8);
+            put(&mut b, ehsize + 32, size, 8);
+        } else {
+            put(&mut b, 0x1c, ehsize as u64, 4);
+            put(&mut b, 0x2a, phentsize as u64, 2);
+            put(&mut b, 0x2c, 1, 2);
+            put(&mut b, ehsize, 3, 4);
+            put(&mut b, ehsize + 4, path_at, 4);
+            put(&mut b, ehsize + 16, size, 4);
+        }
+        b.extend_from_slice(interp);
+        b.push(0);
+        b
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_elf_reader_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let mut image = b"\x7fELF".to_vec();
+            image.extend_from_slice(&bytes);
+            let _ = elf_interpreter(image.as_slice());
+            let _ = shebang(&bytes);
+        }
+
+        #[test]
+        fn the_interpreter_is_read_back_in_every_class_and_byte_order(
+            wide in proptest::prelude::any::<bool>(),
+            big in proptest::prelude::any::<bool>(),
+            path in "/[a-z0-9/._-]{1,200}",
+        ) {
+            let image = elf(wide, big, path.as_bytes());
+            proptest::prop_assert_eq!(elf_interpreter(image.as_slice()), Ok(Some(PathBuf::from(&path))));
+        }
+    }
+
+    #[test]
+    fn an_interpreter_without_its_nul_is_refused() {
+        let mut image = elf(true, false, b"/lib/ld.so");
+        image.pop();
+        image.push(b'x');
+        assert!(elf_interpreter(image.as_slice()).is_err());
+    }
+
+    #[test]
+    fn the_memfd_guard_compiles() -> Result<(), String> {
+        let prog = memfd_guard(&["native".to_string()])?;
+        assert!(!prog.is_empty());
+        Ok(())
+    }
+}

@@ -1,0 +1,252 @@
+//! `run --max-output SIZE`: at most SIZE bytes of stdout and stderr together reach the
+//! caller, the report says whether output was cut, and nothing can hold the run open: a
+//! command that prints without end dies of SIGPIPE at the cap, or, if it ignores SIGPIPE,
+//! is ended by its timeout. Every run here has a --timeout and a hard limit around it.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+fn read_report(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("no report at {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("report is not JSON: {e}: {text}"))
+}
+
+/// `hatchery run --report R FLAGS -- COMMAND`; returns the output and the report.
+fn run_with_report(flags: &[&str], command: &[&str]) -> (std::process::Output, Value) {
+    let dir = shared_tempdir();
+    let report = dir.path().join("report.json");
+    let mut cmd = Command::new(hatchery());
+    cmd.arg("run")
+        .arg("--report")
+        .arg(&report)
+        .args(flags)
+        .arg("--")
+        .args(command);
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(60));
+    let v = read_report(&report);
+    (out, v)
+}
+
+/// The payload's own stderr: hatchery's lines (`hatchery: ...`) removed.
+fn payload_stderr(out: &std::process::Output) -> Vec<u8> {
+    let mut kept = Vec::new();
+    for line in out.stderr.split_inclusive(|b| *b == b'\n') {
+        if !line.starts_with(b"hatchery: ") {
+            kept.extend_from_slice(line);
+        }
+    }
+    kept
+}
+
+#[test]
+fn endless_output_is_cut_at_exactly_the_cap_and_the_writer_dies_of_sigpipe() {
+    if skip_unless_root("endless_output_is_cut_at_exactly_the_cap_and_the_writer_dies_of_sigpipe") {
+        return;
+    }
+    let (out, report) = run_with_report(&["--max-output", "1000", "--timeout", "30s"], &["yes"]);
+    assert_eq!(out.stdout.len(), 1000, "{report}");
+    assert!(
+        out.stdout.chunks(2).all(|c| c == b"y\n"),
+        "the bytes are yes's own"
+    );
+    assert_eq!(report["output_truncated"], Value::Bool(true), "{report}");
+    assert_eq!(report["output_bytes"], 1000, "{report}");
+    assert_eq!(report["limits"]["max_output_bytes"], 1000, "{report}");
+    // Ended by the cap (SIGPIPE on the next write), not by the timeout.
+    assert_eq!(code(&out), 141, "{report}");
+    assert_eq!(report["signal"], libc::SIGPIPE, "{report}");
+    assert_eq!(report["timed_out"], Value::Bool(false), "{report}");
+    assert!(
+        stderr(&out).contains("output cut at 1000 bytes"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_writer_that_ignores_sigpipe_gets_epipe_and_is_never_blocked() {
+    if skip_unless_root("a_writer_that_ignores_sigpipe_gets_epipe_and_is_never_blocked") {
+        return;
+    }
+    // Python ignores SIGPIPE: after the cap every write fails with EPIPE at once, and the
+    // writer goes on. It exits 42 after 1000 of them: proof that none of them blocked.
+    let script = "import os\nfailed = 0\nwhile failed < 1000:\n    try:\n        os.write(1, b'x' * 4096)\n    except BrokenPipeError:\n        failed += 1\nos._exit(42)\n";
+    let (out, report) = run_with_report(
+        &["--max-output", "10K", "--timeout", "60s"],
+        &["python3", "-c", script],
+    );
+    assert_eq!(code(&out), 42, "{report} {}", stderr(&out));
+    assert_eq!(out.stdout.len(), 10 << 10, "{report}");
+    assert_eq!(report["output_bytes"], 10 << 10, "{report}");
+    assert_eq!(report["output_truncated"], Value::Bool(true), "{report}");
+    assert_eq!(report["timed_out"], Value::Bool(false), "{report}");
+}
+
+#[test]
+fn a_writer_that_never_stops_is_ended_by_its_timeout_with_the_cap_kept() {
+    let test = "a_writer_that_never_stops_is_ended_by_its_timeout_with_the_cap_kept";
+    if skip_unless_root(test) {
+        return;
+    }
+    // `trap '' PIPE` keeps the shell alive past the cap; its echo fails with EPIPE for ever.
+    let (out, report) = run_with_report(
+        &["--max-output", "100", "--timeout", "3s"],
+        &[
+            "sh",
+            "-c",
+            "trap '' PIPE; while :; do echo line 2>/dev/null; done",
+        ],
+    );
+    assert_eq!(code(&out), 124, "{report} {}", stderr(&out));
+    assert_eq!(report["timed_out"], Value::Bool(true), "{report}");
+    // However slow the start (an emulated VM), whatever passed is within the cap.
+    let bytes = report["output_bytes"].as_u64().unwrap_or(u64::MAX);
+    assert!(bytes <= 100, "{report}");
+    assert_eq!(out.stdout.len() as u64, bytes, "{report}");
+}
+
+#[test]
+fn the_cap_counts_stdout_and_stderr_together() {
+    if skip_unless_root("the_cap_counts_stdout_and_stderr_together") {
+        return;
+    }
+    let (out, report) = run_with_report(
+        &["--max-output", "5000", "--timeout", "30s"],
+        &["sh", "-c", "while :; do echo out; echo err >&2; done"],
+    );
+    let err = payload_stderr(&out);
+    assert_eq!(out.stdout.len() + err.len(), 5000, "{report}");
+    assert!(
+        !out.stdout.is_empty() && !err.is_empty(),
+        "both streams passed"
+    );
+    assert!(
+        out.stdout
+            .split(|b| *b == b'\n')
+            .all(|l| l.is_empty() || b"out".starts_with(l))
+    );
+    assert!(
+        err.split(|b| *b == b'\n')
+            .all(|l| l.is_empty() || b"err".starts_with(l))
+    );
+    assert_eq!(report["output_bytes"], 5000, "{report}");
+    assert_eq!(report["output_truncated"], Value::Bool(true), "{report}");
+}
+
+#[test]
+fn output_within_the_cap_passes_whole_with_the_commands_exit_status() {
+    if skip_unless_root("output_within_the_cap_passes_whole_with_the_commands_exit_status") {
+        return;
+    }
+    let (out, report) = run_with_report(
+        &["--max-output", "1M", "--timeout", "30s"],
+        &["sh", "-c", "seq 1 1000; echo done >&2; exit 7"],
+    );
+    assert_eq!(code(&out), 7, "{report}");
+    let want: String = (1..=1000).map(|i| format!("{i}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+    assert_eq!(payload_stderr(&out), b"done\n");
+    assert_eq!(report["output_bytes"], want.len() + 5, "{report}");
+    assert_eq!(report["output_truncated"], Value::Bool(false), "{report}");
+    assert!(!stderr(&out).contains("output cut"), "{}", stderr(&out));
+}
+
+#[test]
+fn output_of_exactly_the_cap_is_not_truncated() {
+    if skip_unless_root("output_of_exactly_the_cap_is_not_truncated") {
+        return;
+    }
+    let (out, report) = run_with_report(
+        &["--max-output", "6", "--timeout", "30s"],
+        &["printf", "abcdef"],
+    );
+    assert_eq!(
+        (code(&out), out.stdout.as_slice()),
+        (0, b"abcdef".as_slice())
+    );
+    assert_eq!(report["output_truncated"], Value::Bool(false), "{report}");
+    assert_eq!(report["output_bytes"], 6, "{report}");
+}
+
+#[test]
+fn without_a_cap_output_is_inherited_and_not_counted() {
+    if skip_unless_root("without_a_cap_output_is_inherited_and_not_counted") {
+        return;
+    }
+    let (out, report) = run_with_report(
+        &["--timeout", "30s"],
+        &["sh", "-c", "echo hi; test -p /dev/stdout && echo pipe"],
+    );
+    // The command's stdout is the caller's own pipe, not one of hatchery's.
+    assert_eq!(stdout(&out), "hi\npipe", "{report}");
+    assert_eq!(report["output_bytes"], Value::Null, "{report}");
+    assert_eq!(report["output_truncated"], Value::Bool(false), "{report}");
+    assert_eq!(
+        report["limits"]["max_output_bytes"],
+        Value::Null,
+        "{report}"
+    );
+}
+
+#[test]
+fn a_caller_that_stops_reading_cannot_keep_the_timeout_from_ending_the_run() {
+    if skip_unless_root("a_caller_that_stops_reading_cannot_keep_the_timeout_from_ending_the_run") {
+        return;
+    }
+    // hatchery's stdout is a pipe this test never reads: once it is full, hatchery must go
+    // on waiting for the timeout instead of blocking in write(2).
+    let (read_end, write_end) = match nix::unistd::pipe() {
+        Ok(p) => p,
+        Err(e) => panic!("pipe: {e}"),
+    };
+    let mut child = match Command::new(hatchery())
+        .args([
+            "run",
+            "--max-output",
+            "100M",
+            "--timeout",
+            "2s",
+            "--",
+            "yes",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(write_end))
+        .stderr(Stdio::null())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("cannot start hatchery: {e}"),
+    };
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if start.elapsed() > Duration::from_secs(60) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("hatchery blocked on a destination that stopped reading");
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("wait: {e}"),
+        }
+    };
+    drop(read_end);
+    assert_eq!(status.code(), Some(124));
+}
+
+#[test]
+fn bad_caps_are_usage_errors() {
+    for value in ["0", "-1", "2T", "lots", "1.5"] {
+        let out = hatchery_cmd(&["run", "--max-output", value, "--", "echo", "ran"]);
+        assert_eq!(code(&out), 2, "--max-output {value}: {}", stderr(&out));
+        assert!(stderr(&out).contains(value), "{}", stderr(&out));
+        assert!(stdout(&out).is_empty(), "something ran");
+    }
+}
