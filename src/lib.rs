@@ -1,8 +1,10 @@
 //! hatchery: a sandbox manager for self-replicating agent workers on Linux.
 //!
 //! The library is split by trust boundary: [`profile`] and [`units`] describe what a
-//! sandbox may do, [`sandbox`] makes the kernel enforce it (the only place with `unsafe`
-//! and raw syscalls), [`report`] tells what happened; the command-line edge lives in the
+//! sandbox may do; [`sandbox`] makes the kernel enforce it, and is the only module that
+//! makes raw syscalls or steps outside safe Rust; [`manifest`], [`signing`] and [`contract`]
+//! decide who may exist; [`controller`] runs workers under those decisions and [`audit`]
+//! records them; [`report`] tells what a single run did. The command-line edge lives in the
 //! binary.
 
 pub mod audit;

@@ -405,22 +405,12 @@ fn a_killed_controller_takes_its_workers_and_the_restart_cleans_up() {
     wait_running(&c, 3);
     c.crash();
     // Workers die with the controller (launcher → sandboxes, by parent-death signals).
-    let start = std::time::Instant::now();
-    loop {
-        let ps = run_with_timeout(
-            Command::new("pgrep").args(["-f", &marker]),
-            Duration::from_secs(10),
-        );
-        if code(&ps) != 0 {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "workers outlived their controller: {}",
-            stdout(&ps)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_process(
+        &marker,
+        false,
+        Duration::from_secs(10),
+        "workers outlived their controller",
+    );
     assert!(c.socket.exists(), "a crash leaves the socket behind");
     c.restart();
     let recovered = c.wait_audit("crash_recovered", LONG);

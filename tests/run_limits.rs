@@ -362,39 +362,20 @@ fn a_killed_run_takes_its_sandbox_along() {
         Ok(c) => c,
         Err(e) => panic!("spawn: {e}"),
     };
-    let start = std::time::Instant::now();
-    loop {
-        let ps = run_with_timeout(
-            Command::new("pgrep").args(["-f", &marker]),
-            Duration::from_secs(10),
-        );
-        if code(&ps) == 0 {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the sandbox never started"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_process(
+        &marker,
+        true,
+        Duration::from_secs(30),
+        "the sandbox never started",
+    );
     let _ = child.kill();
     let _ = child.wait();
-    let start = std::time::Instant::now();
-    loop {
-        let ps = run_with_timeout(
-            Command::new("pgrep").args(["-f", &marker]),
-            Duration::from_secs(10),
-        );
-        if code(&ps) != 0 {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the sandbox outlived its supervisor: {}",
-            stdout(&ps)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_process(
+        &marker,
+        false,
+        Duration::from_secs(10),
+        "the sandbox outlived its supervisor",
+    );
     // Its cgroup is removed by the next run (a SIGKILLed process cleans up nothing itself).
     let out = hatchery_cmd(&["run", "--", "true"]);
     assert_eq!(code(&out), 0);

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::abi::Abi;
 use super::seccomp::{
     Action, ActionKind, ArgCondition, CompareOp, ErrnoValue, SeccompPolicy, SyscallRule, ValueSpec,
-    parse_arch,
+    expand_conditions, parse_arch,
 };
 use super::{MAX_PROFILE_BYTES, Profile, ProfileError};
 
@@ -628,60 +628,34 @@ pub fn export(policy: &SeccompPolicy) -> Result<(OciProfile, Vec<String>), Strin
     for (i, rule) in policy.rules.iter().enumerate() {
         let (action, errno_ret) =
             oci_action(rule.action().map_err(|e| format!("rule {}: {e}", i + 1))?);
-        let mut base = Vec::new();
-        let mut fan: Option<(u32, u64)> = None;
-        for c in &rule.args {
-            let value = c
-                .value
-                .as_ref()
-                .map(ValueSpec::resolve)
-                .transpose()?
-                .unwrap_or(0);
-            let mask = c
-                .mask
-                .as_ref()
-                .map(ValueSpec::resolve)
-                .transpose()?
-                .unwrap_or(0);
-            let index = u32::from(c.index);
-            let (op, value, value_two) = match c.op {
-                CompareOp::Eq => (OciOp::SCMP_CMP_EQ, value, 0),
-                CompareOp::Ne => (OciOp::SCMP_CMP_NE, value, 0),
-                CompareOp::Lt => (OciOp::SCMP_CMP_LT, value, 0),
-                CompareOp::Le => (OciOp::SCMP_CMP_LE, value, 0),
-                CompareOp::Gt => (OciOp::SCMP_CMP_GT, value, 0),
-                CompareOp::Ge => (OciOp::SCMP_CMP_GE, value, 0),
-                CompareOp::MaskedEq => (OciOp::SCMP_CMP_MASKED_EQ, mask, value),
-                CompareOp::AnyBits => {
-                    fan = Some((index, mask));
-                    continue;
-                }
-            };
-            base.push(OciArg {
-                index,
-                value,
-                value_two,
-                op,
-            });
-        }
         // "Any of these bits" is one masked comparison per bit, each its own entry.
-        let variants: Vec<Vec<OciArg>> = match fan {
-            None => vec![base],
-            Some((index, mask)) => (0..64)
-                .map(|b| 1u64 << b)
-                .filter(|bit| mask & bit != 0)
-                .map(|bit| {
-                    let mut v = base.clone();
-                    v.push(OciArg {
-                        index,
-                        value: bit,
-                        value_two: bit,
-                        op: OciOp::SCMP_CMP_MASKED_EQ,
-                    });
-                    v
-                })
-                .collect(),
-        };
+        let variants: Vec<Vec<OciArg>> = expand_conditions(&rule.args)?
+            .into_iter()
+            .map(|alternative| {
+                alternative
+                    .into_iter()
+                    .map(|c| {
+                        let (op, value, value_two) = match c.op {
+                            CompareOp::Eq => (OciOp::SCMP_CMP_EQ, c.value, 0),
+                            CompareOp::Ne => (OciOp::SCMP_CMP_NE, c.value, 0),
+                            CompareOp::Lt => (OciOp::SCMP_CMP_LT, c.value, 0),
+                            CompareOp::Le => (OciOp::SCMP_CMP_LE, c.value, 0),
+                            CompareOp::Gt => (OciOp::SCMP_CMP_GT, c.value, 0),
+                            CompareOp::Ge => (OciOp::SCMP_CMP_GE, c.value, 0),
+                            CompareOp::MaskedEq | CompareOp::AnyBits => {
+                                (OciOp::SCMP_CMP_MASKED_EQ, c.mask, c.value)
+                            }
+                        };
+                        OciArg {
+                            index: c.index,
+                            value,
+                            value_two,
+                            op,
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
         for args in variants {
             syscalls.push(OciSyscall {
                 names: rule.syscalls.clone(),

@@ -672,7 +672,7 @@ impl SeccompPolicy {
                     out.push(ExpandedRule {
                         action,
                         syscall: name.clone(),
-                        conditions: variant.clone(),
+                        conditions: variant.iter().map(|c| c.to_scmp()).collect(),
                     });
                 }
             }
@@ -808,45 +808,62 @@ fn check_condition(c: &ArgCondition) -> Result<(), String> {
 }
 
 /// Turns a rule's conditions into one or more libseccomp condition lists (any_bits fans out).
-fn expand_conditions(conds: &[ArgCondition]) -> Result<Vec<Vec<ScmpArgCompare>>, String> {
-    let mut base = Vec::new();
-    let mut fan: Option<(u32, u64)> = None;
-    for c in conds {
-        let index = u32::from(c.index);
-        let value = c
-            .value
-            .as_ref()
-            .map(ValueSpec::resolve)
-            .transpose()?
-            .unwrap_or(0);
-        let cmp = match c.op {
+/// One comparison of a rule with its numbers resolved: `(arg[index] & mask) op value`,
+/// where `mask` is all ones except for [`CompareOp::MaskedEq`]. Never `AnyBits`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Comparison {
+    pub index: u32,
+    pub op: CompareOp,
+    pub value: u64,
+    pub mask: u64,
+}
+
+impl Comparison {
+    fn to_scmp(self) -> ScmpArgCompare {
+        let op = match self.op {
             CompareOp::Eq => ScmpCompareOp::Equal,
             CompareOp::Ne => ScmpCompareOp::NotEqual,
             CompareOp::Lt => ScmpCompareOp::Less,
             CompareOp::Le => ScmpCompareOp::LessOrEqual,
             CompareOp::Gt => ScmpCompareOp::Greater,
             CompareOp::Ge => ScmpCompareOp::GreaterEqual,
-            CompareOp::MaskedEq => {
-                let mask = c
-                    .mask
-                    .as_ref()
-                    .map(ValueSpec::resolve)
-                    .transpose()?
-                    .unwrap_or(0);
-                ScmpCompareOp::MaskedEqual(mask)
-            }
-            CompareOp::AnyBits => {
-                let mask = c
-                    .mask
-                    .as_ref()
-                    .map(ValueSpec::resolve)
-                    .transpose()?
-                    .unwrap_or(0);
-                fan = Some((index, mask));
-                continue;
-            }
+            CompareOp::MaskedEq | CompareOp::AnyBits => ScmpCompareOp::MaskedEqual(self.mask),
         };
-        base.push(ScmpArgCompare::new(index, cmp, value));
+        ScmpArgCompare::new(self.index, op, self.value)
+    }
+}
+
+/// The alternatives a rule's conditions stand for, each a list of comparisons that must
+/// all hold: `any_bits` fans out into one alternative per bit of its mask (a masked
+/// comparison on that bit), everything else is kept as it is. Shared by the libseccomp
+/// compilation and the OCI export, so both say the same thing.
+pub fn expand_conditions(conds: &[ArgCondition]) -> Result<Vec<Vec<Comparison>>, String> {
+    let resolve = |v: &Option<ValueSpec>| {
+        v.as_ref()
+            .map(ValueSpec::resolve)
+            .transpose()
+            .map(|v| v.unwrap_or(0))
+    };
+    let mut base = Vec::new();
+    let mut fan: Option<(u32, u64)> = None;
+    for c in conds {
+        let index = u32::from(c.index);
+        let (value, mask) = (resolve(&c.value)?, resolve(&c.mask)?);
+        match c.op {
+            CompareOp::AnyBits => fan = Some((index, mask)),
+            CompareOp::MaskedEq => base.push(Comparison {
+                index,
+                op: c.op,
+                value,
+                mask,
+            }),
+            op => base.push(Comparison {
+                index,
+                op,
+                value,
+                mask: u64::MAX,
+            }),
+        }
     }
     Ok(match fan {
         None => vec![base],
@@ -855,11 +872,12 @@ fn expand_conditions(conds: &[ArgCondition]) -> Result<Vec<Vec<ScmpArgCompare>>,
             .filter(|bit| mask & bit != 0)
             .map(|bit| {
                 let mut v = base.clone();
-                v.push(ScmpArgCompare::new(
+                v.push(Comparison {
                     index,
-                    ScmpCompareOp::MaskedEqual(bit),
-                    bit,
-                ));
+                    op: CompareOp::MaskedEq,
+                    value: bit,
+                    mask: bit,
+                });
                 v
             })
             .collect(),

@@ -147,3 +147,26 @@ pub fn shared_tempdir() -> tempfile::TempDir {
 pub fn canonical(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
+
+/// Whether a process whose command line matches `pattern` (pgrep -f) exists.
+pub fn process_exists(pattern: &str) -> bool {
+    code(&run_with_timeout(
+        Command::new("pgrep").args(["-f", pattern]),
+        Duration::from_secs(10),
+    )) == 0
+}
+
+/// Waits until `process_exists(pattern) == present`, or panics with `what` after `limit`.
+pub fn wait_process(pattern: &str, present: bool, limit: Duration, what: &str) {
+    let start = Instant::now();
+    while process_exists(pattern) != present {
+        if start.elapsed() > limit {
+            let ps = run_with_timeout(
+                Command::new("pgrep").args(["-a", "-f", pattern]),
+                Duration::from_secs(10),
+            );
+            panic!("{what} (after {limit:?}): {}", stdout(&ps));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

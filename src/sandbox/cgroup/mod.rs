@@ -177,7 +177,21 @@ pub(crate) fn is_stale(name: &str) -> bool {
     let (Ok(start), Ok(pid)) = (start.parse::<u64>(), pid.parse::<u32>()) else {
         return false;
     };
-    process_start_time(pid) != Some(start)
+    // A zombie owner (dead, not yet reaped — its parent died too) counts as gone.
+    process_start_time(pid) != Some(start) || is_zombie(pid)
+}
+
+/// Whether a process has exited and waits to be reaped (state Z or X in /proc/PID/stat).
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let rest = stat.get(stat.rfind(')')? + 1..)?;
+            rest.split_whitespace()
+                .next()
+                .map(|state| matches!(state, "Z" | "X"))
+        })
+        .unwrap_or(false)
 }
 
 pub(crate) fn read_string(path: &Path) -> Option<String> {
