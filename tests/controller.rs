@@ -28,6 +28,16 @@ fn examples_dir() -> String {
         .to_string()
 }
 
+/// A worker script that runs `body` in Python with `w`, a connected
+/// `examples/hatchery_agent.Worker`, then the shell line `then`. The worker needs
+/// `--ro` of [`examples_dir`].
+fn python_agent(body: &str, then: &str) -> String {
+    let ex = examples_dir();
+    format!(
+        "python3 - <<'EOF'\nimport json, struct, sys\nsys.path.insert(0, '{ex}')\nfrom hatchery_agent import Worker\nw = Worker()\n{body}\nEOF\n{then}"
+    )
+}
+
 /// A worker script that registers and then just lives for `secs`.
 fn idle(secs: u32) -> String {
     format!("hatchery agent register >/dev/null || exit 9; sleep {secs}")
@@ -229,8 +239,11 @@ fn a_worker_cannot_speak_for_another() {
     let c = TestController::start(&base_contract(""), &[]);
     let victim = spawned(&c, &[], &alive(20));
     let ex = examples_dir();
-    let script = format!(
-        "python3 - <<'EOF'\nimport sys\nsys.path.insert(0, '{ex}')\nfrom hatchery_agent import Worker\nw = Worker()\nprint(w.register())\nprint(w.call({{'type': 'heartbeat', 'worker_id': '{victim}'}}))\nprint(w.call({{'type': 'heartbeat', 'worker_id': w.worker_id}}))\nEOF\nsleep 20"
+    let script = python_agent(
+        &format!(
+            "print(w.register())\nprint(w.call({{'type': 'heartbeat', 'worker_id': '{victim}'}}))\nprint(w.call({{'type': 'heartbeat', 'worker_id': w.worker_id}}))"
+        ),
+        "sleep 20",
     );
     let attacker = spawned(&c, &["--ro", &ex], &script);
     let entries = c.wait_audit("impersonation_attempt", LONG);
@@ -261,8 +274,9 @@ fn a_tampered_or_foreign_manifest_does_not_register() {
     }
     let c = TestController::start(&base_contract(""), &[]);
     let ex = examples_dir();
-    let script = format!(
-        "python3 - <<'EOF'\nimport sys\nsys.path.insert(0, '{ex}')\nfrom hatchery_agent import Worker\nw = Worker()\nm = dict(w.manifest)\nm['resources'] = dict(m['resources'], memory_limit_mb=4096)\nprint(w.call({{'type': 'register', 'manifest': m}}))\nEOF\nsleep 20"
+    let script = python_agent(
+        "m = dict(w.manifest)\nm['resources'] = dict(m['resources'], memory_limit_mb=4096)\nprint(w.call({'type': 'register', 'manifest': m}))",
+        "sleep 20",
     );
     let id = spawned(&c, &["--ro", &ex], &script);
     let entries = c.wait_audit("reject_manifest_signature", LONG);
@@ -436,14 +450,18 @@ fn an_old_manifest_is_worthless_after_a_restart() {
     let dir = shared_tempdir();
     let d = canonical(dir.path()).to_string_lossy().to_string();
     let ex = examples_dir();
-    let save = format!(
-        "python3 - <<'EOF'\nimport json, sys\nsys.path.insert(0, '{ex}')\nfrom hatchery_agent import Worker\nw = Worker()\nopen('{d}/old.json', 'w').write(json.dumps(w.manifest))\nprint(w.register())\nEOF\nsleep 30"
+    let save = python_agent(
+        &format!("open('{d}/old.json', 'w').write(json.dumps(w.manifest))\nprint(w.register())"),
+        "sleep 30",
     );
     spawned(&c, &["--ro", &ex, "--rw", &d], &save);
     c.wait_audit("worker_registered", LONG);
     c.restart();
-    let replay = format!(
-        "python3 - <<'EOF'\nimport json, sys\nsys.path.insert(0, '{ex}')\nfrom hatchery_agent import Worker\nw = Worker()\nold = json.load(open('{d}/old.json'))\nold['worker_id'] = w.worker_id\nprint(w.call({{'type': 'register', 'manifest': old}}))\nEOF\nsleep 30"
+    let replay = python_agent(
+        &format!(
+            "old = json.load(open('{d}/old.json'))\nold['worker_id'] = w.worker_id\nprint(w.call({{'type': 'register', 'manifest': old}}))"
+        ),
+        "sleep 30",
     );
     let id = spawned(&c, &["--ro", &ex, "--ro", &d], &replay);
     let entries = c.wait_audit("reject_manifest_signature", LONG);
@@ -482,8 +500,9 @@ fn garbage_oversized_and_truncated_worker_frames_are_refused_and_audited() {
             "import struct; w.sock.sendall(struct.pack('>I', 100) + b'{}'); w.sock.shutdown(1); print(w.receive())",
         ),
     ] {
-        let script = format!(
-            "python3 - <<'EOF'\nimport sys\nsys.path.insert(0, '{ex}')\nfrom hatchery_agent import Worker\nw = Worker()\nw.register()\n{attack}\nEOF\necho '{name} done'; sleep 5"
+        let script = python_agent(
+            &format!("w.register()\n{attack}"),
+            &format!("echo '{name} done'; sleep 5"),
         );
         spawned(&c, &["--ro", &ex], &script);
     }
@@ -508,8 +527,9 @@ fn a_flooding_worker_is_rate_limited_without_stalling_others() {
     let c = TestController::start(&base_contract(""), &["--heartbeat-timeout", "3s"]);
     let bystander = spawned(&c, &[], &alive(15));
     let ex = examples_dir();
-    let script = format!(
-        "python3 - <<'EOF'\nimport sys\nsys.path.insert(0, '{ex}')\nfrom hatchery_agent import Worker\nw = Worker()\nw.register()\nfor _ in range(3000):\n    w.send({{'type': 'heartbeat'}})\nEOF\nsleep 10"
+    let script = python_agent(
+        "w.register()\nfor _ in range(3000):\n    w.send({'type': 'heartbeat'})",
+        "sleep 10",
     );
     let flooder = spawned(&c, &["--ro", &ex], &script);
     let entries = c.wait_audit("rate_limited", LONG);
