@@ -65,7 +65,12 @@ show "More root workers, until the quota (max_replicas 8) refuses one" \
     sh -c "for i in 1 2 3 4 5; do $H spawn --memory 64M --cpus 0.1 -- sh -c 'hatchery agent register >/dev/null; while hatchery agent heartbeat >/dev/null; do sleep 1; done' || break; done"
 sleep 1
 show "The lineage, with live usage from each worker's cgroup" "$H" ps --tree
-show "Every denial, from the audit trail" sh -c "$H audit tail -n 200 | grep -E 'deny_|kill_switch' || true"
+# The trail persists across runs (in /var/lib/hatchery): show this run's, from its
+# controller_started entry on.
+bold "Every denial of this run, from the audit trail"
+say "hatchery audit tail -n 500 | (since the last controller_started) | grep -E 'deny_|kill_switch'"
+"$H" audit tail -n 500 | awk '/controller_started/ { run = "" } { run = run $0 "\n" } END { printf "%s", run }' |
+    grep -E 'deny_|kill_switch' || true
 show "The kill switch: every worker, whole sandboxes and cgroups" "$H" kill-switch
 show "Nothing is left: no worker process, no worker cgroup" \
     sh -c "pgrep -a -f '[h]atchery agent|[s]h -c eval' || echo 'no worker processes'; find /sys/fs/cgroup -name 'hatchery-w-*' | head -3; echo \"worker cgroups: \$(find /sys/fs/cgroup -name 'hatchery-w-*' | wc -l)\""
