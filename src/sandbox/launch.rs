@@ -107,6 +107,8 @@ struct ChildContext<'a> {
     guard: Option<LoadableFilter>,
     landlock: bool,
     unshare_cgroup: bool,
+    /// The cgroup files the sandbox writes `0` to, first thing, to move itself in.
+    join_cgroup: Vec<RawFd>,
     /// (source fd, target number) pairs for the payload, stdio included.
     fds: Vec<(RawFd, RawFd)>,
     /// rlimits standing in for limits no cgroup enforces (degraded runs).
@@ -236,6 +238,7 @@ pub fn start(
         guard: spec.exec_guard.as_ref().map(LoadableFilter::new),
         landlock: enforcement.landlock_abi.is_some(),
         unshare_cgroup: spec.namespaces.cgroup,
+        join_cgroup: Vec::new(),
         fds,
         fallback_rlimits: enforcement.fallback_rlimits.clone(),
     };
@@ -257,6 +260,10 @@ pub fn start(
         .and_then(|c| c.clone_into_fd())
         .map(|fd| fd.as_raw_fd());
     let mut born_inside = into.is_some();
+    let join_cgroup: Vec<RawFd> = match &cgroup {
+        Some(cg) if !born_inside => cg.self_join_fds().iter().map(|fd| fd.as_raw_fd()).collect(),
+        _ => Vec::new(),
+    };
     let mut attempt = clone3(
         flags
             | if born_inside && spec.namespaces.cgroup {
@@ -278,6 +285,7 @@ pub fn start(
             drop(supervisor_end);
             let ctx = ChildContext {
                 unshare_cgroup: ctx.unshare_cgroup && !born_inside,
+                join_cgroup,
                 ..ctx
             };
             contain(&ctx, sandbox_end)
@@ -312,7 +320,7 @@ pub fn start(
     ToSandbox::IdentityReady
         .send(&sandbox.channel)
         .map_err(|e| SandboxError::Internal(format!("sandbox went away during setup: {e}")))?;
-    if !born_inside {
+    if !born_inside && join_cgroup.is_empty() {
         if let Some(cg) = &sandbox.cgroup {
             cg.attach(pid.as_raw()).map_err(|e| SandboxError::Refused {
                 what: "cgroup".into(),
@@ -355,6 +363,13 @@ fn contain(ctx: &ChildContext<'_>, chan: OwnedFd) -> ! {
 
 fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, FromSandbox> {
     let spec = ctx.spec;
+    // Into the cgroup before anything is charged to another one.
+    for &fd in &ctx.join_cgroup {
+        // SAFETY: `fd` is a `tasks` file the supervisor opened and keeps open until this
+        // process has exited (it lives in the sandbox's cgroup handle).
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        nix::unistd::write(fd, b"0").map_err(|e| step_err("join the cgroup", e as i32))?;
+    }
     // If the supervisor dies from now on, so do we. (Before this point its death shows as
     // end-of-stream on the channel, below.)
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)

@@ -122,6 +122,16 @@ pub trait SandboxCgroup: Send {
     fn clone_into_fd(&self) -> Option<BorrowedFd<'_>>;
     /// Moves a process (all its threads) into the cgroup.
     fn attach(&self, pid: i32) -> Result<(), CgroupError>;
+    /// Files the sandbox writes `0` to, to move itself in, in place of [`attach`]. On v1 a
+    /// process moved by another one makes the kernel take its cgroup threadgroup lock,
+    /// which waits for an RCU grace period when the lock has been idle (10-25 ms); a
+    /// single thread that moves itself through `tasks` skips that lock. Empty where the
+    /// supervisor attaches (or the sandbox is born inside).
+    ///
+    /// [`attach`]: SandboxCgroup::attach
+    fn self_join_fds(&self) -> Vec<BorrowedFd<'_>> {
+        Vec::new()
+    }
     fn usage(&self) -> Usage;
     /// Kills every process in the cgroup.
     fn kill_all(&self) -> Result<(), CgroupError>;
