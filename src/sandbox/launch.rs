@@ -260,10 +260,15 @@ pub fn start(
         .and_then(|c| c.clone_into_fd())
         .map(|fd| fd.as_raw_fd());
     let mut born_inside = into.is_some();
-    let join_cgroup: Vec<RawFd> = match &cgroup {
-        Some(cg) if !born_inside => cg.self_join_fds().iter().map(|fd| fd.as_raw_fd()).collect(),
+    let join_files = match &cgroup {
+        Some(cg) if !born_inside => cg.self_join_files().map_err(|e| SandboxError::Refused {
+            what: "cgroup".into(),
+            why: e.to_string(),
+            fix: "see `hatchery doctor`".into(),
+        })?,
         _ => Vec::new(),
     };
+    let join_cgroup: Vec<RawFd> = join_files.iter().map(|f| f.as_raw_fd()).collect();
     let mut attempt = clone3(
         flags
             | if born_inside && spec.namespaces.cgroup {
@@ -300,6 +305,8 @@ pub fn start(
         }
     };
     drop(sandbox_end);
+    // The sandbox has its own copies.
+    drop(join_files);
     let sandbox = Sandbox {
         pid,
         pidfd,
@@ -365,10 +372,10 @@ fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, F
     let spec = ctx.spec;
     // Into the cgroup before anything is charged to another one.
     for &fd in &ctx.join_cgroup {
-        // SAFETY: `fd` is a `tasks` file the supervisor opened and keeps open until this
-        // process has exited (it lives in the sandbox's cgroup handle).
-        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        nix::unistd::write(fd, b"0").map_err(|e| step_err("join the cgroup", e as i32))?;
+        // SAFETY: `fd` is this process's copy (made by the clone) of a `tasks` file the
+        // supervisor opened; nothing else in this process uses or closes it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        nix::unistd::write(&fd, b"0").map_err(|e| step_err("join the cgroup", e as i32))?;
     }
     // If the supervisor dies from now on, so do we. (Before this point its death shows as
     // end-of-stream on the channel, below.)

@@ -12,7 +12,7 @@ mod v2;
 
 use std::fmt;
 use std::io;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -125,12 +125,13 @@ pub trait SandboxCgroup: Send {
     /// Files the sandbox writes `0` to, to move itself in, in place of [`attach`]. On v1 a
     /// process moved by another one makes the kernel take its cgroup threadgroup lock,
     /// which waits for an RCU grace period when the lock has been idle (10-25 ms); a
-    /// single thread that moves itself through `tasks` skips that lock. Empty where the
-    /// supervisor attaches (or the sandbox is born inside).
+    /// single thread that moves itself through `tasks` skips that lock. Opened here, by
+    /// the supervisor, just before the clone; empty where the supervisor attaches (or the
+    /// sandbox is born inside).
     ///
     /// [`attach`]: SandboxCgroup::attach
-    fn self_join_fds(&self) -> Vec<BorrowedFd<'_>> {
-        Vec::new()
+    fn self_join_files(&self) -> Result<Vec<OwnedFd>, CgroupError> {
+        Ok(Vec::new())
     }
     fn usage(&self) -> Usage;
     /// Kills every process in the cgroup.

@@ -1,7 +1,7 @@
 //! The cgroup v1 backend: one directory per controller hierarchy (memory, cpu, cpuacct,
 //! pids), each created under this process's own cgroup in that hierarchy.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -97,7 +97,6 @@ impl CgroupManager for V1Manager {
         let mut cg = V1Cgroup {
             dirs: Vec::new(),
             primary: PathBuf::new(),
-            tasks: Vec::new(),
         };
         // Memory, cpuacct and pids are always joined, for accounting; cpu only for a quota.
         for (kind, base) in &self.bases {
@@ -117,14 +116,6 @@ impl CgroupManager for V1Manager {
             .unwrap_or_default();
         // On error `cg` is dropped, which removes the directories just made.
         cg.apply(limits, self.memsw)?;
-        for (_, dir) in &cg.dirs {
-            let path = dir.join("tasks");
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(io_err(&path))?;
-            cg.tasks.push(OwnedFd::from(file));
-        }
         Ok(Box::new(cg))
     }
 
@@ -139,8 +130,6 @@ impl CgroupManager for V1Manager {
 pub struct V1Cgroup {
     dirs: Vec<(Kind, PathBuf)>,
     primary: PathBuf,
-    /// Each hierarchy's `tasks` file, opened (close-on-exec) for the sandbox's self-join.
-    tasks: Vec<OwnedFd>,
 }
 
 impl V1Cgroup {
@@ -215,8 +204,18 @@ impl SandboxCgroup for V1Cgroup {
         Ok(())
     }
 
-    fn self_join_fds(&self) -> Vec<BorrowedFd<'_>> {
-        self.tasks.iter().map(|f| f.as_fd()).collect()
+    fn self_join_files(&self) -> Result<Vec<OwnedFd>, CgroupError> {
+        self.dirs
+            .iter()
+            .map(|(_, dir)| {
+                let path = dir.join("tasks");
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map(OwnedFd::from)
+                    .map_err(io_err(&path))
+            })
+            .collect()
     }
 
     fn usage(&self) -> Usage {
@@ -244,7 +243,6 @@ impl SandboxCgroup for V1Cgroup {
     }
 
     fn destroy(&mut self) -> Result<(), CgroupError> {
-        self.tasks.clear();
         let deadline = Instant::now() + Duration::from_secs(2);
         if !self.primary.as_os_str().is_empty() {
             super::kill_procs_until_empty(&self.primary, deadline)?;
