@@ -104,7 +104,10 @@ impl CgroupManager for V1Manager {
                 continue;
             }
             let dir = base.join(name);
-            std::fs::create_dir(&dir).map_err(io_err(&dir))?;
+            // Co-mounted controllers (the usual `cpu,cpuacct`) share one directory.
+            if !cg.dirs.iter().any(|(_, d)| *d == dir) {
+                std::fs::create_dir(&dir).map_err(io_err(&dir))?;
+            }
             cg.dirs.push((*kind, dir));
         }
         cg.primary = cg
@@ -135,6 +138,17 @@ pub struct V1Cgroup {
 impl V1Cgroup {
     fn dir(&self, kind: Kind) -> Option<&PathBuf> {
         self.dirs.iter().find(|(k, _)| *k == kind).map(|(_, d)| d)
+    }
+
+    /// Each directory once (co-mounted controllers share one).
+    fn unique_dirs(&self) -> Vec<&PathBuf> {
+        let mut dirs: Vec<&PathBuf> = Vec::new();
+        for (_, d) in &self.dirs {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+        dirs
     }
 
     fn apply(&self, limits: &Limits, memsw: bool) -> Result<(), CgroupError> {
@@ -205,9 +219,9 @@ impl SandboxCgroup for V1Cgroup {
     }
 
     fn self_join_files(&self) -> Result<Vec<OwnedFd>, CgroupError> {
-        self.dirs
-            .iter()
-            .map(|(_, dir)| {
+        self.unique_dirs()
+            .into_iter()
+            .map(|dir| {
                 let path = dir.join("tasks");
                 std::fs::OpenOptions::new()
                     .write(true)
@@ -248,11 +262,12 @@ impl SandboxCgroup for V1Cgroup {
             super::kill_procs_until_empty(&self.primary, deadline)?;
         }
         let mut first_err = None;
-        for (_, dir) in self.dirs.drain(..) {
-            if let Err(e) = super::remove_when_empty(&dir, deadline) {
+        for dir in self.unique_dirs() {
+            if let Err(e) = super::remove_when_empty(dir, deadline) {
                 first_err.get_or_insert(e);
             }
         }
+        self.dirs.clear();
         first_err.map_or(Ok(()), Err)
     }
 }
@@ -262,5 +277,55 @@ impl Drop for V1Cgroup {
         if !self.dirs.is_empty() {
             let _ = self.destroy();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host with `cpu,cpuacct` co-mounted (most v1 hosts): one directory serves both.
+    #[test]
+    fn comounted_controllers_share_one_directory_made_and_removed_once() {
+        let tmp = std::env::temp_dir().join(format!("hatchery-v1-unit-{}", std::process::id()));
+        let (mem, cc, pids) = (
+            tmp.join("memory"),
+            tmp.join("cpu,cpuacct"),
+            tmp.join("pids"),
+        );
+        for d in [&mem, &cc, &pids] {
+            std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        }
+        let m = V1Manager {
+            bases: vec![
+                (Kind::Memory, mem.clone()),
+                (Kind::Cpu, cc.clone()),
+                (Kind::CpuAcct, cc.clone()),
+                (Kind::Pids, pids.clone()),
+            ],
+            memsw: false,
+        };
+        let created = m.create("sb", &Limits::default());
+        let mut cg = created.unwrap_or_else(|e| panic!("create: {e}"));
+        for d in [&mem, &cc, &pids] {
+            assert!(d.join("sb").is_dir(), "{}", d.display());
+        }
+        // No limit asked: cpu is not joined for a quota, but cpuacct (the same directory) is.
+        assert_eq!(cg.path(), mem.join("sb"));
+        // The sandbox joins each directory once.
+        for d in [&mem, &cc, &pids] {
+            let _ = std::fs::write(d.join("sb/tasks"), "");
+        }
+        let files = cg.self_join_files().map(|f| f.len());
+        assert_eq!(files.ok(), Some(3));
+        for d in [&mem, &cc, &pids] {
+            let _ = std::fs::remove_file(d.join("sb/tasks"));
+        }
+        let r = cg.destroy();
+        assert!(r.is_ok(), "{r:?}");
+        for d in [&mem, &cc, &pids] {
+            assert!(!d.join("sb").exists(), "{}", d.display());
+        }
+        let _ = std::fs::remove_dir_all(&tmp);
     }
 }
