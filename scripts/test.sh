@@ -42,7 +42,8 @@ say "leftovers"
 scripts/check-leftovers.sh
 
 # This host may have cgroup v1 controllers; the v2 backend is verified under Debian's 6.1
-# and 6.12 kernels in QEMU (scripts/vm-test.sh; a few minutes on 2 cores).
+# and 6.12 kernels in QEMU, and v1 in its usual cpu,cpuacct layout under 6.1
+# (scripts/vm-test.sh; a few minutes on 2 cores).
 case ${HATCHERY_VM:-auto} in
     0)
         say "cgroup v2 suite: NOT RUN (HATCHERY_VM=0)"

@@ -263,6 +263,10 @@ fn the_report_has_every_contract_key() {
     );
     assert_eq!(e["uid_host"], 65534);
     assert!(matches!(e["cgroup"].as_str(), Some("v1" | "v2")), "{e}");
+    // The VM suite boots a kernel with a given layout and says which backend must serve it.
+    if let Ok(want) = std::env::var("HATCHERY_EXPECT_CGROUP") {
+        assert_eq!(e["cgroup"].as_str(), Some(want.as_str()), "{e}");
+    }
     for limit in ["memory", "cpus", "pids"] {
         assert!(
             e["limits"][limit].is_string(),

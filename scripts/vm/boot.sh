@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Boots a guest prepared by prepare.sh, runs one command in it as root, in the root cgroup of
-# a cgroup v2 hierarchy with every controller enabled, and powers it off:
+# a cgroup v2 hierarchy with every controller enabled (with -e HATCHERY_VM_CGROUP=v1: of the
+# usual v1 hierarchies), and powers it off. -e settings are the environment of the guest's
+# init and of the command:
 #
 #   scripts/vm/boot.sh [-t SECS] [-e KEY=VALUE]... GUEST_DIR REPO -- COMMAND [ARG...]
 #
@@ -70,9 +72,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 quote() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }
-echo "VM_REPO=$(quote "$REPO")" > "$CTL/env"
+# The guest's init reads env (so -e settings such as HATCHERY_VM_CGROUP reach it) and
+# passes it on to the command.
 {
+    echo "VM_REPO=$(quote "$REPO")"
     for kv in ${ENVS[@]+"${ENVS[@]}"}; do echo "export $(quote "${kv%%=*}")=$(quote "${kv#*=}")"; done
+} > "$CTL/env"
+{
     printf exec
     for a in "$@"; do printf ' %s' "$(quote "$a")"; done
     echo

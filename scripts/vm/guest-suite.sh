@@ -1,13 +1,21 @@
 #!/bin/sh
-# Runs inside the VM (as root, in the root cgroup): each test binary given, one after the
-# other, with the test names printed, then checks that no hatchery cgroup was left behind.
+# Runs inside the VM (as root, in the root cgroup of the layout init.sh made: v2 or, with
+# HATCHERY_VM_CGROUP=v1, v1): each test binary given, one after the other, with the test
+# names printed, then checks that no hatchery cgroup was left behind.
 # Exit status 0 only if every binary ran and passed and nothing was left.
 #
 #   guest-suite.sh BINARY...
 set -u
 CG=/sys/fs/cgroup
-echo "guest: Linux $(uname -r); cgroup2 controllers of the root: $(cat $CG/cgroup.subtree_control)"
-[ "$(stat -fc %T $CG)" = cgroup2fs ] || { echo "guest: FAIL: $CG is not cgroup2"; exit 1; }
+if [ "${HATCHERY_VM_CGROUP:-v2}" = v1 ]; then
+    echo "guest: Linux $(uname -r); cgroup v1: $(ls $CG | tr '\n' ' ')"
+    for h in memory cpu,cpuacct pids; do
+        [ "$(stat -fc %T $CG/$h)" = cgroupfs ] || { echo "guest: FAIL: $CG/$h is not cgroup v1"; exit 1; }
+    done
+else
+    echo "guest: Linux $(uname -r); cgroup2 controllers of the root: $(cat $CG/cgroup.subtree_control)"
+    [ "$(stat -fc %T $CG)" = cgroup2fs ] || { echo "guest: FAIL: $CG is not cgroup2"; exit 1; }
+fi
 rc=0
 for bin in "$@"; do
     name=$(basename "$bin")

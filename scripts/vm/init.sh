@@ -8,8 +8,10 @@
 #   ctl   this run's control directory: env and cmd in, booted and rc out
 #   repo  the repository, read-write, at the same absolute path as on the host
 # Stage 2, in the new root (this file again, argv[1] = stage2): cgroup2 at /sys/fs/cgroup as
-# systemd mounts it, every controller enabled for the root's children, then the command in
-# the root cgroup; its exit status goes to ctl/rc, and the VM powers off.
+# systemd mounts it, every controller enabled for the root's children (or, with
+# HATCHERY_VM_CGROUP=v1, the classic v1 layout of systemd's hybrid mode: memory,
+# cpu,cpuacct co-mounted, pids, and a controller-less cgroup2 at unified/), then the command
+# in the root cgroup; its exit status goes to ctl/rc, and the VM powers off.
 #
 # pivot_root (which sandboxes use) does not work from an initramfs: hence the real root.
 
@@ -70,14 +72,41 @@ stage1() {
     fail "switch_root failed"
 }
 
+# The layout most cgroup v1 hosts have (systemd's hybrid mode): cpu and cpuacct share one
+# hierarchy, reachable under both names.
+cgroup_v1() {
+    CG=/sys/fs/cgroup
+    $BB mount -t tmpfs -o mode=0755,nosuid,nodev,noexec cgroup $CG || fail "cannot mount $CG"
+    for h in memory cpu,cpuacct pids; do
+        $BB mkdir $CG/$h
+        $BB mount -t cgroup -o nosuid,nodev,noexec,$h cgroup $CG/$h || fail "cannot mount cgroup v1 $h"
+    done
+    $BB ln -s cpu,cpuacct $CG/cpu
+    $BB ln -s cpu,cpuacct $CG/cpuacct
+    $BB mkdir $CG/unified
+    $BB mount -t cgroup2 -o nsdelegate,nosuid,nodev,noexec cgroup2 $CG/unified \
+        || fail "cannot mount cgroup2 at $CG/unified"
+    for h in memory cpu,cpuacct pids; do $BB mkdir $CG/$h/vm-keep; done
+}
+
+# Both layouts keep one empty cgroup (vm-keep) for the VM's life. The kernel flips static
+# keys when the first cgroup of a controller appears (memcg's kmem accounting) and, for
+# cpuset, again whenever the last one goes; each flip patches kernel text, which under
+# QEMU's multi-threaded TCG can race another vCPU into an "Oops: int3". With vm-keep the
+# keys flip once, here, while nothing else runs.
 stage2() {
     export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
     . /run/ctl/env
-    $BB mount -t cgroup2 -o nsdelegate,nosuid,nodev,noexec cgroup2 /sys/fs/cgroup \
-        || fail "cannot mount cgroup2"
-    for c in $($BB cat /sys/fs/cgroup/cgroup.controllers); do
-        echo "+$c" > /sys/fs/cgroup/cgroup.subtree_control || say "warning: cannot enable $c"
-    done
+    if [ "${HATCHERY_VM_CGROUP:-v2}" = v1 ]; then
+        cgroup_v1
+    else
+        $BB mount -t cgroup2 -o nsdelegate,nosuid,nodev,noexec cgroup2 /sys/fs/cgroup \
+            || fail "cannot mount cgroup2"
+        for c in $($BB cat /sys/fs/cgroup/cgroup.controllers); do
+            echo "+$c" > /sys/fs/cgroup/cgroup.subtree_control || say "warning: cannot enable $c"
+        done
+        $BB mkdir /sys/fs/cgroup/vm-keep
+    fi
     $BB mkdir -p /dev/pts /dev/shm
     $BB mount -t devpts -o newinstance,ptmxmode=0666,gid=5,mode=620 devpts /dev/pts
     $BB mount -t tmpfs -o nosuid,nodev tmpfs /dev/shm
