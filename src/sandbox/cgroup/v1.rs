@@ -287,7 +287,8 @@ mod tests {
     /// A host with `cpu,cpuacct` co-mounted (most v1 hosts): one directory serves both.
     #[test]
     fn comounted_controllers_share_one_directory_made_and_removed_once() {
-        let tmp = std::env::temp_dir().join(format!("hatchery-v1-unit-{}", std::process::id()));
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let tmp = tmp.path();
         let (mem, cc, pids) = (
             tmp.join("memory"),
             tmp.join("cpu,cpuacct"),
@@ -326,6 +327,5 @@ mod tests {
         for d in [&mem, &cc, &pids] {
             assert!(!d.join("sb").exists(), "{}", d.display());
         }
-        let _ = std::fs::remove_dir_all(&tmp);
     }
 }
