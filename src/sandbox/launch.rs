@@ -187,6 +187,14 @@ pub struct Outcome {
     pub output: Option<OutputSummary>,
 }
 
+fn cgroup_refused(e: super::cgroup::CgroupError) -> SandboxError {
+    SandboxError::Refused {
+        what: "cgroup".into(),
+        why: e.to_string(),
+        fix: "check that this user may create cgroups here (see `hatchery doctor`)".into(),
+    }
+}
+
 /// Starts `spec` in a new sandbox. `cgroups` is the host's backend, if any.
 pub fn start(
     spec: &SandboxSpec,
@@ -200,16 +208,20 @@ pub fn start(
     let cgroup = match cgroups {
         Some(m) if enforcement.cgroup != "none" => Some(
             m.create(&spec.cgroup_name, &enforcement.cgroup_limits)
-                .map_err(|e| SandboxError::Refused {
-                    what: "cgroup".into(),
-                    why: e.to_string(),
-                    fix: "check that this user may create cgroups here (see `hatchery doctor`)"
-                        .into(),
-                })?,
+                .map_err(cgroup_refused)?,
         ),
         _ => None,
     };
     enforcement.cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
+    let into = cgroup
+        .as_ref()
+        .and_then(|c| c.clone_into_fd())
+        .map(|fd| fd.as_raw_fd());
+    // Where the sandbox is not born inside, it moves itself in (v1) or is attached.
+    let join_files = match &cgroup {
+        Some(cg) if into.is_none() => cg.self_join_files().map_err(cgroup_refused)?,
+        _ => Vec::new(),
+    };
 
     let mut fds = Vec::new();
     match &spec.stdio {
@@ -238,7 +250,7 @@ pub fn start(
         guard: spec.exec_guard.as_ref().map(LoadableFilter::new),
         landlock: enforcement.landlock_abi.is_some(),
         unshare_cgroup: spec.namespaces.cgroup,
-        join_cgroup: Vec::new(),
+        join_cgroup: join_files.iter().map(|f| f.as_raw_fd()).collect(),
         fds,
         fallback_rlimits: enforcement.fallback_rlimits.clone(),
     };
@@ -255,20 +267,7 @@ pub fn start(
     if spec.namespaces.uts {
         flags |= libc::CLONE_NEWUTS as u64;
     }
-    let into = cgroup
-        .as_ref()
-        .and_then(|c| c.clone_into_fd())
-        .map(|fd| fd.as_raw_fd());
     let mut born_inside = into.is_some();
-    let join_files = match &cgroup {
-        Some(cg) if !born_inside => cg.self_join_files().map_err(|e| SandboxError::Refused {
-            what: "cgroup".into(),
-            why: e.to_string(),
-            fix: "see `hatchery doctor`".into(),
-        })?,
-        _ => Vec::new(),
-    };
-    let join_cgroup: Vec<RawFd> = join_files.iter().map(|f| f.as_raw_fd()).collect();
     let mut attempt = clone3(
         flags
             | if born_inside && spec.namespaces.cgroup {
@@ -290,7 +289,6 @@ pub fn start(
             drop(supervisor_end);
             let ctx = ChildContext {
                 unshare_cgroup: ctx.unshare_cgroup && !born_inside,
-                join_cgroup,
                 ..ctx
             };
             contain(&ctx, sandbox_end)
@@ -327,13 +325,9 @@ pub fn start(
     ToSandbox::IdentityReady
         .send(&sandbox.channel)
         .map_err(|e| SandboxError::Internal(format!("sandbox went away during setup: {e}")))?;
-    if !born_inside && join_cgroup.is_empty() {
+    if !born_inside && ctx.join_cgroup.is_empty() {
         if let Some(cg) = &sandbox.cgroup {
-            cg.attach(pid.as_raw()).map_err(|e| SandboxError::Refused {
-                what: "cgroup".into(),
-                why: e.to_string(),
-                fix: "see `hatchery doctor`".into(),
-            })?;
+            cg.attach(pid.as_raw()).map_err(cgroup_refused)?;
         }
     }
     // The sandbox may be gone already (a setup failure it reported): `wait` tells.

@@ -5,11 +5,10 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cgroups_rs::CgroupPid;
+use cgroups_rs::fs::MaxValue;
 use cgroups_rs::fs::cpu::CpuController;
 use cgroups_rs::fs::memory::MemController;
 use cgroups_rs::fs::pid::PidController;
-use cgroups_rs::fs::{Controller, MaxValue};
 
 use super::{
     CgroupError, CgroupManager, CgroupVersion, Controllers, Layout, Limits, SandboxCgroup, Usage,
@@ -123,11 +122,22 @@ impl CgroupManager for V1Manager {
     }
 
     fn sweep_stale(&self) -> Vec<PathBuf> {
-        self.bases
-            .iter()
-            .flat_map(|(_, b)| super::sweep_dir(b))
+        unique(self.bases.iter().map(|(_, b)| b))
+            .into_iter()
+            .flat_map(|b| super::sweep_dir(b))
             .collect()
     }
+}
+
+/// Each directory once, in order: co-mounted controllers (the usual `cpu,cpuacct`) share one.
+fn unique<'a>(dirs: impl Iterator<Item = &'a PathBuf>) -> Vec<&'a PathBuf> {
+    let mut out: Vec<&PathBuf> = Vec::new();
+    for d in dirs {
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    out
 }
 
 pub struct V1Cgroup {
@@ -140,15 +150,8 @@ impl V1Cgroup {
         self.dirs.iter().find(|(k, _)| *k == kind).map(|(_, d)| d)
     }
 
-    /// Each directory once (co-mounted controllers share one).
     fn unique_dirs(&self) -> Vec<&PathBuf> {
-        let mut dirs: Vec<&PathBuf> = Vec::new();
-        for (_, d) in &self.dirs {
-            if !dirs.contains(&d) {
-                dirs.push(d);
-            }
-        }
-        dirs
+        unique(self.dirs.iter().map(|(_, d)| d))
     }
 
     fn apply(&self, limits: &Limits, memsw: bool) -> Result<(), CgroupError> {
@@ -200,20 +203,8 @@ impl SandboxCgroup for V1Cgroup {
     }
 
     fn attach(&self, pid: i32) -> Result<(), CgroupError> {
-        let tgid = CgroupPid::from(pid as u64);
-        for (kind, dir) in &self.dirs {
-            let res = match kind {
-                Kind::Memory => {
-                    MemController::new(dir.clone(), dir.clone(), false).add_task_by_tgid(&tgid)
-                }
-                Kind::Cpu | Kind::CpuAcct => {
-                    CpuController::new(dir.clone(), dir.clone(), false).add_task_by_tgid(&tgid)
-                }
-                Kind::Pids => {
-                    PidController::new(dir.clone(), dir.clone(), false).add_task_by_tgid(&tgid)
-                }
-            };
-            res.map_err(|e| controller_err("cgroup.procs", dir, e))?;
+        for dir in self.unique_dirs() {
+            super::write_file(&dir.join("cgroup.procs"), &pid.to_string())?;
         }
         Ok(())
     }
