@@ -1,10 +1,9 @@
 //! The JSON report `run --report FILE` writes after the sandbox ends: how it ended, what
 //! the kernel counted, and what was (and was not) enforced.
 
-use std::path::Path;
-
 use serde::Serialize;
 
+use crate::paths::OutputTarget;
 use crate::sandbox::{Enforcement, Outcome};
 
 #[derive(Debug, Serialize)]
@@ -90,9 +89,42 @@ impl Report {
         }
     }
 
-    /// Writes the report atomically, so a reader never sees half of it.
-    pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        let json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        crate::paths::write_atomically(path, &json)
+    /// The report of a run that never started: the sandbox could not be set up, or the
+    /// request was refused (`error` says why; the exit status is 125).
+    pub fn refused(
+        error: String,
+        command: Vec<String>,
+        limits: LimitsRequested,
+        profile: &str,
+    ) -> Report {
+        Report {
+            exit_code: 125,
+            signal: None,
+            oom_killed: false,
+            timed_out: false,
+            wall_ms: 0,
+            cpu_usec: None,
+            memory_peak_bytes: None,
+            pids_peak: None,
+            pids_limit_hits: 0,
+            output_bytes: None,
+            output_truncated: false,
+            command,
+            profile: ProfileRef {
+                name: profile.to_string(),
+                sha256: String::new(),
+            },
+            limits,
+            enforcement: Enforcement::default(),
+            error: Some(error),
+        }
+    }
+
+    /// Writes the report whole (a file is replaced atomically: a reader never sees half
+    /// of it, and nothing a sandbox planted at the name is written through).
+    pub fn write(&self, target: &OutputTarget) -> std::io::Result<()> {
+        let mut json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        json.push(b'\n');
+        target.write(&json)
     }
 }

@@ -191,7 +191,8 @@ fn out(text: &str) -> anyhow::Result<i32> {
 
 /// Writes a file whole or not at all.
 fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
-    hatchery::paths::write_atomically(path, text.as_bytes())
+    hatchery::paths::OutputTarget::prepare(path)
+        .and_then(|t| t.write(text.as_bytes()))
         .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
 }
 

@@ -8,7 +8,7 @@ use clap::Args;
 use nix::sys::signal::{SigSet, SigmaskHow};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
-use hatchery::paths::check_host_path;
+use hatchery::paths::{OutputTarget, check_host_path};
 use hatchery::profile::Profile;
 use hatchery::report::{LimitsRequested, Report};
 use hatchery::sandbox::cgroup::{Limits, unique_name};
@@ -150,16 +150,34 @@ fn forwarded_signals() -> Option<SignalFd> {
 }
 
 pub fn main(args: RunArgs) -> i32 {
-    let report_path = args.report.clone();
     let command = args.command.clone();
-    let limits = LimitsRequested {
+    let profile_name = args.profile.clone();
+    let limits = || LimitsRequested {
         memory_bytes: args.memory,
         cpus: args.cpus,
         pids: args.pids,
         timeout_ms: args.timeout.map(|t| t.as_millis()),
         max_output_bytes: args.max_output,
     };
-    match run(args) {
+    // The report's directory is opened before anything runs: a path that cannot take the
+    // report is refused now, and the sandbox cannot redirect where the report goes later.
+    let report = match args
+        .report
+        .as_deref()
+        .map(OutputTarget::prepare)
+        .transpose()
+    {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!(
+                "hatchery: --report {}: {e}; nothing was run",
+                args.report.as_deref().unwrap_or(Path::new("")).display()
+            );
+            return EXIT_SETUP;
+        }
+    };
+    let requested = limits();
+    let (code, report_body) = match run(args) {
         Ok((outcome, enforcement)) => {
             if let Some(f) = &outcome.failure {
                 match f {
@@ -192,19 +210,28 @@ pub fn main(args: RunArgs) -> i32 {
                 eprintln!("hatchery: warning: cleanup incomplete: {err}");
             }
             let code = outcome.exit_code;
-            if let Some(path) = report_path {
-                let report = Report::new(&outcome, enforcement, command, limits);
-                if let Err(e) = report.write(&path) {
-                    eprintln!("hatchery: cannot write the report {}: {e}", path.display());
-                }
-            }
-            code
+            (code, Report::new(&outcome, enforcement, command, requested))
         }
         Err(e) => {
             eprintln!("hatchery: {e}");
-            EXIT_SETUP
+            (
+                EXIT_SETUP,
+                Report::refused(e.to_string(), command, requested, &profile_name),
+            )
+        }
+    };
+    if let Some(target) = report {
+        if let Err(e) = report_body.write(&target) {
+            // Never leave the caller believing a report exists (or that a file someone
+            // else put there is hatchery's).
+            eprintln!(
+                "hatchery: cannot write the report {}: {e} (the command's exit status was {code})",
+                target.describe()
+            );
+            return EXIT_SETUP;
         }
     }
+    code
 }
 
 /// Checks `--allow-exec` files on the host, so that a mistake is reported with the flag

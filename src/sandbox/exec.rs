@@ -314,7 +314,7 @@ fn elf_interpreter<R: ReadAt + ?Sized>(f: &R) -> Result<Option<PathBuf>, String>
 fn containing<'a>(path: &Path, mounts: &'a [&'a Bind]) -> Option<&'a Bind> {
     mounts
         .iter()
-        .filter(|b| b.source == b.target && path.starts_with(&b.target))
+        .filter(|b| b.host.path == b.target && path.starts_with(&b.target))
         .max_by_key(|b| b.target.components().count())
         .copied()
 }
@@ -342,7 +342,7 @@ pub fn resolve(
     let writable_devs: Vec<u64> = exposures
         .iter()
         .filter(|b| b.writable)
-        .filter_map(|b| b.expect.map(|(dev, _)| dev))
+        .map(|b| b.host.dev)
         .collect();
     let exposed = |host: &HostPath| {
         containing(&host.path, &mounts).is_some_and(|b| exposures.iter().any(|x| x == b))
@@ -389,8 +389,8 @@ pub fn resolve(
     // right whatever the list says (see `spec`), so their loader is needed too.
     let own: Vec<PathBuf> = exposures
         .iter()
-        .filter(|b| b.source != b.target && !b.is_dir)
-        .map(|b| b.source.clone())
+        .filter(|b| b.host.path != b.target && !b.is_dir())
+        .map(|b| b.host.path.clone())
         .collect();
     for file in out.files.clone().into_iter().chain(own) {
         match inspect(&file)? {
@@ -516,15 +516,8 @@ mod tests {
     type TestResult = Result<(), Box<dyn std::error::Error>>;
 
     fn bind(path: &Path, writable: bool) -> Result<Bind, std::io::Error> {
-        let meta = std::fs::metadata(path)?;
-        Ok(Bind {
-            source: path.to_path_buf(),
-            target: path.to_path_buf(),
-            writable,
-            is_dir: meta.is_dir(),
-            expect: Some((meta.dev(), meta.ino())),
-            noexec: false,
-        })
+        let host = check_host_path(path).map_err(std::io::Error::other)?;
+        Ok(Bind::same_path(host, writable))
     }
 
     fn system() -> Result<Vec<Bind>, std::io::Error> {

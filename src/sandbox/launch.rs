@@ -113,6 +113,10 @@ struct ChildContext<'a> {
     fds: Vec<(RawFd, RawFd)>,
     /// rlimits standing in for limits no cgroup enforces (degraded runs).
     fallback_rlimits: Vec<crate::profile::Rlimit>,
+    /// The supervisor's prepared copies of the bind sources (empty when unprivileged).
+    trees: Vec<RawFd>,
+    /// Securebits to restore first thing (the creator guard changed the inherited ones).
+    securebits: Option<libc::c_int>,
 }
 
 fn to_cstrings(items: impl Iterator<Item = String>) -> Result<Vec<CString>, SandboxError> {
@@ -133,6 +137,8 @@ pub struct Sandbox {
     cgroup: Option<Box<dyn SandboxCgroup>>,
     started: Instant,
     finished: bool,
+    /// The host ids stay the sandbox's until it has ended.
+    _lease: Option<super::idpool::IdLease>,
     pub enforcement: Enforcement,
 }
 
@@ -241,19 +247,40 @@ pub fn start(
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.clone())
         .unwrap_or_else(|| super::DEFAULT_PATH.to_string());
-    let ctx = ChildContext {
-        spec,
-        argv: to_cstrings(spec.argv.iter().cloned())?,
-        env: to_cstrings(spec.env.iter().map(|(k, v)| format!("{k}={v}")))?,
-        path_var,
-        filter: LoadableFilter::new(&spec.seccomp),
-        guard: spec.exec_guard.as_ref().map(LoadableFilter::new),
-        landlock: enforcement.landlock_abi.is_some(),
-        unshare_cgroup: spec.namespaces.cgroup,
-        join_cgroup: join_files.iter().map(|f| f.as_raw_fd()).collect(),
-        fds,
-        fallback_rlimits: enforcement.fallback_rlimits.clone(),
+    // The bind sources: copied here, by descriptor, when this supervisor may copy host
+    // mounts; otherwise the sandbox copies them itself (checked against the descriptors).
+    let prepared = if spec.identity.rootless {
+        for b in spec.rootfs.exposures.iter().filter(|b| b.idmapped) {
+            enforcement.not_enforced.push(mounts::unmapped_note(
+                b,
+                (spec.identity.host_uid, spec.identity.host_gid),
+            ));
+        }
+        mounts::PreparedTrees::default()
+    } else {
+        let prepared = mounts::prepare(
+            &spec.rootfs,
+            mounts::IdmapPlan {
+                sandbox: (spec.identity.host_uid, spec.identity.host_gid),
+                null: spec.null_ids,
+            },
+        )
+        .map_err(|e| SandboxError::Refused {
+            what: "the sandbox's filesystem".into(),
+            why: format!("{}: {}", e.step, io::Error::from_raw_os_error(e.errno)),
+            fix: "check that the path is still there and is a local filesystem".into(),
+        })?;
+        enforcement
+            .not_enforced
+            .extend(prepared.notes.iter().cloned());
+        prepared
     };
+    let lease = spec
+        .id_lease
+        .as_ref()
+        .map(|l| l.try_clone())
+        .transpose()
+        .map_err(|e| SandboxError::Internal(format!("id lease: {e}")))?;
 
     let (supervisor_end, sandbox_end) =
         channel::pair().map_err(|e| SandboxError::Internal(format!("socketpair: {e}")))?;
@@ -267,6 +294,32 @@ pub fn start(
     if spec.namespaces.uts {
         flags |= libc::CLONE_NEWUTS as u64;
     }
+    // The user namespace is created by the sandbox's own host uid (see CreatorGuard).
+    let creator = if spec.identity.rootless {
+        None
+    } else {
+        Some(
+            userns::CreatorGuard::become_uid(spec.identity.host_uid).map_err(|e| {
+                SandboxError::Internal(format!("cannot act as the sandbox's host uid: {e}"))
+            })?,
+        )
+    };
+    let ctx = ChildContext {
+        spec,
+        argv: to_cstrings(spec.argv.iter().cloned())?,
+        env: to_cstrings(spec.env.iter().map(|(k, v)| format!("{k}={v}")))?,
+        path_var,
+        filter: LoadableFilter::new(&spec.seccomp),
+        guard: spec.exec_guard.as_ref().map(LoadableFilter::new),
+        landlock: enforcement.landlock_abi.is_some(),
+        unshare_cgroup: spec.namespaces.cgroup,
+        join_cgroup: join_files.iter().map(|f| f.as_raw_fd()).collect(),
+        fds,
+        fallback_rlimits: enforcement.fallback_rlimits.clone(),
+        trees: prepared.raw(),
+        securebits: creator.as_ref().map(|c| c.original_securebits()),
+    };
+
     let mut born_inside = into.is_some();
     let mut attempt = clone3(
         flags
@@ -283,6 +336,9 @@ pub fn start(
         // Kernels or setups without CLONE_INTO_CGROUP: attach after the clone instead.
         born_inside = false;
         attempt = clone3(flags, None);
+    }
+    if !matches!(attempt, Ok(Cloned::Child)) {
+        drop(creator);
     }
     let (pid, pidfd) = match attempt {
         Ok(Cloned::Child) => {
@@ -305,6 +361,7 @@ pub fn start(
     drop(sandbox_end);
     // The sandbox has its own copies.
     drop(join_files);
+    drop(prepared);
     let sandbox = Sandbox {
         pid,
         pidfd,
@@ -312,6 +369,7 @@ pub fn start(
         cgroup,
         started,
         finished: false,
+        _lease: lease,
         enforcement,
     };
     // From here on, dropping `sandbox` on an error path kills it and removes its cgroup.
@@ -364,6 +422,9 @@ fn contain(ctx: &ChildContext<'_>, chan: OwnedFd) -> ! {
 
 fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, FromSandbox> {
     let spec = ctx.spec;
+    if let Some(bits) = ctx.securebits {
+        userns::restore_securebits(bits).map_err(|e| step_err("securebits", e as i32))?;
+    }
     // Into the cgroup before anything is charged to another one.
     for &fd in &ctx.join_cgroup {
         // SAFETY: `fd` is this process's copy (made by the clone) of a `tasks` file the
@@ -391,7 +452,9 @@ fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, F
         net::loopback_up()
             .map_err(|e| step_err("loopback", e.raw_os_error().unwrap_or(libc::EIO)))?;
     }
-    mounts::build_root(&spec.rootfs).map_err(|e| step_err(&e.step, e.errno))?;
+    let limits =
+        userns::KernelObjectLimits::open().map_err(|(what, e)| step_err(&what, e as i32))?;
+    mounts::build_root(&spec.rootfs, &ctx.trees).map_err(|e| step_err(&e.step, e.errno))?;
     if ToSandbox::expect(ToSandbox::CgroupReady, chan).is_err() {
         // SAFETY: the supervisor gave up on us; leave quietly.
         unsafe { libc::_exit(SETUP_FAILED) }
@@ -401,6 +464,10 @@ fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, F
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
             .map_err(|e| step_err("cgroup namespace", e as i32))?;
     }
+    // Every namespace and mount of the sandbox's own exists now: no more for anyone in it.
+    limits
+        .apply()
+        .map_err(|(what, e)| step_err(&what, e as i32))?;
     // Start from default dispositions (a launcher ignores termination signals), then
     // block what pid 1 collects with sigwaitinfo.
     process::reset_signals();

@@ -13,6 +13,7 @@ pub mod caps;
 pub mod cgroup;
 pub mod channel;
 pub mod exec;
+pub mod idpool;
 pub mod init;
 pub mod landlock;
 pub mod launch;
@@ -57,6 +58,10 @@ pub struct SandboxSpec {
     pub limits: Limits,
     pub namespaces: NamespacePolicy,
     pub identity: userns::Identity,
+    /// The lease on `identity`'s host ids, when they were leased (see [`idpool`]).
+    pub id_lease: Option<idpool::IdLease>,
+    /// The ids no file on disk has: what read-only idmapped mounts map.
+    pub null_ids: (u32, u32),
     pub hostname: String,
     /// stdin, stdout, stderr for the payload; `None` inherits the supervisor's.
     pub stdio: Option<[OwnedFd; 3]>,

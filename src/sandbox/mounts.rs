@@ -15,6 +15,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
+use crate::paths::HostPath;
+
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 /// A failed step: what was being done, and the errno.
@@ -43,15 +45,45 @@ fn nix_fail(step: impl Into<String>) -> impl FnOnce(nix::Error) -> MountError {
 /// A host path bound into the sandbox at `target`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bind {
-    pub source: PathBuf,
+    /// The source, resolved once (without following symlinks) and held open: the mount is
+    /// made from this object, never from its path looked up again.
+    pub host: HostPath,
     pub target: PathBuf,
     pub writable: bool,
-    pub is_dir: bool,
-    /// The (dev, ino) the supervisor validated; the clone must match it.
-    pub expect: Option<(u64, u64)>,
     /// Nothing on it may be executed or mapped executable (writable places under an
     /// executable allowlist).
     pub noexec: bool,
+    /// Map ids through an idmapped mount (exposures; system directories are root's and
+    /// need none).
+    pub idmapped: bool,
+}
+
+impl Bind {
+    pub fn is_dir(&self) -> bool {
+        self.host.is_dir
+    }
+
+    /// A bind of `host` at the same path.
+    pub fn same_path(host: HostPath, writable: bool) -> Bind {
+        Bind {
+            target: host.path.clone(),
+            host,
+            writable,
+            noexec: false,
+            idmapped: true,
+        }
+    }
+
+    fn attrs(&self) -> u64 {
+        let mut attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+        if !self.writable {
+            attrs |= MOUNT_ATTR_RDONLY;
+        }
+        if self.noexec {
+            attrs |= MOUNT_ATTR_NOEXEC;
+        }
+        attrs
+    }
 }
 
 /// Everything the new root is made of, decided by the supervisor before the clone.
@@ -95,6 +127,7 @@ const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
 const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 const RESOLVE_NO_SYMLINKS: u64 = 0x04;
 const RESOLVE_BENEATH: u64 = 0x08;
 
@@ -136,13 +169,42 @@ fn clone_tree(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
     owned(unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) })
 }
 
+/// A detached recursive copy of the mount tree at the object `fd` refers to (an `O_PATH`
+/// descriptor): no path is looked up.
+fn clone_fd_tree(fd: RawFd) -> io::Result<OwnedFd> {
+    let empty = CString::default();
+    let flags = OPEN_TREE_CLONE
+        | libc::O_CLOEXEC as libc::c_uint
+        | libc::AT_EMPTY_PATH as libc::c_uint
+        | AT_RECURSIVE;
+    // SAFETY: open_tree with a descriptor and an empty path (AT_EMPTY_PATH); returns a new
+    // fd or -1.
+    owned(unsafe { libc::syscall(libc::SYS_open_tree, fd, empty.as_ptr(), flags) })
+}
+
 /// Sets mount attributes (and private propagation) on a detached tree or a path.
 fn set_attrs(fd: RawFd, path: Option<&Path>, set: u64, recursive: bool) -> io::Result<()> {
+    set_attrs_idmap(fd, path, set, recursive, None)
+}
+
+/// [`set_attrs`], also idmapping the tree through the user namespace `userns` when given.
+fn set_attrs_idmap(
+    fd: RawFd,
+    path: Option<&Path>,
+    set: u64,
+    recursive: bool,
+    userns: Option<RawFd>,
+) -> io::Result<()> {
     let attr = MountAttr {
-        attr_set: set,
+        attr_set: set
+            | if userns.is_some() {
+                MOUNT_ATTR_IDMAP
+            } else {
+                0
+            },
         attr_clr: 0,
         propagation: libc::MS_PRIVATE,
-        userns_fd: 0,
+        userns_fd: userns.map_or(0, |fd| fd as u64),
     };
     let c = match path {
         Some(p) => cpath(p)?,
@@ -276,38 +338,129 @@ fn fstat_id(fd: &OwnedFd) -> io::Result<(u64, u64)> {
     Ok((st.st_dev, st.st_ino))
 }
 
-/// A source tree cloned from the host, flagged and verified, waiting to be attached.
-struct Source {
-    bind: Bind,
+/// A source tree, flagged and verified, waiting to be attached.
+struct Source<'a> {
+    bind: &'a Bind,
     tree: OwnedFd,
 }
 
-fn clone_source(bind: &Bind) -> Result<Source, MountError> {
-    let what = format!("clone {}", bind.source.display());
-    let tree = clone_tree(&bind.source, true).map_err(fail(what.clone()))?;
-    if let Some(expect) = bind.expect {
-        let got = fstat_id(&tree).map_err(fail(what.clone()))?;
-        if got != expect {
-            // The path was replaced between validation and mount.
-            return Err(MountError {
-                step: format!("{what}: changed since it was checked"),
-                errno: libc::ESTALE,
-            });
+/// The detached, flagged copies of every bind source, made by a privileged supervisor in
+/// the host's mount namespace before the sandbox is cloned (the sandbox inherits them and
+/// attaches them). An unprivileged supervisor cannot copy host mounts: its sandbox makes
+/// its own copies (see [`build_root`]).
+#[derive(Debug, Default)]
+pub struct PreparedTrees {
+    /// One per bind of the plan, system binds first, in plan order.
+    trees: Vec<OwnedFd>,
+    /// What could not be enforced (a filesystem without idmapped mounts).
+    pub notes: Vec<String>,
+}
+
+impl PreparedTrees {
+    /// The descriptors, in plan order, for the sandbox's context.
+    pub fn raw(&self) -> Vec<RawFd> {
+        self.trees.iter().map(|t| t.as_raw_fd()).collect()
+    }
+}
+
+/// How a privileged supervisor maps ids on the exposures it prepares.
+#[derive(Debug, Clone, Copy)]
+pub struct IdmapPlan {
+    /// The sandbox's host uid and gid.
+    pub sandbox: (u32, u32),
+    /// The ids nothing on disk has (see [`super::idpool`]).
+    pub null: (u32, u32),
+}
+
+/// Makes the detached copies of every bind of `plan` (see [`PreparedTrees`]). Exposures
+/// are idmapped: read-only ones through the null mapping (no write channel at all: no FIFO
+/// writes, no `connect` to host sockets), read-write ones so that the directory's owner is
+/// the sandbox (what it creates belongs to that owner on the host). Where a filesystem
+/// cannot be idmapped the bind is made without, and a note says what that leaves open.
+pub fn prepare(plan: &RootfsPlan, idmap: IdmapPlan) -> Result<PreparedTrees, MountError> {
+    let mut out = PreparedTrees::default();
+    let mut owner_maps: Vec<((u32, u32), OwnedFd)> = Vec::new();
+    for bind in plan.system.iter().chain(plan.exposures.iter()) {
+        let what = format!("clone {}", bind.host.path.display());
+        let tree = clone_fd_tree(bind.host.fd().as_raw_fd()).map_err(fail(what))?;
+        let flag = |userns: Option<RawFd>| {
+            set_attrs_idmap(tree.as_raw_fd(), None, bind.attrs(), true, userns)
+        };
+        let idmapped = if bind.idmapped {
+            let userns = if bind.writable {
+                let owner = (bind.host.uid, bind.host.gid);
+                match owner_maps.iter().find(|(o, _)| *o == owner) {
+                    Some((_, fd)) => Some(fd.as_raw_fd()),
+                    None => match super::userns::owner_idmap(owner, idmap.sandbox) {
+                        Ok(fd) => {
+                            let raw = fd.as_raw_fd();
+                            owner_maps.push((owner, fd));
+                            Some(raw)
+                        }
+                        Err(_) => None,
+                    },
+                }
+            } else {
+                super::userns::null_idmap(idmap.null)
+                    .ok()
+                    .map(|fd| fd.as_raw_fd())
+            };
+            userns.is_some_and(|ns| flag(Some(ns)).is_ok())
+        } else {
+            false
+        };
+        if !idmapped {
+            flag(None).map_err(fail(format!("flag {}", bind.host.path.display())))?;
+            if bind.idmapped {
+                out.notes.push(unmapped_note(bind, idmap.sandbox));
+            }
         }
+        out.trees.push(tree);
     }
-    let mut attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-    if !bind.writable {
-        attrs |= MOUNT_ATTR_RDONLY;
+    Ok(out)
+}
+
+/// What an exposure without an idmapped mount leaves open.
+pub fn unmapped_note(bind: &Bind, sandbox: (u32, u32)) -> String {
+    if bind.writable {
+        format!(
+            "--rw {}: no idmapped mount here (the filesystem or kernel does not support one): files the sandbox creates belong to host uid {} instead of the directory's owner",
+            bind.host.path.display(),
+            sandbox.0
+        )
+    } else {
+        format!(
+            "--ro {}: no idmapped mount here (the filesystem or kernel does not support one, or the supervisor is not root): host FIFOs and unix sockets in it can still be written to and connected to",
+            bind.host.path.display()
+        )
     }
-    if bind.noexec {
-        attrs |= MOUNT_ATTR_NOEXEC;
+}
+
+/// The source of one bind inside the sandbox: the supervisor's prepared copy, or (an
+/// unprivileged supervisor) a copy made here of the object at the bind's path, found in one
+/// walk that follows no symlink and checked to be the very object the supervisor resolved
+/// (device and inode, held open by the supervisor so neither can be reused meanwhile).
+fn source<'a>(bind: &'a Bind, prepared: Option<RawFd>) -> Result<Source<'a>, MountError> {
+    let what = format!("clone {}", bind.host.path.display());
+    if let Some(fd) = prepared {
+        // SAFETY: `fd` is this process's copy (made by the clone) of a tree the supervisor
+        // prepared; nothing else in this process uses or closes it.
+        let tree = unsafe { OwnedFd::from_raw_fd(fd) };
+        return Ok(Source { bind, tree });
     }
-    set_attrs(tree.as_raw_fd(), None, attrs, true)
-        .map_err(fail(format!("flag {}", bind.source.display())))?;
-    Ok(Source {
-        bind: bind.clone(),
-        tree,
-    })
+    let found = crate::paths::dir::open_nofollow(&bind.host.path, nix::fcntl::OFlag::O_PATH)
+        .map_err(fail(what.clone()))?;
+    let got = fstat_id(&found).map_err(fail(what.clone()))?;
+    if got != (bind.host.dev, bind.host.ino) {
+        return Err(MountError {
+            step: format!("{what}: changed since it was checked"),
+            errno: libc::ESTALE,
+        });
+    }
+    let tree = clone_fd_tree(found.as_raw_fd()).map_err(fail(what))?;
+    set_attrs(tree.as_raw_fd(), None, bind.attrs(), true)
+        .map_err(fail(format!("flag {}", bind.host.path.display())))?;
+    Ok(Source { bind, tree })
 }
 
 fn mount_tmpfs(target: &Path, mode: &str, size: u64, flags: MsFlags) -> Result<(), MountError> {
@@ -323,8 +476,9 @@ fn mount_tmpfs(target: &Path, mode: &str, size: u64, flags: MsFlags) -> Result<(
 }
 
 /// Builds the new root from `plan` and pivots into it. Runs inside the new user and mount
-/// namespaces, after the identity switch, as the sandbox's pid 1.
-pub fn build_root(plan: &RootfsPlan) -> Result<(), MountError> {
+/// namespaces, after the identity switch, as the sandbox's pid 1. `prepared` holds the
+/// supervisor's copies of the bind sources (see [`prepare`]), or is empty.
+pub fn build_root(plan: &RootfsPlan, prepared: &[RawFd]) -> Result<(), MountError> {
     // Nothing done here may propagate back to the host.
     mount(
         None::<&str>,
@@ -335,16 +489,17 @@ pub fn build_root(plan: &RootfsPlan) -> Result<(), MountError> {
     )
     .map_err(nix_fail("make / private"))?;
 
-    // 1. Clone every source before the staging tmpfs hides the host's /tmp.
+    // 1. Every source, before the staging tmpfs hides the host's /tmp.
+    let mut prepared = prepared.iter().copied();
     let system: Vec<Source> = plan
         .system
         .iter()
-        .map(clone_source)
+        .map(|b| source(b, prepared.next()))
         .collect::<Result<_, _>>()?;
     let exposures: Vec<Source> = plan
         .exposures
         .iter()
-        .map(clone_source)
+        .map(|b| source(b, prepared.next()))
         .collect::<Result<_, _>>()?;
     let mut nodes = Vec::new();
     for name in DEV_NODES {
@@ -378,7 +533,7 @@ pub fn build_root(plan: &RootfsPlan) -> Result<(), MountError> {
     .map_err(nix_fail("open the new root"))?;
 
     for src in &system {
-        let at = mount_point(&root, &src.bind.target, src.bind.is_dir)?;
+        let at = mount_point(&root, &src.bind.target, src.bind.is_dir())?;
         attach(&src.tree, &at).map_err(fail(format!("mount {}", src.bind.target.display())))?;
     }
     for (link, text) in &plan.links {
@@ -404,7 +559,7 @@ pub fn build_root(plan: &RootfsPlan) -> Result<(), MountError> {
 
     // 6. The user's exposures, parents before children.
     for src in &exposures {
-        let at = mount_point(&root, &src.bind.target, src.bind.is_dir)?;
+        let at = mount_point(&root, &src.bind.target, src.bind.is_dir())?;
         attach(&src.tree, &at).map_err(fail(format!("mount {}", src.bind.target.display())))?;
     }
 

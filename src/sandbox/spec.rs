@@ -10,6 +10,7 @@ use crate::profile::Profile;
 
 use super::cgroup::Limits;
 use super::exec;
+use super::idpool::{self, IdRanges};
 use super::landlock::LandlockRules;
 use super::mounts::{self, Bind, RootfsPlan};
 use super::userns::Identity;
@@ -108,14 +109,7 @@ pub fn build_compiled(
         if !seen.insert(p.clone()) {
             return Err(invalid(format!("{} is exposed twice", p.display())));
         }
-        exposures.push(Bind {
-            source: p.clone(),
-            target: p.clone(),
-            writable: x.writable,
-            is_dir: x.host.is_dir,
-            expect: Some((x.host.dev, x.host.ino)),
-            noexec: false,
-        });
+        exposures.push(Bind::same_path(x.host.clone(), x.writable));
     }
     for (host, target) in &req.extra_binds {
         check_absolute_clean(target).map_err(|e| invalid(e.to_string()))?;
@@ -126,12 +120,12 @@ pub fn build_compiled(
             )));
         }
         exposures.push(Bind {
-            source: host.path.clone(),
+            host: host.clone(),
             target: target.clone(),
             writable: false,
-            is_dir: host.is_dir,
-            expect: Some((host.dev, host.ino)),
             noexec: false,
+            // hatchery's own files (root's), not a user's exposure.
+            idmapped: false,
         });
     }
     // Parents are mounted before children.
@@ -140,14 +134,17 @@ pub fn build_compiled(
     let (links, top_dirs) = mounts::host_top_level();
     let mut system = Vec::new();
     for dir in profile.mounts.system.iter().chain(top_dirs.iter()) {
-        if dir.is_dir() && !system.iter().any(|b: &Bind| b.target == *dir) {
+        if system.iter().any(|b: &Bind| b.target == *dir) {
+            continue;
+        }
+        // A system directory the host lacks (or has as something else) is left out.
+        let Ok(host) = crate::paths::check_host_path(dir) else {
+            continue;
+        };
+        if host.is_dir {
             system.push(Bind {
-                source: dir.clone(),
-                target: dir.clone(),
-                writable: false,
-                is_dir: true,
-                expect: None,
-                noexec: false,
+                idmapped: false,
+                ..Bind::same_path(host, false)
             });
         }
     }
@@ -197,7 +194,7 @@ pub fn build_compiled(
             .filter(|c| {
                 exposures
                     .iter()
-                    .any(|x| x.is_dir && c.starts_with(&x.target))
+                    .any(|x| x.is_dir() && c.starts_with(&x.target))
             })
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("/")),
@@ -224,7 +221,20 @@ pub fn build_compiled(
         pids: req.limits.pids.or(defaults.pids),
     };
     let rlimits = profile.rlimits().map_err(|e| invalid(e.to_string()))?;
-    let mut identity = Identity::for_caller(req.host_ids);
+    // A privileged supervisor gives each sandbox a host identity of its own (see idpool).
+    let ranges = IdRanges::configured();
+    let id_lease = match req.host_ids {
+        None if nix::unistd::geteuid().is_root() => {
+            Some(idpool::lease(&ranges).map_err(|e| SandboxError::Refused {
+                what: "a host identity for the sandbox".into(),
+                why: e.to_string(),
+                fix: "free ids by ending other sandboxes, or name one with --host-uid".into(),
+            })?)
+        }
+        _ => None,
+    };
+    let host_ids = req.host_ids.or(id_lease.as_ref().map(|l| (l.uid, l.gid)));
+    let mut identity = Identity::for_caller(host_ids);
     if let Some(ids) = req.payload_ids {
         if ids.0 >= identity.mapped_ids() || ids.1 >= identity.mapped_ids() {
             return Err(invalid(format!(
@@ -254,6 +264,8 @@ pub fn build_compiled(
         limits,
         namespaces: profile.namespaces.clone(),
         identity,
+        id_lease,
+        null_ids: ranges.null_ids(),
         hostname: if req.hostname.is_empty() {
             "hatchery".into()
         } else {
@@ -278,7 +290,7 @@ fn restrict_exec(allow: &exec::ExecAllowlist, landlock: &mut LandlockRules, bind
     landlock.execute.clear();
     landlock.exec_files = allow.executable().cloned().collect();
     for b in binds.iter_mut() {
-        if b.source != b.target && !b.is_dir {
+        if b.host.path != b.target && !b.is_dir() {
             landlock.exec_files.push(b.target.clone());
         }
         if b.writable {
@@ -290,14 +302,7 @@ fn restrict_exec(allow: &exec::ExecAllowlist, landlock: &mut LandlockRules, bind
         if binds.iter().any(|b| b.target == host.path) {
             continue;
         }
-        binds.push(Bind {
-            source: host.path.clone(),
-            target: host.path.clone(),
-            writable: false,
-            is_dir: false,
-            expect: Some((host.dev, host.ino)),
-            noexec: false,
-        });
+        binds.push(Bind::same_path(host.clone(), false));
     }
     binds.sort_by_key(|b| b.target.components().count());
 }
@@ -441,8 +446,8 @@ mod tests {
             .collect();
         assert_eq!(targets, [canon.as_path(), tool.as_path()], "parents first");
         let pin = &spec.rootfs.exposures[1];
-        assert_eq!(pin.expect, Some((meta.dev(), meta.ino())));
-        assert!(!pin.writable && !pin.is_dir && !pin.noexec);
+        assert_eq!((pin.host.dev, pin.host.ino), (meta.dev(), meta.ino()));
+        assert!(!pin.writable && !pin.is_dir() && !pin.noexec);
         Ok(())
     }
 

@@ -11,6 +11,7 @@
 //! sandboxes can hold ids other than the caller's: the controller gives each worker its own.
 
 use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use nix::unistd::{Gid, Uid};
@@ -89,8 +90,9 @@ pub fn subordinate_ranges(uid: u32) -> Option<(SubIdRange, SubIdRange, PathBuf, 
 }
 
 impl Identity {
-    /// The identity for the calling user: root maps to `host` (default 65534:65534), an
-    /// unprivileged caller maps to itself.
+    /// The identity for the calling user: root maps to `host` (a leased id pair, see
+    /// [`super::idpool`], or 65534:65534 when none is given), an unprivileged caller maps
+    /// to itself.
     pub fn for_caller(host: Option<(u32, u32)>) -> Identity {
         let euid = nix::unistd::geteuid().as_raw();
         let egid = nix::unistd::getegid().as_raw();
@@ -193,6 +195,255 @@ impl Identity {
             write("setgroups", "deny")?;
         }
         write("gid_map", &Identity::map_text(&self.gid_maps))?;
+        Ok(())
+    }
+}
+
+/// A user namespace made only to carry an id mapping for idmapped mounts
+/// (`mount_setattr(MOUNT_ATTR_IDMAP)`): a short-lived child enters a new user namespace,
+/// the maps are written, and the namespace is kept by the returned descriptor after the
+/// child has gone. Needs a privileged, single-threaded caller.
+pub fn idmap_userns(uid_maps: &[IdMapping], gid_maps: &[IdMapping]) -> io::Result<OwnedFd> {
+    super::process::ensure_single_threaded()?;
+    let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let (done_r, done_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    // SAFETY: the caller is single-threaded (checked above); the child makes only the
+    // async-signal-safe calls unshare, write, read and _exit.
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Child => {
+            // Only the parent may hold the write end, or the read below never ends.
+            drop(done_w);
+            drop(ready_r);
+            let ok = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).is_ok();
+            let _ = nix::unistd::write(&ready_w, &[u8::from(ok)]);
+            let mut b = [0u8; 1];
+            let _ = nix::unistd::read(&done_r, &mut b);
+            // SAFETY: leave without running the parent's destructors in this copy.
+            unsafe { libc::_exit(0) }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(ready_w);
+            drop(done_r);
+            let result = (|| {
+                let mut b = [0u8; 1];
+                match nix::unistd::read(&ready_r, &mut b) {
+                    Ok(1) if b[0] == 1 => {}
+                    _ => return Err(io::Error::other("cannot create a user namespace")),
+                }
+                let pid = child.as_raw();
+                let write = |file: &str, text: &str| -> io::Result<()> {
+                    let path = format!("/proc/{pid}/{file}");
+                    let mut f = std::fs::OpenOptions::new().write(true).open(&path)?;
+                    f.write_all(text.as_bytes())
+                };
+                write("uid_map", &Identity::map_text(uid_maps))?;
+                write("gid_map", &Identity::map_text(gid_maps))?;
+                let ns = std::fs::File::open(format!("/proc/{pid}/ns/user"))?;
+                Ok(OwnedFd::from(ns))
+            })();
+            drop(done_w);
+            while let Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(child, None) {}
+            result
+        }
+    }
+}
+
+/// The mapping of an idmapped mount through which nothing on disk is owned by the
+/// sandbox: only `null` (an id nothing on disk has) is mapped. Every write needs mapped
+/// ids (the kernel refuses MAY_WRITE on an inode with an unmapped owner or group), so
+/// such a mount gives no write channel at all: no FIFO opened for writing, no `connect`
+/// to a unix socket. Reads go by the "other" permission bits.
+pub fn null_idmap(null: (u32, u32)) -> io::Result<std::os::fd::BorrowedFd<'static>> {
+    use std::os::fd::AsFd;
+    static NULL: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
+    if let Some(fd) = NULL.get() {
+        return Ok(fd.as_fd());
+    }
+    let one = |id: u32| IdMapping {
+        inside: id,
+        outside: id,
+        count: 1,
+    };
+    let fd = idmap_userns(&[one(null.0)], &[one(null.1)])?;
+    Ok(NULL.get_or_init(|| fd).as_fd())
+}
+
+/// The mapping of an idmapped read-write mount: what `owner` (uid, gid) owns on disk
+/// belongs to the sandbox's host ids, and what the sandbox creates is stored as `owner`
+/// (so a workspace never needs to be handed to the sandbox's uid). Other owners stay
+/// unmapped (never writable); other groups map to themselves, so a file of the owner's
+/// in another group stays writable for the owner.
+pub fn owner_idmap(owner: (u32, u32), sandbox: (u32, u32)) -> io::Result<OwnedFd> {
+    let uids = [IdMapping {
+        inside: owner.0,
+        outside: sandbox.0,
+        count: 1,
+    }];
+    let mut gids = vec![IdMapping {
+        inside: owner.1,
+        outside: sandbox.1,
+        count: 1,
+    }];
+    // Identity for every other gid, except the two taken above (maps are one-to-one).
+    let (a, b) = (owner.1.min(sandbox.1), owner.1.max(sandbox.1));
+    for (lo, hi) in [
+        (0, a),
+        (a.saturating_add(1), b),
+        (b.saturating_add(1), u32::MAX),
+    ] {
+        if hi > lo && lo != owner.1 {
+            gids.push(IdMapping {
+                inside: lo,
+                outside: lo,
+                count: hi - lo,
+            });
+        }
+    }
+    idmap_userns(&uids, &gids)
+}
+
+/// While it lives, the calling (privileged, single-threaded) supervisor's effective uid is
+/// the sandbox's host uid, with its capabilities kept: a user namespace cloned now is owned
+/// by that uid, so the kernel charges what the sandbox holds under per-user limits
+/// (inotify and fanotify instances, user namespaces, ...) to the sandbox's own id, never
+/// to root (a sandbox once held all 128 of root's inotify instances).
+pub struct CreatorGuard {
+    securebits: libc::c_int,
+    dumpable: libc::c_int,
+    pdeathsig: libc::c_int,
+    ppid: nix::unistd::Pid,
+}
+
+/// `SECBIT_NO_SETUID_FIXUP`: changing uids does not clear capabilities.
+const SECBIT_NO_SETUID_FIXUP: libc::c_int = 1 << 2;
+
+impl CreatorGuard {
+    pub fn become_uid(uid: u32) -> io::Result<CreatorGuard> {
+        // SAFETY: prctl queries with no pointer arguments (PR_GET_PDEATHSIG writes an int we own).
+        let (securebits, dumpable, pdeathsig) = unsafe {
+            let mut sig: libc::c_int = 0;
+            libc::prctl(libc::PR_GET_PDEATHSIG, &mut sig as *mut libc::c_int);
+            (
+                libc::prctl(libc::PR_GET_SECUREBITS),
+                libc::prctl(libc::PR_GET_DUMPABLE),
+                sig,
+            )
+        };
+        if securebits < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let guard = CreatorGuard {
+            securebits,
+            dumpable,
+            pdeathsig,
+            ppid: nix::unistd::getppid(),
+        };
+        // SAFETY: PR_SET_SECUREBITS takes an integer.
+        if unsafe { libc::prctl(libc::PR_SET_SECUREBITS, securebits | SECBIT_NO_SETUID_FIXUP) } != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        if let Err(e) = nix::unistd::seteuid(Uid::from_raw(uid)) {
+            drop(guard);
+            return Err(e.into());
+        }
+        Ok(guard)
+    }
+
+    /// The securebits the sandbox must restore in itself (it inherits the changed ones).
+    pub fn original_securebits(&self) -> libc::c_int {
+        self.securebits
+    }
+}
+
+impl Drop for CreatorGuard {
+    fn drop(&mut self) {
+        let _ = nix::unistd::seteuid(Uid::from_raw(0));
+        // SAFETY: prctl with integer arguments only.
+        unsafe {
+            libc::prctl(libc::PR_SET_SECUREBITS, self.securebits);
+            if self.dumpable >= 0 {
+                libc::prctl(libc::PR_SET_DUMPABLE, self.dumpable);
+            }
+            // A change of effective uid cleared the parent-death signal: arm it again, and
+            // if the parent died in between, follow it now.
+            if self.pdeathsig > 0 {
+                libc::prctl(libc::PR_SET_PDEATHSIG, self.pdeathsig);
+                if nix::unistd::getppid() != self.ppid {
+                    libc::raise(self.pdeathsig);
+                }
+            }
+        }
+    }
+}
+
+/// Restores `securebits` in the calling process (the sandbox, which inherited the
+/// creator guard's).
+pub fn restore_securebits(securebits: libc::c_int) -> nix::Result<()> {
+    // SAFETY: PR_SET_SECUREBITS takes an integer.
+    let rc = unsafe { libc::prctl(libc::PR_SET_SECUREBITS, securebits) };
+    nix::errno::Errno::result(rc).map(drop)
+}
+
+/// What a sandbox may hold of the kernel objects that no cgroup accounts, set on its own
+/// user namespace (`/proc/sys/user/max_*` are per user namespace, and bound everything
+/// created in it whatever the host allows). No new namespaces of any kind, anonymous mount
+/// namespaces included (seccomp refuses them too), and a modest share of inotify and
+/// fanotify, which the kernel otherwise charges up to the creator of the namespace.
+pub const KERNEL_OBJECT_LIMITS: [(&str, u64); 12] = [
+    ("max_user_namespaces", 0),
+    ("max_pid_namespaces", 0),
+    ("max_net_namespaces", 0),
+    ("max_mnt_namespaces", 0),
+    ("max_ipc_namespaces", 0),
+    ("max_uts_namespaces", 0),
+    ("max_time_namespaces", 0),
+    ("max_cgroup_namespaces", 0),
+    ("max_inotify_instances", 64),
+    ("max_inotify_watches", 65536),
+    ("max_fanotify_groups", 16),
+    ("max_fanotify_marks", 8192),
+];
+
+/// The sandbox user namespace's limit files, opened while the host's `/proc` is still
+/// mounted writable and written once the sandbox has made every namespace and mount of
+/// its own (building the root takes anonymous mount namespaces).
+pub struct KernelObjectLimits {
+    files: Vec<(&'static str, OwnedFd)>,
+}
+
+impl KernelObjectLimits {
+    /// Opens the files (pid 1 of the sandbox, which holds every capability in its user
+    /// namespace). A limit the kernel does not have is skipped.
+    pub fn open() -> Result<KernelObjectLimits, (String, nix::errno::Errno)> {
+        use nix::fcntl::{OFlag, open};
+        use nix::sys::stat::Mode;
+        let mut files = Vec::with_capacity(KERNEL_OBJECT_LIMITS.len());
+        for (name, _) in KERNEL_OBJECT_LIMITS {
+            let path = format!("/proc/sys/user/{name}");
+            match open(
+                path.as_str(),
+                OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(fd) => files.push((name, fd)),
+                Err(nix::errno::Errno::ENOENT) => continue,
+                Err(e) => return Err((format!("limit {name}"), e)),
+            }
+        }
+        Ok(KernelObjectLimits { files })
+    }
+
+    /// Writes [`KERNEL_OBJECT_LIMITS`].
+    pub fn apply(self) -> Result<(), (String, nix::errno::Errno)> {
+        for (name, fd) in self.files {
+            let value = KERNEL_OBJECT_LIMITS
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or(0, |(_, v)| *v);
+            nix::unistd::write(&fd, value.to_string().as_bytes())
+                .map_err(|e| (format!("limit {name}"), e))?;
+        }
         Ok(())
     }
 }

@@ -131,6 +131,24 @@ pub fn skip_unless_root(test: &str) -> bool {
     false
 }
 
+/// Whether `id` is one hatchery leases to sandboxes started by root (the default range,
+/// or the `hatchery` entry of /etc/subuid).
+pub fn in_sandbox_id_range(id: u32) -> bool {
+    let configured = std::fs::read_to_string("/etc/subuid")
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                let mut f = l.split(':');
+                (f.next()? == "hatchery").then_some(())?;
+                let start: u32 = f.next()?.parse().ok()?;
+                let count: u32 = f.next()?.parse().ok()?;
+                Some((start, count))
+            })
+        })
+        .unwrap_or((0x7000_0000, 65536));
+    id >= configured.0 && id - configured.0 < configured.1
+}
+
 /// A temporary directory that sandboxes running as the default host uid (65534) may write.
 pub fn shared_tempdir() -> tempfile::TempDir {
     let dir = match tempfile::Builder::new().prefix("hatchery-test-").tempdir() {

@@ -1,0 +1,269 @@
+//! Validation of the host paths a user asks to expose in a sandbox.
+//!
+//! A path the user names is resolved once, to a descriptor, and that descriptor is what
+//! gets mounted: the path must be absolute, must not contain `.`/`..` components or
+//! symlinks anywhere (a symlink could point somewhere the user did not mean), and must
+//! exist. [`dir`] holds the same discipline for files hatchery itself reads and writes
+//! in places a sandbox may write.
+
+pub mod dir;
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use nix::fcntl::OFlag;
+
+pub use dir::Dir;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("{0}: must be an absolute path")]
+    Relative(PathBuf),
+    #[error("{0}: must not contain `.` or `..` components")]
+    DotComponent(PathBuf),
+    #[error("{0}: must not be the root directory")]
+    Root(PathBuf),
+    #[error("{0}: does not exist")]
+    Missing(PathBuf),
+    #[error("{path}: {component} is a symlink; name the real path ({target})")]
+    Symlink {
+        path: PathBuf,
+        component: PathBuf,
+        target: PathBuf,
+    },
+    #[error("{0}: is neither a regular file nor a directory")]
+    Special(PathBuf),
+    #[error("{path}: {reason}")]
+    Other { path: PathBuf, reason: String },
+}
+
+/// Checks that `path` is absolute and has no `.`/`..` components (no filesystem access).
+pub fn check_absolute_clean(path: &Path) -> Result<(), PathError> {
+    if !path.is_absolute() {
+        return Err(PathError::Relative(path.to_path_buf()));
+    }
+    // `Path::components` silently drops interior `.`, so look at the raw bytes too.
+    let raw = path.as_os_str().as_encoded_bytes();
+    let has_dot = raw
+        .split(|b| *b == b'/')
+        .any(|seg| seg == b"." || seg == b"..");
+    if has_dot
+        || path
+            .components()
+            .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+    {
+        return Err(PathError::DotComponent(path.to_path_buf()));
+    }
+    Ok(())
+}
+
+/// A host path checked for exposure, resolved once to a descriptor: what the sandbox
+/// mounts is the object behind [`HostPath::fd`], never the path looked up again (a path
+/// is only a name, and a sandbox that can write one of its directories can swap a
+/// component between a check and a later lookup).
+#[derive(Debug, Clone)]
+pub struct HostPath {
+    /// The path, normalised (no trailing or duplicate slashes).
+    pub path: PathBuf,
+    pub is_dir: bool,
+    pub dev: u64,
+    pub ino: u64,
+    /// The owner and group of the object (for mapping a sandbox's writes to them).
+    pub uid: u32,
+    pub gid: u32,
+    /// `O_PATH` descriptor of the object, opened without following any symlink.
+    fd: Arc<OwnedFd>,
+}
+
+impl PartialEq for HostPath {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.path, self.is_dir, self.dev, self.ino)
+            == (&other.path, other.is_dir, other.dev, other.ino)
+    }
+}
+
+impl Eq for HostPath {}
+
+impl HostPath {
+    /// The descriptor the path was resolved to.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Names the symlink that made a no-symlink resolution of `path` fail (for the message
+/// only: the resolution itself never followed it).
+fn symlink_error(path: &Path) -> PathError {
+    let mut prefix = PathBuf::from("/");
+    for comp in path.components().skip(1) {
+        prefix.push(comp);
+        match std::fs::symlink_metadata(&prefix) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(&prefix).unwrap_or_default();
+                return PathError::Symlink {
+                    path: path.to_path_buf(),
+                    component: prefix,
+                    target,
+                };
+            }
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    PathError::Other {
+        path: path.to_path_buf(),
+        reason: "a component is a symlink (or was swapped for one while it was checked)".into(),
+    }
+}
+
+/// Validates a user-supplied host path for `--ro`/`--rw`: absolute, clean, not `/`, and
+/// resolved in one `openat2` walk that follows no symlink (`RESOLVE_NO_SYMLINKS`) to an
+/// existing directory or regular file, held open for the mount.
+pub fn check_host_path(path: &Path) -> Result<HostPath, PathError> {
+    check_absolute_clean(path)?;
+    let normal: PathBuf = path.components().collect();
+    if normal == Path::new("/") {
+        return Err(PathError::Root(path.to_path_buf()));
+    }
+    let fd = dir::open_nofollow(&normal, OFlag::O_PATH).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) => PathError::Missing(path.to_path_buf()),
+        Some(libc::ELOOP) => symlink_error(&normal),
+        _ => PathError::Other {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        },
+    })?;
+    let st = nix::sys::stat::fstat(&fd).map_err(|e| PathError::Other {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    let kind = st.st_mode & libc::S_IFMT;
+    if kind != libc::S_IFDIR && kind != libc::S_IFREG {
+        return Err(PathError::Special(path.to_path_buf()));
+    }
+    Ok(HostPath {
+        path: normal,
+        is_dir: kind == libc::S_IFDIR,
+        dev: st.st_dev,
+        ino: st.st_ino,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        fd: Arc::new(fd),
+    })
+}
+
+/// Where an output file goes: standard output, or a name in a directory held open since
+/// before anything untrusted ran (see [`dir`]).
+#[derive(Debug)]
+pub enum OutputTarget {
+    Stdout,
+    File { dir: Dir, name: String },
+}
+
+impl OutputTarget {
+    /// `-` means standard output; anything else is a file whose directory must exist now
+    /// (no symlink on the way) and take new files, so that a path that cannot be written
+    /// is refused before any work is done.
+    pub fn prepare(path: &Path) -> std::io::Result<OutputTarget> {
+        if path == Path::new("-") {
+            return Ok(OutputTarget::Stdout);
+        }
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .filter(|_| !path.as_os_str().as_encoded_bytes().ends_with(b"/"))
+            .ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "{}: not a file name (UTF-8, not ending in /)",
+                        path.display()
+                    ),
+                )
+            })?
+            .to_string();
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let dir = Dir::open(parent)?;
+        if let Some(st) = dir.stat_entry(&name)? {
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::IsADirectory,
+                    format!("{}: is a directory", path.display()),
+                ));
+            }
+        }
+        dir.check_writable()?;
+        Ok(OutputTarget::File { dir, name })
+    }
+
+    /// Writes `bytes` whole (a file is replaced atomically, mode 0644).
+    pub fn write(&self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            OutputTarget::Stdout => {
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                out.write_all(bytes).and_then(|()| out.flush())
+            }
+            OutputTarget::File { dir, name } => dir.write_atomically(name, bytes, 0o644),
+        }
+    }
+
+    /// What to call it in messages.
+    pub fn describe(&self) -> String {
+        match self {
+            OutputTarget::Stdout => "standard output".into(),
+            OutputTarget::File { dir, name } => dir.path().join(name).display().to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_and_dotted_paths_are_refused() {
+        assert!(matches!(
+            check_absolute_clean(Path::new("usr")),
+            Err(PathError::Relative(_))
+        ));
+        for p in ["/tmp/../etc", "/tmp/./x", "/..", "/a/b/.."] {
+            assert!(
+                matches!(
+                    check_absolute_clean(Path::new(p)),
+                    Err(PathError::DotComponent(_))
+                ),
+                "{p}"
+            );
+        }
+        assert!(check_absolute_clean(Path::new("/usr/lib")).is_ok());
+    }
+
+    #[test]
+    fn host_paths_must_exist_and_not_be_symlinks() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real)?;
+        std::os::unix::fs::symlink(&real, dir.path().join("link"))?;
+        let canon = std::fs::canonicalize(&real)?;
+        assert!(check_host_path(&canon).is_ok());
+        let link = std::fs::canonicalize(dir.path())?.join("link");
+        assert!(matches!(
+            check_host_path(&link),
+            Err(PathError::Symlink { .. })
+        ));
+        assert!(matches!(
+            check_host_path(&canon.join("missing")),
+            Err(PathError::Missing(_))
+        ));
+        assert!(matches!(
+            check_host_path(Path::new("/")),
+            Err(PathError::Root(_))
+        ));
+        Ok(())
+    }
+}
