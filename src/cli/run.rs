@@ -79,12 +79,18 @@ pub struct RunArgs {
     /// Host uid[:gid] the sandbox runs as when hatchery runs as root (default 65534:65534)
     #[arg(long, value_name = "UID[:GID]", value_parser = parse_host_ids)]
     pub host_uid: Option<(u32, u32)>,
-    /// Hostname inside the sandbox
-    #[arg(long, default_value = "hatchery")]
+    /// Hostname inside the sandbox (1 to 64 letters, digits, '-' or '.')
+    #[arg(long, default_value = "hatchery", value_parser = parse_hostname)]
     pub hostname: String,
     /// The command and its arguments
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+fn parse_hostname(s: &str) -> Result<String, String> {
+    spec::check_hostname(s)
+        .map(|()| s.to_string())
+        .map_err(|e| e.to_string())
 }
 
 fn parse_host_ids(s: &str) -> Result<(u32, u32), String> {

@@ -229,10 +229,12 @@ impl Launcher {
         if self.running.contains_key(&ls.worker_id) {
             return Err(format!("worker {} is already running", ls.worker_id));
         }
-        let (mut profile, program) = self.profile(&ls.profile)?;
         if ls.share_network {
-            profile.namespaces.net = false;
+            // Half of the host's network (its loopback services, its interfaces) is no
+            // policy: until egress goes through the supervisor, a worker never shares it.
+            return Err("allow_external is refused: a worker never shares the host's network namespace (egress through the supervisor is not available yet)".into());
         }
+        let (mut profile, program) = self.profile(&ls.profile)?;
         profile
             .narrow_exec(&ls.allow_exec)
             .map_err(|e| e.to_string())?;

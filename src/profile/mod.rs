@@ -115,6 +115,11 @@ pub struct LandlockPolicy {
     /// makes `run` fail closed (exit 125) unless `--allow-degraded`.
     #[serde(default = "default_min_abi")]
     pub min_abi: u8,
+    /// Refuse every TCP bind and connect, loopback included (Landlock ABI 4). Off by
+    /// default: the sandbox's empty network namespace is what keeps it off the network,
+    /// and its own loopback (a test server an agent starts) should work.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deny_tcp: bool,
 }
 
 fn default_min_abi() -> u8 {
@@ -129,6 +134,7 @@ impl Default for LandlockPolicy {
             execute: Vec::new(),
             allow_exec: None,
             min_abi: default_min_abi(),
+            deny_tcp: false,
         }
     }
 }

@@ -27,7 +27,12 @@ pub struct LandlockRules {
     /// Directories that may be listed but whose files are not thereby readable (the new
     /// root, which holds nothing but hatchery's own mount points).
     pub list: Vec<PathBuf>,
+    /// Refuse TCP bind and connect altogether (ABI 4), loopback included.
+    pub deny_tcp: bool,
 }
+
+/// The Landlock ABI that restricts TCP bind and connect.
+pub const TCP_ABI: u8 = 4;
 
 /// What was enforced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,9 +86,14 @@ pub fn restrict(rules: &LandlockRules) -> Result<LandlockOutcome, String> {
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(TARGET_ABI))
-        .map_err(|e| e.to_string())?
-        .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
-        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    if rules.deny_tcp {
+        // Handled with no rule granting a port: every bind and connect is refused.
+        ruleset = ruleset
+            .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+            .map_err(|e| e.to_string())?;
+    }
+    let mut ruleset = ruleset
         .scope(Scope::AbstractUnixSocket | Scope::Signal)
         .map_err(|e| e.to_string())?
         .create()

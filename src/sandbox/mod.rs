@@ -21,6 +21,7 @@ pub mod mounts;
 pub mod net;
 pub mod output;
 pub mod process;
+pub mod procfs;
 pub mod rlimits;
 pub mod seccomp;
 pub mod spec;
@@ -310,6 +311,24 @@ pub fn preflight(spec: &SandboxSpec, host: &Host) -> Result<Enforcement, Sandbox
             e.not_enforced.push(format!("landlock: {why}"));
         }
     }
+    if spec.landlock.deny_tcp && host.landlock_abi.unwrap_or(0) < landlock::TCP_ABI {
+        let why = format!(
+            "the profile refuses all TCP (deny_tcp), which needs Landlock ABI {} (the kernel offers {})",
+            landlock::TCP_ABI,
+            host.landlock_abi
+                .map_or("none".to_string(), |a| a.to_string())
+        );
+        if !spec.allow_degraded {
+            return Err(refuse(
+                "the profile's TCP denial",
+                why,
+                "boot Linux 6.7 or later",
+            ));
+        }
+        e.not_enforced.push(format!(
+            "deny_tcp: {why}; loopback TCP stays possible (the network namespace still has no route out)"
+        ));
+    }
 
     // cgroup limits
     let mut cg_limits = spec.limits;
@@ -321,8 +340,8 @@ pub fn preflight(spec: &SandboxSpec, host: &Host) -> Result<Enforcement, Sandbox
             e.cgroup = v.to_string();
             let checks: [(&'static str, bool, bool, String); 3] = [
                 ("memory", spec.limits.memory.is_some(), have.memory, match v {
-                    cgroup::CgroupVersion::V1 => "cgroup v1 memory.limit_in_bytes (+ memory.memsw.limit_in_bytes: no swap)".into(),
-                    cgroup::CgroupVersion::V2 => "cgroup v2 memory.max (+ memory.swap.max 0, memory.oom.group)".into(),
+                    cgroup::CgroupVersion::V1 => "cgroup v1 memory.limit_in_bytes (+ memory.memsw.limit_in_bytes: no swap; memory.kmem.tcp.limit_in_bytes: TCP buffers)".into(),
+                    cgroup::CgroupVersion::V2 => "cgroup v2 memory.max (+ memory.swap.max 0, memory.oom.group; socket buffers are charged too)".into(),
                 }),
                 ("cpus", spec.limits.cpus.is_some(), have.cpu, match v {
                     cgroup::CgroupVersion::V1 => "cgroup v1 cpu.cfs_quota_us / cpu.cfs_period_us".into(),
@@ -342,6 +361,11 @@ pub fn preflight(spec: &SandboxSpec, host: &Host) -> Result<Enforcement, Sandbox
                         format!("no {name} controller in this host's cgroup {v} hierarchy"),
                     ));
                 }
+            }
+            if spec.limits.memory.is_some() && have.memory && v == cgroup::CgroupVersion::V1 {
+                e.not_enforced.push(
+                    "memory limit: cgroup v1 does not charge UDP, unix and netlink socket buffers to it (cgroup v2 does); they are bounded only by the host's per-socket maximum (net.core.rmem_max) times the open-file limit".into(),
+                );
             }
             if spec.limits.memory.is_some() && have.memory && !have.swap_off {
                 let why = "the host has swap but no swap accounting, so the sandbox could swap beyond its memory limit".to_string();

@@ -26,7 +26,7 @@ pub struct MountError {
     pub errno: i32,
 }
 
-fn fail(step: impl Into<String>) -> impl FnOnce(io::Error) -> MountError {
+pub(super) fn fail(step: impl Into<String>) -> impl FnOnce(io::Error) -> MountError {
     let step = step.into();
     move |e| MountError {
         step,
@@ -34,7 +34,7 @@ fn fail(step: impl Into<String>) -> impl FnOnce(io::Error) -> MountError {
     }
 }
 
-fn nix_fail(step: impl Into<String>) -> impl FnOnce(nix::Error) -> MountError {
+pub(super) fn nix_fail(step: impl Into<String>) -> impl FnOnce(nix::Error) -> MountError {
     let step = step.into();
     move |e| MountError {
         step,
@@ -97,25 +97,17 @@ pub struct RootfsPlan {
     pub exposures: Vec<Bind>,
     pub tmp_size: u64,
     pub dev_shm: bool,
+    /// The files that replace host-wide ones in the sandbox's `/proc`.
+    pub proc_view: super::procfs::ProcView,
     /// Mount `/tmp` and `/dev/shm` noexec (under an executable allowlist).
     pub noexec_tmp: bool,
 }
 
 /// Device nodes bound from the host into `/dev`.
 pub const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
-/// `/proc` entries made read-only.
-const PROC_READONLY: [&str; 4] = ["sys", "sysrq-trigger", "irq", "bus"];
-/// `/proc` files hidden behind `/dev/null` (host-wide information or attack surface).
-const PROC_MASKED_FILES: [&str; 6] = [
-    "kcore",
-    "keys",
-    "timer_list",
-    "sched_debug",
-    "latency_stats",
-    "timer_stats",
-];
-/// `/proc` directories hidden behind an empty read-only tmpfs.
-const PROC_MASKED_DIRS: [&str; 3] = ["acpi", "asound", "scsi"];
+/// The sandbox's own devpts: at most 16 terminals. Without `max=` one sandbox took 3,071
+/// ptys (every pty the kernel allows outside the host's own reserve) and the next got ENOSPC.
+const DEVPTS_OPTIONS: &str = "newinstance,ptmxmode=0666,mode=620,max=16";
 /// Where the new root is assembled (in the sandbox's private mount namespace only).
 const STAGE: &str = "/tmp";
 
@@ -123,10 +115,10 @@ const OPEN_TREE_CLONE: libc::c_uint = 1;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
-const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+pub(super) const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub(super) const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub(super) const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub(super) const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 const RESOLVE_NO_SYMLINKS: u64 = 0x04;
 const RESOLVE_BENEATH: u64 = 0x08;
@@ -159,7 +151,7 @@ fn owned(rc: libc::c_long) -> io::Result<OwnedFd> {
 }
 
 /// A detached copy of the mount tree at `path` (open_tree with OPEN_TREE_CLONE).
-fn clone_tree(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
+pub(super) fn clone_tree(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
     let c = cpath(path)?;
     let flags = OPEN_TREE_CLONE
         | libc::O_CLOEXEC as libc::c_uint
@@ -183,7 +175,12 @@ fn clone_fd_tree(fd: RawFd) -> io::Result<OwnedFd> {
 }
 
 /// Sets mount attributes (and private propagation) on a detached tree or a path.
-fn set_attrs(fd: RawFd, path: Option<&Path>, set: u64, recursive: bool) -> io::Result<()> {
+pub(super) fn set_attrs(
+    fd: RawFd,
+    path: Option<&Path>,
+    set: u64,
+    recursive: bool,
+) -> io::Result<()> {
     set_attrs_idmap(fd, path, set, recursive, None)
 }
 
@@ -234,7 +231,7 @@ fn set_attrs_idmap(
 }
 
 /// Attaches the detached tree `from` onto the object `to` (an O_PATH fd).
-fn attach(from: &OwnedFd, to: &OwnedFd) -> io::Result<()> {
+pub(super) fn attach(from: &OwnedFd, to: &OwnedFd) -> io::Result<()> {
     let empty = CString::default();
     // SAFETY: move_mount with two valid fds and empty paths (the *_EMPTY_PATH flags).
     let rc = unsafe {
@@ -276,7 +273,11 @@ fn open_beneath(dir: &OwnedFd, name: &Path, flags: libc::c_int) -> io::Result<Ow
 
 /// Opens (creating as needed) the mount point for `target` under the new root, walking
 /// component by component without following symlinks. Returns an O_PATH fd.
-fn mount_point(root: &OwnedFd, target: &Path, is_dir: bool) -> Result<OwnedFd, MountError> {
+pub(super) fn mount_point(
+    root: &OwnedFd,
+    target: &Path,
+    is_dir: bool,
+) -> Result<OwnedFd, MountError> {
     let step = || format!("mount point {}", target.display());
     let comps: Vec<&std::ffi::OsStr> = target
         .components()
@@ -329,7 +330,7 @@ fn mount_point(root: &OwnedFd, target: &Path, is_dir: bool) -> Result<OwnedFd, M
     Ok(cur)
 }
 
-fn stage_path(target: &Path) -> PathBuf {
+pub(super) fn stage_path(target: &Path) -> PathBuf {
     Path::new(STAGE).join(target.strip_prefix("/").unwrap_or(target))
 }
 
@@ -463,7 +464,12 @@ fn source<'a>(bind: &'a Bind, prepared: Option<RawFd>) -> Result<Source<'a>, Mou
     Ok(Source { bind, tree })
 }
 
-fn mount_tmpfs(target: &Path, mode: &str, size: u64, flags: MsFlags) -> Result<(), MountError> {
+pub(super) fn mount_tmpfs(
+    target: &Path,
+    mode: &str,
+    size: u64,
+    flags: MsFlags,
+) -> Result<(), MountError> {
     let data = format!("mode={mode},size={size}");
     mount(
         Some("tmpfs"),
@@ -555,7 +561,7 @@ pub fn build_root(plan: &RootfsPlan, prepared: &[RawFd]) -> Result<(), MountErro
 
     // 5. Private /proc, mounted while the host's is still visible (the kernel refuses a
     //    new proc in a user namespace that has no fully visible one).
-    build_proc(&root)?;
+    super::procfs::build(&root, &plan.proc_view)?;
 
     // 6. The user's exposures, parents before children.
     for src in &exposures {
@@ -621,7 +627,7 @@ fn build_dev(
         &stage_path(&pts),
         Some("devpts"),
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("newinstance,ptmxmode=0666,mode=620"),
+        Some(DEVPTS_OPTIONS),
     )
     .map_err(nix_fail("devpts on /dev/pts"))?;
     if plan.dev_shm {
@@ -639,73 +645,6 @@ fn build_dev(
         std::os::unix::fs::symlink(text, stage_path(&dev.join(link)))
             .map_err(fail(format!("link /dev/{link}")))?;
     }
-    Ok(())
-}
-
-fn build_proc(root: &OwnedFd) -> Result<(), MountError> {
-    let proc_dir = Path::new("/proc");
-    mount_point(root, proc_dir, true)?;
-    let staged = stage_path(proc_dir);
-    mount(
-        Some("proc"),
-        &staged,
-        Some("proc"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        None::<&str>,
-    )
-    .map_err(nix_fail("proc on /proc"))?;
-    for name in PROC_READONLY {
-        let p = staged.join(name);
-        if !p.exists() {
-            continue;
-        }
-        let tree = clone_tree(&p, true).map_err(fail(format!("clone /proc/{name}")))?;
-        set_attrs(
-            tree.as_raw_fd(),
-            None,
-            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
-            true,
-        )
-        .map_err(fail(format!("flag /proc/{name}")))?;
-        let at = nix::fcntl::open(
-            &p,
-            nix::fcntl::OFlag::O_PATH
-                | nix::fcntl::OFlag::O_CLOEXEC
-                | nix::fcntl::OFlag::O_NOFOLLOW,
-            nix::sys::stat::Mode::empty(),
-        )
-        .map_err(nix_fail(format!("open /proc/{name}")))?;
-        attach(&tree, &at).map_err(fail(format!("mount /proc/{name}")))?;
-    }
-    let null = stage_path(Path::new("/dev/null"));
-    for name in PROC_MASKED_FILES {
-        let p = staged.join(name);
-        if !p.exists() {
-            continue;
-        }
-        let tree = clone_tree(&null, false).map_err(fail("clone /dev/null"))?;
-        let at = nix::fcntl::open(
-            &p,
-            nix::fcntl::OFlag::O_PATH
-                | nix::fcntl::OFlag::O_CLOEXEC
-                | nix::fcntl::OFlag::O_NOFOLLOW,
-            nix::sys::stat::Mode::empty(),
-        )
-        .map_err(nix_fail(format!("open /proc/{name}")))?;
-        attach(&tree, &at).map_err(fail(format!("mask /proc/{name}")))?;
-    }
-    for name in PROC_MASKED_DIRS {
-        let p = staged.join(name);
-        if p.is_dir() {
-            mount_tmpfs(
-                &p,
-                "0555",
-                4096,
-                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            )?;
-        }
-    }
-    let _ = root;
     Ok(())
 }
 

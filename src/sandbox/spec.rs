@@ -46,6 +46,30 @@ pub struct RunRequest {
 /// Longest accepted command line, all arguments together.
 const MAX_ARGV_BYTES: usize = 1 << 20;
 
+/// Checks a hostname the way sethostname(2) and resolvers will read it: 1 to 64 bytes of
+/// letters, digits, `-` and `.`, starting with a letter or digit. (A longer one failed
+/// inside the sandbox, after the clone; a space or newline would reach every program that
+/// prints it.)
+pub fn check_hostname(name: &str) -> Result<(), SandboxError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(SandboxError::Invalid(HOSTNAME_RULE.into()))
+    }
+}
+
+const HOSTNAME_RULE: &str =
+    "a hostname is 1 to 64 letters, digits, '-' or '.', starting with a letter or digit";
+
 /// Validates an environment assignment `KEY=VALUE`.
 pub fn parse_env(assignment: &str) -> Result<(String, String), SandboxError> {
     let (k, v) = assignment.split_once('=').ok_or_else(|| {
@@ -88,6 +112,9 @@ pub fn build_compiled(
     }
     if req.command.iter().map(|a| a.len() + 1).sum::<usize>() > MAX_ARGV_BYTES {
         return Err(invalid("the command line is longer than 1 MiB".into()));
+    }
+    if !req.hostname.is_empty() {
+        check_hostname(&req.hostname)?;
     }
     if let Some((0, _)) | Some((_, 0)) = req.host_ids {
         return Err(invalid(
@@ -160,6 +187,7 @@ pub fn build_compiled(
         exec_files: Vec::new(),
         ioctl_dev: vec![PathBuf::from("/dev")],
         list: vec![PathBuf::from("/")],
+        deny_tcp: profile.landlock.deny_tcp,
     };
     for d in &top_dirs {
         landlock.read.push(d.clone());
@@ -254,6 +282,7 @@ pub fn build_compiled(
             tmp_size: profile.mounts.tmp_size_bytes(),
             dev_shm: profile.mounts.dev_shm,
             noexec_tmp: exec_allowlist.is_some(),
+            proc_view: super::procfs::ProcView::new(limits.memory),
         },
         landlock,
         landlock_min_abi: profile.landlock.min_abi,
@@ -541,6 +570,16 @@ mod tests {
             e.not_enforced
         );
         Ok(())
+    }
+
+    #[test]
+    fn hostnames_the_kernel_or_a_terminal_would_choke_on_are_refused() {
+        for good in ["hatchery", "w-0a1b", "a.b-c", &"x".repeat(64)] {
+            assert!(check_hostname(good).is_ok(), "{good}");
+        }
+        for bad in ["", "a b", "a\nb", "-x", ".x", &"x".repeat(65), "é"] {
+            assert!(check_hostname(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

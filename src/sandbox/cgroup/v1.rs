@@ -168,6 +168,12 @@ impl V1Cgroup {
                 mem.set_memswap_limit(bytes)
                     .map_err(|e| controller_err("memory.memsw.limit_in_bytes", dir, e))?;
             }
+            // v1 charges socket buffers to a memory cgroup only for TCP, and only once a TCP
+            // limit is set (UDP, unix and netlink buffers are never charged: the report says so).
+            let tcp = dir.join("memory.kmem.tcp.limit_in_bytes");
+            if tcp.exists() {
+                super::write_file(&tcp, &bytes.to_string())?;
+            }
         }
         if let Some(cpus) = limits.cpus {
             let dir = self

@@ -1,0 +1,247 @@
+//! The sandbox's `/proc`: a procfs of its own pid namespace, with what it must not touch
+//! made read-only, what would tell it about the host masked, and the host-wide counters
+//! programs commonly read replaced by a view of the sandbox.
+//!
+//! A fresh procfs still shows the whole host in its global files: `/proc/loadavg` rises
+//! and falls with host task counts (a side channel on what else runs), `/proc/stat` counts
+//! every fork and context switch on the host, `/proc/meminfo` shows host memory,
+//! `/proc/sys/kernel/random/boot_id` identifies the host boot. Masking all of them breaks
+//! programs (glibc counts processors from `/proc/stat` when `/sys` is absent, as it is
+//! here; `free` and many runtimes read `meminfo`), so these are replaced by static files
+//! written for this sandbox: its processors with zero counters, its memory limit as the
+//! machine's memory, a boot id of its own. Interrupt, disk, scheduler, slab, lock and
+//! pressure statistics are masked outright. What stays host-wide is listed in the README.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+
+use nix::mount::{MsFlags, mount};
+
+use super::mounts::{
+    MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, MountError, attach,
+    clone_tree, fail, mount_point, mount_tmpfs, nix_fail, set_attrs, stage_path,
+};
+
+/// `/proc` entries made read-only.
+const READONLY: [&str; 4] = ["sys", "sysrq-trigger", "irq", "bus"];
+/// `/proc` files hidden behind `/dev/null`: host-wide information or attack surface.
+const MASKED_FILES: [&str; 20] = [
+    "kcore",
+    "keys",
+    "key-users",
+    "timer_list",
+    "sched_debug",
+    "latency_stats",
+    "timer_stats",
+    "interrupts",
+    "softirqs",
+    "diskstats",
+    "partitions",
+    "swaps",
+    "schedstat",
+    "vmstat",
+    "zoneinfo",
+    "buddyinfo",
+    "pagetypeinfo",
+    "slabinfo",
+    "vmallocinfo",
+    "locks",
+];
+/// `/proc` directories hidden behind an empty read-only tmpfs.
+const MASKED_DIRS: [&str; 4] = ["acpi", "asound", "scsi", "pressure"];
+
+/// The files written for one sandbox (path under `/proc`, content), decided by the
+/// supervisor before the clone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcView {
+    pub files: Vec<(&'static str, String)>,
+}
+
+/// One field of `/proc/meminfo`, in kB.
+fn meminfo_kb(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+}
+
+impl ProcView {
+    /// The view for a sandbox with `memory` bytes (None: the host's memory).
+    pub fn new(memory: Option<u64>) -> ProcView {
+        let host_stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let host_mem = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let mut stat = String::from("cpu  0 0 0 0 0 0 0 0 0 0\n");
+        for line in host_stat.lines() {
+            if let Some(cpu) = line
+                .split_whitespace()
+                .next()
+                .filter(|w| w.len() > 3 && w.starts_with("cpu"))
+            {
+                let _ = writeln!(stat, "{cpu} 0 0 0 0 0 0 0 0 0 0");
+            }
+        }
+        let btime = host_stat
+            .lines()
+            .find_map(|l| l.strip_prefix("btime "))
+            .unwrap_or("0")
+            .trim()
+            .to_string();
+        let _ = write!(
+            stat,
+            "intr 0\nctxt 0\nbtime {btime}\nprocesses 0\nprocs_running 1\nprocs_blocked 0\nsoftirq 0 0 0 0 0 0 0 0 0 0 0\n"
+        );
+        let host_kb = meminfo_kb(&host_mem, "MemTotal").unwrap_or(0);
+        let total_kb = memory.map_or(host_kb, |b| (b / 1024).min(host_kb.max(1)));
+        let meminfo = format!(
+            "MemTotal:       {total_kb:>8} kB\nMemFree:        {total_kb:>8} kB\nMemAvailable:   {total_kb:>8} kB\nBuffers:               0 kB\nCached:                0 kB\nSwapCached:            0 kB\nShmem:                 0 kB\nSReclaimable:          0 kB\nSwapTotal:             0 kB\nSwapFree:              0 kB\n"
+        );
+        let mut id = [0u8; 16];
+        let _ = getrandom::fill(&mut id);
+        id[6] = (id[6] & 0x0f) | 0x40;
+        id[8] = (id[8] & 0x3f) | 0x80;
+        let h = hex::encode(id);
+        let boot_id = format!(
+            "{}-{}-{}-{}-{}\n",
+            h.get(0..8).unwrap_or(""),
+            h.get(8..12).unwrap_or(""),
+            h.get(12..16).unwrap_or(""),
+            h.get(16..20).unwrap_or(""),
+            h.get(20..32).unwrap_or("")
+        );
+        ProcView {
+            files: vec![
+                ("loadavg", "0.00 0.00 0.00 1/1 1\n".to_string()),
+                ("stat", stat),
+                ("meminfo", meminfo),
+                ("sys/kernel/random/boot_id", boot_id),
+            ],
+        }
+    }
+}
+
+fn open_path(p: &Path, what: &str) -> Result<OwnedFd, MountError> {
+    nix::fcntl::open(
+        p,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NOFOLLOW,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(nix_fail(format!("open /proc/{what}")))
+}
+
+/// Mounts the sandbox's `/proc` under the new root being built at `root` (while the host's
+/// is still visible: the kernel refuses a new proc in a user namespace that has no fully
+/// visible one). The view's files are written in the new root, bound over the host's, and
+/// removed from the root again.
+pub fn build(root: &OwnedFd, view: &ProcView) -> Result<(), MountError> {
+    let proc_dir = Path::new("/proc");
+    mount_point(root, proc_dir, true)?;
+    let staged = stage_path(proc_dir);
+    mount(
+        Some("proc"),
+        &staged,
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(nix_fail("proc on /proc"))?;
+    let flags = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+    // The view first: `sys` becomes read-only below, and a file bound over one of its
+    // entries keeps its own (read-only) mount.
+    for (i, (name, content)) in view.files.iter().enumerate() {
+        let at = staged.join(name);
+        if !at.exists() {
+            continue;
+        }
+        let temp = stage_path(Path::new(&format!("/.proc-view-{i}")));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)
+            .and_then(|mut f| f.write_all(content.as_bytes()));
+        written.map_err(fail(format!("write the view of /proc/{name}")))?;
+        let tree = clone_tree(&temp, false).map_err(fail(format!("clone /proc/{name}")))?;
+        set_attrs(tree.as_raw_fd(), None, flags, false)
+            .map_err(fail(format!("flag /proc/{name}")))?;
+        attach(&tree, &open_path(&at, name)?).map_err(fail(format!("mount /proc/{name}")))?;
+        // The mount holds the file now; the root keeps no trace of it.
+        std::fs::remove_file(&temp).map_err(fail(format!("remove the view of /proc/{name}")))?;
+    }
+    for name in READONLY {
+        let p = staged.join(name);
+        if !p.exists() {
+            continue;
+        }
+        let tree = clone_tree(&p, true).map_err(fail(format!("clone /proc/{name}")))?;
+        set_attrs(tree.as_raw_fd(), None, flags, true)
+            .map_err(fail(format!("flag /proc/{name}")))?;
+        attach(&tree, &open_path(&p, name)?).map_err(fail(format!("mount /proc/{name}")))?;
+    }
+    let null = stage_path(Path::new("/dev/null"));
+    for name in MASKED_FILES {
+        let p = staged.join(name);
+        if !p.exists() {
+            continue;
+        }
+        let tree = clone_tree(&null, false).map_err(fail("clone /dev/null"))?;
+        attach(&tree, &open_path(&p, name)?).map_err(fail(format!("mask /proc/{name}")))?;
+    }
+    for name in MASKED_DIRS {
+        let p = staged.join(name);
+        if p.is_dir() {
+            mount_tmpfs(
+                &p,
+                "0555",
+                4096,
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_view_keeps_the_processors_and_the_limit_and_no_host_counter() {
+        let v = ProcView::new(Some(64 << 20));
+        let file = |n: &str| {
+            v.files
+                .iter()
+                .find(|(name, _)| *name == n)
+                .map(|(_, c)| c.clone())
+                .unwrap_or_default()
+        };
+        let host_cpus = std::fs::read_to_string("/proc/stat")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+            .count();
+        let stat = file("stat");
+        assert_eq!(
+            stat.lines()
+                .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+                .count(),
+            host_cpus
+        );
+        assert!(stat.contains("processes 0\n"), "{stat}");
+        assert!(file("meminfo").starts_with("MemTotal:          65536 kB\n"));
+        assert_eq!(file("loadavg"), "0.00 0.00 0.00 1/1 1\n");
+        let id = file("sys/kernel/random/boot_id");
+        assert_eq!(id.trim().len(), 36, "{id}");
+        assert_ne!(
+            id,
+            ProcView::new(None).files[3].1,
+            "one boot id per sandbox"
+        );
+    }
+
+    #[test]
+    fn meminfo_fields_are_read_in_kb() {
+        let text = "MemTotal:       16318412 kB\nMemFree:  1 kB\n";
+        assert_eq!(meminfo_kb(text, "MemTotal"), Some(16318412));
+        assert_eq!(meminfo_kb(text, "Mem"), None);
+    }
+}
