@@ -1,8 +1,9 @@
 //! The kernel enforcement layer: everything that makes a sandbox a sandbox.
 //!
 //! One file per mechanism — [`userns`], [`mounts`], [`net`], [`cgroup`], [`seccomp`],
-//! [`landlock`], [`caps`], [`rlimits`] — and [`launch`], the ordered pipeline that calls
-//! them. This module is the only place in hatchery with `unsafe` code and raw syscalls.
+//! [`landlock`], [`caps`], [`rlimits`], [`output`] and [`tty`] for what reaches the
+//! caller — and [`launch`], the ordered pipeline that calls them. This module is the only
+//! place in hatchery with `unsafe` code and raw syscalls.
 //!
 //! A sandbox is described by a [`SandboxSpec`] (built by [`spec`] from a profile and the
 //! caller's options), checked against what the [`Host`] can enforce by [`preflight`] —
@@ -23,6 +24,7 @@ pub mod process;
 pub mod rlimits;
 pub mod seccomp;
 pub mod spec;
+pub mod tty;
 pub mod userns;
 pub mod zygote;
 
