@@ -33,9 +33,9 @@ pub struct Report {
     pub memory_peak_bytes: Option<u64>,
     pub pids_peak: Option<u64>,
     pub pids_limit_hits: u64,
-    /// Bytes of output (stdout and stderr together) that reached the caller; `null` when
-    /// the output was not captured (no `--max-output`: the command wrote to the caller's
-    /// descriptors directly).
+    /// Bytes of output (stdout, stderr and the sandbox's terminal together) that reached
+    /// the caller; `null` when no output passed through hatchery (no `--max-output` and no
+    /// terminal: the command wrote to the caller's descriptors directly).
     pub output_bytes: Option<u64>,
     /// Whether output beyond the cap was cut.
     pub output_truncated: bool,

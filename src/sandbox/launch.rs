@@ -3,9 +3,9 @@
 //!
 //! Read [`contain`] and [`payload`] top to bottom for the whole security order:
 //! identity → hostname → loopback → root filesystem → cgroup namespace → fork the
-//! payload; in the payload: session → descriptors → cwd → rlimits → capabilities →
-//! no_new_privs → Landlock → seccomp (the allowlist's memfd rule, then the profile's,
-//! last) → execve.
+//! payload; in the payload: session → descriptors → controlling terminal (the sandbox's
+//! own pty, when it has one) → cwd → rlimits → capabilities → no_new_privs → Landlock →
+//! seccomp (the allowlist's memfd rule, then the profile's, last) → execve.
 //!
 //! Starting a sandbox is fork-like: it must happen in a single-threaded process (the
 //! `run` command, or the controller's launcher forked before its async runtime starts).
@@ -32,6 +32,7 @@ use super::output::{OutputPump, OutputSummary};
 use super::process;
 use super::rlimits;
 use super::seccomp::LoadableFilter;
+use super::tty;
 use super::userns;
 use super::{Enforcement, SandboxError, SandboxSpec};
 
@@ -504,7 +505,9 @@ fn payload_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, (
     let spec = ctx.spec;
     let fail = |step: &str, errno: i32| (step_err(step, errno), SETUP_FAILED);
     process::reset_signals();
-    // A new session: no controlling terminal, so TIOCSTI cannot push input into the caller's.
+    // A new session: no controlling terminal. The caller's terminal is never among the
+    // descriptors below (`run` relays it through a pty of the sandbox's own), so TIOCSTI
+    // and TIOCSCTTY can reach only the sandbox's own terminal (CVE-2017-5226).
     nix::unistd::setsid().map_err(|e| fail("setsid", e as i32))?;
 
     // Descriptors: stdio and passed fds at their numbers, nothing else survives exec
@@ -571,6 +574,11 @@ fn payload_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, (
     process::close_fds_from(0, &targets);
     // SAFETY: moved_chan is open (kept above) and from here on owned only by this borrow.
     let chan = unsafe { BorrowedFd::borrow_raw(moved_chan) };
+    if spec.controlling_terminal {
+        // The sandbox's own pty on fd 0: ^C and ^Z typed at the caller's keyboard become
+        // signals here, and job control works inside, as under `docker run -it`.
+        tty::take_controlling_terminal(0).map_err(|errno| fail("controlling terminal", errno))?;
+    }
 
     nix::unistd::chdir(&spec.cwd).map_err(|e| {
         (
@@ -665,8 +673,9 @@ impl Sandbox {
     }
 
     /// Waits for the sandbox to end, killing it at `timeout`, forwarding the signals that
-    /// arrive on `signals` to it, and moving its output through `output` (when its stdout
-    /// and stderr are the pump's pipes) as it comes.
+    /// arrive on `signals` to it, and moving its input and output through `output` (when
+    /// its stdio are the pump's pipes or terminal) as they come. A SIGWINCH resizes the
+    /// sandbox's terminal, when it has one, instead of being forwarded.
     pub fn wait(
         self,
         timeout: Option<Duration>,
@@ -708,7 +717,15 @@ impl Sandbox {
             if signalled {
                 if let Some(Ok(Some(info))) = signals.map(|s| s.read_signal()) {
                     if let Ok(sig) = Signal::try_from(info.ssi_signo as i32) {
-                        let _ = self.signal(sig);
+                        // A sandbox with a terminal of its own learns of a new window size
+                        // from it: the kernel signals the terminal's foreground process
+                        // group when the relay copies the size. Forwarding too would
+                        // signal twice, and the wrong process when the payload is a shell.
+                        let resized = sig == Signal::SIGWINCH
+                            && output.as_deref().is_some_and(OutputPump::window_changed);
+                        if !resized {
+                            let _ = self.signal(sig);
+                        }
                     }
                 }
             }

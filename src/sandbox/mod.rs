@@ -1,8 +1,9 @@
 //! The kernel enforcement layer: everything that makes a sandbox a sandbox.
 //!
 //! One file per mechanism — [`userns`], [`mounts`], [`net`], [`cgroup`], [`seccomp`],
-//! [`landlock`], [`caps`], [`rlimits`] — and [`launch`], the ordered pipeline that calls
-//! them. This module is the only place in hatchery with `unsafe` code and raw syscalls.
+//! [`landlock`], [`caps`], [`rlimits`], [`output`] and [`tty`] for what reaches the
+//! caller — and [`launch`], the ordered pipeline that calls them. This module is the only
+//! place in hatchery with `unsafe` code and raw syscalls.
 //!
 //! A sandbox is described by a [`SandboxSpec`] (built by [`spec`] from a profile and the
 //! caller's options), checked against what the [`Host`] can enforce by [`preflight`] —
@@ -25,6 +26,7 @@ pub mod procfs;
 pub mod rlimits;
 pub mod seccomp;
 pub mod spec;
+pub mod tty;
 pub mod userns;
 pub mod zygote;
 
@@ -66,6 +68,10 @@ pub struct SandboxSpec {
     pub hostname: String,
     /// stdin, stdout, stderr for the payload; `None` inherits the supervisor's.
     pub stdio: Option<[OwnedFd; 3]>,
+    /// stdin (`stdio[0]`) is a pseudo-terminal allocated for this sandbox alone (see
+    /// [`tty`]): the payload makes it its controlling terminal. Never the caller's own
+    /// terminal.
+    pub controlling_terminal: bool,
     /// Extra descriptors installed in the payload at the given numbers (e.g. a worker's
     /// controller socket as fd 3).
     pub pass_fds: Vec<(OwnedFd, RawFd)>,
@@ -102,6 +108,10 @@ pub struct Enforcement {
     /// The executable allowlist, when there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exec_allowlist: Option<ExecEnforcement>,
+    /// What the command got as stdin, stdout and stderr (`run`; absent where the caller
+    /// chose them itself, as the controller does for workers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stdio: Option<StdioEnforcement>,
     /// What was asked for (or is normally enforced) and is not, with the reason.
     pub not_enforced: Vec<String>,
     /// The limits actually given to the cgroup.
@@ -124,6 +134,17 @@ pub struct ExecEnforcement {
     pub by: Vec<String>,
     /// A listed script whose interpreter is not listed, and the like.
     pub notes: Vec<String>,
+}
+
+/// The `enforcement.stdio` object of the report: for each of the command's stdin, stdout
+/// and stderr, whether it is the caller's own descriptor (`passed (...)`, with what it
+/// is) or a relay through the supervisor (`pty relay`, `pipe relay (...)`, with why). The
+/// sandbox never holds the caller's terminal, nor a stdin it could write through.
+#[derive(Debug, Clone, Serialize, Default, PartialEq, Eq)]
+pub struct StdioEnforcement {
+    pub stdin: String,
+    pub stdout: String,
+    pub stderr: String,
 }
 
 /// Errors of the sandbox layer.

@@ -1,22 +1,32 @@
-//! The output cap: the payload's stdout and stderr pass through pipes the supervisor reads,
-//! and at most `cap` bytes of the two streams together reach their destinations.
+//! The output cap and the relays: the payload's stdout and stderr pass through pipes (or
+//! its terminal through a pseudo-terminal) that the supervisor reads, and at most `cap`
+//! bytes of everything together reach the caller. The same pump carries input the other
+//! way, from a caller's descriptor the sandbox must not hold (a terminal, a stdin open for
+//! writing) to the payload; input is not counted.
 //!
-//! At the cap the supervisor closes its read ends of both pipes. From then on a write by
-//! anything in the sandbox fails with EPIPE and raises SIGPIPE, exactly as in
+//! At the cap the supervisor closes its read ends of the output pipes. From then on a
+//! write by anything in the sandbox fails with EPIPE and raises SIGPIPE, exactly as in
 //! `command | head -c SIZE`: a program that does not handle SIGPIPE (`yes`, `cat`) dies of
 //! it (exit 141); one that ignores it gets EPIPE on every write and runs on until it exits
-//! or its `--timeout`. Nothing in the sandbox can block on a full pipe, and nothing beyond
-//! the cap is read or kept.
+//! or its `--timeout`. A sandbox's terminal ([`OutputPump::add_terminal`]) is closed at
+//! the cap too, master and all: the kernel hangs it up, as when a terminal window is
+//! closed, so its session leader (the payload) and foreground process group get SIGHUP,
+//! and a program that ignores SIGHUP gets EIO from every later write (and end-of-file
+//! from reads). Nothing in the sandbox can block on a full pipe or terminal, and nothing
+//! beyond the cap is read or kept.
 //!
 //! "Truncated" means at least one byte was cut: output of exactly `cap` bytes followed by
 //! end-of-file is not truncated, so the pipes stay open at the cap until the next byte
 //! arrives (or end-of-file does).
 //!
-//! The pump never blocks its caller either. Its pipe ends are non-blocking; destinations
-//! (the caller's stdout or a log file) are not its to reconfigure, so it writes to a pipe,
-//! socket or terminal only after poll(2) reported room, and then at most `PIPE_BUF` bytes
-//! (what a pipe reporting POLLOUT accepts without blocking). A destination that stops
-//! reading therefore stalls the pump, and through the full pipe the payload, but never the
+//! The pump never blocks its caller either. Its own ends (pipe ends, the pty master) are
+//! non-blocking. The caller's descriptors are not its to reconfigure (their open file
+//! description is shared with the caller's shell), so: a terminal is opened once more as
+//! a non-blocking description of the pump's own ([`super::tty::reopen_nonblocking`]); a
+//! pipe, socket or other device is written only after poll(2) reported room, and then at
+//! most `PIPE_BUF` bytes (what a pipe reporting POLLOUT accepts without blocking), and
+//! read only after poll(2) reported data. A destination that stops reading therefore
+//! stalls the pump, and through the full pipe or terminal the payload, but never the
 //! supervisor's loop: timeouts and signals keep working. Regular files are written whole.
 //!
 //! It is driven by a caller's poll loop: add [`OutputPump::poll_fds`] to the descriptors
@@ -31,11 +41,14 @@ use std::time::Instant;
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::termios::Termios;
+
+use super::tty;
 
 /// Bytes read from a pipe at a time.
 const CHUNK: usize = 64 << 10;
 /// Reads per stream per [`OutputPump::progress`] call, so one busy stream cannot starve
-/// the other, nor the caller's loop.
+/// the others, nor the caller's loop.
 const READS_PER_CALL: usize = 16;
 /// What a pipe that reports POLLOUT takes without blocking (POSIX `PIPE_BUF`).
 const PIPE_BUF: usize = libc::PIPE_BUF;
@@ -43,21 +56,49 @@ const PIPE_BUF: usize = libc::PIPE_BUF;
 /// What reached the destinations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OutputSummary {
-    /// Bytes written to the destinations, stdout and stderr together.
+    /// Bytes written to the caller, all output streams together.
     pub bytes: u64,
     /// Whether output beyond the cap was cut.
     pub truncated: bool,
     /// The cap, if any.
     pub cap: Option<u64>,
+    /// Whether the sandbox had a terminal of its own (hung up at the cap).
+    pub pty: bool,
 }
 
-/// One stream: a pipe from the payload to a destination.
+/// Which way a stream's bytes go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// From the payload to the caller: counted, and cut at the cap.
+    Output,
+    /// From the caller to the payload: not counted.
+    Input,
+}
+
+/// How a descriptor is read or written without blocking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// A regular file: never waits (for a reader or a writer).
+    File,
+    /// A non-blocking description of the pump's own: read or written until EAGAIN.
+    NonBlocking,
+    /// The caller's pipe, socket or device: touched only after poll(2) reported it ready,
+    /// and then written at most `PIPE_BUF` bytes at a time, read once.
+    AfterPoll,
+}
+
+/// One stream: bytes from a source to a sink.
 struct Stream {
-    /// Our read end; `None` once closed (end-of-file, the cap, or a failed destination).
+    direction: Direction,
+    /// `None` once closed (end-of-file, the cap, or a failed destination).
     source: Option<OwnedFd>,
-    sink: OwnedFd,
-    /// The destination is a regular file (writes never wait for a reader).
-    sink_is_file: bool,
+    source_mode: Mode,
+    /// `None` once closed (an input stream at its source's end, a stream at the cap whose
+    /// sink is the sandbox's terminal).
+    sink: Option<OwnedFd>,
+    sink_mode: Mode,
+    /// The sink is the sandbox's pty master: closed at the cap with the output.
+    sink_is_pty: bool,
     /// Accepted bytes not yet written, from `written` on.
     pending: Vec<u8>,
     written: usize,
@@ -67,17 +108,27 @@ impl Stream {
     fn has_pending(&self) -> bool {
         self.written < self.pending.len()
     }
+
+    fn close(&mut self) {
+        self.source = None;
+        self.sink = None;
+        self.pending.clear();
+        self.written = 0;
+    }
 }
 
-/// Copies the payload's stdout and stderr to their destinations, up to a cap.
+/// Copies the payload's output to the caller, up to a cap, and the caller's input to the
+/// payload.
 pub struct OutputPump {
-    streams: [Stream; 2],
+    streams: Vec<Stream>,
     cap: Option<u64>,
     /// Bytes accepted for writing (never above the cap).
     accepted: u64,
-    /// Bytes written to destinations.
+    /// Bytes written to the caller.
     written: u64,
     truncated: bool,
+    /// The caller's terminal, when the sandbox has a pty relayed to it (window sizes).
+    terminal: Option<OwnedFd>,
 }
 
 /// A pipe whose read end is ours (non-blocking, close-on-exec) and whose write end goes to
@@ -88,18 +139,32 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((r, w))
 }
 
-fn is_regular_file(fd: &OwnedFd) -> io::Result<bool> {
+fn is_regular_file(fd: BorrowedFd<'_>) -> io::Result<bool> {
     let st = nix::sys::stat::fstat(fd).map_err(io::Error::from)?;
     Ok(st.st_mode & libc::S_IFMT == libc::S_IFREG)
 }
 
-/// Whether `fd` can take data now.
-fn writable_now(fd: BorrowedFd<'_>) -> bool {
-    let mut fds = [PollFd::new(fd, PollFlags::POLLOUT)];
+/// Whether `fd` reports `flag` now.
+fn ready_now(fd: BorrowedFd<'_>, flag: PollFlags) -> bool {
+    let mut fds = [PollFd::new(fd, flag)];
     matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
         && fds[0]
             .revents()
-            .is_some_and(|r| r.contains(PollFlags::POLLOUT))
+            .is_some_and(|r| r.intersects(flag | PollFlags::POLLHUP | PollFlags::POLLERR))
+}
+
+/// A caller's descriptor to read or write without blocking: a regular file as it is, a
+/// terminal through a non-blocking description of our own, anything else after poll(2).
+fn caller_end(fd: OwnedFd) -> io::Result<(OwnedFd, Mode)> {
+    if is_regular_file(fd.as_fd())? {
+        return Ok((fd, Mode::File));
+    }
+    if tty::is_terminal(fd.as_fd()) {
+        if let Ok(own) = tty::reopen_nonblocking(fd.as_fd()) {
+            return Ok((own, Mode::NonBlocking));
+        }
+    }
+    Ok((fd, Mode::AfterPoll))
 }
 
 impl OutputPump {
@@ -113,35 +178,143 @@ impl OutputPump {
         stdout_to: OwnedFd,
         stderr_to: OwnedFd,
     ) -> io::Result<(OutputPump, [OwnedFd; 2])> {
-        let (out_r, out_w) = pipe()?;
-        let (err_r, err_w) = pipe()?;
-        let stream = |source, sink: OwnedFd| -> io::Result<Stream> {
-            Ok(Stream {
-                source: Some(source),
-                sink_is_file: is_regular_file(&sink)?,
-                sink,
-                pending: Vec::new(),
-                written: 0,
-            })
-        };
-        let pump = OutputPump {
-            streams: [stream(out_r, stdout_to)?, stream(err_r, stderr_to)?],
+        let mut pump = OutputPump::with_cap(cap);
+        let out = pump.add_output(stdout_to)?;
+        let err = pump.add_output(stderr_to)?;
+        Ok((pump, [out, err]))
+    }
+
+    /// A pump without streams; add them with [`OutputPump::add_output`],
+    /// [`OutputPump::add_input`] and [`OutputPump::add_terminal`].
+    pub fn with_cap(cap: Option<u64>) -> OutputPump {
+        OutputPump {
+            streams: Vec::new(),
             cap,
             accepted: 0,
             written: 0,
             truncated: false,
-        };
-        Ok((pump, [out_w, err_w]))
+            terminal: None,
+        }
     }
 
-    /// The descriptors to poll and what to poll them for: a pipe while there is room to
-    /// read into, a destination while it has bytes waiting for it.
+    /// Whether the pump has no streams at all.
+    pub fn is_empty(&self) -> bool {
+        self.streams.is_empty()
+    }
+
+    /// A new output stream to `dest`; returns the write end of its pipe, for the payload
+    /// (close the caller's copy once the sandbox has started).
+    pub fn add_output(&mut self, dest: OwnedFd) -> io::Result<OwnedFd> {
+        let (r, w) = pipe()?;
+        let (sink, sink_mode) = caller_end(dest)?;
+        self.streams.push(Stream {
+            direction: Direction::Output,
+            source: Some(r),
+            source_mode: Mode::NonBlocking,
+            sink: Some(sink),
+            sink_mode,
+            sink_is_pty: false,
+            pending: Vec::new(),
+            written: 0,
+        });
+        Ok(w)
+    }
+
+    /// A new input stream from `src` (a caller's descriptor the payload must not hold);
+    /// returns the read end of its pipe, for the payload. At `src`'s end-of-file the pipe
+    /// is closed and the payload reads end-of-file too.
+    pub fn add_input(&mut self, src: OwnedFd) -> io::Result<OwnedFd> {
+        let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+        fcntl(&w, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(io::Error::from)?;
+        let (source, source_mode) = caller_end(src)?;
+        self.streams.push(Stream {
+            direction: Direction::Input,
+            source: Some(source),
+            source_mode,
+            sink: Some(w),
+            sink_mode: Mode::NonBlocking,
+            sink_is_pty: false,
+            pending: Vec::new(),
+            written: 0,
+        });
+        Ok(r)
+    }
+
+    /// Gives the sandbox a terminal of its own, relayed to the caller's `terminal` (which
+    /// the caller has put in raw mode): a new pty whose modes are `modes` (the caller's
+    /// own, before raw mode) and whose window size is the caller's. What the sandbox writes
+    /// to it reaches `terminal`, counted; what is typed at `terminal` reaches it when
+    /// `input` is true. Returns the replica, for the payload's stdin (and stdout and
+    /// stderr where those are the same terminal); close the caller's copy once the
+    /// sandbox has started, or the master never sees end-of-file.
+    pub fn add_terminal(
+        &mut self,
+        terminal: BorrowedFd<'_>,
+        modes: &Termios,
+        input: bool,
+    ) -> io::Result<OwnedFd> {
+        let pty = tty::open_pty()?;
+        tty::set_modes(&pty.replica, modes)?;
+        // A terminal without a size (some emulators, a serial line) leaves the default.
+        let _ = tty::copy_window_size(terminal, pty.master.as_fd());
+        let (caller, mode) = match tty::reopen_nonblocking(terminal) {
+            Ok(fd) => (fd, Mode::NonBlocking),
+            Err(_) => (terminal.try_clone_to_owned()?, Mode::AfterPoll),
+        };
+        self.streams.push(Stream {
+            direction: Direction::Output,
+            source: Some(pty.master.try_clone()?),
+            source_mode: Mode::NonBlocking,
+            sink: Some(caller.try_clone()?),
+            sink_mode: mode,
+            sink_is_pty: false,
+            pending: Vec::new(),
+            written: 0,
+        });
+        self.streams.push(Stream {
+            direction: Direction::Input,
+            source: if input {
+                Some(caller.try_clone()?)
+            } else {
+                None
+            },
+            source_mode: mode,
+            sink: Some(pty.master),
+            sink_mode: Mode::NonBlocking,
+            sink_is_pty: true,
+            pending: Vec::new(),
+            written: 0,
+        });
+        self.terminal = Some(caller);
+        Ok(pty.replica)
+    }
+
+    /// The caller's window changed size (SIGWINCH): passes the new size on to the
+    /// sandbox's terminal, whose foreground process group the kernel then signals.
+    /// Returns whether the sandbox has a terminal (and so needs no forwarded SIGWINCH).
+    pub fn window_changed(&self) -> bool {
+        let Some(terminal) = &self.terminal else {
+            return false;
+        };
+        let master = self
+            .streams
+            .iter()
+            .filter(|s| s.sink_is_pty)
+            .find_map(|s| s.sink.as_ref());
+        if let Some(master) = master {
+            let _ = tty::copy_window_size(terminal.as_fd(), master.as_fd());
+        }
+        true
+    }
+
+    /// The descriptors to poll and what to poll them for: a source while there is room to
+    /// read into, a sink while it has bytes waiting for it.
     pub fn poll_fds(&self) -> Vec<PollFd<'_>> {
         let mut fds = Vec::new();
         for s in &self.streams {
             if s.has_pending() {
-                if !s.sink_is_file {
-                    fds.push(PollFd::new(s.sink.as_fd(), PollFlags::POLLOUT));
+                if let Some(sink) = s.sink.as_ref().filter(|_| s.sink_mode != Mode::File) {
+                    fds.push(PollFd::new(sink.as_fd(), PollFlags::POLLOUT));
                 }
             } else if let Some(src) = &s.source {
                 fds.push(PollFd::new(src.as_fd(), PollFlags::POLLIN));
@@ -150,39 +323,58 @@ impl OutputPump {
         fds
     }
 
-    /// Moves what can move now without blocking: writes what destinations take, reads what
-    /// the pipes hold (up to the cap), and closes pipes at end-of-file or at the cap.
+    /// Moves what can move now without blocking: writes what sinks take, reads what the
+    /// sources hold (output up to the cap), and closes streams at end-of-file or the cap.
     pub fn progress(&mut self) {
         for i in 0..self.streams.len() {
             for _ in 0..READS_PER_CALL {
                 self.flush(i);
-                if self.streams[i].has_pending() || !self.read_once(i) {
+                if self.streams.get(i).is_none_or(Stream::has_pending) || !self.read_once(i) {
                     break;
                 }
             }
             self.flush(i);
+            if let Some(s) = self.streams.get_mut(i) {
+                if s.source.is_none() && !s.has_pending() {
+                    // An input's end reaches the payload as end-of-file.
+                    s.close();
+                }
+            }
         }
     }
 
-    /// Whether every pipe is closed and every accepted byte written.
+    /// Whether every output stream is closed and every accepted byte written.
     pub fn is_done(&self) -> bool {
         self.streams
             .iter()
+            .filter(|s| s.direction == Direction::Output)
             .all(|s| s.source.is_none() && !s.has_pending())
     }
 
-    /// After the sandbox has ended: reads what the pipes still hold and writes it out,
-    /// waiting for slow destinations until `deadline` (for ever without one). Nothing is
-    /// left that could write to the pipes, so reading stops at the first empty read.
+    /// After the sandbox has ended: reads what the output pipes (and terminal) still hold
+    /// and writes it out, waiting for slow destinations until `deadline` (for ever without
+    /// one). Nothing is left that could write to them, so reading stops at the first
+    /// empty read. Input is no longer read.
     pub fn drain(&mut self, deadline: Option<Instant>) {
+        for s in &mut self.streams {
+            if s.direction == Direction::Input {
+                s.close();
+            }
+        }
         loop {
             self.progress();
-            // Every writer is gone: a pipe that has nothing now never will.
+            // Every writer is gone: a source that has nothing now never will.
             for i in 0..self.streams.len() {
-                if !self.streams[i].has_pending() && self.streams[i].source.is_some() {
+                let open = self
+                    .streams
+                    .get(i)
+                    .is_some_and(|s| !s.has_pending() && s.source.is_some());
+                if open {
                     let more = self.read_once(i);
-                    if !more && !self.streams[i].has_pending() {
-                        self.streams[i].source = None;
+                    if let Some(s) = self.streams.get_mut(i) {
+                        if !more && !s.has_pending() {
+                            s.close();
+                        }
                     }
                 }
             }
@@ -216,89 +408,132 @@ impl OutputPump {
             bytes: self.written,
             truncated: self.truncated,
             cap: self.cap,
+            pty: self.terminal.is_some(),
+        }
+    }
+
+    /// At the cap: no more output is read, and the sandbox's terminal is closed (hung up).
+    fn cut(&mut self) {
+        self.truncated = true;
+        for s in &mut self.streams {
+            if s.direction == Direction::Output {
+                s.source = None;
+            }
+            if s.sink_is_pty {
+                s.close();
+            }
         }
     }
 
     /// One read from stream `i` into its pending buffer; false when nothing was read
     /// (empty for now, end-of-file, closed).
     fn read_once(&mut self, i: usize) -> bool {
-        let Some(src) = &self.streams[i].source else {
+        let Some(s) = self.streams.get(i) else {
             return false;
         };
+        let Some(src) = &s.source else {
+            return false;
+        };
+        if s.source_mode == Mode::AfterPoll && !ready_now(src.as_fd(), PollFlags::POLLIN) {
+            return false;
+        }
+        let direction = s.direction;
         let mut buf = vec![0u8; CHUNK];
         let n = loop {
             match nix::unistd::read(src, &mut buf) {
                 Err(Errno::EINTR) => continue,
                 Err(Errno::EAGAIN) => return false,
+                // End-of-file; EIO from a pty master once every replica is closed.
                 Err(_) | Ok(0) => {
-                    self.streams[i].source = None;
-                    return false;
-                }
-                Ok(n) => break n,
-            }
-        };
-        let keep = match self.cap {
-            None => n,
-            Some(cap) => {
-                let room = cap.saturating_sub(self.accepted);
-                if (n as u64) > room {
-                    // A byte beyond the cap: cut here and stop reading either stream.
-                    self.truncated = true;
-                    for s in &mut self.streams {
+                    if let Some(s) = self.streams.get_mut(i) {
                         s.source = None;
                     }
+                    return false;
+                }
+                Ok(n) => break n.min(buf.len()),
+            }
+        };
+        let keep = match (direction, self.cap) {
+            (Direction::Input, _) | (Direction::Output, None) => n,
+            (Direction::Output, Some(cap)) => {
+                let room = cap.saturating_sub(self.accepted);
+                if (n as u64) > room {
+                    // A byte beyond the cap: cut here and stop reading any output.
+                    self.cut();
                 }
                 n.min(usize::try_from(room).unwrap_or(usize::MAX))
             }
         };
-        self.accepted += keep as u64;
-        let s = &mut self.streams[i];
+        if direction == Direction::Output {
+            self.accepted = self.accepted.saturating_add(keep as u64);
+        }
+        let Some(s) = self.streams.get_mut(i) else {
+            return false;
+        };
+        if s.sink.is_none() {
+            return false;
+        }
         if !s.has_pending() {
             s.pending.clear();
             s.written = 0;
         }
-        s.pending.extend_from_slice(&buf[..keep]);
+        s.pending
+            .extend_from_slice(buf.get(..keep).unwrap_or_default());
         keep > 0
     }
 
-    /// Writes stream `i`'s pending bytes for as long as its destination takes them.
+    /// Writes stream `i`'s pending bytes for as long as its sink takes them.
     fn flush(&mut self, i: usize) {
-        let s = &mut self.streams[i];
+        let Some(s) = self.streams.get_mut(i) else {
+            return;
+        };
+        let mut passed = 0u64;
         while s.has_pending() {
-            let left = &s.pending[s.written..];
-            let piece = if s.sink_is_file {
-                left
-            } else if writable_now(s.sink.as_fd()) {
-                &left[..left.len().min(PIPE_BUF)]
-            } else {
-                return;
+            let Some(sink) = &s.sink else {
+                s.pending.clear();
+                s.written = 0;
+                break;
             };
-            match nix::unistd::write(&s.sink, piece) {
-                Ok(n) => {
-                    s.written += n;
-                    self.written += n as u64;
+            let left = s.pending.get(s.written..).unwrap_or_default();
+            let piece = match s.sink_mode {
+                Mode::File | Mode::NonBlocking => left,
+                Mode::AfterPoll if ready_now(sink.as_fd(), PollFlags::POLLOUT) => {
+                    left.get(..left.len().min(PIPE_BUF)).unwrap_or_default()
                 }
-                Err(Errno::EINTR) | Err(Errno::EAGAIN) => {
-                    if s.sink_is_file {
-                        return;
+                Mode::AfterPoll => break,
+            };
+            match nix::unistd::write(sink, piece) {
+                Ok(n) => {
+                    s.written = s.written.saturating_add(n);
+                    passed = passed.saturating_add(n as u64);
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => {
+                    if s.sink_mode != Mode::AfterPoll {
+                        break;
                     }
                 }
                 Err(_) => {
-                    // The destination is gone (its reader closed, the disk is full): the
-                    // payload learns it the way it would have without the pump, by EPIPE
-                    // on its next write.
-                    s.pending.clear();
-                    s.written = 0;
-                    s.source = None;
-                    return;
+                    // The destination is gone (its reader closed, the disk is full, the
+                    // payload's end of an input pipe closed): the payload learns it the
+                    // way it would have without the pump, by EPIPE on its next write (or,
+                    // for input, end-of-file never comes: it is not reading).
+                    s.close();
+                    break;
                 }
             }
         }
+        if s.direction == Direction::Output {
+            self.written = self.written.saturating_add(passed);
+        }
     }
 
-    /// How many of the two pipes are still read.
+    /// How many output streams are still read.
     pub fn open_pipes(&self) -> usize {
-        self.streams.iter().filter(|s| s.source.is_some()).count()
+        self.streams
+            .iter()
+            .filter(|s| s.direction == Direction::Output && s.source.is_some())
+            .count()
     }
 }
 
@@ -338,7 +573,8 @@ mod tests {
             OutputSummary {
                 bytes: 11,
                 truncated: false,
-                cap: Some(100)
+                cap: Some(100),
+                pty: false
             }
         );
         Ok(())
@@ -455,6 +691,115 @@ mod tests {
             Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPIPE)),
             Ok(()) => panic!("a write to a pipe whose destination is gone succeeded"),
         }
+        Ok(())
+    }
+
+    /// Polls and moves bytes until `done` or 5 s.
+    fn pump_until(pump: &mut OutputPump, mut done: impl FnMut(&OutputPump) -> bool) {
+        let start = Instant::now();
+        while !done(pump) && start.elapsed() < std::time::Duration::from_secs(5) {
+            let mut fds = pump.poll_fds();
+            let _ = poll(&mut fds, PollTimeout::from(20u8));
+            drop(fds);
+            pump.progress();
+        }
+    }
+
+    #[test]
+    fn input_reaches_the_payload_and_its_end_is_end_of_file() -> TestResult {
+        let (src_r, src_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        let mut pump = OutputPump::with_cap(Some(1));
+        let payload_stdin = pump.add_input(src_r)?;
+        std::fs::File::from(src_w).write_all(b"typed ahead, longer than the cap")?;
+        let mut got = Vec::new();
+        let mut payload_stdin = std::fs::File::from(payload_stdin);
+        pump_until(&mut pump, |p| p.streams.iter().all(|s| s.sink.is_none()));
+        payload_stdin.read_to_end(&mut got)?;
+        assert_eq!(got, b"typed ahead, longer than the cap");
+        assert_eq!(pump.summary().bytes, 0, "input is not counted");
+        assert!(!pump.summary().truncated);
+        Ok(())
+    }
+
+    #[test]
+    fn a_payload_that_never_reads_its_input_never_blocks_the_pump() -> TestResult {
+        // An endless source (/dev/zero) and a payload that reads nothing: the input pipe
+        // fills, and every progress() call returns.
+        let zero = std::fs::File::open("/dev/zero")?;
+        let mut pump = OutputPump::with_cap(None);
+        let _payload_stdin = pump.add_input(OwnedFd::from(zero))?;
+        for _ in 0..64 {
+            pump.progress();
+        }
+        assert!(pump.streams.iter().any(Stream::has_pending));
+        Ok(())
+    }
+
+    #[test]
+    fn the_sandbox_terminal_is_relayed_counted_and_hung_up_at_the_cap() -> TestResult {
+        // The caller's terminal is a pty of the test's; the pump gives the sandbox another.
+        let caller = tty::open_pty()?;
+        let raw = tty::RawMode::enter(caller.replica.as_fd())?;
+        let mut pump = OutputPump::with_cap(Some(10));
+        let replica = pump.add_terminal(caller.replica.as_fd(), raw.saved(), true)?;
+        // The payload's terminal raw too, to see the bytes as they pass.
+        let mut plain = raw.saved().clone();
+        nix::sys::termios::cfmakeraw(&mut plain);
+        tty::set_modes(&replica, &plain)?;
+        // Typed at the caller's terminal, read by the payload.
+        nix::unistd::write(&caller.master, b"ls\r")?;
+        pump_until(&mut pump, |_| {
+            let mut n: libc::c_int = 0;
+            // SAFETY: FIONREAD writes one int into a local that outlives the call.
+            unsafe {
+                libc::ioctl(
+                    std::os::fd::AsRawFd::as_raw_fd(&replica),
+                    libc::FIONREAD,
+                    &mut n,
+                )
+            };
+            n >= 3
+        });
+        fcntl(&replica, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+        let mut buf = [0u8; 64];
+        let n = nix::unistd::read(&replica, &mut buf)?;
+        assert_eq!(buf.get(..n), Some(b"ls\r".as_slice()));
+        assert_eq!(pump.summary().bytes, 0, "input is not counted");
+        // Written by the payload, shown on the caller's terminal, up to the cap.
+        nix::unistd::write(&replica, b"0123456789abcdef")?;
+        pump_until(&mut pump, |p| p.summary().truncated);
+        let summary = pump.summary();
+        assert!(summary.truncated && summary.pty);
+        assert_eq!(summary.bytes, 10);
+        let mut shown = [0u8; 64];
+        let n = nix::unistd::read(&caller.master, &mut shown)?;
+        assert_eq!(shown.get(..n), Some(b"0123456789".as_slice()));
+        // The master is closed: the sandbox's terminal is hung up, its writes fail.
+        assert_eq!(
+            nix::unistd::write(&replica, b"more"),
+            Err(Errno::EIO),
+            "a write after the cap succeeded"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_terminal_destination_is_written_without_blocking_when_nobody_reads_it() -> TestResult {
+        let caller = tty::open_pty()?;
+        let (_err, err_sink) = file_sink()?;
+        let (mut pump, [w_out, w_err]) =
+            OutputPump::new(None, caller.replica.try_clone()?, err_sink)?;
+        drop(w_err);
+        fcntl(&w_out, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+        let mut w_out = std::fs::File::from(w_out);
+        let chunk = vec![b'x'; 64 << 10];
+        // Nobody reads the master: the terminal fills, and every call returns.
+        for _ in 0..16 {
+            let _ = w_out.write(&chunk);
+            pump.progress();
+        }
+        assert!(!pump.is_done());
+        assert!(pump.summary().bytes > 0);
         Ok(())
     }
 }

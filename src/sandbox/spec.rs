@@ -301,6 +301,7 @@ pub fn build_compiled(
             req.hostname
         },
         stdio: None,
+        controlling_terminal: false,
         pass_fds: Vec::new(),
         cgroup_name: req.cgroup_name,
         allow_degraded: req.allow_degraded,

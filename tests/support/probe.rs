@@ -5,7 +5,8 @@
 //!   err <errno>         the kernel refused with errno
 //!
 //! Commands that are expected to be killed (i386/x32 entry points, kill-action syscalls)
-//! print nothing: the test reads the signal from the exit status.
+//! print nothing: the test reads the signal from the exit status. Several commands
+//! separated by `+` run in turn in one process (`tiocsctty 0 + tiocsti 0 TEXT`).
 //!
 //! Every resource attack is bounded: fork bombs stop at the count asked for, memory hogs
 //! at the size asked for, spinners after the time asked for.
@@ -264,12 +265,103 @@ fn daemon(args: &[String]) -> i32 {
     0
 }
 
-/// `tiocsti`: pushes a character into the terminal on stdin (the classic escape).
-fn tiocsti() -> i32 {
-    let c: libc::c_char = b'x' as libc::c_char;
-    // SAFETY (test probe): TIOCSTI with a pointer to one byte we own.
-    let rc = unsafe { libc::ioctl(0, libc::TIOCSTI, &c) };
-    report(rc as i64)
+/// `tiocsti [FD [TEXT]]`: pushes TEXT (default `x`; `\\n` stands for a newline) into the
+/// input queue of the terminal on FD (default 0), one byte per ioctl, as if typed there:
+/// the classic escape from a sandbox that shares its caller's terminal (CVE-2017-5226).
+/// Prints how many bytes went in, or the errno of the first refusal.
+fn tiocsti(args: &[String]) -> i32 {
+    let fd = if args.len() > 1 {
+        num(args, 1) as i32
+    } else {
+        0
+    };
+    let text = if args.len() > 2 {
+        arg(args, 2).replace("\\n", "\n")
+    } else {
+        "x".to_string()
+    };
+    let mut pushed = 0i64;
+    for b in text.bytes() {
+        let c = b as libc::c_char;
+        // SAFETY (test probe): TIOCSTI with a pointer to one byte we own.
+        if unsafe { libc::ioctl(fd, libc::TIOCSTI, &c) } < 0 {
+            return report(-1);
+        }
+        pushed += 1;
+    }
+    report(pushed)
+}
+
+/// `tiocsctty FD`: makes the terminal on FD this process's controlling terminal (needs a
+/// session leader without one, and a terminal that is no session's: the first step of
+/// taking over a terminal the sandbox was handed).
+fn tiocsctty(args: &[String]) -> i32 {
+    // SAFETY (test probe): TIOCSCTTY with an integer argument (0: do not steal).
+    report(unsafe { libc::ioctl(num(args, 1) as i32, libc::TIOCSCTTY, 0) } as i64)
+}
+
+/// `write-fd FD BYTES`: writes BYTES bytes of `Z` to FD, 4 KiB at a time; prints how many
+/// went out, or the errno if the first write failed.
+fn write_fd(args: &[String]) -> i32 {
+    let fd = num(args, 1) as i32;
+    let total = num(args, 2).min(1 << 30) as usize;
+    let chunk = [b'Z'; 4096];
+    let mut written = 0usize;
+    while written < total {
+        let n = chunk.len().min(total - written);
+        // SAFETY (test probe): write(2) from a buffer we own, `n` within it.
+        let rc = unsafe { libc::write(fd, chunk.as_ptr().cast(), n) };
+        if rc <= 0 {
+            if written == 0 {
+                return report(-1);
+            }
+            break;
+        }
+        written += rc as usize;
+    }
+    report(written as i64)
+}
+
+/// `fds`: every open descriptor of this process, as `FD=KIND` where KIND is `chr:RDEV` for
+/// a character device (a terminal among them) and the file type otherwise.
+fn fds() -> i32 {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        println!("err {}", errno());
+        return 0;
+    };
+    let mut nums: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+        .collect();
+    nums.sort_unstable();
+    for fd in nums {
+        // SAFETY (test probe): fstat into a zeroed struct we own; a stale number fails.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            continue;
+        }
+        let kind = match st.st_mode & libc::S_IFMT {
+            libc::S_IFCHR => format!("chr:{}", st.st_rdev),
+            libc::S_IFREG => "reg".to_string(),
+            libc::S_IFIFO => "fifo".to_string(),
+            libc::S_IFSOCK => "sock".to_string(),
+            libc::S_IFDIR => "dir".to_string(),
+            _ => "other".to_string(),
+        };
+        out.push(format!("{fd}={kind}"));
+    }
+    println!("ok {}", out.join(","));
+    0
+}
+
+/// `fionread FD`: how many bytes wait in FD's input queue (on a terminal: what a reader,
+/// the caller's shell, would read next).
+fn fionread(args: &[String]) -> i32 {
+    let mut n: libc::c_int = 0;
+    // SAFETY (test probe): FIONREAD into an int we own.
+    let rc = unsafe { libc::ioctl(num(args, 1) as i32, libc::FIONREAD, &mut n) };
+    report(if rc < 0 { -1 } else { n as i64 })
 }
 
 /// `mount-proc`: tries to mount a new proc (needs CAP_SYS_ADMIN).
@@ -400,36 +492,54 @@ fn agent_idle(args: &[String]) -> i32 {
     0
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let code = match arg(&args, 0) {
-        "syscall" => raw_syscall(&args),
-        "i386" => i386(&args),
-        "x32" => x32(&args),
-        "tcp" => connect_tcp(&args, false),
-        "udp" => connect_tcp(&args, true),
-        "abstract" => connect_abstract(&args),
-        "write" => write_file(&args),
-        "read" => read_file(&args),
-        "forkbomb" => forkbomb(&args),
-        "memhog" => memhog(&args),
-        "spin" => spin(&args),
-        "daemon" => daemon(&args),
-        "tiocsti" => tiocsti(),
+/// Runs one probe command; `main` runs each of a `+`-separated sequence in turn.
+fn run_one(args: &[String]) -> i32 {
+    match arg(args, 0) {
+        "syscall" => raw_syscall(args),
+        "i386" => i386(args),
+        "x32" => x32(args),
+        "tcp" => connect_tcp(args, false),
+        "udp" => connect_tcp(args, true),
+        "abstract" => connect_abstract(args),
+        "write" => write_file(args),
+        "read" => read_file(args),
+        "forkbomb" => forkbomb(args),
+        "memhog" => memhog(args),
+        "spin" => spin(args),
+        "daemon" => daemon(args),
+        "tiocsti" => tiocsti(args),
+        "tiocsctty" => tiocsctty(args),
+        "write-fd" => write_fd(args),
+        "fds" => fds(),
+        "fionread" => fionread(args),
         "mount" => mount_tmpfs(),
         "unshare-user" => unshare_user(),
         "unshare-ns" => unshare_ns(),
         "setns" => setns_host(),
         "chroot" => chroot(),
         "clone-newuser" => clone_newuser(),
-        "kill" => kill_pid(&args),
-        "status" => status_line(&args),
-        "agent-idle" => agent_idle(&args),
+        "kill" => kill_pid(args),
+        "status" => status_line(args),
+        "agent-idle" => agent_idle(args),
         other => {
             eprintln!("probe: unknown command {other:?}");
             2
         }
-    };
-    let _ = std::io::stdout().flush();
+    }
+}
+
+/// `probe CMD ARGS... [+ CMD ARGS...]...`: the commands run in order (a sequence such as
+/// `tiocsctty 0 + tiocsti 0 TEXT` acts as one process); the exit status is the first
+/// non-zero one.
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut code = 0;
+    for cmd in args.split(|a| a == "+") {
+        let c = run_one(cmd);
+        let _ = std::io::stdout().flush();
+        if code == 0 {
+            code = c;
+        }
+    }
     std::process::exit(code);
 }

@@ -1,0 +1,742 @@
+//! `run` and the caller's terminal: a sandbox never holds a descriptor of it, nor any
+//! descriptor other than its stdout and stderr streams through which it could write to
+//! the caller. A terminal on stdin is relayed through a new pseudo-terminal of the
+//! sandbox's own, a terminal on stdout or stderr alone through pipes, a stdin open for
+//! writing through a pipe; `--max-output` counts every byte that reaches the caller.
+//!
+//! Each attack is first shown to work without hatchery's relay (the probe run directly
+//! on the same terminal or file), so that no test here can pass by measuring nothing.
+//! Every command has a hard time limit; nothing here uses the network.
+
+mod common;
+
+use std::io::{Read, Seek};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::terminal::{Session, Terminal, wait_child};
+use common::*;
+use serde_json::Value;
+
+const LIMIT: Duration = Duration::from_secs(60);
+const PROFILES: [&str; 3] = ["default", "strict", "compat"];
+
+fn read_report(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("no report at {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("report is not JSON: {e}: {text}"))
+}
+
+/// `hatchery run --report REPORT FLAGS --ro PROBE_DIR -- probe ARGS` as arguments.
+fn probe_run_args(report: &Path, flags: &[&str], probe_args: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = vec!["run".into(), "--report".into(), s(report)];
+    a.extend(flags.iter().map(|f| f.to_string()));
+    a.extend(["--ro".into(), s(&probe_dir()), "--".into(), s(&probe())]);
+    a.extend(probe_args.iter().map(|f| f.to_string()));
+    a
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// The descriptors the probe's `fds` command saw, from its `ok 0=chr:N,1=...` line.
+fn probe_fds(screen: &str) -> Vec<(i32, String)> {
+    let Some(line) = screen
+        .lines()
+        .map(|l| l.trim_end_matches('\r'))
+        .find(|l| l.starts_with("ok 0="))
+    else {
+        panic!("the probe listed no descriptors; the screen shows: {screen:?}")
+    };
+    line.trim_start_matches("ok ")
+        .split(',')
+        .filter_map(|e| e.split_once('='))
+        .filter_map(|(fd, kind)| Some((fd.parse().ok()?, kind.to_string())))
+        .collect()
+}
+
+fn legacy_tiocsti() -> bool {
+    std::fs::read_to_string("/proc/sys/dev/tty/legacy_tiocsti").is_ok_and(|v| v.trim() == "1")
+}
+
+#[test]
+fn a_sandbox_can_neither_type_into_its_callers_terminal_nor_hold_it_under_any_profile() {
+    let test = "a_sandbox_can_neither_type_into_its_callers_terminal_nor_hold_it_under_any_profile";
+    if skip_unless_root(test) {
+        return;
+    }
+    let mut term = Terminal::open(24, 80);
+    term.start_reading();
+    let attack = ["tiocsctty", "0", "+", "tiocsti", "0", "id\n"];
+
+    // Without hatchery's relay the same probe types `id` into the terminal's input queue,
+    // where the caller's shell would read and run it: as root directly (CAP_SYS_ADMIN),
+    // and, where the kernel still has legacy TIOCSTI, from a user namespace without any
+    // privilege once it took the terminal that was no session's (the reported attack).
+    let mut direct = term.spawn(
+        Session::NoControllingTerminal,
+        &probe(),
+        &attack,
+        None,
+        None,
+    );
+    wait_child(&mut direct, LIMIT, "the probe run directly");
+    assert_eq!(term.pending_input(), 3, "{}", term.screen_text());
+    term.discard_input();
+    if legacy_tiocsti() {
+        let probe = s(&probe());
+        let mut args = vec!["-r", "--", probe.as_str()];
+        args.extend(attack);
+        let mut userns = term.spawn(
+            Session::NoControllingTerminal,
+            Path::new("unshare"),
+            &args,
+            None,
+            None,
+        );
+        wait_child(&mut userns, LIMIT, "the probe in a user namespace");
+        assert_eq!(term.pending_input(), 3, "{}", term.screen_text());
+        term.discard_input();
+    }
+
+    let dir = shared_tempdir();
+    let report = dir.path().join("report.json");
+    for profile in PROFILES {
+        for session in [Session::ControllingTerminal, Session::NoControllingTerminal] {
+            let mut probe_args = vec!["fds", "+"];
+            probe_args.extend(attack);
+            probe_args.extend(["+", "write-fd", "0", "3"]);
+            let args = probe_run_args(
+                &report,
+                &["--profile", profile, "--timeout", "30s"],
+                &probe_args,
+            );
+            let before = term.screen().len();
+            let mut child = term.spawn(session, &hatchery(), &refs(&args), None, None);
+            let status = wait_child(&mut child, LIMIT, "hatchery run");
+            let screen = String::from_utf8_lossy(term.screen().get(before..).unwrap_or_default())
+                .into_owned();
+            let what = format!("{profile}, {session:?}: {screen:?}");
+            assert_eq!(status.code(), Some(0), "{what}");
+            assert_eq!(term.pending_input(), 0, "input was injected: {what}");
+            // No descriptor of the sandbox's is the caller's terminal; its stdin is a
+            // terminal of its own.
+            let fds = probe_fds(&screen);
+            let caller = format!("chr:{}", term.rdev());
+            assert!(fds.iter().all(|(_, k)| *k != caller), "{fds:?} {what}");
+            let stdin = fds.iter().find(|(fd, _)| *fd == 0).map(|(_, k)| k.as_str());
+            assert!(
+                stdin.is_some_and(|k| k.starts_with("chr:")),
+                "{fds:?} {what}"
+            );
+            let r = read_report(&report);
+            assert_eq!(r["enforcement"]["stdio"]["stdin"], "pty relay", "{r}");
+            assert_eq!(r["enforcement"]["stdio"]["stdout"], "pty relay", "{r}");
+            assert_eq!(r["enforcement"]["stdio"]["stderr"], "pty relay", "{r}");
+        }
+    }
+}
+
+#[test]
+fn the_output_cap_counts_what_a_sandbox_writes_to_the_terminal_on_its_stdin() {
+    let test = "the_output_cap_counts_what_a_sandbox_writes_to_the_terminal_on_its_stdin";
+    if skip_unless_root(test) {
+        return;
+    }
+    let mut term = Terminal::open(24, 80);
+    term.start_reading();
+    // Directly, 100,000 bytes written to descriptor 0 all reach the screen.
+    let mut direct = term.spawn(
+        Session::ControllingTerminal,
+        &probe(),
+        &["write-fd", "0", "100000"],
+        None,
+        None,
+    );
+    wait_child(&mut direct, LIMIT, "the probe run directly");
+    assert_eq!(
+        term.wait_for_count(b'Z', 100_000, Duration::from_secs(20)),
+        100_000
+    );
+
+    let dir = shared_tempdir();
+    let report = dir.path().join("report.json");
+    let stderr_file = dir.path().join("stderr");
+    let args = probe_run_args(
+        &report,
+        &["--max-output", "100", "--timeout", "30s"],
+        &["write-fd", "0", "100000"],
+    );
+    let before = term.screen().len();
+    let mut child = term.spawn(
+        Session::ControllingTerminal,
+        &hatchery(),
+        &refs(&args),
+        None,
+        Some(Stdio::from(must_create(&stderr_file))),
+    );
+    let status = wait_child(&mut child, LIMIT, "hatchery run --max-output 100");
+    // Give any late byte time to show.
+    std::thread::sleep(Duration::from_millis(300));
+    let screen = term.screen();
+    let shown = screen.get(before..).unwrap_or_default();
+    let zs = shown.iter().filter(|b| **b == b'Z').count();
+    let r = read_report(&report);
+    assert!(zs <= 100, "{zs} bytes reached the terminal: {r}");
+    assert!(
+        shown.len() <= 100,
+        "{} bytes reached the terminal",
+        shown.len()
+    );
+    assert_eq!(r["output_truncated"], Value::Bool(true), "{r}");
+    assert_eq!(r["output_bytes"], 100, "{r}");
+    // At the cap the sandbox's terminal is hung up: the writer, its session leader, gets
+    // SIGHUP.
+    assert_eq!(status.code(), Some(128 + libc::SIGHUP), "{r}");
+    assert_eq!(r["signal"], libc::SIGHUP, "{r}");
+    let err = std::fs::read_to_string(&stderr_file).unwrap_or_default();
+    assert!(err.contains("output cut at 100 bytes"), "{err}");
+}
+
+fn must_create(path: &Path) -> std::fs::File {
+    match std::fs::File::create(path) {
+        Ok(f) => f,
+        Err(e) => panic!("{}: {e}", path.display()),
+    }
+}
+
+fn read_write_file(path: &Path) -> std::fs::File {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o666)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) => panic!("{}: {e}", path.display()),
+    }
+}
+
+/// Runs `hatchery ARGS` with the given stdin, stdout and stderr to files or pipes.
+fn run_with_stdin(args: &[String], stdin: Stdio) -> std::process::Output {
+    let mut child = match Command::new(hatchery())
+        .args(args)
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("cannot start hatchery: {e}"),
+    };
+    let mut out = child.stdout.take();
+    let mut err = child.stderr.take();
+    let reader = std::thread::spawn(move || {
+        let mut o = Vec::new();
+        if let Some(p) = out.as_mut() {
+            let _ = p.read_to_end(&mut o);
+        }
+        o
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut e = Vec::new();
+        if let Some(p) = err.as_mut() {
+            let _ = p.read_to_end(&mut e);
+        }
+        e
+    });
+    let status = wait_child(&mut child, LIMIT, "hatchery run");
+    std::process::Output {
+        status,
+        stdout: reader.join().unwrap_or_default(),
+        stderr: err_reader.join().unwrap_or_default(),
+    }
+}
+
+#[test]
+fn a_stdin_open_for_writing_is_relayed_and_cannot_carry_output_past_the_cap() {
+    let test = "a_stdin_open_for_writing_is_relayed_and_cannot_carry_output_past_the_cap";
+    if skip_unless_root(test) {
+        return;
+    }
+    let dir = shared_tempdir();
+    // Directly, a probe writes 100,000 bytes into a read-write stdin file.
+    let direct_file = dir.path().join("direct");
+    let out = run_with_timeout_stdin(
+        Command::new(probe()).args(["write-fd", "0", "100000"]),
+        Stdio::from(read_write_file(&direct_file)),
+    );
+    assert_eq!(stdout(&out), "ok 100000");
+    assert_eq!(file_len(&direct_file), 100_000);
+
+    // Through hatchery: nothing reaches the file, and the sandbox's stdin is a pipe.
+    let file = dir.path().join("stdin");
+    let report = dir.path().join("report.json");
+    let args = probe_run_args(
+        &report,
+        &["--max-output", "100", "--timeout", "30s"],
+        &["write-fd", "0", "100000"],
+    );
+    let out = run_with_stdin(&args, Stdio::from(read_write_file(&file)));
+    assert!(file_len(&file) <= 100, "{}", file_len(&file));
+    assert_eq!(file_len(&file), 0);
+    assert_eq!(
+        stdout(&out),
+        format!("err {}", libc::EBADF),
+        "{}",
+        stderr(&out)
+    );
+    let r = read_report(&report);
+    assert_eq!(
+        r["enforcement"]["stdio"]["stdin"], "pipe relay (read-write file)",
+        "{r}"
+    );
+
+    // A socket is as good a way back to the caller: relayed too.
+    let (ours, theirs) = match std::os::unix::net::UnixStream::pair() {
+        Ok(p) => p,
+        Err(e) => panic!("socketpair: {e}"),
+    };
+    let out = run_with_stdin(&args, Stdio::from(std::os::fd::OwnedFd::from(theirs)));
+    assert_eq!(
+        stdout(&out),
+        format!("err {}", libc::EBADF),
+        "{}",
+        stderr(&out)
+    );
+    if let Err(e) = ours.set_nonblocking(true) {
+        panic!("{e}");
+    }
+    let mut buf = vec![0u8; 200_000];
+    let got = (&ours).read(&mut buf).unwrap_or(0);
+    assert_eq!(got, 0, "bytes came back through the socket");
+    let r = read_report(&report);
+    assert_eq!(
+        r["enforcement"]["stdio"]["stdin"], "pipe relay (socket)",
+        "{r}"
+    );
+}
+
+fn file_len(p: &Path) -> u64 {
+    std::fs::metadata(p).map(|m| m.len()).unwrap_or(u64::MAX)
+}
+
+fn run_with_timeout_stdin(cmd: &mut Command, stdin: Stdio) -> std::process::Output {
+    let mut child = match cmd
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("spawn: {e}"),
+    };
+    wait_child(&mut child, LIMIT, "probe");
+    let mut o = Vec::new();
+    let mut e = Vec::new();
+    if let Some(mut p) = child.stdout.take() {
+        let _ = p.read_to_end(&mut o);
+    }
+    if let Some(mut p) = child.stderr.take() {
+        let _ = p.read_to_end(&mut e);
+    }
+    std::process::Output {
+        status: match child.wait() {
+            Ok(s) => s,
+            Err(e) => panic!("wait: {e}"),
+        },
+        stdout: o,
+        stderr: e,
+    }
+}
+
+#[test]
+fn what_a_stdin_open_for_writing_holds_still_reaches_the_command() {
+    let test = "what_a_stdin_open_for_writing_holds_still_reaches_the_command";
+    if skip_unless_root(test) {
+        return;
+    }
+    let dir = shared_tempdir();
+    let file = dir.path().join("stdin");
+    if let Err(e) = std::fs::write(&file, "hello through the relay\n") {
+        panic!("{e}");
+    }
+    let mut f = read_write_file(&file);
+    let _ = f.rewind();
+    let report = dir.path().join("report.json");
+    let args: Vec<String> = [
+        "run",
+        "--report",
+        &s(&report),
+        "--timeout",
+        "30s",
+        "--",
+        "sh",
+        "-c",
+        "test -p /dev/stdin && echo pipe; cat",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let out = run_with_stdin(&args, Stdio::from(f));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "pipe\nhello through the relay");
+    let r = read_report(&report);
+    assert_eq!(
+        r["enforcement"]["stdio"],
+        serde_json::json!({
+            "stdin": "pipe relay (read-write file)",
+            "stdout": "passed (pipe)",
+            "stderr": "passed (pipe)"
+        }),
+        "{r}"
+    );
+
+    // Read-only stdin is passed as it is, at no cost.
+    let ro = match std::fs::File::open(&file) {
+        Ok(f) => f,
+        Err(e) => panic!("{e}"),
+    };
+    let out = run_with_stdin(&args, Stdio::from(ro));
+    assert_eq!(stdout(&out), "hello through the relay");
+    let r = read_report(&report);
+    assert_eq!(
+        r["enforcement"]["stdio"]["stdin"], "passed (read-only file)",
+        "{r}"
+    );
+}
+
+#[test]
+fn an_interactive_shell_works_through_the_relay_and_the_terminal_is_left_as_found() {
+    let test = "an_interactive_shell_works_through_the_relay_and_the_terminal_is_left_as_found";
+    if skip_unless_root(test) {
+        return;
+    }
+    let mut term = Terminal::open(24, 80);
+    term.start_reading();
+    let modes = term.modes();
+    let mut child = term.spawn(
+        Session::ControllingTerminal,
+        &hatchery(),
+        &["run", "--timeout", "30s", "--", "sh"],
+        None,
+        None,
+    );
+    // Job control on (the terminal is the shell's controlling terminal), then the prompt.
+    assert!(
+        term.wait_for("# ", Duration::from_secs(30)),
+        "{:?}",
+        term.screen_text()
+    );
+    term.type_bytes(b"echo hi; exit 3\n");
+    let status = wait_child(&mut child, LIMIT, "hatchery run -- sh");
+    let screen = term.screen_text();
+    assert_eq!(status.code(), Some(3), "{screen:?}");
+    assert!(
+        screen.lines().any(|l| l.trim_end_matches('\r') == "hi"),
+        "{screen:?}"
+    );
+    assert!(!screen.contains("job control turned off"), "{screen:?}");
+    assert_eq!(term.modes(), modes, "the terminal's modes changed");
+}
+
+#[test]
+fn ctrl_c_at_the_callers_keyboard_reaches_the_command_as_sigint() {
+    if skip_unless_root("ctrl_c_at_the_callers_keyboard_reaches_the_command_as_sigint") {
+        return;
+    }
+    let mut term = Terminal::open(24, 80);
+    term.start_reading();
+    let modes = term.modes();
+    let mut child = term.spawn(
+        Session::ControllingTerminal,
+        &hatchery(),
+        &[
+            "run",
+            "--timeout",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            "trap 'echo got-int; exit 7' INT; echo ready; while :; do sleep 1; done",
+        ],
+        None,
+        None,
+    );
+    assert!(
+        term.wait_for("ready", Duration::from_secs(30)),
+        "{}",
+        term.screen_text()
+    );
+    term.type_bytes(&[0x03]);
+    let status = wait_child(&mut child, LIMIT, "hatchery run");
+    assert_eq!(status.code(), Some(7), "{:?}", term.screen_text());
+    assert!(term.screen_text().contains("got-int"));
+    assert_eq!(term.modes(), modes, "the terminal's modes changed");
+}
+
+#[test]
+fn the_terminal_is_restored_after_a_timeout_and_after_a_forwarded_sigterm() {
+    let test = "the_terminal_is_restored_after_a_timeout_and_after_a_forwarded_sigterm";
+    if skip_unless_root(test) {
+        return;
+    }
+    let mut term = Terminal::open(24, 80);
+    term.start_reading();
+    let modes = term.modes();
+    let mut child = term.spawn(
+        Session::ControllingTerminal,
+        &hatchery(),
+        &["run", "--timeout", "1s", "--", "sleep", "30"],
+        None,
+        None,
+    );
+    let status = wait_child(&mut child, LIMIT, "hatchery run --timeout 1s");
+    assert_eq!(status.code(), Some(124), "{:?}", term.screen_text());
+    assert_eq!(term.modes(), modes, "not restored after the timeout");
+
+    let mut child = term.spawn(
+        Session::ControllingTerminal,
+        &hatchery(),
+        &[
+            "run",
+            "--timeout",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            "echo ready; sleep 30",
+        ],
+        None,
+        None,
+    );
+    assert!(term.wait_for("ready", Duration::from_secs(30)));
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    if let Err(e) = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM) {
+        panic!("kill: {e}");
+    }
+    let status = wait_child(&mut child, LIMIT, "hatchery run after SIGTERM");
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    assert_eq!(term.modes(), modes, "not restored after SIGTERM");
+}
+
+#[test]
+fn the_sandbox_terminal_has_the_callers_window_size_and_follows_it() {
+    if skip_unless_root("the_sandbox_terminal_has_the_callers_window_size_and_follows_it") {
+        return;
+    }
+    let mut term = Terminal::open(37, 101);
+    term.start_reading();
+    let mut child = term.spawn(
+        Session::ControllingTerminal,
+        &hatchery(),
+        &[
+            "run",
+            "--timeout",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            "trap 'echo size $(stty size); exit 0' WINCH; echo start $(stty size); while :; do sleep 0.1; done",
+        ],
+        None,
+        None,
+    );
+    assert!(
+        term.wait_for("start 37 101", Duration::from_secs(30)),
+        "{:?}",
+        term.screen_text()
+    );
+    // The person resizes the window: `stty` on the caller's terminal sets the size, and
+    // the kernel signals the terminal's foreground process group (hatchery) with SIGWINCH.
+    let out = run_with_timeout_stdin(
+        Command::new("stty").args(["rows", "50", "cols", "120"]),
+        term.stdio(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let status = wait_child(&mut child, LIMIT, "hatchery run");
+    assert_eq!(status.code(), Some(0), "{:?}", term.screen_text());
+    assert!(
+        term.wait_for("size 50 120", Duration::from_secs(5)),
+        "{:?}",
+        term.screen_text()
+    );
+}
+
+#[test]
+fn a_caller_that_stops_reading_its_terminal_cannot_keep_the_timeout_from_ending_the_run() {
+    let test =
+        "a_caller_that_stops_reading_its_terminal_cannot_keep_the_timeout_from_ending_the_run";
+    if skip_unless_root(test) {
+        return;
+    }
+    // Nobody reads the screen: once the terminal's buffer is full, hatchery must go on
+    // waiting for the timeout instead of blocking in write(2). (hatchery's own closing
+    // line goes to a file: it is an ordinary write, like any program's.)
+    let term = Terminal::open(24, 80);
+    let modes = term.modes();
+    let dir = shared_tempdir();
+    let stderr_file = dir.path().join("stderr");
+    let mut child = term.spawn(
+        Session::ControllingTerminal,
+        &hatchery(),
+        &["run", "--timeout", "2s", "--", "yes"],
+        None,
+        Some(Stdio::from(must_create(&stderr_file))),
+    );
+    let status = wait_child(
+        &mut child,
+        LIMIT,
+        "hatchery blocked on a terminal nobody reads",
+    );
+    assert_eq!(status.code(), Some(124));
+    assert_eq!(term.modes(), modes, "the terminal's modes changed");
+
+    // The same with stdout a pipe nobody reads, the output cap pumping into it, and the
+    // terminal on stdin relayed at the same time.
+    let (read_end, write_end) = match nix::unistd::pipe() {
+        Ok(p) => p,
+        Err(e) => panic!("pipe: {e}"),
+    };
+    let mut child = term.spawn(
+        Session::ControllingTerminal,
+        &hatchery(),
+        &[
+            "run",
+            "--max-output",
+            "100M",
+            "--timeout",
+            "2s",
+            "--",
+            "yes",
+        ],
+        Some(Stdio::from(write_end)),
+        Some(Stdio::from(must_create(&stderr_file))),
+    );
+    let status = wait_child(&mut child, LIMIT, "hatchery blocked on a pipe nobody reads");
+    drop(read_end);
+    assert_eq!(status.code(), Some(124));
+    assert_eq!(term.modes(), modes, "the terminal's modes changed");
+}
+
+#[test]
+fn a_terminal_on_stdout_alone_is_relayed_through_a_pipe() {
+    if skip_unless_root("a_terminal_on_stdout_alone_is_relayed_through_a_pipe") {
+        return;
+    }
+    let mut term = Terminal::open(24, 80);
+    term.start_reading();
+    let dir = shared_tempdir();
+    let report = dir.path().join("report.json");
+    let args = probe_run_args(
+        &report,
+        &["--timeout", "30s"],
+        &["fds", "+", "tiocsti", "1", "id\n"],
+    );
+    let mut child = match Command::new(hatchery())
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(term.stdio())
+        .stderr(term.stdio())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("spawn: {e}"),
+    };
+    let status = wait_child(&mut child, LIMIT, "hatchery run");
+    assert_eq!(status.code(), Some(0), "{:?}", term.screen_text());
+    assert!(term.wait_for("err ", Duration::from_secs(5)));
+    let screen = term.screen_text();
+    let fds = probe_fds(&screen);
+    assert!(fds.iter().any(|(fd, k)| *fd == 1 && k == "fifo"), "{fds:?}");
+    assert_eq!(term.pending_input(), 0, "{screen:?}");
+    let r = read_report(&report);
+    assert_eq!(
+        r["enforcement"]["stdio"],
+        serde_json::json!({
+            "stdin": "passed (/dev/null)",
+            "stdout": "pipe relay (terminal)",
+            "stderr": "pipe relay (terminal)"
+        }),
+        "{r}"
+    );
+}
+
+#[test]
+fn without_a_terminal_or_a_cap_the_callers_descriptors_are_passed() {
+    if skip_unless_root("without_a_terminal_or_a_cap_the_callers_descriptors_are_passed") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let report = dir.path().join("report.json");
+    let out = run_with_stdin(
+        &[
+            "run".into(),
+            "--report".into(),
+            s(&report),
+            "--".into(),
+            "true".into(),
+        ],
+        Stdio::null(),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let r = read_report(&report);
+    assert_eq!(
+        r["enforcement"]["stdio"],
+        serde_json::json!({
+            "stdin": "passed (/dev/null)",
+            "stdout": "passed (pipe)",
+            "stderr": "passed (pipe)"
+        }),
+        "{r}"
+    );
+}
+
+#[test]
+fn a_background_job_neither_changes_the_terminal_nor_reads_it() {
+    if skip_unless_root("a_background_job_neither_changes_the_terminal_nor_reads_it") {
+        return;
+    }
+    // An interactive shell's `hatchery run ... &`: in a process group of its own that is
+    // not the terminal's foreground. Changing the modes or reading would get it stopped
+    // (SIGTTOU, SIGTTIN), and a stopped supervisor ends no timeout.
+    let mut term = Terminal::open(24, 80);
+    term.start_reading();
+    let modes = term.modes();
+    let dir = shared_tempdir();
+    let report = dir.path().join("report.json");
+    let script = format!(
+        "set -m; {} run --report {} --timeout 30s -- sh -c 'echo in-background; test -t 0 && echo has-a-terminal' & wait $!",
+        s(&hatchery()),
+        s(&report)
+    );
+    let mut child = term.spawn(
+        Session::ControllingTerminal,
+        Path::new("sh"),
+        &["-c", &script],
+        None,
+        None,
+    );
+    let status = wait_child(&mut child, LIMIT, "hatchery run in the background");
+    assert_eq!(status.code(), Some(0), "{:?}", term.screen_text());
+    assert!(
+        term.wait_for("has-a-terminal", Duration::from_secs(5)),
+        "{:?}",
+        term.screen_text()
+    );
+    assert_eq!(term.modes(), modes, "the terminal's modes changed");
+    let r = read_report(&report);
+    assert_eq!(
+        r["enforcement"]["stdio"]["stdin"], "pty relay (background job: output only)",
+        "{r}"
+    );
+}
