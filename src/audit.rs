@@ -11,10 +11,11 @@
 //! Durability: [`AuditLog::append`] buffers; [`AuditLog::sync`] writes, `fdatasync`s and
 //! updates the head. A security decision is synced before it takes effect.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+
+use crate::paths::Dir;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, KeyInit, Mac};
@@ -214,7 +215,8 @@ pub fn now_ms() -> u64 {
 
 /// The writer side: one per controller.
 pub struct AuditLog {
-    dir: PathBuf,
+    /// The state directory, held open: every file of the trail is reached through it.
+    dir: Dir,
     file: File,
     key: AuditKey,
     seq: u64,
@@ -234,23 +236,18 @@ impl AuditLog {
     /// trail is refused, never silently continued.
     pub fn open(dir: &Path, key: AuditKey) -> Result<AuditLog, AuditError> {
         let path = dir.join(LOG_FILE);
-        let summary = if path.exists() {
-            verify(dir, &key)?
+        let held = Dir::open(dir).map_err(io_err(dir))?;
+        let summary = if held.stat_entry(LOG_FILE).map_err(io_err(&path))?.is_some() {
+            verify_in(&held, &key)?
         } else {
             VerifySummary {
                 entries: 0,
                 last_hash: GENESIS.to_string(),
             }
         };
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(io_err(&path))?;
+        let file = held.open_append(LOG_FILE, 0o600).map_err(io_err(&path))?;
         Ok(AuditLog {
-            dir: dir.to_path_buf(),
+            dir: held,
             file,
             key,
             seq: summary.entries,
@@ -294,7 +291,7 @@ impl AuditLog {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let path = self.dir.join(LOG_FILE);
+        let path = self.dir.path().join(LOG_FILE);
         self.file.write_all(&self.pending).map_err(io_err(&path))?;
         self.file.sync_data().map_err(io_err(&path))?;
         self.pending.clear();
@@ -303,20 +300,11 @@ impl AuditLog {
             hash: self.last_hash.clone(),
             mac: self.key.mac(&head_mac_input(self.seq, &self.last_hash)),
         };
-        let head_path = self.dir.join(HEAD_FILE);
-        let tmp = self.dir.join(format!(".{HEAD_FILE}.tmp"));
+        let head_path = self.dir.path().join(HEAD_FILE);
         let json = serde_json::to_vec(&head).unwrap_or_default();
-        let mut f = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(io_err(&tmp))?;
-        f.write_all(&json)
-            .and_then(|_| f.sync_data())
-            .map_err(io_err(&tmp))?;
-        std::fs::rename(&tmp, &head_path).map_err(io_err(&head_path))?;
+        self.dir
+            .write_atomically(HEAD_FILE, &json, 0o600)
+            .map_err(io_err(&head_path))?;
         Ok(())
     }
 
@@ -365,13 +353,26 @@ fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<Option<()>> 
 /// Checks the whole trail in `dir`: every entry's sequence, chain link, hash and MAC, and
 /// the head. Returns the first problem found.
 pub fn verify(dir: &Path, key: &AuditKey) -> Result<VerifySummary, AuditError> {
-    let path = dir.join(LOG_FILE);
+    let held = Dir::open(dir).map_err(io_err(dir))?;
+    verify_in(&held, key)
+}
+
+/// Opens a file of the trail (never through a symlink, never blocking on a FIFO).
+fn open_trail_file(dir: &Dir, name: &str) -> Result<File, AuditError> {
+    let path = dir.path().join(name);
+    dir.open_read(name)
+        .map_err(io_err(&path))?
+        .ok_or_else(|| io_err(&path)(io::Error::from(io::ErrorKind::NotFound)))
+}
+
+fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, AuditError> {
+    let path = dir.path().join(LOG_FILE);
     let damaged = |line: u64, reason: String| AuditError::Damaged {
         path: path.clone(),
         line,
         reason,
     };
-    let file = File::open(&path).map_err(io_err(&path))?;
+    let file = open_trail_file(dir, LOG_FILE)?;
     let mut reader = BufReader::new(file);
     let mut buf = Vec::new();
     let mut expected_seq = 1u64;
@@ -421,9 +422,9 @@ pub fn verify(dir: &Path, key: &AuditKey) -> Result<VerifySummary, AuditError> {
         expected_seq += 1;
     }
     let entries = expected_seq - 1;
-    let head_path = dir.join(HEAD_FILE);
-    match std::fs::read(&head_path) {
-        Ok(bytes) => {
+    let head_path = dir.path().join(HEAD_FILE);
+    match dir.read(HEAD_FILE, 64 << 10).map_err(io_err(&head_path))? {
+        Some(bytes) => {
             let head: Head = serde_json::from_slice(&bytes)
                 .map_err(|e| damaged(entries, format!("the head file is not valid: {e}")))?;
             if !key.check(&head_mac_input(head.seq, &head.hash), &head.mac) {
@@ -442,7 +443,8 @@ pub fn verify(dir: &Path, key: &AuditKey) -> Result<VerifySummary, AuditError> {
             // stopped: fine, they still chain and carry valid MACs.
             if head.seq > 0 && head.seq <= entries {
                 // Re-read to check the head's hash matches that entry.
-                let at = entry_hash_at(&path, head.seq).map_err(io_err(&path))?;
+                let at = entry_hash_at(open_trail_file(dir, LOG_FILE)?, head.seq)
+                    .map_err(io_err(&path))?;
                 if at.as_deref() != Some(head.hash.as_str()) {
                     return Err(damaged(
                         head.seq,
@@ -451,11 +453,10 @@ pub fn verify(dir: &Path, key: &AuditKey) -> Result<VerifySummary, AuditError> {
                 }
             }
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound && entries == 0 => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        None if entries == 0 => {}
+        None => {
             return Err(damaged(entries, "the head file is missing".into()));
         }
-        Err(e) => return Err(io_err(&head_path)(e)),
     }
     Ok(VerifySummary {
         entries,
@@ -463,8 +464,8 @@ pub fn verify(dir: &Path, key: &AuditKey) -> Result<VerifySummary, AuditError> {
     })
 }
 
-fn entry_hash_at(path: &Path, seq: u64) -> io::Result<Option<String>> {
-    let mut reader = BufReader::new(File::open(path)?);
+fn entry_hash_at(file: File, seq: u64) -> io::Result<Option<String>> {
+    let mut reader = BufReader::new(file);
     let mut buf = Vec::new();
     let mut n = 0;
     while read_line(&mut reader, &mut buf)?.is_some() {
@@ -481,7 +482,8 @@ fn entry_hash_at(path: &Path, seq: u64) -> io::Result<Option<String>> {
 /// Reads every entry (for `audit tail`), skipping nothing: a malformed line is an error.
 pub fn read_entries(dir: &Path) -> Result<Vec<AuditEntry>, AuditError> {
     let path = dir.join(LOG_FILE);
-    let mut reader = BufReader::new(File::open(&path).map_err(io_err(&path))?);
+    let held = Dir::open(dir).map_err(io_err(dir))?;
+    let mut reader = BufReader::new(open_trail_file(&held, LOG_FILE)?);
     let mut buf = Vec::new();
     let mut out = Vec::new();
     while read_line(&mut reader, &mut buf)

@@ -1002,7 +1002,7 @@ impl Engine {
             pids: Some(manifest.resources.pids_limit.get()),
             timeout_ms: Some(manifest.resources.timeout_ms.get()),
             profile: manifest.profile.to_string(),
-            log_path: self.cfg.state_dir.join("workers").join(format!("{id}.log")),
+            log_name: format!("{id}.log"),
             share_network: manifest.resources.network_policy.allow_external,
             payload_ids,
             allow_degraded: self.cfg.allow_degraded,

@@ -8,7 +8,6 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -17,7 +16,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::wait::{Id, WaitPidFlag, waitid};
 use serde::{Deserialize, Serialize};
 
-use crate::paths::check_host_path;
+use crate::paths::{Dir, check_host_path};
 use crate::profile::{Profile, SeccompProgram};
 use crate::sandbox::cgroup::Limits;
 use crate::sandbox::output::OutputPump;
@@ -45,8 +44,9 @@ pub struct LaunchSpec {
     pub pids: Option<u64>,
     pub timeout_ms: Option<u64>,
     pub profile: String,
-    /// Where the worker's stdout and stderr go (created 0600).
-    pub log_path: PathBuf,
+    /// The file in the state directory's `workers/` where the worker's stdout and stderr
+    /// go (created new, 0600, through the launcher's descriptor of that directory).
+    pub log_name: String,
     /// Share the host network (a manifest with allow_external); otherwise none.
     pub share_network: bool,
     /// Inside uid/gid for the payload (distinct per worker where an id range is mapped).
@@ -172,6 +172,8 @@ struct Running {
 
 struct Launcher {
     host: Host,
+    /// The state directory's `workers/`, held open since before any worker ran.
+    workers: Dir,
     profiles: HashMap<String, (Profile, SeccompProgram)>,
     running: HashMap<String, Running>,
     events: UnixStream,
@@ -186,7 +188,7 @@ impl Launcher {
         if let Some(p) = self.profiles.get(name) {
             return Ok(p.clone());
         }
-        let profile = Profile::resolve(name).map_err(|e| e.to_string())?;
+        let profile = Profile::builtin(name).map_err(|e| e.to_string())?;
         let program = profile.compile_seccomp().map_err(|e| e.to_string())?;
         self.profiles
             .insert(name.to_string(), (profile.clone(), program.clone()));
@@ -278,13 +280,10 @@ impl Launcher {
             spec.landlock.read.push(PathBuf::from(AGENT_BIN_DIR));
             spec.landlock.execute.push(PathBuf::from(AGENT_BIN_DIR));
         }
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&ls.log_path)
-            .map_err(|e| format!("{}: {e}", ls.log_path.display()))?;
+        let log = self
+            .workers
+            .create_new(&ls.log_name, 0o600, true)
+            .map_err(|e| e.to_string())?;
         let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
         let err = log.try_clone().map_err(|e| e.to_string())?;
         let output = match ls.max_output_bytes {
@@ -377,12 +376,13 @@ impl Launcher {
 }
 
 /// The launcher's main loop; returns its exit status.
-pub fn serve(requests: UnixStream, events: UnixStream) -> i32 {
+pub fn serve(requests: UnixStream, events: UnixStream, workers: Dir) -> i32 {
     // Our own session: a terminal's ^C reaches the controller, which stops workers in
     // order; the launcher follows the controller (end of its request stream), not signals.
     crate::sandbox::process::detach_from_terminal_signals();
     let mut l = Launcher {
         host: Host::detect(),
+        workers,
         profiles: HashMap::new(),
         running: HashMap::new(),
         events,

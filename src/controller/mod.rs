@@ -17,9 +17,8 @@ pub mod registry;
 pub mod server;
 pub mod wire;
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::fs::File;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -28,6 +27,7 @@ use serde_json::json;
 
 use crate::audit::{self, AuditKey, AuditLog};
 use crate::contract::ReplicationContract;
+use crate::paths::Dir;
 use crate::signing::{Keyring, ManifestSigner};
 
 pub use paths::ControllerPaths;
@@ -69,36 +69,53 @@ pub struct ControllerOptions {
     pub socket_group: Option<u32>,
 }
 
-/// Creates `dir` (and parents) and makes it private to the caller.
-fn private_dir(dir: &Path) -> Result<(), ControllerError> {
+/// Creates `dir` (and parents), opens it (no symlink on the way) and makes it private to
+/// the caller; a directory someone else owns is refused.
+fn private_dir(dir: &Path) -> Result<Dir, ControllerError> {
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io_err(dir))
+    let held = Dir::open(dir).map_err(io_err(dir))?;
+    let owner = held.stat().map_err(io_err(dir))?.st_uid;
+    let me = nix::unistd::geteuid().as_raw();
+    if owner != me {
+        return Err(ControllerError::Setup(format!(
+            "{} belongs to uid {owner}, not to this user ({me}): refusing to keep state there; use another --state-dir",
+            dir.display()
+        )));
+    }
+    held.set_mode(0o700).map_err(io_err(dir))?;
+    Ok(held)
 }
 
 /// Takes the state directory's lock (held until the returned guard is dropped or the
 /// process exits): one controller per state directory.
-fn lock_state(dir: &Path) -> Result<nix::fcntl::Flock<File>, ControllerError> {
-    let path = dir.join("controller.lock");
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(io_err(&path))?;
+fn lock_state(dir: &Dir) -> Result<nix::fcntl::Flock<File>, ControllerError> {
+    let path = dir.path().join("controller.lock");
+    let file = File::from(
+        dir.open_lock("controller.lock", 0o600)
+            .map_err(io_err(&path))?,
+    );
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
         ControllerError::Setup(format!(
             "another controller is using {} ({e}); stop it first or use another --state-dir",
-            dir.display()
+            dir.path().display()
         ))
     })
 }
 
-/// Removes a socket left by a dead controller; refuses if one is still answering.
+/// Removes a socket left by a dead controller; refuses if one is still answering, and
+/// never removes anything that is not a socket.
 fn clear_stale_socket(path: &Path) -> Result<bool, ControllerError> {
-    if !path.exists() {
-        return Ok(false);
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io_err(path)(e)),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(ControllerError::Setup(format!(
+            "{} exists and is not a socket: refusing to replace it; remove it or choose another --socket",
+            path.display()
+        )));
     }
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
         return Err(ControllerError::Setup(format!(
@@ -119,13 +136,19 @@ fn random_hex(bytes: usize) -> Result<String, ControllerError> {
 /// Runs a controller in the foreground until SIGINT or SIGTERM.
 pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     let paths = &opts.paths;
-    private_dir(&paths.state_dir)?;
-    private_dir(&paths.state_dir.join("workers"))?;
-    let _lock = lock_state(&paths.state_dir)?;
+    let state = private_dir(&paths.state_dir)?;
+    let workers = state
+        .subdir("workers", 0o700)
+        .map_err(io_err(&paths.state_dir))?;
+    workers
+        .set_mode(0o700)
+        .map_err(io_err(&paths.state_dir.join("workers")))?;
+    let _lock = lock_state(&state)?;
     let pid_file = paths.state_dir.join("controller.pid");
-    let crashed_pid = std::fs::read_to_string(&pid_file)
-        .ok()
-        .map(|s| s.trim().to_string());
+    let crashed_pid = state
+        .read("controller.pid", 64)
+        .map_err(io_err(&pid_file))?
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string());
 
     let (master, key_created) = Keyring::load_or_generate(&paths.key)?;
     let session = random_hex(8)?;
@@ -156,16 +179,26 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     }
 
     // The launcher must be forked while this process has one thread: before the runtime.
-    let launcher = crate::sandbox::zygote::fork_launcher(launcher::serve)
-        .map_err(|e| ControllerError::Setup(format!("cannot start the launcher: {e}")))?;
+    let keep = [std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(
+        &workers,
+    ))];
+    let launcher = crate::sandbox::zygote::fork_launcher(&keep, move |req, ev| {
+        launcher::serve(req, ev, workers)
+    })
+    .map_err(|e| ControllerError::Setup(format!("cannot start the launcher: {e}")))?;
     let launcher_start =
         crate::sandbox::cgroup::process_start_time(launcher.pid.as_raw() as u32).unwrap_or(0);
-    let cleanup = |pid_file: &Path, socket: &Path| {
+    let cleanup = |state: &Dir, socket: &Path| {
         let _ = std::fs::remove_file(socket);
-        let _ = std::fs::remove_file(pid_file);
+        let _ = state.remove("controller.pid");
     };
-    let mut f = File::create(&pid_file).map_err(io_err(&pid_file))?;
-    writeln!(f, "{}", std::process::id()).map_err(io_err(&pid_file))?;
+    state
+        .write_atomically(
+            "controller.pid",
+            format!("{}\n", std::process::id()).as_bytes(),
+            0o600,
+        )
+        .map_err(io_err(&pid_file))?;
 
     audit.record(
         audit::event::CONTROLLER_STARTED,
@@ -274,6 +307,6 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     rt.shutdown_timeout(Duration::from_millis(200));
     let _ = engine_thread.join();
     let _ = nix::sys::wait::waitpid(launcher.pid, None);
-    cleanup(&pid_file, &paths.socket);
+    cleanup(&state, &paths.socket);
     result
 }

@@ -180,6 +180,11 @@ impl Dir {
         fstat(&self.fd).map_err(io)
     }
 
+    /// Sets the directory's own permission bits.
+    pub fn set_mode(&self, mode: u32) -> io::Result<()> {
+        nix::sys::stat::fchmod(&self.fd, Mode::from_bits_truncate(mode)).map_err(io)
+    }
+
     /// A second descriptor for the same directory.
     pub fn try_clone(&self) -> io::Result<Dir> {
         Ok(Dir {

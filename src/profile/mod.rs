@@ -285,6 +285,16 @@ pub struct ResolvedLimits {
 }
 
 impl Profile {
+    /// A shipped profile by name, and nothing else: what a manifest's `profile` names
+    /// (a manifest signs a name, never a file that could change, or that a worker could
+    /// plant in the directory its supervisor happens to run in).
+    pub fn builtin(name: &str) -> Result<Profile, ProfileError> {
+        match BUILTIN.iter().find(|(n, _)| *n == name) {
+            Some((name, source)) => Profile::from_toml(source, &format!("builtin:{name}")),
+            None => Err(ProfileError::Unknown(name.to_string())),
+        }
+    }
+
     /// Resolves `--profile NAME|FILE`: a shipped profile by name, otherwise a file path.
     pub fn resolve(name_or_path: &str) -> Result<Profile, ProfileError> {
         if let Some((name, source)) = BUILTIN.iter().find(|(n, _)| *n == name_or_path) {

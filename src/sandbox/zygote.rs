@@ -24,8 +24,10 @@ pub struct LauncherProcess {
 }
 
 /// Forks the launcher, which runs `serve(requests, events)` and exits with its status.
-/// Must be called while the process is still single-threaded.
+/// Every other descriptor is closed in the launcher except those in `keep` (what `serve`
+/// brings along). Must be called while the process is still single-threaded.
 pub fn fork_launcher(
+    keep: &[RawFd],
     serve: impl FnOnce(UnixStream, UnixStream) -> i32,
 ) -> io::Result<LauncherProcess> {
     process::ensure_single_threaded()?;
@@ -43,7 +45,9 @@ pub fn fork_launcher(
                 // SAFETY: the controller died before the death signal was armed.
                 unsafe { libc::_exit(1) };
             }
-            process::close_fds_from(3, &[req_child.as_raw_fd(), ev_child.as_raw_fd()]);
+            let mut kept = vec![req_child.as_raw_fd(), ev_child.as_raw_fd()];
+            kept.extend_from_slice(keep);
+            process::close_fds_from(3, &kept);
             let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 serve(req_child, ev_child)
             }))

@@ -492,6 +492,193 @@ fn agent_idle(args: &[String]) -> i32 {
     0
 }
 
+/// `swap A B MILLIS`: exchanges two paths (renameat2 RENAME_EXCHANGE) as fast as it can
+/// for MILLIS ms: a component swapped between a check and a use.
+fn swap(args: &[String]) -> i32 {
+    let (a, b) = (cstr(arg(args, 1)), cstr(arg(args, 2)));
+    let until = Instant::now() + Duration::from_millis(num(args, 3));
+    let mut n: i64 = 0;
+    while Instant::now() < until {
+        // SAFETY: renameat2 with two NUL-terminated paths.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_renameat2,
+                libc::AT_FDCWD,
+                a.as_ptr(),
+                libc::AT_FDCWD,
+                b.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        if rc < 0 {
+            return report(-1);
+        }
+        n += 1;
+    }
+    report(n)
+}
+
+/// Raises the soft open-file limit to the hard one (attacks that hold many descriptors).
+fn raise_nofile() {
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+/// Writes "ready" to `path` (when given) and sleeps `secs` seconds: a holder of resources
+/// the test looks at from outside meanwhile.
+fn hold(path: &str, secs: u64) {
+    if !path.is_empty() {
+        let _ = std::fs::write(path, "ready");
+    }
+    std::thread::sleep(Duration::from_secs(secs));
+}
+
+/// `pipes N SECONDS [READY]`: creates up to N empty pipes and holds them.
+fn pipes(args: &[String]) -> i32 {
+    raise_nofile();
+    let mut held = Vec::new();
+    for _ in 0..num(args, 1) {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills the array we own.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+            break;
+        }
+        held.push(fds);
+    }
+    println!("ok {}", held.len());
+    let _ = std::io::stdout().flush();
+    hold(arg(args, 3), num(args, 2));
+    0
+}
+
+/// `pipe-size`: the size of a new pipe, then whether it can be grown to 1 MiB.
+fn pipe_size() -> i32 {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the array we own; fcntl on the descriptors it returned.
+    unsafe {
+        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) < 0 {
+            return report(-1);
+        }
+        let size = libc::fcntl(fds[0], libc::F_GETPIPE_SZ);
+        let grow = libc::fcntl(fds[0], libc::F_SETPIPE_SZ, 1 << 20);
+        let e = if grow < 0 { errno() } else { 0 };
+        println!(
+            "size {size} grow {}",
+            if grow < 0 {
+                format!("err {e}")
+            } else {
+                "ok".into()
+            }
+        );
+    }
+    0
+}
+
+/// `inotify N SECONDS [READY]`: creates up to N inotify instances and holds them.
+fn inotify(args: &[String]) -> i32 {
+    raise_nofile();
+    let mut n = 0;
+    let mut last = 0;
+    while n < num(args, 1) {
+        // SAFETY: inotify_init1 returns a new descriptor or -1.
+        if unsafe { libc::inotify_init1(libc::IN_CLOEXEC) } < 0 {
+            last = errno();
+            break;
+        }
+        n += 1;
+    }
+    println!("ok {n} err {last}");
+    let _ = std::io::stdout().flush();
+    hold(arg(args, 3), num(args, 2));
+    0
+}
+
+/// `ptys N`: opens up to N terminals from /dev/ptmx; prints how many and the last errno.
+fn ptys(args: &[String]) -> i32 {
+    raise_nofile();
+    let ptmx = cstr("/dev/ptmx");
+    let mut n = 0;
+    let mut last = 0;
+    while n < num(args, 1) {
+        // SAFETY: open with a NUL-terminated path.
+        if unsafe {
+            libc::open(
+                ptmx.as_ptr(),
+                libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+            )
+        } < 0
+        {
+            last = errno();
+            break;
+        }
+        n += 1;
+    }
+    println!("ok {n} err {last}");
+    0
+}
+
+/// `unix-connect PATH`: connects to a unix stream socket at PATH.
+fn unix_connect(args: &[String]) -> i32 {
+    match std::os::unix::net::UnixStream::connect(arg(args, 1)) {
+        Ok(_) => report(0),
+        Err(e) => {
+            println!("err {}", e.raw_os_error().unwrap_or(0));
+            0
+        }
+    }
+}
+
+/// `fifo-write PATH`: opens PATH for writing without blocking (a FIFO with no reader
+/// gives ENXIO, which still means the open itself was allowed) and writes a byte.
+fn fifo_write(args: &[String]) -> i32 {
+    let p = cstr(arg(args, 1));
+    // SAFETY: open with a NUL-terminated path; write one byte from a static buffer.
+    unsafe {
+        let fd = libc::open(
+            p.as_ptr(),
+            libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return report(-1);
+        }
+        report(libc::write(fd, b"x".as_ptr().cast(), 1) as i64)
+    }
+}
+
+/// `listen-loopback`: a TCP server on the sandbox's own 127.0.0.1 and a client of it.
+fn listen_loopback() -> i32 {
+    let listener = match std::net::TcpListener::bind("127.0.0.1:0") {
+        Ok(l) => l,
+        Err(e) => {
+            println!("err {}", e.raw_os_error().unwrap_or(0));
+            return 0;
+        }
+    };
+    let addr = match listener.local_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            println!("err {}", e.raw_os_error().unwrap_or(0));
+            return 0;
+        }
+    };
+    match std::net::TcpStream::connect(addr).and_then(|_c| listener.accept()) {
+        Ok(_) => report(0),
+        Err(e) => {
+            println!("err {}", e.raw_os_error().unwrap_or(0));
+            0
+        }
+    }
+}
+
 /// Runs one probe command; `main` runs each of a `+`-separated sequence in turn.
 fn run_one(args: &[String]) -> i32 {
     match arg(args, 0) {
@@ -521,6 +708,14 @@ fn run_one(args: &[String]) -> i32 {
         "kill" => kill_pid(args),
         "status" => status_line(args),
         "agent-idle" => agent_idle(args),
+        "swap" => swap(args),
+        "pipes" => pipes(args),
+        "pipe-size" => pipe_size(),
+        "inotify" => inotify(args),
+        "ptys" => ptys(args),
+        "unix-connect" => unix_connect(args),
+        "fifo-write" => fifo_write(args),
+        "listen-loopback" => listen_loopback(),
         other => {
             eprintln!("probe: unknown command {other:?}");
             2

@@ -1,0 +1,686 @@
+//! Escapes and weaknesses found by attacking `hatchery run` from inside, each as an attack
+//! that fails the test if it works. Every test first shows that its attack is real: that
+//! it succeeds where hatchery's defence is absent (a writer that follows names, a resolver
+//! that checks then uses, a plain user namespace, a shared host id), so that none can pass
+//! because the attack itself was broken.
+
+mod common;
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// A directory only root can enter, holding `name` (mode 0600, root's) with `content`.
+fn vault(name: &str, content: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("hatchery-vault-")
+        .tempdir()
+        .unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let file = canonical(dir.path()).join(name);
+    std::fs::write(&file, content).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&file, PermissionsExt::from_mode(0o600)).ok();
+    (dir, file)
+}
+
+/// A `hatchery run` in the background, killed (and reaped) when dropped.
+struct Background(Child);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn background(args: &[String]) -> Background {
+    let child = Command::new(hatchery())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn: {e}"));
+    Background(child)
+}
+
+/// Waits until `path` exists (a holder in a sandbox said it is ready).
+fn wait_for(path: &Path, what: &str) {
+    let start = Instant::now();
+    while !path.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: never ready"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn probe_args(flags: &[String], args: &[&str]) -> Vec<String> {
+    let mut all = vec!["run".to_string()];
+    all.extend(flags.iter().cloned());
+    all.extend(["--ro".into(), s(&probe_dir()), "--".into(), s(&probe())]);
+    all.extend(args.iter().map(|a| a.to_string()));
+    all
+}
+
+fn hatchery_owned(args: &[String]) -> Output {
+    run_with_timeout(Command::new(hatchery()).args(args), Duration::from_secs(60))
+}
+
+fn last_pid() -> u64 {
+    std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1)
+}
+
+// --------------------------------------------------------------------------- 1. reports
+
+#[test]
+fn a_report_is_never_written_through_a_symlink_the_sandbox_planted() {
+    if skip_unless_root("report symlinks") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    let (_vault, target) = vault("shadow", "root only\n");
+    // The attack is real: a writer that opens the planted name writes into the target.
+    let planted = d.join(".r.json.tmp-1");
+    std::os::unix::fs::symlink(&target, &planted).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&planted, "overwritten").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap_or_default(),
+        "overwritten"
+    );
+    std::fs::write(&target, "root only\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::remove_file(&planted).ok();
+
+    // The payload plants the report's name and a temporary name for every pid the
+    // supervisor could have, all leading to the root-only file.
+    let lo = last_pid();
+    let script = format!(
+        "ln -s {t} {d}/r.json; i={lo}; while [ $i -le {hi} ]; do ln -s {t} {d}/.r.json.tmp-$i; i=$((i+1)); done",
+        t = s(&target),
+        d = s(&d),
+        hi = lo + 300
+    );
+    let out = hatchery_cmd(&[
+        "run",
+        "--rw",
+        &s(&d),
+        "--report",
+        &s(&d.join("r.json")),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap_or_default(),
+        "root only\n",
+        "root wrote into a host file through a planted symlink"
+    );
+    let meta = std::fs::symlink_metadata(d.join("r.json")).unwrap_or_else(|e| panic!("{e}"));
+    assert!(meta.is_file(), "the report's name is not a plain file");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(d.join("r.json")).unwrap_or_default())
+            .unwrap_or_else(|e| panic!("not a report: {e}"));
+    assert_eq!(report["exit_code"], 0);
+}
+
+#[test]
+fn a_report_the_sandbox_forged_never_stands_in_for_hatcherys() {
+    if skip_unless_root("forged report") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    // Every temporary name the supervisor could pick is a directory, and a forged report
+    // waits at the name.
+    let lo = last_pid();
+    let script = format!(
+        "i={lo}; while [ $i -le {hi} ]; do mkdir {d}/.r.json.tmp-$i; i=$((i+1)); done; echo '{{\"exit_code\":0,\"forged\":true}}' > {d}/r.json",
+        d = s(&d),
+        hi = lo + 300
+    );
+    let out = hatchery_cmd(&[
+        "run",
+        "--rw",
+        &s(&d),
+        "--report",
+        &s(&d.join("r.json")),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(d.join("r.json")).unwrap_or_default())
+            .unwrap_or_else(|e| panic!("not JSON: {e}"));
+    assert!(report.get("forged").is_none(), "the forged report stayed");
+    assert!(report.get("enforcement").is_some(), "{report}");
+
+    // A directory at the report's name: the report cannot be written, and run says so
+    // and fails instead of leaving the caller with nothing (or with someone else's file).
+    let out = hatchery_cmd(&[
+        "run",
+        "--rw",
+        &s(&d),
+        "--report",
+        &s(&d.join("r2.json")),
+        "--",
+        "mkdir",
+        &s(&d.join("r2.json")),
+    ]);
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cannot write the report"), "{err}");
+}
+
+// ------------------------------------------------------------------ 2. swapped paths
+
+#[test]
+fn a_path_swapped_between_check_and_mount_never_exposes_an_unexposed_directory() {
+    if skip_unless_root("swapped path") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    let secret_dir = tempfile::Builder::new()
+        .prefix("hatchery-secret-")
+        .tempdir()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let sd = canonical(secret_dir.path());
+    std::fs::create_dir(sd.join("x")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(sd.join("x/secret.txt"), "top secret\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(sd.join("x/secret.txt"), PermissionsExt::from_mode(0o644)).ok();
+    std::fs::create_dir_all(d.join("a/x")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(d.join("a"), PermissionsExt::from_mode(0o777)).ok();
+    std::os::unix::fs::symlink(&sd, d.join("s")).unwrap_or_else(|e| panic!("{e}"));
+    let secret_ino = std::fs::metadata(sd.join("x"))
+        .map(|m| m.ino())
+        .unwrap_or(0);
+
+    // The attacker: a sandbox that can write `d` keeps exchanging the directory `a` and
+    // the symlink `s` (which leads to the secret's parent).
+    let attacker = background(&probe_args(
+        &["--rw".into(), s(&d), "--timeout".into(), "40s".into()],
+        &["swap", &s(&d.join("a")), &s(&d.join("s")), "30000"],
+    ));
+    // The race is live: a lookup that follows symlinks lands on the secret now and then.
+    let start = Instant::now();
+    let mut seen = false;
+    while !seen && start.elapsed() < Duration::from_secs(20) {
+        seen = std::fs::metadata(d.join("a/x")).is_ok_and(|m| m.ino() == secret_ino);
+    }
+    assert!(seen, "the attacker never made a/x lead to the secret");
+
+    // The victim: sandboxes asking for `d/a/x` read-only, over and over.
+    let mut refused = 0;
+    let mut mounted = 0;
+    for _ in 0..40 {
+        let out = hatchery_cmd(&[
+            "run",
+            "--ro",
+            &s(&d.join("a/x")),
+            "--",
+            "sh",
+            "-c",
+            &format!("cat {}/secret.txt 2>/dev/null; true", s(&d.join("a/x"))),
+        ]);
+        assert!(
+            !stdout(&out).contains("top secret"),
+            "an unexposed host directory was mounted"
+        );
+        match code(&out) {
+            0 => mounted += 1,
+            _ => refused += 1,
+        }
+    }
+    drop(attacker);
+    eprintln!("swapped path: {mounted} runs got the real directory, {refused} were refused");
+}
+
+// ------------------------------------------------------------------------ 4. loopback
+
+#[test]
+fn the_sandboxs_own_loopback_carries_tcp_unless_the_profile_denies_it() {
+    if skip_unless_root("loopback") {
+        return;
+    }
+    let out = run_probe(&[], &["listen-loopback"]);
+    assert_eq!(stdout(&out), "ok 0", "{}", stderr(&out));
+
+    let dir = shared_tempdir();
+    let profile = canonical(dir.path()).join("no-tcp.toml");
+    std::fs::write(
+        &profile,
+        "name = \"no-tcp\"\n[seccomp]\ndefault_action = \"allow\"\n[landlock]\nread = [\"/usr\", \"/etc\", \"/proc\", \"/dev\"]\nwrite = [\"/tmp\", \"/dev\"]\nexecute = [\"/usr\", \"/tmp\"]\ndeny_tcp = true\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let out = run_probe(&["--profile", &s(&profile)], &["listen-loopback"]);
+    assert_eq!(
+        stdout(&out),
+        format!("err {}", libc::EACCES),
+        "{}",
+        stderr(&out)
+    );
+}
+
+// ----------------------------------------------------------------- 5. shared identity
+
+fn pipe_size_while_another_holds_pipes(host_uid: Option<&str>) -> String {
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    let soft: u64 = std::fs::read_to_string("/proc/sys/fs/pipe-user-pages-soft")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(16384);
+    let n = (soft / 16 + 64).to_string();
+    let mut flags = vec!["--rw".to_string(), s(&d), "--timeout".into(), "30s".into()];
+    if let Some(id) = host_uid {
+        flags.extend(["--host-uid".into(), id.into()]);
+    }
+    let ready = d.join("ready");
+    let _holder = background(&probe_args(&flags, &["pipes", &n, "20", &s(&ready)]));
+    wait_for(&ready, "pipe holder");
+    let mut flags = Vec::new();
+    if let Some(id) = host_uid {
+        flags.extend(["--host-uid".to_string(), id.to_string()]);
+    }
+    stdout(&hatchery_owned(&probe_args(&flags, &["pipe-size"])))
+}
+
+#[test]
+fn one_sandbox_holding_pipes_leaves_the_next_its_full_pipe_buffers() {
+    if skip_unless_root("pipe quota") {
+        return;
+    }
+    // The attack is real when two sandboxes share a host uid.
+    let shared = pipe_size_while_another_holds_pipes(Some("65534"));
+    assert_ne!(
+        shared, "size 65536 grow ok",
+        "the attack did not starve a sandbox of the same uid"
+    );
+    let own = pipe_size_while_another_holds_pipes(None);
+    assert_eq!(
+        own, "size 65536 grow ok",
+        "a sandbox was starved by another"
+    );
+}
+
+#[test]
+fn concurrent_sandboxes_have_distinct_host_ids_and_files_belong_to_the_directorys_owner() {
+    if skip_unless_root("identities") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    std::os::unix::fs::chown(&d, Some(4321), Some(4321)).unwrap_or_else(|e| panic!("{e}"));
+    let ready = d.join("ready");
+    let _holder = background(&probe_args(
+        &["--rw".into(), s(&d), "--timeout".into(), "30s".into()],
+        &["pipes", "0", "20", &s(&ready)],
+    ));
+    wait_for(&ready, "holder");
+    let held = std::fs::metadata(&ready).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (held.uid(), held.gid()),
+        (4321, 4321),
+        "a file a sandbox created does not belong to the directory's owner"
+    );
+    let out = hatchery_cmd(&["run", "--", "cat", "/proc/self/uid_map"]);
+    let other: u32 = stdout(&out)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|u| u.parse().ok())
+        .unwrap_or(0);
+    let holder_uid = Command::new("pgrep")
+        .args(["-f", "probe pipes 0 20"])
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|pid| std::fs::metadata(format!("/proc/{}", pid.trim())).ok())
+                .map(|m| m.uid())
+                .find(|u| *u != 0)
+        })
+        .unwrap_or(0);
+    assert!(in_sandbox_id_range(other) && in_sandbox_id_range(holder_uid));
+    assert_ne!(other, holder_uid, "two running sandboxes share a host uid");
+}
+
+// ------------------------------------------------------------ 6. --ro write channels
+
+#[test]
+fn a_read_only_path_gives_no_write_channel_to_host_fifos_or_sockets() {
+    if skip_unless_root("ro channels") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    let fifo = d.join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666))
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&fifo, PermissionsExt::from_mode(0o666)).ok();
+    let sock = d.join("sock");
+    let listener =
+        std::os::unix::net::UnixListener::bind(&sock).unwrap_or_else(|e| panic!("bind: {e}"));
+    std::fs::set_permissions(&sock, PermissionsExt::from_mode(0o777)).ok();
+    listener.set_nonblocking(true).ok();
+    // Keep the FIFO open for reading, so a write would go through.
+    let _reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags_nonblock()
+        .open(&fifo)
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    // The attack is real: any unprivileged host identity (what a sandbox is) may write to
+    // the FIFO and connect to the socket.
+    for (cmd, path) in [("fifo-write", &fifo), ("unix-connect", &sock)] {
+        let out = run_with_timeout(
+            Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                .arg(probe())
+                .args([cmd, &s(path)]),
+            Duration::from_secs(20),
+        );
+        assert!(
+            stdout(&out).starts_with("ok"),
+            "{cmd} as nobody: {}",
+            stdout(&out)
+        );
+    }
+    while listener.accept().is_ok() {}
+
+    // Through --ro (under the sandbox's writable /tmp, whose Landlock write right reaches
+    // into mounts below it): refused.
+    for (cmd, path) in [("fifo-write", &fifo), ("unix-connect", &sock)] {
+        let out = run_probe(&["--ro", &s(&d)], &[cmd, &s(path)]);
+        assert_eq!(
+            stdout(&out),
+            format!("err {}", libc::EACCES),
+            "{cmd} through --ro: {}",
+            stderr(&out)
+        );
+    }
+    assert!(
+        listener.accept().is_err(),
+        "the host listener saw a connection through --ro"
+    );
+}
+
+trait NonblockOpen {
+    fn custom_flags_nonblock(&mut self) -> &mut Self;
+}
+
+impl NonblockOpen for std::fs::OpenOptions {
+    fn custom_flags_nonblock(&mut self) -> &mut Self {
+        std::os::unix::fs::OpenOptionsExt::custom_flags(self, libc::O_NONBLOCK)
+    }
+}
+
+#[test]
+fn rootless_read_only_paths_say_what_they_leave_open() {
+    if skip_unless_root("rootless ro") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    let fifo = d.join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let report = d.join("r.json");
+    let out = run_with_timeout(
+        Command::new("setpriv")
+            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .arg(hatchery())
+            .args(["run", "--ro", &s(&d), "--report", &s(&report), "--", "true"]),
+        Duration::from_secs(60),
+    );
+    if code(&out) == 125 {
+        eprintln!(
+            "SKIP rootless ro: rootless runs cannot start here: {}",
+            stderr(&out)
+        );
+        return;
+    }
+    let v: Value = serde_json::from_slice(&std::fs::read(&report).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {}", stderr(&out)));
+    let notes = v["enforcement"]["not_enforced"].to_string();
+    assert!(
+        notes.contains(&format!("--ro {}", s(&d))) && notes.contains("FIFOs and unix sockets"),
+        "{notes}"
+    );
+}
+
+// ------------------------------------------------------ 8. unaccounted kernel objects
+
+/// How many inotify instances this process (root) can create now (all closed again).
+fn roots_inotify_headroom(limit: usize) -> usize {
+    let mut fds = Vec::new();
+    while fds.len() < limit {
+        // SAFETY: inotify_init1 returns a new descriptor or -1.
+        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+        if fd < 0 {
+            break;
+        }
+        fds.push(fd);
+    }
+    let n = fds.len();
+    for fd in fds {
+        // SAFETY: closing descriptors this function opened.
+        unsafe { libc::close(fd) };
+    }
+    n
+}
+
+#[test]
+fn a_sandbox_holding_inotify_instances_takes_none_of_roots() {
+    if skip_unless_root("inotify") {
+        return;
+    }
+    let before = roots_inotify_headroom(200);
+    if before < 32 {
+        eprintln!("SKIP inotify: root has only {before} inotify instances left here");
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    // The attack is real: in a plain user namespace root created, every instance the
+    // payload holds is charged to root.
+    let ready = d.join("ready-unshare");
+    let holder = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--"])
+        .arg(probe())
+        .args(["inotify", "500", "10", &s(&ready)])
+        .stdout(Stdio::null())
+        .spawn()
+        .map(Background)
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_for(&ready, "unshare holder");
+    let during = roots_inotify_headroom(200);
+    drop(holder);
+    assert!(
+        during < before,
+        "the plain user namespace did not charge root ({before} → {during})"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+
+    let ready = d.join("ready");
+    let _holder = background(&probe_args(
+        &["--rw".into(), s(&d), "--timeout".into(), "30s".into()],
+        &["inotify", "500", "10", &s(&ready)],
+    ));
+    wait_for(&ready, "sandbox holder");
+    let during = roots_inotify_headroom(200);
+    assert!(
+        during >= before,
+        "a sandbox's inotify instances were charged to root ({before} → {during})"
+    );
+    let out = run_probe(&[], &["inotify", "500", "0"]);
+    let held: u64 = stdout(&out)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(held <= 64, "a sandbox held {held} inotify instances");
+}
+
+#[test]
+fn a_sandbox_gets_at_most_sixteen_terminals() {
+    if skip_unless_root("ptys") {
+        return;
+    }
+    let out = run_probe(&[], &["ptys", "200"]);
+    let got: u64 = stdout(&out)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(got <= 16, "{}", stdout(&out));
+    assert!(got >= 1, "no terminal at all: {}", stdout(&out));
+}
+
+#[test]
+fn the_report_says_which_socket_buffers_the_memory_limit_does_not_cover() {
+    if skip_unless_root("socket memory") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let report = canonical(dir.path()).join("r.json");
+    let out = hatchery_cmd(&[
+        "run",
+        "--memory",
+        "64M",
+        "--report",
+        &s(&report),
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&std::fs::read(&report).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let notes = v["enforcement"]["not_enforced"].to_string();
+    let memory = v["enforcement"]["limits"]["memory"].as_str().unwrap_or("");
+    match v["enforcement"]["cgroup"].as_str() {
+        Some("v1") => {
+            assert!(memory.contains("memory.kmem.tcp"), "{memory}");
+            assert!(
+                notes.contains("UDP, unix and netlink socket buffers"),
+                "{notes}"
+            );
+        }
+        _ => assert!(memory.contains("socket buffers"), "{memory}"),
+    }
+}
+
+// ------------------------------------------------------------------ 10. refusals speak
+
+#[test]
+fn every_refusal_says_one_line_and_fills_the_reports_error() {
+    if skip_unless_root("refusals") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    let cases: [(&[&str], &str); 2] = [
+        (&["--ro", "/nonexistent-hatchery"], "does not exist"),
+        (&["--cwd", "/nonexistent-hatchery"], "working directory"),
+    ];
+    for (i, (flags, why)) in cases.into_iter().enumerate() {
+        let report = d.join(format!("r{i}.json"));
+        let mut args = vec!["run".to_string()];
+        args.extend(flags.iter().map(|f| f.to_string()));
+        args.extend(["--report".into(), s(&report), "--".into(), "true".into()]);
+        let out = hatchery_owned(&args);
+        assert_eq!(code(&out), 125, "{flags:?}");
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{flags:?}: {err}");
+        assert!(err.contains(why), "{flags:?}: {err}");
+        let v: Value = serde_json::from_slice(&std::fs::read(&report).unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{flags:?}: no report: {e}"));
+        assert!(
+            v["error"].as_str().is_some_and(|e| e.contains(why)),
+            "{flags:?}: {v}"
+        );
+        assert_eq!(v["exit_code"], 125);
+    }
+    // Hostnames the kernel refuses are refused before anything starts, with the rule.
+    let out = hatchery_cmd(&["run", "--hostname", &"x".repeat(70), "--", "true"]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("1 to 64"), "{}", stderr(&out));
+}
+
+// ------------------------------------------------------------ 11. the host's counters
+
+#[test]
+fn the_sandbox_sees_neither_host_load_nor_host_memory_nor_the_host_boot() {
+    if skip_unless_root("proc view") {
+        return;
+    }
+    let host_boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    // The leak is real: a plain new pid namespace with its own /proc still shows them.
+    let out = run_with_timeout(
+        Command::new("unshare").args([
+            "--user",
+            "--map-root-user",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "cat",
+            "/proc/sys/kernel/random/boot_id",
+        ]),
+        Duration::from_secs(20),
+    );
+    assert_eq!(stdout(&out), host_boot.trim(), "{}", stderr(&out));
+
+    let out = hatchery_cmd(&[
+        "run",
+        "--memory",
+        "64M",
+        "--",
+        "sh",
+        "-c",
+        "cat /proc/loadavg; grep -E '^(processes|ctxt)' /proc/stat; head -1 /proc/meminfo; cat /proc/sys/kernel/random/boot_id; wc -c < /proc/interrupts; ls /proc/pressure | wc -l; nproc",
+    ]);
+    let lines: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
+    assert_eq!(
+        lines.first().map(String::as_str),
+        Some("0.00 0.00 0.00 1/1 1")
+    );
+    assert_eq!(lines.get(1).map(String::as_str), Some("ctxt 0"));
+    assert_eq!(lines.get(2).map(String::as_str), Some("processes 0"));
+    assert!(
+        lines
+            .get(3)
+            .is_some_and(|l| l.starts_with("MemTotal:") && l.ends_with(" 65536 kB")),
+        "{lines:?}"
+    );
+    assert_ne!(lines.get(4).map(String::as_str), Some(host_boot.trim()));
+    assert_eq!(lines.get(5).map(String::as_str), Some("0"), "interrupts");
+    assert_eq!(lines.get(6).map(String::as_str), Some("0"), "pressure");
+    let host_cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    assert_eq!(
+        lines.get(7).map(String::as_str),
+        Some(host_cpus.to_string().as_str()),
+        "processors are still counted"
+    );
+    assert!(
+        Path::new("/proc/interrupts")
+            .metadata()
+            .is_ok_and(|m| !m.file_type().is_fifo())
+    );
+}
