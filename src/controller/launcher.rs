@@ -18,6 +18,7 @@ use nix::sys::wait::{Id, WaitPidFlag, waitid};
 use serde::{Deserialize, Serialize};
 
 use crate::paths::check_host_path;
+use crate::profile::floor::Floor;
 use crate::profile::{Profile, SeccompProgram};
 use crate::sandbox::cgroup::Limits;
 use crate::sandbox::output::OutputPump;
@@ -170,9 +171,19 @@ struct Running {
     output: Option<OutputPump>,
 }
 
+/// A profile as the launcher keeps it: resolved and compiled once, with both seccomp
+/// floors it may need (a worker's manifest can add an executable allowlist).
+#[derive(Clone)]
+struct Compiled {
+    profile: Profile,
+    program: SeccompProgram,
+    floor: Floor,
+    floor_allowlist: Floor,
+}
+
 struct Launcher {
     host: Host,
-    profiles: HashMap<String, (Profile, SeccompProgram)>,
+    profiles: HashMap<String, Compiled>,
     running: HashMap<String, Running>,
     events: UnixStream,
 }
@@ -182,15 +193,22 @@ impl Launcher {
         let _ = wire::write_frame(&mut self.events, ev);
     }
 
-    fn profile(&mut self, name: &str) -> Result<(Profile, SeccompProgram), String> {
+    fn profile(&mut self, name: &str) -> Result<Compiled, String> {
         if let Some(p) = self.profiles.get(name) {
             return Ok(p.clone());
         }
         let profile = Profile::resolve(name).map_err(|e| e.to_string())?;
         let program = profile.compile_seccomp().map_err(|e| e.to_string())?;
-        self.profiles
-            .insert(name.to_string(), (profile.clone(), program.clone()));
-        Ok((profile, program))
+        let floor = Floor::new(&profile.seccomp, false).map_err(|e| e.to_string())?;
+        let floor_allowlist = Floor::new(&profile.seccomp, true).map_err(|e| e.to_string())?;
+        let compiled = Compiled {
+            profile,
+            program,
+            floor,
+            floor_allowlist,
+        };
+        self.profiles.insert(name.to_string(), compiled.clone());
+        Ok(compiled)
     }
 
     fn launch(&mut self, spec: LaunchSpec, socket: Option<OwnedFd>) {
@@ -229,7 +247,12 @@ impl Launcher {
         if self.running.contains_key(&ls.worker_id) {
             return Err(format!("worker {} is already running", ls.worker_id));
         }
-        let (mut profile, program) = self.profile(&ls.profile)?;
+        let Compiled {
+            mut profile,
+            program,
+            floor,
+            floor_allowlist,
+        } = self.profile(&ls.profile)?;
         if ls.share_network {
             profile.namespaces.net = false;
         }
@@ -270,8 +293,13 @@ impl Launcher {
             extra_binds,
             payload_ids: ls.payload_ids,
         };
-        let mut spec =
-            spec::build_compiled(request, &profile, program, None).map_err(|e| e.to_string())?;
+        let floor = if profile.landlock.allow_exec.is_some() {
+            &floor_allowlist
+        } else {
+            &floor
+        };
+        let mut spec = spec::build_compiled(request, &profile, program, floor, None)
+            .map_err(|e| e.to_string())?;
         if ls.agent_binary.is_some() {
             spec.landlock.read.push(PathBuf::from(AGENT_BIN_DIR));
             spec.landlock.execute.push(PathBuf::from(AGENT_BIN_DIR));

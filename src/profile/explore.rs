@@ -368,28 +368,6 @@ fn joint(
     Ok(out)
 }
 
-/// Where two filters decide differently for one syscall: the first argument vector found
-/// for each pair of differing verdicts.
-pub fn differences(
-    a: &SeccompProgram,
-    b: &SeccompProgram,
-    base: &SeccompData,
-) -> Result<Vec<(KernelAction, KernelAction, [u64; 6])>, ExploreError> {
-    let mut out: Vec<(KernelAction, KernelAction, [u64; 6])> = Vec::new();
-    for pa in explore(a, base, &ArgSpace::any())? {
-        for pb in explore(b, base, &pa.space)? {
-            if pa.action != pb.action
-                && !out
-                    .iter()
-                    .any(|(x, y, _)| *x == pa.action && *y == pb.action)
-            {
-                out.push((pa.action, pb.action, pb.witness));
-            }
-        }
-    }
-    Ok(out)
-}
-
 /// Whether any argument vector in `within` makes the filter run the syscall.
 pub fn runs_for_some(
     program: &SeccompProgram,
