@@ -143,6 +143,56 @@ pub fn seccomp_diff(a: &Profile, b: &Profile, out: &mut ProfileDiff) -> Result<(
     Ok(())
 }
 
+/// A call one analysis lets run and the other refuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Looser {
+    pub abi: Abi,
+    pub syscall: String,
+    pub args: [u64; 6],
+    /// The verdict of the looser side, and of the stricter one.
+    pub looser: KernelAction,
+    pub stricter: KernelAction,
+}
+
+impl std::fmt::Display for Looser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}({}) on {}: {} where the other gives {}",
+            self.syscall,
+            format_args_list(&self.args),
+            self.abi,
+            self.looser,
+            self.stricter
+        )
+    }
+}
+
+/// Every syscall (of every ABI this machine runs, and libseccomp names) for which `a` lets
+/// some call run that `b` refuses, with the first such arguments found. The arguments are
+/// explored exactly, not sampled: every value either filter tells apart is covered.
+pub fn looser(a: &Analysis<'_>, b: &Analysis<'_>) -> Result<Vec<Looser>, CheckError> {
+    let mut out = Vec::new();
+    for abi in Abi::runnable() {
+        for (nr, name) in abi.syscalls() {
+            let base = abi.data(nr, [0; 6]);
+            for (va, vb, args) in differences(a, b, &base, &name)? {
+                if va.runs() && !vb.runs() {
+                    out.push(Looser {
+                        abi,
+                        syscall: name.clone(),
+                        args,
+                        looser: va,
+                        stricter: vb,
+                    });
+                    break;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn example(a: KernelAction, b: KernelAction, args: &[u64; 6]) -> String {
     format!("{}: {a} vs {b}", format_args_list(args))
 }
@@ -238,6 +288,55 @@ mod tests {
         );
         // Same verdicts with all-zero arguments, still a difference.
         assert_eq!(d.syscalls[0].a, d.syscalls[0].b);
+        Ok(())
+    }
+
+    /// `default` says it is at least as strict as Docker's default profile for a container
+    /// without capabilities. Docker's profile is imported for the oldest kernel its
+    /// `minKernel` conditions know (they only ever add allow rules, so this is Docker at its
+    /// strictest), and for every syscall libseccomp names, on every ABI, every argument
+    /// value either filter tells apart is explored: wherever Docker refuses a call, default
+    /// with the floor refuses it too.
+    #[test]
+    fn default_with_the_floor_is_never_more_permissive_than_docker()
+    -> Result<(), Box<dyn std::error::Error>> {
+        use crate::profile::oci;
+        let json = oci::parse(
+            include_str!("../../tests/fixtures/docker-default-seccomp.json"),
+            "docker-default-seccomp.json",
+        )?;
+        let docker = oci::import(
+            &json,
+            &oci::ImportOptions {
+                name: "docker".into(),
+                source: "docker-default-seccomp.json".into(),
+                kernel: oci::KernelVersion(4, 0, 0),
+            },
+        )?
+        .profile;
+        let default = Profile::resolve("default")?;
+        let found = looser(
+            &Analysis::for_profile(&default)?,
+            &Analysis::new(&docker.seccomp)?,
+        )?;
+        let lines: Vec<String> = found.iter().map(ToString::to_string).collect();
+        assert!(
+            found.is_empty(),
+            "default lets through what Docker refuses:\n{}",
+            lines.join("\n")
+        );
+        // The comparison itself finds what it should: Docker allows ptrace from 4.8 on,
+        // which default refuses, and default without its rules is far looser than Docker.
+        let allow_all = Profile::from_toml(
+            "name = \"open\"\n[seccomp]\ndefault_action = \"allow\"\n",
+            "open",
+        )?;
+        let open = looser(
+            &Analysis::for_profile(&allow_all)?,
+            &Analysis::new(&docker.seccomp)?,
+        )?;
+        assert!(open.iter().any(|l| l.syscall == "ptrace"), "{open:?}");
+        assert!(open.iter().any(|l| l.syscall == "socket"), "{open:?}");
         Ok(())
     }
 
