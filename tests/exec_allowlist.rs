@@ -515,11 +515,19 @@ fn an_allowed_interpreter_runs_any_program_it_can_read_and_any_code_in_its_memor
     let Some(py) = skip(test) else {
         return;
     };
-    let script = "import mmap, os, subprocess\n\
+    // A SysV segment attached without SHM_EXEC (which the floor refuses) still becomes
+    // executable with mprotect: memory like the anonymous kind, no file for the loader.
+    let script = "import ctypes, mmap, os, subprocess\n\
         open('/tmp/x.py', 'w').write('print(6 * 7)')\n\
         print(subprocess.run(['python3', '/tmp/x.py'], capture_output=True, text=True).stdout.strip())\n\
         m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n\
-        print('rwx', len(m))\n";
+        print('rwx', len(m))\n\
+        libc = ctypes.CDLL(None, use_errno=True)\n\
+        libc.shmat.restype = ctypes.c_void_p\n\
+        sid = libc.shmget(0, 4096, 0o1600)\n\
+        addr = libc.shmat(sid, None, 0)\n\
+        print('shm rx', libc.mprotect(ctypes.c_void_p(addr), 4096, mmap.PROT_READ | mmap.PROT_EXEC))\n\
+        libc.shmctl(sid, 0, None)\n";
     let out = run(&[
         "--allow-exec".into(),
         s(&py),
@@ -528,7 +536,12 @@ fn an_allowed_interpreter_runs_any_program_it_can_read_and_any_code_in_its_memor
         "-c".into(),
         script.into(),
     ]);
-    assert_eq!(lines(&out), ["42", "rwx 4096"], "{}", stderr(&out));
+    assert_eq!(
+        lines(&out),
+        ["42", "rwx 4096", "shm rx 0"],
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

@@ -4,8 +4,8 @@
 //! file — and each can forget something. The floor is what hatchery refuses whatever the
 //! profile says: sockets that leave the network namespace (`AF_VSOCK`), netlink families a
 //! sandbox has no use for, terminal input injection, set-uid and set-gid files, and, under
-//! an executable allowlist, memory that could be mapped executable from a file the sandbox
-//! made. It is written in the profile format (`profiles/floor.toml` and, for allowlists,
+//! an executable allowlist, files the sandbox writes that could be mapped executable
+//! (memory files, executable SysV shared memory). It is written in the profile format (`profiles/floor.toml` and, for allowlists,
 //! `profiles/floor-allowlist.toml`, embedded in the binary) and compiled by the same code.
 //!
 //! The sandbox loads the floor's filter before the profile's (a profile may refuse

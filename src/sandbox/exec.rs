@@ -25,8 +25,9 @@
 //!    `MFD_NOEXEC_SEAL` is not enough: it stops execve(2) and chmod(2) of the memory file,
 //!    not mmap(2) with `PROT_EXEC` — and `ld.so /proc/self/fd/N` on a sealed memory file
 //!    holding a copied program maps it executable and runs it (a bypass found from inside
-//!    a sandbox allowed only python3). No memory the sandbox can write may be mapped
-//!    executable from a file it made.
+//!    a sandbox allowed only python3). No file the sandbox writes can be mapped
+//!    executable; a SysV segment attached without `SHM_EXEC` can still be made executable
+//!    with mprotect(2), like anonymous memory — no file the loader could be given.
 //!
 //! What stays possible is listed in the README ("Executable allowlists and the output
 //! cap"): chiefly, ELF executables kept outside the executable directories (such as

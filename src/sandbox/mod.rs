@@ -276,7 +276,7 @@ pub fn preflight(spec: &SandboxSpec, host: &Host) -> Result<Enforcement, Sandbox
         by.push("/tmp, /dev/shm and --rw paths mounted noexec".into());
         if host.seccomp {
             by.push(
-                "seccomp floor: memfd_create and memfd_secret fail with EACCES, and shmat with SHM_EXEC (no memory the sandbox writes can be mapped executable from a file it made)".into(),
+                "seccomp floor: memfd_create and memfd_secret fail with EACCES, and shmat with SHM_EXEC (no file the sandbox writes can be mapped executable)".into(),
             );
         }
         e.exec_allowlist = Some(ExecEnforcement {
