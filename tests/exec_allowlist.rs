@@ -3,8 +3,8 @@
 //!
 //! The attacker here is an allowed interpreter (python3): it tries to execute other
 //! binaries, copies of allowed ones, scripts for other interpreters, programs through the
-//! dynamic loader, and anonymous memory files. Each attempt prints `ok ...` or
-//! `err ERRNO` from inside the sandbox.
+//! dynamic loader (from writable places and from memory files), and executable shared
+//! memory. Each attempt prints `ok ...` or `err ERRNO` from inside the sandbox.
 
 mod common;
 
@@ -48,15 +48,20 @@ elif case == "open":
     report(lambda: os.close(os.open(args[0], os.O_RDONLY)))
 elif case == "memfd":
     report(lambda: os.close(os.memfd_create("x", int(args[0]))))
-elif case == "memfd-exec":
+elif case == "memfd-loader":
+    # The bypass: a program's bytes in a memory file sealed non-executable, run by the
+    # allowed loader through /proc/self/fd/N (the loader maps it PROT_EXEC; the seal
+    # does not stop that).
     try:
-        fd = os.memfd_create("x", 8)  # MFD_NOEXEC_SEAL: the only kind allowed
+        fd = os.memfd_create("x", 8)  # MFD_NOEXEC_SEAL
     except OSError as e:
-        print("err", e.errno)  # EINVAL: a kernel before 6.3 has no such flag
-        sys.exit(0)
+        if e.errno != 22:
+            print("err", e.errno, flush=True)
+            sys.exit(0)
+        fd = os.memfd_create("x", 0)  # a kernel before 6.3 has no such flag
     os.write(fd, open(args[0], "rb").read())
-    report(lambda: os.fchmod(fd, 0o755))
-    report(lambda: os.execve(fd, ["x", "-c", "print('escaped')"], {}))
+    os.set_inheritable(fd, True)
+    report(lambda: os.execv(args[1], [args[1], "/proc/self/fd/%d" % fd] + args[2:]))
 "#;
 
 /// The real path of python3 on this host, or `None` (the test then skips).
@@ -111,10 +116,14 @@ impl Attack {
 }
 
 fn write(path: &Path, text: &str, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
     if let Err(e) = std::fs::write(path, text) {
         panic!("write {}: {e}", path.display());
     }
+    write_mode(path, mode);
+}
+
+fn write_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
     if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
         panic!("chmod {}: {e}", path.display());
     }
@@ -360,22 +369,15 @@ fn the_loader_cannot_map_a_copy_on_a_writable_mount() {
 }
 
 #[test]
-fn memory_files_cannot_be_executed() {
-    let Some(py) = skip("memory_files_cannot_be_executed") else {
+fn no_memory_file_can_be_created_under_an_allowlist() {
+    let Some(py) = skip("no_memory_file_can_be_created_under_an_allowlist") else {
         return;
     };
     let a = Attack::new();
-    // An executable memfd cannot even be created...
-    let out = attack(&py, &a, &[], &["memfd", "0"]);
-    assert_eq!(lines(&out), ["err 13"], "{}", stderr(&out));
-    // ...a sealed one can, but can neither become executable nor be executed (before
-    // Linux 6.3 there is no sealed kind: no memory file can be created at all).
-    let out = attack(&py, &a, &[], &["memfd-exec", &s(&py)]);
-    let got = lines(&out);
-    if got == ["err 22"] {
-        eprintln!("note: this kernel has no MFD_NOEXEC_SEAL (before 6.3)");
-    } else {
-        assert_eq!(got, ["err 1", "err 13"], "{}", stderr(&out));
+    // Executable, sealed non-executable (MFD_NOEXEC_SEAL = 8), close-on-exec: none.
+    for flags in ["0", "8", "1"] {
+        let out = attack(&py, &a, &[], &["memfd", flags]);
+        assert_eq!(lines(&out), ["err 13"], "flags {flags}: {}", stderr(&out));
     }
     // Without an allowlist nothing of this applies.
     let out = run(&[
@@ -388,6 +390,78 @@ fn memory_files_cannot_be_executed() {
         "0".into(),
     ]);
     assert_eq!(lines(&out), ["ok"], "{}", stderr(&out));
+}
+
+#[test]
+fn the_loader_cannot_run_a_program_from_a_sealed_memory_file() {
+    // The bypass found from inside a sandbox allowed only python3: ld.so run on
+    // /proc/self/fd/N of an MFD_NOEXEC_SEAL memory file holding a copy of id.
+    let Some(py) = skip("the_loader_cannot_run_a_program_from_a_sealed_memory_file") else {
+        return;
+    };
+    let ld = s(&loader(&py));
+    let a = Attack::new();
+    let copy = a.dir().join("id-copy");
+    if let Err(e) = std::fs::copy("/usr/bin/id", &copy) {
+        panic!("copy /usr/bin/id: {e}");
+    }
+    write_mode(&copy, 0o644);
+    // Without hatchery the attack runs the copy.
+    let mut plain = Command::new("python3");
+    plain.args([a.script(), "memfd-loader".into(), s(&copy), ld.clone()]);
+    let out = run_with_timeout(&mut plain, Duration::from_secs(30));
+    assert!(
+        stdout(&out).starts_with("uid="),
+        "the attack does not work outside hatchery: {} {}",
+        stdout(&out),
+        stderr(&out)
+    );
+    // Under the allowlist no memory file can be made, so nothing runs.
+    let out = attack(&py, &a, &[], &["memfd-loader", &s(&copy), &ld]);
+    assert_eq!(lines(&out), ["err 13"], "{}", stderr(&out));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
+
+#[test]
+fn executable_shared_memory_cannot_be_attached_under_an_allowlist() {
+    let Some(_py) = skip("executable_shared_memory_cannot_be_attached_under_an_allowlist") else {
+        return;
+    };
+    let shm_exec = format!("{:#x}", libc::SHM_EXEC);
+    // Without hatchery, and in a sandbox without an allowlist, SHM_EXEC attaches.
+    let mut plain = Command::new(probe());
+    plain.args(["shmat", &shm_exec]);
+    let out = run_with_timeout(&mut plain, Duration::from_secs(30));
+    assert_eq!(stdout(&out), "ok 0", "outside hatchery: {}", stderr(&out));
+    let out = run_probe(&[], &["shmat", &shm_exec]);
+    assert_eq!(stdout(&out), "ok 0", "no allowlist: {}", stderr(&out));
+    // Under an allowlist: refused, while a segment without SHM_EXEC still attaches.
+    let listed = [
+        "--allow-exec".to_string(),
+        s(&probe()),
+        "--timeout".into(),
+        "30s".into(),
+    ];
+    let listed: Vec<&str> = listed.iter().map(String::as_str).collect();
+    let out = run_probe(&listed, &["shmat", &shm_exec]);
+    assert_eq!(
+        stdout(&out),
+        format!("err {}", libc::EACCES),
+        "{}",
+        stderr(&out)
+    );
+    let out = run_probe(&listed, &["shmat", "0"]);
+    assert_eq!(stdout(&out), "ok 0", "{}", stderr(&out));
+    let out = run_probe(&listed, &["syscall", "memfd_secret", "0"]);
+    assert_eq!(
+        stdout(&out),
+        format!("err {}", libc::EACCES),
+        "{}",
+        stderr(&out)
+    );
+    // The sandbox still has two filters: the floor took the rules in.
+    let out = run_probe(&listed, &["status", "Seccomp_filters"]);
+    assert_eq!(stdout(&out), "ok 2", "{}", stderr(&out));
 }
 
 #[test]
@@ -441,11 +515,19 @@ fn an_allowed_interpreter_runs_any_program_it_can_read_and_any_code_in_its_memor
     let Some(py) = skip(test) else {
         return;
     };
-    let script = "import mmap, os, subprocess\n\
+    // A SysV segment attached without SHM_EXEC (which the floor refuses) still becomes
+    // executable with mprotect: memory like the anonymous kind, no file for the loader.
+    let script = "import ctypes, mmap, os, subprocess\n\
         open('/tmp/x.py', 'w').write('print(6 * 7)')\n\
         print(subprocess.run(['python3', '/tmp/x.py'], capture_output=True, text=True).stdout.strip())\n\
         m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n\
-        print('rwx', len(m))\n";
+        print('rwx', len(m))\n\
+        libc = ctypes.CDLL(None, use_errno=True)\n\
+        libc.shmat.restype = ctypes.c_void_p\n\
+        sid = libc.shmget(0, 4096, 0o1600)\n\
+        addr = libc.shmat(sid, None, 0)\n\
+        print('shm rx', libc.mprotect(ctypes.c_void_p(addr), 4096, mmap.PROT_READ | mmap.PROT_EXEC))\n\
+        libc.shmctl(sid, 0, None)\n";
     let out = run(&[
         "--allow-exec".into(),
         s(&py),
@@ -454,7 +536,12 @@ fn an_allowed_interpreter_runs_any_program_it_can_read_and_any_code_in_its_memor
         "-c".into(),
         script.into(),
     ]);
-    assert_eq!(lines(&out), ["42", "rwx 4096"], "{}", stderr(&out));
+    assert_eq!(
+        lines(&out),
+        ["42", "rwx 4096", "shm rx 0"],
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -489,6 +576,21 @@ fn an_allowed_program_in_a_read_only_path_runs_and_the_loader_is_reported() {
     let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
     let e = &v["enforcement"];
     assert_eq!(e["exec_allowlist"]["files"][0], s(&probe()), "{v}");
+    let by: Vec<&str> = e["exec_allowlist"]["by"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert!(
+        by.iter()
+            .any(|b| b.starts_with("seccomp floor: memfd_create")),
+        "{v}"
+    );
+    assert!(
+        e["seccomp_floor"]
+            .as_str()
+            .is_some_and(|f| f.starts_with("filter (")),
+        "{v}"
+    );
     let ld = std::fs::canonicalize(loader(&py)).unwrap_or_default();
     assert_eq!(e["exec_allowlist"]["loaders"][0], s(&ld), "{v}");
     // Rules on single files (the probe, /etc/hostname) keep the ruleset fully enforced

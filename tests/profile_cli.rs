@@ -62,6 +62,121 @@ fn show_prints_every_format() {
 }
 
 #[test]
+fn show_lists_the_floor_as_such_and_every_format_says_it_is_loaded_too() {
+    for name in ["default", "strict", "compat"] {
+        let o = hatchery_cmd(&["profile", "show", name]);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let out = stdout(&o);
+        assert!(
+            out.contains("floor       the seccomp floor, applied under every profile"),
+            "{out}"
+        );
+        assert!(out.contains("floor rule 1 "), "{out}");
+        assert!(out.contains("CVE-2017-5226"), "{out}");
+        assert!(out.contains("(under an executable allowlist)"), "{out}");
+    }
+    for format in ["bpf", "pfc"] {
+        let o = hatchery_cmd(&["profile", "show", "compat", "--format", format]);
+        assert!(
+            stdout(&o).contains("the seccomp floor is loaded in addition"),
+            "{format}: {}",
+            stdout(&o)
+        );
+    }
+    let o = hatchery_cmd(&["profile", "show", "compat", "--format", "oci-json"]);
+    assert!(
+        stderr(&o).contains("the seccomp floor is loaded in addition"),
+        "{}",
+        stderr(&o)
+    );
+    json(&stdout(&o));
+}
+
+#[test]
+fn check_names_the_floor_rule_when_the_floor_decides() {
+    // compat allows every ioctl (rule 1); the floor refuses TIOCSTI.
+    let o = hatchery_cmd(&[
+        "profile",
+        "check",
+        "compat",
+        "--syscall",
+        "ioctl",
+        "--arg",
+        "0",
+        "--arg",
+        "TIOCSTI",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("errno EPERM (1)"), "{out}");
+    assert!(out.contains("decided by floor rule "), "{out}");
+    assert!(out.contains("CVE-2017-5226"), "{out}");
+    assert!(
+        out.contains("the profile alone gives allow (rule 1)"),
+        "{out}"
+    );
+
+    let o = hatchery_cmd(&[
+        "profile",
+        "check",
+        "compat",
+        "--syscall",
+        "ioctl",
+        "--arg",
+        "0",
+        "--arg",
+        "TIOCSTI",
+        "--json",
+    ]);
+    let v = json(&stdout(&o));
+    assert_eq!(v["ioctl"]["action"], "errno");
+    assert_eq!(v["ioctl"]["filter"], "floor");
+    assert!(
+        v["ioctl"]["decided_by"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("floor rule ")),
+        "{v}"
+    );
+    // Where the profile decides, it says so.
+    let o = hatchery_cmd(&[
+        "profile",
+        "check",
+        "default",
+        "--syscall",
+        "ptrace",
+        "--json",
+    ]);
+    let v = json(&stdout(&o));
+    assert_eq!(v["ptrace"]["filter"], "profile");
+    // The allowlist rules apply with --exec-allowlist (or a profile's own allow_exec).
+    let o = hatchery_cmd(&[
+        "profile",
+        "check",
+        "compat",
+        "--syscall",
+        "memfd_create",
+        "--arg",
+        "0",
+        "--arg",
+        "8",
+        "--exec-allowlist",
+        "--json",
+    ]);
+    let v = json(&stdout(&o));
+    assert_eq!(v["memfd_create"]["errno"], libc::EACCES, "{v}");
+    assert_eq!(v["memfd_create"]["filter"], "floor", "{v}");
+    let o = hatchery_cmd(&[
+        "profile",
+        "check",
+        "compat",
+        "--syscall",
+        "memfd_create",
+        "--json",
+    ]);
+    assert_eq!(json(&stdout(&o))["memfd_create"]["action"], "allow");
+}
+
+#[test]
 fn shown_toml_is_a_profile_that_loads_with_the_same_verdicts() {
     let dir = common::shared_tempdir();
     let o = hatchery_cmd(&["profile", "show", "strict", "--format", "toml"]);
@@ -171,12 +286,26 @@ fn lint_is_clean_on_default_and_strict_and_fails_on_dangerous_profiles() {
         "io_uring",
         "perf_event_open",
         "personality",
-        "ioctl-tiocsti",
-        "ioctl-tioclinux",
         "foreign-abi",
     ] {
         assert!(ids.iter().any(|i| i == id), "{id} not in {ids:?}");
     }
+    // The floor under every profile refuses TIOCSTI and TIOCLINUX: no finding.
+    for id in ["ioctl-tiocsti", "ioctl-tioclinux"] {
+        assert!(!ids.iter().any(|i| i == id), "{id} in {ids:?}");
+    }
+    // compat keeps one of Docker's choices that lint reports: ptrace.
+    let o = hatchery_cmd(&["profile", "lint", "compat", "--json"]);
+    assert_eq!(code(&o), 1, "{}", stdout(&o));
+    let ids: Vec<String> = json(&stdout(&o))
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f["id"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(ids, ["ptrace"]);
 }
 
 #[test]

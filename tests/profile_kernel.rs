@@ -1,7 +1,8 @@
 //! The kernel agrees with `profile check`: for every shipped profile, a real sandbox runs
 //! raw syscalls (the probe's `syscall NR ARGS...`) and the kernel's answer must be the one
-//! `profile check --json` gives — the errno it names, a SIGSYS kill, or, for an allowed
-//! call, exactly what the same call returns in a sandbox with no filter rules.
+//! `profile check --json` gives (the profile's filter and the seccomp floor together) —
+//! the errno it names, a SIGSYS kill, or, for an allowed call, exactly what the same call
+//! returns in a sandbox whose profile has no filter rules.
 
 mod common;
 
@@ -57,6 +58,16 @@ const SAMPLE: &[(&str, &[&str])] = &[
     ("modify_ldt", &["0xffff"]),
     ("sethostname", &["0", "0xffffffff"]),
     ("fsopen", &[]),
+    // The seccomp floor's rules: vsock (also with the upper half set), netlink protocols,
+    // TIOCLINUX, a set-uid mode (04755 = 2541), openat2.
+    ("socket", &["40", "1"]),
+    ("socket", &["0xffffffff00000028", "1"]),
+    ("socket", &["16", "3", "2"]),
+    ("socket", &["16", "3", "0"]),
+    ("ioctl", &["0", "0x541c"]),
+    ("chmod", &["0", "2541"]),
+    ("fchmodat", &["0xffffff9c", "0", "2541"]),
+    ("openat2", &[]),
 ];
 
 fn json(text: &str) -> serde_json::Value {

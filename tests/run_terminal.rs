@@ -121,8 +121,17 @@ fn a_sandbox_can_neither_type_into_its_callers_terminal_nor_hold_it_under_any_pr
             let before = term.screen().len();
             let mut child = term.spawn(session, &hatchery(), &refs(&args), None, None);
             let status = wait_child(&mut child, LIMIT, "hatchery run");
-            let screen = String::from_utf8_lossy(term.screen().get(before..).unwrap_or_default())
-                .into_owned();
+            // The relay's last bytes may still be on their way to the reader thread.
+            let start = std::time::Instant::now();
+            let mut screen = String::new();
+            while start.elapsed() < Duration::from_secs(5) {
+                screen = String::from_utf8_lossy(term.screen().get(before..).unwrap_or_default())
+                    .into_owned();
+                if screen.contains("ok 0=") {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
             let what = format!("{profile}, {session:?}: {screen:?}");
             assert_eq!(status.code(), Some(0), "{what}");
             assert_eq!(term.pending_input(), 0, "input was injected: {what}");

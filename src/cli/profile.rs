@@ -1,7 +1,8 @@
 //! `hatchery profile ...`: read, check, compare, lint, import and export security profiles.
 //!
-//! Every verdict printed here comes from running the compiled filter — the bytes the
-//! sandbox loads — so what these commands say is what the kernel enforces.
+//! Every verdict printed here comes from running the compiled filters — the bytes the
+//! sandbox loads: the seccomp floor, loaded under every profile, and the profile's own —
+//! so what these commands say is what the kernel enforces.
 //!
 //! Exit status: 0 success; 1 `lint` found something or `diff` found differences;
 //! 2 bad input or a profile that cannot be used (one line on stderr says why).
@@ -13,8 +14,9 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand, ValueEnum};
 
 use hatchery::profile::abi::Abi;
+use hatchery::profile::floor::Floor;
 use hatchery::profile::oci::{self, ImportOptions, KernelVersion};
-use hatchery::profile::seccomp::{ArgCondition, CompareOp, ValueSpec};
+use hatchery::profile::seccomp::{ArgCondition, CompareOp, SeccompPolicy, ValueSpec};
 use hatchery::profile::verdict::{Analysis, Target};
 use hatchery::profile::{BUILTIN, Profile, bpf, diff, lint, names};
 
@@ -33,6 +35,7 @@ Examples:
   hatchery profile check default --syscall clone --arg CLONE_NEWUSER --json
   hatchery profile check strict --all --json
   hatchery profile check default --syscall getpid --arch x86
+  hatchery profile check compat --syscall memfd_create --exec-allowlist
   hatchery profile diff default strict
   hatchery profile lint ./my-profile.toml
   hatchery profile import docker-default.json -o docker.toml
@@ -109,6 +112,10 @@ pub struct CheckArgs {
     /// The ABI the call enters through: native, x86_64, x86 (i386), x32
     #[arg(long, value_name = "ABI", default_value = "native")]
     pub arch: String,
+    /// Decide as under an executable allowlist (run --allow-exec), whose rules the floor
+    /// gains; a profile with its own allow_exec always is
+    #[arg(long)]
+    pub exec_allowlist: bool,
     /// Machine-readable output
     #[arg(long)]
     pub json: bool,
@@ -256,23 +263,8 @@ fn table(p: &Profile) -> anyhow::Result<String> {
         arches.join(", "),
         s.bad_arch_action().map_err(anyhow::Error::msg)?
     ));
-    for (i, r) in s.rules.iter().enumerate() {
-        let action = r.action().map_err(anyhow::Error::msg)?;
-        let conds: Vec<String> = r.args.iter().map(condition_text).collect();
-        t.push_str(&format!(
-            "  rule {:<3} {:<18} {}",
-            i + 1,
-            action.to_string(),
-            r.syscalls.join(" ")
-        ));
-        if !conds.is_empty() {
-            t.push_str(&format!("  when {}", conds.join(" and ")));
-        }
-        t.push('\n');
-        if !r.reason.is_empty() {
-            t.push_str(&format!("            why: {}\n", r.reason));
-        }
-    }
+    rule_lines(&mut t, s, "rule", |_| false)?;
+    floor_section(&mut t, p)?;
     let paths = |v: &[PathBuf]| {
         if v.is_empty() {
             "(none)".to_string()
@@ -368,11 +360,92 @@ fn table(p: &Profile) -> anyhow::Result<String> {
     Ok(t)
 }
 
+/// One line per rule (and its reason), numbered as `profile check` names them.
+fn rule_lines(
+    t: &mut String,
+    s: &SeccompPolicy,
+    label: &str,
+    allowlist_only: impl Fn(usize) -> bool,
+) -> anyhow::Result<()> {
+    for (i, r) in s.rules.iter().enumerate() {
+        let action = r.action().map_err(anyhow::Error::msg)?;
+        let conds: Vec<String> = r.args.iter().map(condition_text).collect();
+        t.push_str(&format!(
+            "  {label} {:<3} {:<18} {}",
+            i + 1,
+            action.to_string(),
+            r.syscalls.join(" ")
+        ));
+        if !conds.is_empty() {
+            t.push_str(&format!("  when {}", conds.join(" and ")));
+        }
+        if allowlist_only(i) {
+            t.push_str("  (under an executable allowlist)");
+        }
+        t.push('\n');
+        if !r.reason.is_empty() {
+            t.push_str(&format!(
+                "{}why: {}\n",
+                " ".repeat(label.len() + 7),
+                r.reason
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The floor's rules as they apply under this profile; the allowlist rules are shown too,
+/// marked, since `run --allow-exec` can add them to any profile.
+fn floor_section(t: &mut String, p: &Profile) -> anyhow::Result<()> {
+    let floor = Floor::new(&p.seccomp, true)?;
+    let arches: Vec<String> = floor
+        .policy
+        .arches()
+        .map_err(anyhow::Error::msg)?
+        .into_iter()
+        .filter_map(Abi::from_scmp)
+        .map(|a| a.name().to_string())
+        .collect();
+    t.push_str(
+        "floor       the seccomp floor, applied under every profile: a filter of its own, loaded before\n            the profile's; the kernel applies the most restrictive verdict of the two\n",
+    );
+    t.push_str(&format!(
+        "            default allow; filters {}; {} instructions under this profile{}\n",
+        arches.join(", "),
+        Floor::for_profile(p)?.program.len(),
+        if p.landlock.allow_exec.is_some() {
+            " (its allowlist rules included)"
+        } else {
+            ""
+        },
+    ));
+    rule_lines(t, &floor.policy, "floor rule", |i| {
+        floor.is_allowlist_rule(i)
+    })?;
+    for n in &floor.notes {
+        t.push_str(&format!("            note: {n}\n"));
+    }
+    Ok(())
+}
+
+/// What a format that shows the profile's own filter says about the floor.
+fn floor_note(p: &Profile) -> anyhow::Result<String> {
+    Ok(format!(
+        "the seccomp floor is loaded in addition, before this filter ({} instructions; its rules: hatchery profile show {})",
+        Floor::for_profile(p)?.program.len(),
+        p.origin.strip_prefix("builtin:").unwrap_or(&p.origin)
+    ))
+}
+
 fn oci_json(p: &Profile) -> anyhow::Result<String> {
     let (json, notes) = oci::export(&p.seccomp).map_err(anyhow::Error::msg)?;
     for n in notes {
         eprintln!("hatchery: note: {n}");
     }
+    eprintln!(
+        "hatchery: note: this is the profile's own filter; {}",
+        floor_note(p)?
+    );
     Ok(serde_json::to_string_pretty(&json)? + "\n")
 }
 
@@ -382,13 +455,18 @@ fn show(a: ShowArgs) -> anyhow::Result<i32> {
         ShowFormat::Table => table(&p)?,
         ShowFormat::Toml => p.to_toml()?,
         ShowFormat::OciJson => oci_json(&p)?,
-        ShowFormat::Pfc => p.seccomp.pfc().map_err(anyhow::Error::msg)?,
+        ShowFormat::Pfc => format!(
+            "# the profile's own filter; {}\n{}",
+            floor_note(&p)?,
+            p.seccomp.pfc().map_err(anyhow::Error::msg)?
+        ),
         ShowFormat::Bpf => {
             let prog = p.compile_seccomp()?;
             format!(
-                "# {} instructions, {} bytes, as loaded by seccomp(2)\n{}",
+                "# {} instructions, {} bytes, as loaded by seccomp(2)\n# {}\n{}",
                 prog.len(),
                 prog.as_bytes().len(),
+                floor_note(&p)?,
                 bpf::disassemble(&prog)
             )
         }
@@ -429,7 +507,11 @@ fn check(a: CheckArgs) -> anyhow::Result<i32> {
     if abi.arg_bits() == 32 && abi != Abi::X32 && args.iter().any(|v| *v > u64::from(u32::MAX)) {
         anyhow::bail!("--arg: {abi} passes 32-bit arguments");
     }
-    let analysis = Analysis::new(&p.seccomp)?;
+    let floor = Floor::new(
+        &p.seccomp,
+        a.exec_allowlist || p.landlock.allow_exec.is_some(),
+    )?;
+    let analysis = Analysis::with_floor(&p.seccomp, floor)?;
     let verdicts = match &a.syscall {
         Some(name) => vec![analysis.check(&Target::parse(abi, name)?, args)?],
         None => analysis.check_all(abi)?,
@@ -443,7 +525,7 @@ fn check(a: CheckArgs) -> anyhow::Result<i32> {
     }
     let text = if a.all {
         let mut t = format!(
-            "{} on {} ({} syscalls, all-zero arguments)\n{:<24} {:>10}  {:<40} {}\n",
+            "{} and the seccomp floor on {} ({} syscalls, all-zero arguments)\n{:<24} {:>10}  {:<40} {}\n",
             p.name,
             abi,
             verdicts.len(),

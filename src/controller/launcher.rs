@@ -17,6 +17,7 @@ use nix::sys::wait::{Id, WaitPidFlag, waitid};
 use serde::{Deserialize, Serialize};
 
 use crate::paths::{Dir, check_host_path};
+use crate::profile::floor::Floor;
 use crate::profile::{Profile, SeccompProgram};
 use crate::sandbox::cgroup::Limits;
 use crate::sandbox::output::OutputPump;
@@ -170,11 +171,21 @@ struct Running {
     output: Option<OutputPump>,
 }
 
+/// A profile as the launcher keeps it: resolved and compiled once, with both seccomp
+/// floors it may need (a worker's manifest can add an executable allowlist).
+#[derive(Clone)]
+struct Compiled {
+    profile: Profile,
+    program: SeccompProgram,
+    floor: Floor,
+    floor_allowlist: Floor,
+}
+
 struct Launcher {
     host: Host,
     /// The state directory's `workers/`, held open since before any worker ran.
     workers: Dir,
-    profiles: HashMap<String, (Profile, SeccompProgram)>,
+    profiles: HashMap<String, Compiled>,
     running: HashMap<String, Running>,
     events: UnixStream,
 }
@@ -184,15 +195,22 @@ impl Launcher {
         let _ = wire::write_frame(&mut self.events, ev);
     }
 
-    fn profile(&mut self, name: &str) -> Result<(Profile, SeccompProgram), String> {
+    fn profile(&mut self, name: &str) -> Result<Compiled, String> {
         if let Some(p) = self.profiles.get(name) {
             return Ok(p.clone());
         }
         let profile = Profile::builtin(name).map_err(|e| e.to_string())?;
         let program = profile.compile_seccomp().map_err(|e| e.to_string())?;
-        self.profiles
-            .insert(name.to_string(), (profile.clone(), program.clone()));
-        Ok((profile, program))
+        let floor = Floor::new(&profile.seccomp, false).map_err(|e| e.to_string())?;
+        let floor_allowlist = Floor::new(&profile.seccomp, true).map_err(|e| e.to_string())?;
+        let compiled = Compiled {
+            profile,
+            program,
+            floor,
+            floor_allowlist,
+        };
+        self.profiles.insert(name.to_string(), compiled.clone());
+        Ok(compiled)
     }
 
     fn launch(&mut self, spec: LaunchSpec, socket: Option<OwnedFd>) {
@@ -236,7 +254,12 @@ impl Launcher {
             // policy: until egress goes through the supervisor, a worker never shares it.
             return Err("allow_external is refused: a worker never shares the host's network namespace (egress through the supervisor is not available yet)".into());
         }
-        let (mut profile, program) = self.profile(&ls.profile)?;
+        let Compiled {
+            mut profile,
+            program,
+            floor,
+            floor_allowlist,
+        } = self.profile(&ls.profile)?;
         profile
             .narrow_exec(&ls.allow_exec)
             .map_err(|e| e.to_string())?;
@@ -274,8 +297,13 @@ impl Launcher {
             extra_binds,
             payload_ids: ls.payload_ids,
         };
-        let mut spec =
-            spec::build_compiled(request, &profile, program, None).map_err(|e| e.to_string())?;
+        let floor = if profile.landlock.allow_exec.is_some() {
+            &floor_allowlist
+        } else {
+            &floor
+        };
+        let mut spec = spec::build_compiled(request, &profile, program, floor, None)
+            .map_err(|e| e.to_string())?;
         if ls.agent_binary.is_some() {
             spec.landlock.read.push(PathBuf::from(AGENT_BIN_DIR));
             spec.landlock.execute.push(PathBuf::from(AGENT_BIN_DIR));

@@ -114,6 +114,23 @@ impl KernelAction {
         }
     }
 
+    /// Where the action stands when several filters answer one syscall: the kernel takes
+    /// the lowest of these (its `ACTION_ONLY` value read as a signed number), so kill
+    /// beats trap beats errno beats notify, trace, log and allow.
+    pub fn precedence(self) -> i32 {
+        let action = match self {
+            KernelAction::KillProcess => RET_KILL_PROCESS,
+            KernelAction::KillThread => RET_KILL_THREAD,
+            KernelAction::Trap(_) => RET_TRAP,
+            KernelAction::Errno(_) => RET_ERRNO,
+            KernelAction::UserNotif => RET_USER_NOTIF,
+            KernelAction::Trace(_) => RET_TRACE,
+            KernelAction::Log => RET_LOG,
+            KernelAction::Allow => RET_ALLOW,
+        };
+        action as i32
+    }
+
     pub fn errno(self) -> Option<i32> {
         match self {
             KernelAction::Errno(e) => Some(i32::from(e)),
@@ -303,6 +320,22 @@ pub fn run(program: &SeccompProgram, data: &SeccompData) -> Result<u32, BpfError
         pc += 1;
     }
     Err(BpfError::FellOffTheEnd)
+}
+
+/// What the kernel does when several filters are loaded, given each one's verdict in the
+/// order they were loaded: it runs them from the last loaded to the first and keeps a
+/// verdict only when a later one is strictly more restrictive, so on a tie the filter
+/// loaded last decides (its errno, say). Returns that filter's index and its verdict;
+/// `None` for no filters.
+pub fn stacked(in_load_order: &[KernelAction]) -> Option<(usize, KernelAction)> {
+    let mut best: Option<(usize, KernelAction)> = None;
+    for (i, action) in in_load_order.iter().enumerate().rev() {
+        match best {
+            Some((_, b)) if action.precedence() >= b.precedence() => {}
+            _ => best = Some((i, *action)),
+        }
+    }
+    best
 }
 
 /// Runs the filter and reads the result as the kernel does.
@@ -533,6 +566,22 @@ mod tests {
         let p = program(&[(BPF_ALU | 0x30 | BPF_X, 0, 0, 0), (RET_K, 0, 0, 0)])?;
         assert!(matches!(run(&p, &d), Err(BpfError::DivisionByZero { .. })));
         Ok(())
+    }
+
+    #[test]
+    fn stacked_filters_give_the_most_restrictive_verdict_and_the_last_loaded_wins_ties() {
+        use KernelAction::*;
+        assert_eq!(stacked(&[]), None);
+        assert_eq!(stacked(&[Errno(1), Allow]), Some((0, Errno(1))));
+        assert_eq!(stacked(&[Allow, Errno(1)]), Some((1, Errno(1))));
+        // A tie: the filter loaded last (the profile's, after the floor) keeps its errno.
+        assert_eq!(stacked(&[Errno(38), Errno(1)]), Some((1, Errno(1))));
+        assert_eq!(stacked(&[Allow, Allow]), Some((1, Allow)));
+        assert_eq!(stacked(&[Errno(1), KillProcess]), Some((1, KillProcess)));
+        assert_eq!(stacked(&[KillProcess, Trap(0)]), Some((0, KillProcess)));
+        assert_eq!(stacked(&[Trap(0), Errno(1)]), Some((0, Trap(0))));
+        assert_eq!(stacked(&[Log, Allow]), Some((0, Log)));
+        assert_eq!(stacked(&[KillThread, Trap(0)]), Some((0, KillThread)));
     }
 
     #[test]

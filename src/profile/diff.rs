@@ -1,7 +1,8 @@
 //! What changes between two profiles: every syscall whose verdict differs for some
-//! arguments (found by exploring both compiled filters together, so a difference hidden
-//! in an argument condition is found too), and the differences in Landlock, mounts,
-//! namespaces, rlimits and default limits.
+//! arguments (found by exploring the compiled filters together — each profile's and the
+//! seccomp floor loaded under it —, so a difference hidden in an argument condition is
+//! found too), and the differences in Landlock, mounts, namespaces, rlimits and default
+//! limits.
 
 use std::collections::BTreeMap;
 
@@ -9,9 +10,9 @@ use serde::Serialize;
 
 use super::Profile;
 use super::abi::Abi;
-use super::bpf::KernelAction;
-use super::explore;
-use super::seccomp::format_args_list;
+use super::bpf::{self, KernelAction, SeccompData};
+use super::explore::{self, ArgSpace};
+use super::seccomp::{SeccompProgram, format_args_list};
 use super::verdict::{Analysis, CheckError};
 
 /// One syscall whose verdict differs.
@@ -65,9 +66,39 @@ fn summary(a: &Analysis<'_>, abi: Abi, nr: i32, name: &str) -> Result<String, Ch
     })
 }
 
-/// Compares the seccomp verdicts of two profiles on every ABI this machine runs.
+/// Where two analyses give different verdicts for one syscall: for each pair of differing
+/// verdicts, the first argument vector found that gets them.
+pub fn differences(
+    a: &Analysis<'_>,
+    b: &Analysis<'_>,
+    base: &SeccompData,
+    what: &str,
+) -> Result<Vec<(KernelAction, KernelAction, [u64; 6])>, CheckError> {
+    let (pa, pb) = (a.programs(), b.programs());
+    let programs: Vec<&SeccompProgram> = pa.iter().chain(pb.iter()).copied().collect();
+    let joint = explore::explore_joint(&programs, base, &ArgSpace::any()).map_err(|source| {
+        CheckError::Analysis {
+            what: what.to_string(),
+            source,
+        }
+    })?;
+    let mut out: Vec<(KernelAction, KernelAction, [u64; 6])> = Vec::new();
+    for path in joint {
+        let (own_a, own_b) = path.actions.split_at(pa.len());
+        let (Some((_, va)), Some((_, vb))) = (bpf::stacked(own_a), bpf::stacked(own_b)) else {
+            continue;
+        };
+        if va != vb && !out.iter().any(|(x, y, _)| *x == va && *y == vb) {
+            out.push((va, vb, path.witness));
+        }
+    }
+    Ok(out)
+}
+
+/// Compares the seccomp verdicts of two profiles — each with the floor a sandbox loads
+/// under it — on every ABI this machine runs.
 pub fn seccomp_diff(a: &Profile, b: &Profile, out: &mut ProfileDiff) -> Result<(), CheckError> {
-    let (fa, fb) = (Analysis::new(&a.seccomp)?, Analysis::new(&b.seccomp)?);
+    let (fa, fb) = (Analysis::for_profile(a)?, Analysis::for_profile(b)?);
     for abi in Abi::runnable() {
         let (acc_a, acc_b) = (a.seccomp.accepts(abi), b.seccomp.accepts(abi));
         if acc_a != acc_b {
@@ -95,13 +126,7 @@ pub fn seccomp_diff(a: &Profile, b: &Profile, out: &mut ProfileDiff) -> Result<(
         }
         for (nr, name) in abi.syscalls() {
             let base = abi.data(nr, [0; 6]);
-            let diffs =
-                explore::differences(&fa.program, &fb.program, &base).map_err(|source| {
-                    CheckError::Analysis {
-                        what: name.clone(),
-                        source,
-                    }
-                })?;
+            let diffs = differences(&fa, &fb, &base, &name)?;
             let Some((va, vb, args)) = diffs.first().copied() else {
                 continue;
             };
@@ -116,6 +141,56 @@ pub fn seccomp_diff(a: &Profile, b: &Profile, out: &mut ProfileDiff) -> Result<(
         }
     }
     Ok(())
+}
+
+/// A call one analysis lets run and the other refuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Looser {
+    pub abi: Abi,
+    pub syscall: String,
+    pub args: [u64; 6],
+    /// The verdict of the looser side, and of the stricter one.
+    pub looser: KernelAction,
+    pub stricter: KernelAction,
+}
+
+impl std::fmt::Display for Looser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}({}) on {}: {} where the other gives {}",
+            self.syscall,
+            format_args_list(&self.args),
+            self.abi,
+            self.looser,
+            self.stricter
+        )
+    }
+}
+
+/// Every syscall (of every ABI this machine runs, and libseccomp names) for which `a` lets
+/// some call run that `b` refuses, with the first such arguments found. The arguments are
+/// explored exactly, not sampled: every value either filter tells apart is covered.
+pub fn looser(a: &Analysis<'_>, b: &Analysis<'_>) -> Result<Vec<Looser>, CheckError> {
+    let mut out = Vec::new();
+    for abi in Abi::runnable() {
+        for (nr, name) in abi.syscalls() {
+            let base = abi.data(nr, [0; 6]);
+            for (va, vb, args) in differences(a, b, &base, &name)? {
+                if va.runs() && !vb.runs() {
+                    out.push(Looser {
+                        abi,
+                        syscall: name.clone(),
+                        args,
+                        looser: va,
+                        stricter: vb,
+                    });
+                    break;
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn example(a: KernelAction, b: KernelAction, args: &[u64; 6]) -> String {
@@ -213,6 +288,73 @@ mod tests {
         );
         // Same verdicts with all-zero arguments, still a difference.
         assert_eq!(d.syscalls[0].a, d.syscalls[0].b);
+        Ok(())
+    }
+
+    /// `default` says it is at least as strict as Docker's default profile for a container
+    /// without capabilities. Docker's profile is imported for the oldest kernel its
+    /// `minKernel` conditions know (they only ever add allow rules, so this is Docker at its
+    /// strictest), and for every syscall libseccomp names, on every ABI, every argument
+    /// value either filter tells apart is explored: wherever Docker refuses a call, default
+    /// with the floor refuses it too.
+    #[test]
+    fn default_with_the_floor_is_never_more_permissive_than_docker()
+    -> Result<(), Box<dyn std::error::Error>> {
+        use crate::profile::oci;
+        let json = oci::parse(
+            include_str!("../../tests/fixtures/docker-default-seccomp.json"),
+            "docker-default-seccomp.json",
+        )?;
+        let docker = oci::import(
+            &json,
+            &oci::ImportOptions {
+                name: "docker".into(),
+                source: "docker-default-seccomp.json".into(),
+                kernel: oci::KernelVersion(4, 0, 0),
+            },
+        )?
+        .profile;
+        let default = Profile::resolve("default")?;
+        let found = looser(
+            &Analysis::for_profile(&default)?,
+            &Analysis::new(&docker.seccomp)?,
+        )?;
+        let lines: Vec<String> = found.iter().map(ToString::to_string).collect();
+        assert!(
+            found.is_empty(),
+            "default lets through what Docker refuses:\n{}",
+            lines.join("\n")
+        );
+        // The comparison itself finds what it should: Docker allows ptrace from 4.8 on,
+        // which default refuses, and default without its rules is far looser than Docker.
+        let allow_all = Profile::from_toml(
+            "name = \"open\"\n[seccomp]\ndefault_action = \"allow\"\n",
+            "open",
+        )?;
+        let open = looser(
+            &Analysis::for_profile(&allow_all)?,
+            &Analysis::new(&docker.seccomp)?,
+        )?;
+        assert!(open.iter().any(|l| l.syscall == "ptrace"), "{open:?}");
+        assert!(open.iter().any(|l| l.syscall == "socket"), "{open:?}");
+        Ok(())
+    }
+
+    #[test]
+    fn the_floor_is_part_of_both_sides_of_a_diff() -> Result<(), Box<dyn std::error::Error>> {
+        // A profile that allows everything and one that names the floor's rules itself
+        // enforce the same: the floor is under both.
+        let open = Profile::from_toml(
+            "name = \"open\"\n[seccomp]\ndefault_action = \"allow\"\n",
+            "open",
+        )?;
+        let floor = crate::profile::floor::Floor::for_profile(&open)?;
+        let mut explicit = open.clone();
+        explicit.name = "explicit".into();
+        explicit.seccomp.rules = floor.policy.rules.clone();
+        explicit.check()?;
+        let d = diff(&open, &explicit)?;
+        assert!(d.syscalls.is_empty(), "{d:?}");
         Ok(())
     }
 

@@ -300,23 +300,69 @@ pub fn distinct_actions(paths: &[Path]) -> Vec<(KernelAction, [u64; 6])> {
     out
 }
 
-/// Where two filters decide differently for one syscall: the first argument vector found
-/// for each pair of differing verdicts.
-pub fn differences(
-    a: &SeccompProgram,
-    b: &SeccompProgram,
+/// One way through several filters at once: the arguments that take it, each filter's
+/// verdict there (in the order the filters were given), and the smallest argument vector
+/// that does — confirmed by running every filter on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JointPath {
+    pub space: ArgSpace,
+    pub actions: Vec<KernelAction>,
+    /// The filters' raw return values.
+    pub rets: Vec<u32>,
+    pub witness: [u64; 6],
+}
+
+/// Every way through `programs` together for one syscall, restricted to `within`: each
+/// path of the first filter, split by the paths of the next within it, and so on. This is
+/// how stacked filters (the floor and a profile) and two profiles are compared without
+/// missing an argument where one of them changes its mind.
+pub fn explore_joint(
+    programs: &[&SeccompProgram],
     base: &SeccompData,
-) -> Result<Vec<(KernelAction, KernelAction, [u64; 6])>, ExploreError> {
-    let mut out: Vec<(KernelAction, KernelAction, [u64; 6])> = Vec::new();
-    for pa in explore(a, base, &ArgSpace::any())? {
-        for pb in explore(b, base, &pa.space)? {
-            if pa.action != pb.action
-                && !out
-                    .iter()
-                    .any(|(x, y, _)| *x == pa.action && *y == pb.action)
-            {
-                out.push((pa.action, pb.action, pb.witness));
+    within: &ArgSpace,
+) -> Result<Vec<JointPath>, ExploreError> {
+    let paths = joint(programs, base, within)?;
+    for p in &paths {
+        let data = SeccompData {
+            args: p.witness,
+            ..*base
+        };
+        for (program, &expected) in programs.iter().zip(&p.rets) {
+            let got = bpf::run(program, &data)?;
+            if got != expected {
+                return Err(ExploreError::Unconfirmed { expected, got });
             }
+        }
+    }
+    Ok(paths)
+}
+
+fn joint(
+    programs: &[&SeccompProgram],
+    base: &SeccompData,
+    within: &ArgSpace,
+) -> Result<Vec<JointPath>, ExploreError> {
+    let Some((first, rest)) = programs.split_first() else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for p in explore(first, base, within)? {
+        if rest.is_empty() {
+            out.push(JointPath {
+                space: p.space,
+                actions: vec![p.action],
+                rets: vec![p.ret],
+                witness: p.witness,
+            });
+        } else {
+            for mut j in joint(rest, base, &p.space)? {
+                j.actions.insert(0, p.action);
+                j.rets.insert(0, p.ret);
+                out.push(j);
+            }
+        }
+        if out.len() > MAX_LEAVES {
+            return Err(ExploreError::TooManyPaths);
         }
     }
     Ok(out)

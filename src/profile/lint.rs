@@ -1,18 +1,18 @@
 //! Known-dangerous things a profile can let through, found by asking the compiled filter.
 //!
 //! Each check names syscalls (and, where the danger is in an argument, the arguments that
-//! make it dangerous) and asks whether the filter lets any such call run, on every ABI the
-//! filter accepts. A finding carries the reason it matters and an example call.
+//! make it dangerous) and asks whether the filters a sandbox gets — the profile's and the
+//! seccomp floor loaded under it — let any such call run, on every ABI the profile
+//! accepts. A finding carries the reason it matters and an example call.
 
 use serde::Serialize;
 
 use super::Profile;
 use super::abi::Abi;
-use super::bpf;
-use super::explore::{self, ArgSpace, arg_word};
+use super::explore::{ArgSpace, arg_word};
 use super::seccomp::{Decider, format_args_list};
 use super::solver::{Constraint, Rel};
-use super::verdict::{Analysis, CheckError};
+use super::verdict::{Analysis, CheckError, DecidedBy, Target};
 
 /// Every namespace flag (CLONE_NEWTIME included: unshare takes it).
 const NAMESPACE_FLAGS: u64 = 0x7e02_0080;
@@ -200,9 +200,14 @@ const CHECKS: &[Check] = &[
     },
 ];
 
-/// Runs every check on a profile.
+/// Runs every check on what a sandbox with the profile gets: its filter and the floor
+/// loaded with it. What the floor refuses is no finding, whatever the profile says.
 pub fn lint(profile: &Profile) -> Result<Vec<Finding>, CheckError> {
-    let analysis = Analysis::new(&profile.seccomp)?;
+    findings(profile, &Analysis::for_profile(profile)?)
+}
+
+/// Runs every check against `analysis` (a profile's filter, with or without the floor).
+pub fn findings(profile: &Profile, analysis: &Analysis<'_>) -> Result<Vec<Finding>, CheckError> {
     let accepted: Vec<Abi> = Abi::runnable()
         .into_iter()
         .filter(|a| profile.seccomp.accepts(*a))
@@ -219,22 +224,17 @@ pub fn lint(profile: &Profile) -> Result<Vec<Finding>, CheckError> {
                     continue;
                 };
                 let base = abi.data(nr, [0; 6]);
-                let found =
-                    explore::runs_for_some(&analysis.program, &base, &space).map_err(|source| {
-                        CheckError::Analysis {
-                            what: (*name).to_string(),
-                            source,
-                        }
-                    })?;
-                if let Some(args) = found {
-                    let (_, decider) = profile
-                        .seccomp
-                        .decide(*abi, nr, &args)
-                        .map_err(CheckError::Policy)?;
+                if let Some(args) = analysis.runs_for_some(&base, &space, name)? {
+                    let target = Target {
+                        abi: *abi,
+                        nr,
+                        name: Some((*name).to_string()),
+                    };
+                    let (_, decided_by) = analysis.verdict_at(&target, args)?;
                     hits.push(format!(
                         "{name}({}) on {abi}: {}",
                         format_args_list(&args),
-                        describe(decider)
+                        describe(decided_by)
                     ));
                 }
             }
@@ -254,12 +254,12 @@ pub fn lint(profile: &Profile) -> Result<Vec<Finding>, CheckError> {
             }),
         }
     }
-    findings.extend(foreign_abis(profile, &analysis)?);
+    findings.extend(foreign_abis(profile, analysis)?);
     Ok(findings)
 }
 
-fn describe(d: Decider) -> String {
-    match d {
+fn describe(d: DecidedBy) -> String {
+    match d.decider {
         Decider::Rule(_) => format!("allowed by {d}"),
         Decider::DefaultAction => "allowed by the default action".into(),
         Decider::BadArch => "allowed by bad_arch_action".into(),
@@ -281,12 +281,12 @@ fn foreign_abis(profile: &Profile, analysis: &Analysis<'_>) -> Result<Vec<Findin
         let Some(nr) = abi.syscall_nr("getpid") else {
             continue;
         };
-        let action = bpf::evaluate(&analysis.program, &abi.data(nr, [0; 6])).map_err(|e| {
-            CheckError::Analysis {
-                what: format!("getpid on {abi}"),
-                source: e.into(),
-            }
-        })?;
+        let target = Target {
+            abi,
+            nr,
+            name: Some("getpid".into()),
+        };
+        let (action, _) = analysis.verdict_at(&target, [0; 6])?;
         if !profile.seccomp.accepts(abi) && action.runs() {
             out.push(Finding {
                 id: "foreign-abi",
@@ -319,6 +319,11 @@ mod tests {
 
     fn ids(p: &Profile) -> Result<Vec<&'static str>, CheckError> {
         Ok(lint(p)?.into_iter().map(|f| f.id).collect())
+    }
+
+    /// The checks on the profile's own filter, without the floor under it.
+    fn alone(p: &Profile) -> Result<Vec<Finding>, CheckError> {
+        findings(p, &Analysis::new(&p.seccomp)?)
     }
 
     #[test]
@@ -391,13 +396,27 @@ mod tests {
         ];
         for (id, rule) in cases {
             let p = profile(&format!("{deny_all}{rule}"))?;
-            let found = lint(&p)?;
+            let found = alone(&p)?;
             let hit = found.iter().find(|f| f.id == *id);
             match hit {
                 Some(f) => assert!(!f.reason.is_empty() && !f.example.is_empty(), "{f:?}"),
                 None => panic!("{id} not found for {rule}: {found:?}"),
             }
         }
+        Ok(())
+    }
+
+    #[test]
+    fn what_the_floor_refuses_is_no_finding() -> Result<(), Box<dyn std::error::Error>> {
+        // compat allows every ioctl, as Docker does: TIOCSTI and TIOCLINUX get through its
+        // own filter, and the floor refuses both.
+        let p = Profile::resolve("compat")?;
+        let own: Vec<&str> = alone(&p)?.into_iter().map(|f| f.id).collect();
+        assert!(
+            own.contains(&"ioctl-tiocsti") && own.contains(&"ioctl-tioclinux"),
+            "{own:?}"
+        );
+        assert_eq!(ids(&p)?, vec!["ptrace"]);
         Ok(())
     }
 

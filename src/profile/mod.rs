@@ -10,6 +10,7 @@ pub mod abi;
 pub mod bpf;
 pub mod diff;
 pub mod explore;
+pub mod floor;
 pub mod lint;
 pub mod locate;
 pub mod names;
@@ -548,6 +549,12 @@ impl Profile {
         }
         self.landlock.allow_exec = Some(files.to_vec());
         Ok(())
+    }
+
+    /// The seccomp floor a sandbox with this profile gets, compiled: the filter loaded
+    /// before the profile's (see [`floor`]).
+    pub fn floor(&self) -> Result<floor::Floor, ProfileError> {
+        floor::Floor::for_profile(self)
     }
 
     /// Compiles the seccomp policy for this machine's architecture with libseccomp: the

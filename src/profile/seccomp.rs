@@ -807,7 +807,6 @@ fn check_condition(c: &ArgCondition) -> Result<(), String> {
     Ok(())
 }
 
-/// Turns a rule's conditions into one or more libseccomp condition lists (any_bits fans out).
 /// One comparison of a rule with its numbers resolved: `(arg[index] & mask) op value`,
 /// where `mask` is all ones except for [`CompareOp::MaskedEq`]. Never `AnyBits`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -833,10 +832,14 @@ impl Comparison {
     }
 }
 
+/// Most alternatives one rule may expand into (`any_bits` conditions multiply).
+pub const MAX_ALTERNATIVES: usize = 4096;
+
 /// The alternatives a rule's conditions stand for, each a list of comparisons that must
-/// all hold: `any_bits` fans out into one alternative per bit of its mask (a masked
-/// comparison on that bit), everything else is kept as it is. Shared by the libseccomp
-/// compilation and the OCI export, so both say the same thing.
+/// all hold: every `any_bits` condition fans out into one alternative per bit of its mask
+/// (a masked comparison on that bit) — several of them into every combination of their
+/// bits —, everything else is kept as it is. Shared by the libseccomp compilation and the
+/// OCI export, so both say the same thing.
 pub fn expand_conditions(conds: &[ArgCondition]) -> Result<Vec<Vec<Comparison>>, String> {
     let resolve = |v: &Option<ValueSpec>| {
         v.as_ref()
@@ -845,12 +848,12 @@ pub fn expand_conditions(conds: &[ArgCondition]) -> Result<Vec<Vec<Comparison>>,
             .map(|v| v.unwrap_or(0))
     };
     let mut base = Vec::new();
-    let mut fan: Option<(u32, u64)> = None;
+    let mut fans: Vec<(u32, u64)> = Vec::new();
     for c in conds {
         let index = u32::from(c.index);
         let (value, mask) = (resolve(&c.value)?, resolve(&c.mask)?);
         match c.op {
-            CompareOp::AnyBits => fan = Some((index, mask)),
+            CompareOp::AnyBits => fans.push((index, mask)),
             CompareOp::MaskedEq => base.push(Comparison {
                 index,
                 op: c.op,
@@ -865,23 +868,34 @@ pub fn expand_conditions(conds: &[ArgCondition]) -> Result<Vec<Vec<Comparison>>,
             }),
         }
     }
-    Ok(match fan {
-        None => vec![base],
-        Some((index, mask)) => (0..64)
+    let mut out = vec![base];
+    for (index, mask) in fans {
+        let bits: Vec<u64> = (0..64)
             .map(|b| 1u64 << b)
             .filter(|bit| mask & bit != 0)
-            .map(|bit| {
-                let mut v = base.clone();
-                v.push(Comparison {
-                    index,
-                    op: CompareOp::MaskedEq,
-                    value: bit,
-                    mask: bit,
-                });
-                v
+            .collect();
+        if out.len().saturating_mul(bits.len()) > MAX_ALTERNATIVES {
+            return Err(format!(
+                "the any_bits conditions expand into more than {MAX_ALTERNATIVES} alternatives"
+            ));
+        }
+        out = out
+            .into_iter()
+            .flat_map(|alternative| {
+                bits.iter().map(move |&bit| {
+                    let mut v = alternative.clone();
+                    v.push(Comparison {
+                        index,
+                        op: CompareOp::MaskedEq,
+                        value: bit,
+                        mask: bit,
+                    });
+                    v
+                })
             })
-            .collect(),
-    })
+            .collect();
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -933,6 +947,44 @@ mod tests {
             mask: Some(ValueSpec::Expr("CLONE_NEWUSER|CLONE_NEWNS".into())),
         }];
         assert_eq!(expand_conditions(&conds)?.len(), 2);
+        Ok(())
+    }
+
+    #[test]
+    fn several_any_bits_conditions_expand_into_every_combination() -> Result<(), String> {
+        let any = |index, mask: &str| ArgCondition {
+            index,
+            op: CompareOp::AnyBits,
+            value: None,
+            mask: Some(ValueSpec::Expr(mask.into())),
+        };
+        let conds = vec![any(1, "O_CREAT|__O_TMPFILE"), any(2, "S_ISUID|S_ISGID")];
+        let alternatives = expand_conditions(&conds)?;
+        assert_eq!(alternatives.len(), 4);
+        for a in &alternatives {
+            assert_eq!(a.iter().map(|c| c.index).collect::<Vec<_>>(), [1, 2]);
+        }
+        // Compiled, the filter matches exactly when both conditions hold.
+        let p = policy(
+            "default_action = \"allow\"\n[[rule]]\naction = \"errno\"\nerrno = 1\nsyscalls = [\"open\"]\nargs = [{ index = 1, op = \"any_bits\", mask = \"O_CREAT|__O_TMPFILE\" }, { index = 2, op = \"any_bits\", mask = \"S_ISUID|S_ISGID\" }]\n",
+        )?;
+        let prog = p.compile()?;
+        let abi = Abi::native();
+        let nr = abi.syscall_nr("open").ok_or("no open here")?;
+        let creat = libc::O_CREAT as u64;
+        for (flags, mode, refused) in [
+            (creat, 0o4755, true),
+            (creat, 0o2755, true),
+            (creat, 0o755, false),
+            (0, 0o4755, false),
+            ((libc::O_TMPFILE | libc::O_RDWR) as u64, 0o6700, true),
+        ] {
+            let data = abi.data(nr, [0, flags, mode, 0, 0, 0]);
+            let got = super::super::bpf::evaluate(&prog, &data).map_err(|e| e.to_string())?;
+            assert_eq!(got != KernelAction::Allow, refused, "{flags:#o} {mode:#o}");
+            let (model, _) = p.decide(abi, nr, &[0, flags, mode, 0, 0, 0])?;
+            assert_eq!(model.kernel(), got, "{flags:#o} {mode:#o}");
+        }
         Ok(())
     }
 

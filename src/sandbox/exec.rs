@@ -18,9 +18,16 @@
 //!    cannot even be opened by `ld.so /usr/bin/perl`.
 //! 4. Places the sandbox can write (`/tmp`, `/dev/shm`, `--rw` paths) are mounted
 //!    `noexec`, so a copied binary can neither be executed nor mapped executable by the
-//!    loader; and a second seccomp filter makes memfd_create(2) fail with EACCES unless it
-//!    asks for `MFD_NOEXEC_SEAL` (what `vm.memfd_noexec = 2` does), because Landlock lets
-//!    anonymous memory files through and execveat(2) of one would run any bytes.
+//!    loader. What else the sandbox can write lives on the kernel's internal mounts, which
+//!    are not noexec: memory files and SysV shared memory. So under an allowlist the
+//!    seccomp floor ([`crate::profile::floor`], `profiles/floor-allowlist.toml`) makes
+//!    memfd_create(2) and memfd_secret(2) fail with EACCES, and shmat(2) with `SHM_EXEC`.
+//!    `MFD_NOEXEC_SEAL` is not enough: it stops execve(2) and chmod(2) of the memory file,
+//!    not mmap(2) with `PROT_EXEC` — and `ld.so /proc/self/fd/N` on a sealed memory file
+//!    holding a copied program maps it executable and runs it (a bypass found from inside
+//!    a sandbox allowed only python3). No file the sandbox writes can be mapped
+//!    executable; a SysV segment attached without `SHM_EXEC` can still be made executable
+//!    with mprotect(2), like anonymous memory — no file the loader could be given.
 //!
 //! What stays possible is listed in the README ("Executable allowlists and the output
 //! cap"): chiefly, ELF executables kept outside the executable directories (such as
@@ -34,8 +41,6 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::paths::{HostPath, PathError, check_host_path};
-use crate::profile::seccomp::{ActionKind, ArgCondition, CompareOp, ErrnoValue, ValueSpec};
-use crate::profile::{SeccompPolicy, SeccompProgram, SyscallRule};
 
 use super::mounts::Bind;
 
@@ -56,9 +61,6 @@ pub const EXEC_DIRS: [&str; 10] = [
 
 /// Most files one allowlist may name.
 pub const MAX_ALLOWED: usize = 64;
-
-/// `MFD_NOEXEC_SEAL` (Linux 6.3): the memory file is not executable and cannot become so.
-const MFD_NOEXEC_SEAL: u64 = 0x0008;
 
 /// The kernel reads at most this much of a script to find its interpreter.
 const SHEBANG_BYTES: usize = 256;
@@ -475,38 +477,6 @@ fn split_around(path: &Path, hidden: &[&Path], out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The seccomp policy loaded next to the profile's under an allowlist: memfd_create(2)
-/// without `MFD_NOEXEC_SEAL` fails with EACCES (as under `vm.memfd_noexec = 2`), because
-/// Landlock does not restrict anonymous memory files and `execveat(memfd)` would run any
-/// bytes the sandbox wrote. Everything else is allowed here and left to the profile;
-/// `architectures` are the profile's, so no ABI it admits escapes the rule.
-pub fn memfd_guard_policy(architectures: &[String]) -> SeccompPolicy {
-    SeccompPolicy {
-        default_action: ActionKind::Allow,
-        default_errno: None,
-        architectures: architectures.to_vec(),
-        bad_arch_action: ActionKind::Allow,
-        rules: vec![SyscallRule {
-            action: ActionKind::Errno,
-            errno: Some(ErrnoValue::Name("EACCES".into())),
-            syscalls: vec!["memfd_create".into()],
-            args: vec![ArgCondition {
-                index: 1,
-                op: CompareOp::MaskedEq,
-                value: Some(ValueSpec::Number(0)),
-                mask: Some(ValueSpec::Number(MFD_NOEXEC_SEAL)),
-            }],
-            reason: "under an executable allowlist a memory file must be sealed non-executable"
-                .into(),
-        }],
-    }
-}
-
-/// [`memfd_guard_policy`], compiled.
-pub fn memfd_guard(architectures: &[String]) -> Result<SeccompProgram, String> {
-    memfd_guard_policy(architectures).compile()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -722,12 +692,5 @@ mod tests {
         image.pop();
         image.push(b'x');
         assert!(elf_interpreter(image.as_slice()).is_err());
-    }
-
-    #[test]
-    fn the_memfd_guard_compiles() -> Result<(), String> {
-        let prog = memfd_guard(&["native".to_string()])?;
-        assert!(!prog.is_empty());
-        Ok(())
     }
 }

@@ -5,7 +5,7 @@
 //! identity → hostname → loopback → root filesystem → cgroup namespace → fork the
 //! payload; in the payload: session → descriptors → controlling terminal (the sandbox's
 //! own pty, when it has one) → cwd → rlimits → capabilities → no_new_privs → Landlock →
-//! seccomp (the allowlist's memfd rule, then the profile's, last) → execve.
+//! seccomp (the floor, then the profile's filter, last) → execve.
 //!
 //! Starting a sandbox is fork-like: it must happen in a single-threaded process (the
 //! `run` command, or the controller's launcher forked before its async runtime starts).
@@ -104,8 +104,8 @@ struct ChildContext<'a> {
     env: Vec<CString>,
     path_var: String,
     filter: LoadableFilter,
-    /// The executable allowlist's memfd rule, loaded just before `filter`.
-    guard: Option<LoadableFilter>,
+    /// The seccomp floor, loaded just before `filter`.
+    floor: LoadableFilter,
     landlock: bool,
     unshare_cgroup: bool,
     /// The cgroup files the sandbox writes `0` to, first thing, to move itself in.
@@ -311,7 +311,7 @@ pub fn start(
         env: to_cstrings(spec.env.iter().map(|(k, v)| format!("{k}={v}")))?,
         path_var,
         filter: LoadableFilter::new(&spec.seccomp),
-        guard: spec.exec_guard.as_ref().map(LoadableFilter::new),
+        floor: LoadableFilter::new(&spec.seccomp_floor),
         landlock: enforcement.landlock_abi.is_some(),
         unshare_cgroup: spec.namespaces.cgroup,
         join_cgroup: join_files.iter().map(|f| f.as_raw_fd()).collect(),
@@ -619,12 +619,10 @@ fn payload_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, (
         }
         .send(chan);
     }
-    // The allowlist's filter first: the profile's may not allow seccomp(2) itself.
-    if let Some(guard) = &ctx.guard {
-        guard
-            .load()
-            .map_err(|errno| fail("seccomp (executable allowlist)", errno))?;
-    }
+    // The floor first: the profile's filter may not allow seccomp(2) itself.
+    ctx.floor
+        .load()
+        .map_err(|errno| fail("seccomp (floor)", errno))?;
     // Last: from here on every syscall, execve included, goes through the filter.
     ctx.filter.load().map_err(|errno| fail("seccomp", errno))?;
     let errno = process::exec(&ctx.argv, &ctx.env, &ctx.path_var);

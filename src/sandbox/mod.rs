@@ -80,9 +80,11 @@ pub struct SandboxSpec {
     /// The executable allowlist, when there is one (its Landlock rules and mounts are
     /// already in `landlock` and `rootfs`).
     pub exec_allowlist: Option<exec::ExecAllowlist>,
-    /// A second seccomp filter loaded before the profile's under an allowlist (see
-    /// [`exec::memfd_guard_policy`]).
-    pub exec_guard: Option<SeccompProgram>,
+    /// The seccomp floor's filter, loaded before the profile's under every profile (with
+    /// the allowlist rules when there is an allowlist; see [`crate::profile::floor`]).
+    pub seccomp_floor: SeccompProgram,
+    /// Floor rules this system's libseccomp could not compile (names it does not know).
+    pub seccomp_floor_notes: Vec<String>,
 }
 
 /// What is enforced for a sandbox, and by what: the `enforcement` object of the report.
@@ -96,6 +98,8 @@ pub struct Enforcement {
     /// Requested limit → the kernel mechanism enforcing it.
     pub limits: BTreeMap<&'static str, String>,
     pub seccomp: String,
+    /// The seccomp floor loaded under every profile: "filter (N instructions)" or "none".
+    pub seccomp_floor: String,
     pub seccomp_profile: String,
     pub profile_sha256: String,
     pub landlock_abi: Option<u8>,
@@ -244,8 +248,13 @@ pub fn preflight(spec: &SandboxSpec, host: &Host) -> Result<Enforcement, Sandbox
     // seccomp
     if host.seccomp {
         e.seccomp = format!("filter ({} instructions)", spec.seccomp.len());
+        e.seccomp_floor = format!("filter ({} instructions)", spec.seccomp_floor.len());
+        for note in &spec.seccomp_floor_notes {
+            e.not_enforced.push(format!("seccomp floor: {note}"));
+        }
     } else if spec.allow_degraded {
         e.seccomp = "none".into();
+        e.seccomp_floor = "none".into();
         e.not_enforced
             .push("seccomp: the kernel has no seccomp filter support".into());
     } else {
@@ -281,7 +290,7 @@ pub fn preflight(spec: &SandboxSpec, host: &Host) -> Result<Enforcement, Sandbox
             by.push(format!("no read access to {}", exec::EXEC_DIRS.join(" ")));
         } else if spec.allow_degraded {
             e.not_enforced.push(
-                "executable allowlist: the kernel has no Landlock, so any readable file may be executed; only the noexec mounts and the memfd rule apply".into(),
+                "executable allowlist: the kernel has no Landlock, so any readable file may be executed; only the noexec mounts and the seccomp floor's memory-file rules apply".into(),
             );
         } else {
             return Err(refuse(
@@ -292,11 +301,10 @@ pub fn preflight(spec: &SandboxSpec, host: &Host) -> Result<Enforcement, Sandbox
             ));
         }
         by.push("/tmp, /dev/shm and --rw paths mounted noexec".into());
-        if let Some(guard) = &spec.exec_guard {
-            by.push(format!(
-                "seccomp: memfd_create without MFD_NOEXEC_SEAL fails with EACCES (a second filter of {} instructions)",
-                guard.len()
-            ));
+        if host.seccomp {
+            by.push(
+                "seccomp floor: memfd_create and memfd_secret fail with EACCES, and shmat with SHM_EXEC (no file the sandbox writes can be mapped executable)".into(),
+            );
         }
         e.exec_allowlist = Some(ExecEnforcement {
             files: allow.files.clone(),

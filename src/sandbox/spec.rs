@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::paths::{HostPath, check_absolute_clean};
 use crate::profile::Profile;
+use crate::profile::floor::Floor;
 
 use super::cgroup::Limits;
 use super::exec;
@@ -93,18 +94,29 @@ pub fn build(
     let seccomp = profile
         .compile_seccomp()
         .map_err(|e| SandboxError::Invalid(e.to_string()))?;
-    build_compiled(req, profile, seccomp, caller_cwd)
+    let floor = profile
+        .floor()
+        .map_err(|e| SandboxError::Invalid(e.to_string()))?;
+    build_compiled(req, profile, seccomp, &floor, caller_cwd)
 }
 
-/// [`build`] with the profile's filter already compiled (the launcher compiles once per
-/// profile, not once per worker).
+/// [`build`] with the profile's filter and its seccomp floor already compiled (the
+/// launcher compiles them once per profile, not once per worker). The floor must be the
+/// one for this profile (see [`Floor::fits`]).
 pub fn build_compiled(
     req: RunRequest,
     profile: &Profile,
     seccomp: crate::profile::SeccompProgram,
+    floor: &Floor,
     caller_cwd: Option<&Path>,
 ) -> Result<SandboxSpec, SandboxError> {
     let invalid = SandboxError::Invalid;
+    if !floor.fits(profile) {
+        return Err(SandboxError::Internal(format!(
+            "the seccomp floor given for profile {} was compiled for other ABIs or another allowlist setting",
+            profile.name
+        )));
+    }
     if req.command.is_empty() || req.command[0].is_empty() {
         return Err(invalid(
             "no command given (usage: hatchery run [OPTIONS] -- COMMAND [ARGS...])".into(),
@@ -201,15 +213,13 @@ pub fn build_compiled(
         }
     }
 
-    let (exec_allowlist, exec_guard) = match &profile.landlock.allow_exec {
-        None => (None, None),
+    let exec_allowlist = match &profile.landlock.allow_exec {
+        None => None,
         Some(listed) => {
             let allow = exec::resolve(listed, &system, &exposures)
                 .map_err(|e| invalid(format!("executable allowlist: {e}")))?;
             restrict_exec(&allow, &mut landlock, &mut exposures);
-            let guard = exec::memfd_guard(&profile.seccomp.architectures)
-                .map_err(|e| invalid(format!("executable allowlist: seccomp: {e}")))?;
-            (Some(allow), Some(guard))
+            Some(allow)
         }
     };
 
@@ -306,7 +316,8 @@ pub fn build_compiled(
         cgroup_name: req.cgroup_name,
         allow_degraded: req.allow_degraded,
         exec_allowlist,
-        exec_guard,
+        seccomp_floor: floor.program.clone(),
+        seccomp_floor_notes: floor.notes.clone(),
     })
 }
 
@@ -446,7 +457,11 @@ mod tests {
             1,
             "python is in /usr: nothing to pin"
         );
-        assert!(spec.exec_guard.is_some());
+        let floor = Floor::new(&p.seccomp, true)?;
+        assert_eq!(
+            spec.seccomp_floor, floor.program,
+            "the floor with its allowlist rules"
+        );
         Ok(())
     }
 
@@ -529,7 +544,8 @@ mod tests {
     fn without_an_allowlist_nothing_is_narrowed() -> Result<(), Box<dyn std::error::Error>> {
         let p = Profile::resolve("default")?;
         let spec = build(request(&["true"]), &p, None)?;
-        assert!(spec.exec_allowlist.is_none() && spec.exec_guard.is_none());
+        assert!(spec.exec_allowlist.is_none());
+        assert_eq!(spec.seccomp_floor, Floor::new(&p.seccomp, false)?.program);
         assert!(!spec.rootfs.noexec_tmp);
         assert!(spec.landlock.read.contains(&PathBuf::from("/usr")));
         assert!(spec.landlock.exec_files.is_empty());
@@ -581,6 +597,41 @@ mod tests {
         for bad in ["", "a b", "a\nb", "-x", ".x", &"x".repeat(65), "é"] {
             assert!(check_hostname(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn floor_rules_libseccomp_cannot_compile_are_reported_as_not_enforced()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let p = Profile::resolve("default")?;
+        let mut spec = build(request(&["true"]), &p, None)?;
+        let host = super::super::Host {
+            cgroups: None,
+            cgroup_problem: Some("none here".into()),
+            landlock_abi: Some(6),
+            seccomp: true,
+        };
+        let e = super::super::preflight(&spec, &host)?;
+        assert!(
+            !e.not_enforced
+                .iter()
+                .any(|n| n.starts_with("seccomp floor")),
+            "{:?}",
+            e.not_enforced
+        );
+        assert!(
+            e.seccomp_floor.starts_with("filter ("),
+            "{}",
+            e.seccomp_floor
+        );
+        spec.seccomp_floor_notes = vec!["fchmodat2 unknown".into()];
+        let e = super::super::preflight(&spec, &host)?;
+        assert!(
+            e.not_enforced
+                .contains(&"seccomp floor: fchmodat2 unknown".to_string()),
+            "{:?}",
+            e.not_enforced
+        );
+        Ok(())
     }
 
     #[test]

@@ -89,6 +89,9 @@ fn syscall_nr(name: &str) -> Option<i64> {
         "acct" => libc::SYS_acct,
         "syslog" => libc::SYS_syslog,
         "uname" => libc::SYS_uname,
+        "memfd_create" => libc::SYS_memfd_create,
+        "memfd_secret" => libc::SYS_memfd_secret,
+        "openat2" => libc::SYS_openat2,
         "getuid" => libc::SYS_getuid,
         "read" => libc::SYS_read,
         "socket" => libc::SYS_socket,
@@ -130,7 +133,14 @@ fn i386(args: &[String]) -> i32 {
             in("edx") 0u32,
         );
     }
-    report(ret as i32 as i64)
+    // The raw entry point returns -errno; errno itself is not set.
+    let rc = ret as i32;
+    if rc < 0 {
+        println!("err {}", rc.unsigned_abs());
+    } else {
+        println!("ok {rc}");
+    }
+    0
 }
 
 /// `x32 NR`: the native syscall instruction with the x32 bit set.
@@ -362,6 +372,121 @@ fn fionread(args: &[String]) -> i32 {
     // SAFETY (test probe): FIONREAD into an int we own.
     let rc = unsafe { libc::ioctl(num(args, 1) as i32, libc::FIONREAD, &mut n) };
     report(if rc < 0 { -1 } else { n as i64 })
+}
+
+/// `tiocsti-pty`: opens a new pseudo-terminal, makes it the controlling terminal (in a new
+/// session where possible) and pushes a character into its input queue with TIOCSTI —
+/// the injection itself, on a terminal the caller owns, so that only a filter stops it.
+fn tiocsti_pty() -> i32 {
+    // SAFETY (test probe): setsid, posix_openpt, grantpt, unlockpt, ptsname_r and open
+    // with buffers we own; a failed setsid (already a session leader) changes nothing.
+    unsafe {
+        libc::setsid();
+        let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        if master < 0 || libc::grantpt(master) != 0 || libc::unlockpt(master) != 0 {
+            return report(-1);
+        }
+        let mut name = [0 as libc::c_char; 128];
+        if libc::ptsname_r(master, name.as_mut_ptr(), name.len()) != 0 {
+            return report(-1);
+        }
+        // Without O_NOCTTY: a session leader without a terminal acquires this one.
+        let slave = libc::open(name.as_ptr(), libc::O_RDWR);
+        if slave < 0 {
+            return report(-1);
+        }
+        let c: libc::c_char = b'x' as libc::c_char;
+        report(libc::ioctl(slave, libc::TIOCSTI, &c) as i64)
+    }
+}
+
+fn octal(args: &[String], i: usize) -> u32 {
+    u32::from_str_radix(arg(args, i), 8).unwrap_or(0)
+}
+
+/// `suid OP PATH MODE`: sets or creates a file mode (octal) with one syscall — chmod,
+/// fchmod, fchmodat, fchmodat2 on an existing PATH; open, openat, creat, openat2 (O_CREAT),
+/// mknod, mknodat (a regular file), mkdir, mkdirat creating PATH; tmpfile (O_TMPFILE in the
+/// directory PATH).
+fn suid(args: &[String]) -> i32 {
+    let (op, path, mode) = (arg(args, 1), cstr(arg(args, 2)), octal(args, 3));
+    let p = path.as_ptr();
+    let m = mode as libc::c_uint;
+    let create = libc::O_CREAT | libc::O_WRONLY;
+    // SAFETY (test probe): each call gets a NUL-terminated path we own and integers.
+    let rc: i64 = unsafe {
+        match op {
+            "chmod" => libc::syscall(libc::SYS_chmod, p, m),
+            "fchmodat" => libc::syscall(libc::SYS_fchmodat, libc::AT_FDCWD, p, m),
+            "fchmodat2" => libc::syscall(libc::SYS_fchmodat2, libc::AT_FDCWD, p, m, 0),
+            "fchmod" => {
+                let fd = libc::open(p, libc::O_RDONLY);
+                if fd < 0 {
+                    -1
+                } else {
+                    libc::syscall(libc::SYS_fchmod, fd, m)
+                }
+            }
+            "open" => libc::syscall(libc::SYS_open, p, create, m),
+            "openat" => libc::syscall(libc::SYS_openat, libc::AT_FDCWD, p, create, m),
+            "creat" => libc::syscall(libc::SYS_creat, p, m),
+            "tmpfile" => libc::syscall(
+                libc::SYS_openat,
+                libc::AT_FDCWD,
+                p,
+                libc::O_TMPFILE | libc::O_RDWR,
+                m,
+            ),
+            "openat2" => {
+                // struct open_how { u64 flags; u64 mode; u64 resolve; }
+                let how: [u64; 3] = [create as u64, u64::from(mode), 0];
+                libc::syscall(
+                    libc::SYS_openat2,
+                    libc::AT_FDCWD,
+                    p,
+                    how.as_ptr(),
+                    std::mem::size_of_val(&how),
+                )
+            }
+            "mknod" => libc::syscall(libc::SYS_mknod, p, libc::S_IFREG | m, 0),
+            "mknodat" => libc::syscall(libc::SYS_mknodat, libc::AT_FDCWD, p, libc::S_IFREG | m, 0),
+            "mkdir" => libc::syscall(libc::SYS_mkdir, p, m),
+            "mkdirat" => libc::syscall(libc::SYS_mkdirat, libc::AT_FDCWD, p, m),
+            _ => {
+                eprintln!("probe: unknown suid operation {op}");
+                return 2;
+            }
+        }
+    };
+    report(rc)
+}
+
+/// `shmat FLAGS`: attaches a new SysV shared memory segment with the flags given
+/// (0x8000 is SHM_EXEC) and removes it again.
+fn shmat(args: &[String]) -> i32 {
+    let flags = num(args, 1) as libc::c_int;
+    // SAFETY (test probe): a private segment of one page, attached where the kernel
+    // chooses, detached and removed before returning.
+    unsafe {
+        let id = libc::shmget(libc::IPC_PRIVATE, 4096, libc::IPC_CREAT | 0o700);
+        if id < 0 {
+            return report(-1);
+        }
+        let at = libc::shmat(id, std::ptr::null(), flags);
+        let rc = if at as isize == -1 {
+            -1
+        } else {
+            libc::shmdt(at);
+            0
+        };
+        let saved = errno();
+        libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
+        if rc < 0 {
+            println!("err {saved}");
+            return 0;
+        }
+        report(0)
+    }
 }
 
 /// `mount-proc`: tries to mount a new proc (needs CAP_SYS_ADMIN).
@@ -699,6 +824,9 @@ fn run_one(args: &[String]) -> i32 {
         "write-fd" => write_fd(args),
         "fds" => fds(),
         "fionread" => fionread(args),
+        "tiocsti-pty" => tiocsti_pty(),
+        "suid" => suid(args),
+        "shmat" => shmat(args),
         "mount" => mount_tmpfs(),
         "unshare-user" => unshare_user(),
         "unshare-ns" => unshare_ns(),
