@@ -71,7 +71,9 @@ fn python() -> Option<PathBuf> {
 
 /// The ELF interpreter python3 names (`/lib64/ld-linux-x86-64.so.2` here).
 fn loader(python: &Path) -> PathBuf {
-    match hatchery::sandbox::exec::inspect(python) {
+    let host = hatchery::paths::check_host_path(python)
+        .unwrap_or_else(|e| panic!("{}: {e}", python.display()));
+    match hatchery::sandbox::exec::inspect(&host) {
         Ok(hatchery::sandbox::exec::Program::Elf {
             interpreter: Some(p),
         }) => p,

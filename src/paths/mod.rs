@@ -90,6 +90,32 @@ impl HostPath {
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
+
+    /// Opens the very object that was resolved (never the path again) for reading, without
+    /// blocking: a regular file only (a FIFO swapped in would otherwise block the opener).
+    pub fn open_read(&self) -> std::io::Result<std::fs::File> {
+        use std::os::fd::AsRawFd;
+        let proc_path = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
+        let fd = nix::fcntl::open(
+            proc_path.as_str(),
+            OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(std::io::Error::from)?;
+        let st = nix::sys::stat::fstat(&fd).map_err(std::io::Error::from)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG
+            || (st.st_dev, st.st_ino) != (self.dev, self.ino)
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "{}: not the regular file that was checked",
+                    self.path.display()
+                ),
+            ));
+        }
+        Ok(std::fs::File::from(fd))
+    }
 }
 
 /// Names the symlink that made a no-symlink resolution of `path` fail (for the message

@@ -145,10 +145,15 @@ pub fn check_exec_path(path: &Path) -> Result<HostPath, PathError> {
     Ok(host)
 }
 
-/// Reads what kind of program `path` is: the `PT_INTERP` of an ELF file, or the `#!` line
-/// of a script. Malformed ELF headers are errors (the kernel would refuse them too).
-pub fn inspect(path: &Path) -> Result<Program, String> {
-    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+/// Reads what kind of program the checked file `host` is: the `PT_INTERP` of an ELF file,
+/// or the `#!` line of a script. Malformed ELF headers are errors (the kernel would refuse
+/// them too). The file read is the object that was checked, reached through its
+/// descriptor: a name swapped for a FIFO or another file meanwhile changes nothing.
+pub fn inspect(host: &HostPath) -> Result<Program, String> {
+    let path = &host.path;
+    let file = host
+        .open_read()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut head = [0u8; SHEBANG_BYTES];
     let n = read_some(&file, 0, &mut head).map_err(|e| format!("{}: {e}", path.display()))?;
     let head = &head[..n];
@@ -362,12 +367,14 @@ pub fn resolve(
                 b.target.display()
             )),
             Some(_) => {
-                let meta = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
-                if meta.nlink() > 1 && meta.uid() != 0 && writable_devs.contains(&meta.dev()) {
+                // The checked object itself, through its descriptor.
+                let st = nix::sys::stat::fstat(host.fd())
+                    .map_err(|e| format!("{}: {e}", p.display()))?;
+                if st.st_nlink > 1 && st.st_uid != 0 && writable_devs.contains(&st.st_dev) {
                     return Err(format!(
                         "{}: has {} hard links on the filesystem of an --rw path, through which the sandbox could rewrite it",
                         p.display(),
-                        meta.nlink()
+                        st.st_nlink
                     ));
                 }
                 Ok(())
@@ -376,6 +383,7 @@ pub fn resolve(
     };
 
     let mut out = ExecAllowlist::default();
+    let mut listed_hosts = Vec::with_capacity(listed.len());
     for path in listed {
         let host = check_exec_path(path).map_err(|e| e.to_string())?;
         if out.files.contains(&host.path) {
@@ -384,18 +392,20 @@ pub fn resolve(
         check_inside(&host)?;
         out.files.push(host.path.clone());
         if exposed(&host) {
-            out.pinned.push(host);
+            out.pinned.push(host.clone());
         }
+        listed_hosts.push(host);
     }
     // Files hatchery binds in at another path (its in-sandbox client) keep the execute
     // right whatever the list says (see `spec`), so their loader is needed too.
-    let own: Vec<PathBuf> = exposures
+    let own: Vec<HostPath> = exposures
         .iter()
         .filter(|b| b.host.path != b.target && !b.is_dir())
-        .map(|b| b.host.path.clone())
+        .map(|b| b.host.clone())
         .collect();
-    for file in out.files.clone().into_iter().chain(own) {
-        match inspect(&file)? {
+    for host in listed_hosts.into_iter().chain(own) {
+        let file = host.path.clone();
+        match inspect(&host)? {
             Program::Elf {
                 interpreter: Some(interp),
             } => {
@@ -523,7 +533,7 @@ mod tests {
         let me = std::fs::canonicalize(std::env::current_exe()?)?;
         let Program::Elf {
             interpreter: Some(interp),
-        } = inspect(&me)?
+        } = inspect(&check_host_path(&me)?)?
         else {
             panic!("the test binary has no ELF interpreter");
         };
@@ -544,9 +554,19 @@ mod tests {
         bytes[0x38..0x3a].copy_from_slice(&1000u16.to_le_bytes());
         let p = dir.path().join("bad");
         std::fs::write(&p, &bytes)?;
-        assert!(inspect(&p).is_err());
+        assert!(
+            check_host_path(&p)
+                .map_err(|e| e.to_string())
+                .and_then(|h| inspect(&h))
+                .is_err()
+        );
         std::fs::write(&p, b"\x7fELF\x09")?;
-        assert!(inspect(&p).is_err());
+        assert!(
+            check_host_path(&p)
+                .map_err(|e| e.to_string())
+                .and_then(|h| inspect(&h))
+                .is_err()
+        );
         Ok(())
     }
 
