@@ -135,10 +135,22 @@ pub fn skip_unless_root(test: &str) -> bool {
 /// Whether a run's `not_enforced` note is the one an exposure on a filesystem without
 /// idmapped mounts rightly carries: 9p, as the VM suite shares the host's files.
 pub fn is_expected_idmap_note(note: &str) -> bool {
-    const V9FS_MAGIC: i64 = 0x0102_1997;
-    let on_9p =
-        nix::sys::statfs::statfs(&probe_dir()).is_ok_and(|s| s.filesystem_type().0 == V9FS_MAGIC);
-    on_9p && note.contains("no idmapped mount here")
+    note.contains("no idmapped mount here") && fs_type_of(&probe_dir()).as_deref() == Some("9p")
+}
+
+/// The filesystem type of the mount holding `path` (from /proc/self/mountinfo).
+pub fn fs_type_of(path: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let mount_point = pre.split_whitespace().nth(4)?;
+            let fs = post.split_whitespace().next()?;
+            path.starts_with(mount_point)
+                .then(|| (mount_point.len(), fs.to_string()))
+        })
+        .max_by_key(|(len, _)| *len)
+        .map(|(_, fs)| fs)
 }
 
 /// Whether `id` is one hatchery leases to sandboxes started by root (the default range,
