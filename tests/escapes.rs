@@ -188,6 +188,56 @@ fn a_report_the_sandbox_forged_never_stands_in_for_hatcherys() {
     assert!(err.contains("cannot write the report"), "{err}");
 }
 
+#[test]
+fn a_report_directory_moved_away_by_the_sandbox_is_an_error_not_a_forgery() {
+    if skip_unless_root("moved report directory") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    std::fs::create_dir(d.join("out")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(d.join("out"), PermissionsExt::from_mode(0o777)).ok();
+    // The payload renames the report's directory away and puts a forged report where the
+    // caller will look.
+    let script = format!(
+        "mv {d}/out {d}/hidden && mkdir {d}/out && echo '{{\"exit_code\":0,\"forged\":true}}' > {d}/out/r.json; exit 3",
+        d = s(&d)
+    );
+    let out = hatchery_cmd(&[
+        "run",
+        "--rw",
+        &s(&d),
+        "--report",
+        &s(&d.join("out/r.json")),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    // The attack's setup worked: the forgery is where the caller looks.
+    assert!(
+        std::fs::read_to_string(d.join("out/r.json")).is_ok_and(|t| t.contains("forged")),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        code(&out),
+        125,
+        "a forged report stood unnoticed: {}",
+        stderr(&out)
+    );
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("was moved or replaced") && err.contains("not hatchery's"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read_to_string(d.join("hidden/r.json")).is_ok_and(|t| t.contains("enforcement")),
+        "the real report is where the directory went"
+    );
+}
+
 // ------------------------------------------------------------------ 2. swapped paths
 
 #[test]
@@ -624,6 +674,43 @@ fn every_refusal_says_one_line_and_fills_the_reports_error() {
     assert!(stderr(&out).contains("1 to 64"), "{}", stderr(&out));
 }
 
+#[test]
+fn io_uring_and_aio_are_refused_by_the_floor_under_a_profile_that_allows_them() {
+    if skip_unless_root("io_uring floor") {
+        return;
+    }
+    // A profile with no rules at all: whatever it lets through, the floor must not.
+    let dir = shared_tempdir();
+    let profile = canonical(dir.path()).join("open.toml");
+    std::fs::write(
+        &profile,
+        "name = \"open\"\n[seccomp]\ndefault_action = \"allow\"\n[landlock]\nread = [\"/usr\", \"/etc\", \"/proc\", \"/dev\"]\nwrite = [\"/tmp\", \"/dev\"]\nexecute = [\"/usr\", \"/tmp\"]\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    // The attack is real: outside a sandbox io_uring and AIO contexts can be created.
+    let out = run_with_timeout(
+        Command::new(probe()).args(["syscall", "io_uring_setup", "1", "0"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        stdout(&out),
+        "err 14",
+        "io_uring_setup(1, NULL) reaches the kernel (EFAULT)"
+    );
+    for (syscall, errno) in [("io_uring_setup", libc::EPERM), ("io_setup", libc::ENOSYS)] {
+        let out = run_probe(
+            &["--profile", &s(&profile)],
+            &["syscall", syscall, "1", "0"],
+        );
+        assert_eq!(
+            stdout(&out),
+            format!("err {errno}"),
+            "{syscall} under a profile that allows it: {}",
+            stderr(&out)
+        );
+    }
+}
+
 // ------------------------------------------------------------ 11. the host's counters
 
 #[test]
@@ -654,7 +741,7 @@ fn the_sandbox_sees_neither_host_load_nor_host_memory_nor_the_host_boot() {
         "--",
         "sh",
         "-c",
-        "cat /proc/loadavg; grep -E '^(processes|ctxt)' /proc/stat; head -1 /proc/meminfo; cat /proc/sys/kernel/random/boot_id; wc -c < /proc/interrupts; ls /proc/pressure | wc -l; nproc",
+        "cat /proc/loadavg; grep -E '^(processes|ctxt)' /proc/stat; head -1 /proc/meminfo; cat /proc/sys/kernel/random/boot_id; wc -c < /proc/interrupts; ls /proc/pressure | wc -l; nproc; cat /proc/cgroups /proc/cmdline | wc -c; find /proc/irq /proc/fs -mindepth 1 | wc -l",
     ]);
     let lines: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
     assert_eq!(
@@ -678,6 +765,12 @@ fn the_sandbox_sees_neither_host_load_nor_host_memory_nor_the_host_boot() {
         Some(host_cpus.to_string().as_str()),
         "processors are still counted"
     );
+    assert_eq!(
+        lines.get(8).map(String::as_str),
+        Some("0"),
+        "cgroups, cmdline"
+    );
+    assert_eq!(lines.get(9).map(String::as_str), Some("0"), "irq, fs");
     assert!(
         Path::new("/proc/interrupts")
             .metadata()

@@ -283,15 +283,14 @@ fn lint_is_clean_on_default_and_strict_and_fails_on_dangerous_profiles() {
         "clone-namespaces",
         "keyctl",
         "userfaultfd",
-        "io_uring",
         "perf_event_open",
         "personality",
         "foreign-abi",
     ] {
         assert!(ids.iter().any(|i| i == id), "{id} not in {ids:?}");
     }
-    // The floor under every profile refuses TIOCSTI and TIOCLINUX: no finding.
-    for id in ["ioctl-tiocsti", "ioctl-tioclinux"] {
+    // The floor under every profile refuses TIOCSTI, TIOCLINUX and io_uring: no finding.
+    for id in ["ioctl-tiocsti", "ioctl-tioclinux", "io_uring"] {
         assert!(!ids.iter().any(|i| i == id), "{id} in {ids:?}");
     }
     // compat keeps one of Docker's choices that lint reports: ptrace.

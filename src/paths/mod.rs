@@ -184,7 +184,12 @@ pub fn check_host_path(path: &Path) -> Result<HostPath, PathError> {
 #[derive(Debug)]
 pub enum OutputTarget {
     Stdout,
-    File { dir: Dir, name: String },
+    File {
+        dir: Dir,
+        name: String,
+        /// The directory as the caller named it, checked again after the write.
+        parent: PathBuf,
+    },
 }
 
 impl OutputTarget {
@@ -223,7 +228,11 @@ impl OutputTarget {
             }
         }
         dir.check_writable()?;
-        Ok(OutputTarget::File { dir, name })
+        Ok(OutputTarget::File {
+            dir,
+            name,
+            parent: parent.to_path_buf(),
+        })
     }
 
     /// Writes `bytes` whole (a file is replaced atomically, mode 0644).
@@ -234,7 +243,30 @@ impl OutputTarget {
                 let mut out = std::io::stdout().lock();
                 out.write_all(bytes).and_then(|()| out.flush())
             }
-            OutputTarget::File { dir, name } => dir.write_atomically(name, bytes, 0o644),
+            OutputTarget::File { dir, name, parent } => {
+                dir.write_atomically(name, bytes, 0o644)?;
+                // The file went into the directory held since before the command ran; if
+                // that directory is no longer what the caller's path names (a sandbox
+                // that could write its parent renamed it and put another there), whatever
+                // the caller finds at the path is not hatchery's: say so.
+                let held = dir.stat()?;
+                let now = Dir::open(parent).and_then(|d| d.stat());
+                if now.map(|st| (st.st_dev, st.st_ino)).ok() != Some((held.st_dev, held.st_ino)) {
+                    let moved_to = std::fs::read_link(format!(
+                        "/proc/self/fd/{}",
+                        std::os::fd::AsRawFd::as_raw_fd(&dir.as_fd())
+                    ))
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|_| "an unknown place".into());
+                    return Err(std::io::Error::other(format!(
+                        "{} was moved or replaced while the command ran: the report was written to {}/{name}; whatever is now at {} is not hatchery's",
+                        parent.display(),
+                        moved_to,
+                        parent.join(name).display()
+                    )));
+                }
+                Ok(())
+            }
         }
     }
 
@@ -242,7 +274,7 @@ impl OutputTarget {
     pub fn describe(&self) -> String {
         match self {
             OutputTarget::Stdout => "standard output".into(),
-            OutputTarget::File { dir, name } => dir.path().join(name).display().to_string(),
+            OutputTarget::File { dir, name, .. } => dir.path().join(name).display().to_string(),
         }
     }
 }

@@ -8,7 +8,8 @@
 //! set-uid file one sandbox leaves in a `--rw` directory belongs to all of them).
 //!
 //! The range is the `hatchery` entry of `/etc/subuid` and `/etc/subgid` when there is
-//! one, else [`DEFAULT_RANGE`]. A lease is a write lock on one byte of a lock file
+//! one, else [`DEFAULT_RANGE`]. No two sandboxes running at the same time share an id; over
+//! time ids are reused (a random slot is tried first), as systemd's dynamic users are. A lease is a write lock on one byte of a lock file
 //! (`/run/hatchery/ids.lock`, an open-file-description lock): it is released when the
 //! last descriptor of the lease closes, also when the supervisor is killed, so a crash
 //! never leaks an id. The last id of the range is never leased: it is the "null" id that
@@ -117,9 +118,12 @@ pub fn lease(ranges: &IdRanges) -> io::Result<IdLease> {
     // A descriptor of its own: the lock belongs to this open file description, which no
     // other lease shares (locks of one description never conflict with each other).
     let lock = dir.open_lock(LOCK_FILE, 0o600)?;
-    // Start somewhere that depends on the process, so concurrent supervisors rarely probe
-    // the same slots.
-    let start = std::process::id().wrapping_mul(2_654_435_761) % slots;
+    // Start at a random slot: concurrent supervisors rarely probe the same slots, and one
+    // long-lived supervisor (the controller's launcher) does not hand the same id to every
+    // worker it starts one after another.
+    let mut r = [0u8; 4];
+    getrandom::fill(&mut r).map_err(|e| io::Error::other(format!("random source: {e}")))?;
+    let start = u32::from_le_bytes(r) % slots;
     for i in 0..slots {
         let slot = (start + i) % slots;
         match lock_byte(&lock, slot) {

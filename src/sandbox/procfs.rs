@@ -25,8 +25,10 @@ use super::mounts::{
 };
 
 /// `/proc` entries made read-only.
-const READONLY: [&str; 4] = ["sys", "sysrq-trigger", "irq", "bus"];
-/// `/proc` files hidden behind `/dev/null`: host-wide information or attack surface.
+const READONLY: [&str; 3] = ["sys", "sysrq-trigger", "bus"];
+/// `/proc` files hidden behind `/dev/null`: host-wide information or attack surface. (Files
+/// only host root may read — `slabinfo`, `pagetypeinfo`, `vmallocinfo` — need no mask: the
+/// sandbox's root is not host root.)
 const MASKED_FILES: [&str; 20] = [
     "kcore",
     "keys",
@@ -44,13 +46,14 @@ const MASKED_FILES: [&str; 20] = [
     "vmstat",
     "zoneinfo",
     "buddyinfo",
-    "pagetypeinfo",
-    "slabinfo",
-    "vmallocinfo",
     "locks",
+    "cgroups",
+    "cmdline",
+    "config.gz",
 ];
-/// `/proc` directories hidden behind an empty read-only tmpfs.
-const MASKED_DIRS: [&str; 4] = ["acpi", "asound", "scsi", "pressure"];
+/// `/proc` directories hidden behind an empty read-only tmpfs (`irq` holds per-interrupt
+/// counters and settings, `fs` per-filesystem statistics of the host's disks).
+const MASKED_DIRS: [&str; 6] = ["acpi", "asound", "scsi", "pressure", "irq", "fs"];
 
 /// The files written for one sandbox (path under `/proc`, content), decided by the
 /// supervisor before the clone.
@@ -59,39 +62,22 @@ pub struct ProcView {
     pub files: Vec<(&'static str, String)>,
 }
 
-/// One field of `/proc/meminfo`, in kB.
-fn meminfo_kb(text: &str, key: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-}
-
 impl ProcView {
-    /// The view for a sandbox with `memory` bytes (None: the host's memory).
+    /// The view for a sandbox with `memory` bytes (None: the host's memory). Built from
+    /// cheap sources (sysinfo(2), the processor count, the boot clock) rather than by
+    /// reading the host's own files, which the kernel assembles per CPU on every read.
     pub fn new(memory: Option<u64>) -> ProcView {
-        let host_stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-        let host_mem = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut stat = String::from("cpu  0 0 0 0 0 0 0 0 0 0\n");
-        for line in host_stat.lines() {
-            if let Some(cpu) = line
-                .split_whitespace()
-                .next()
-                .filter(|w| w.len() > 3 && w.starts_with("cpu"))
-            {
-                let _ = writeln!(stat, "{cpu} 0 0 0 0 0 0 0 0 0 0");
-            }
+        for cpu in 0..cpus {
+            let _ = writeln!(stat, "cpu{cpu} 0 0 0 0 0 0 0 0 0 0");
         }
-        let btime = host_stat
-            .lines()
-            .find_map(|l| l.strip_prefix("btime "))
-            .unwrap_or("0")
-            .trim()
-            .to_string();
         let _ = write!(
             stat,
-            "intr 0\nctxt 0\nbtime {btime}\nprocesses 0\nprocs_running 1\nprocs_blocked 0\nsoftirq 0 0 0 0 0 0 0 0 0 0 0\n"
+            "intr 0\nctxt 0\nbtime {}\nprocesses 0\nprocs_running 1\nprocs_blocked 0\nsoftirq 0 0 0 0 0 0 0 0 0 0 0\n",
+            boot_time()
         );
-        let host_kb = meminfo_kb(&host_mem, "MemTotal").unwrap_or(0);
+        let host_kb = host_memory_kb();
         let total_kb = memory.map_or(host_kb, |b| (b / 1024).min(host_kb.max(1)));
         let meminfo = format!(
             "MemTotal:       {total_kb:>8} kB\nMemFree:        {total_kb:>8} kB\nMemAvailable:   {total_kb:>8} kB\nBuffers:               0 kB\nCached:                0 kB\nSwapCached:            0 kB\nShmem:                 0 kB\nSReclaimable:          0 kB\nSwapTotal:             0 kB\nSwapFree:              0 kB\n"
@@ -120,13 +106,33 @@ impl ProcView {
     }
 }
 
-fn open_path(p: &Path, what: &str) -> Result<OwnedFd, MountError> {
-    nix::fcntl::open(
+/// The host's memory in kB (sysinfo(2)), 0 when unknown.
+fn host_memory_kb() -> u64 {
+    nix::sys::sysinfo::sysinfo()
+        .map(|i| i.ram_total() / 1024)
+        .unwrap_or(0)
+}
+
+/// When the host booted, in seconds since the epoch (what `btime` in `/proc/stat` says),
+/// from the real-time clock less the boot-time clock.
+fn boot_time() -> u64 {
+    use nix::time::{ClockId, clock_gettime};
+    let now = clock_gettime(ClockId::CLOCK_REALTIME).map_or(0, |t| t.tv_sec());
+    let up = clock_gettime(ClockId::CLOCK_BOOTTIME).map_or(0, |t| t.tv_sec());
+    u64::try_from(now.saturating_sub(up)).unwrap_or(0)
+}
+
+/// The entry `what` of the new procfs, `None` when this kernel has no such entry.
+fn open_path(p: &Path, what: &str) -> Result<Option<OwnedFd>, MountError> {
+    match nix::fcntl::open(
         p,
         nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NOFOLLOW,
         nix::sys::stat::Mode::empty(),
-    )
-    .map_err(nix_fail(format!("open /proc/{what}")))
+    ) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(nix::errno::Errno::ENOENT) => Ok(None),
+        Err(e) => Err(nix_fail(format!("open /proc/{what}"))(e)),
+    }
 }
 
 /// Mounts the sandbox's `/proc` under the new root being built at `root` (while the host's
@@ -149,10 +155,9 @@ pub fn build(root: &OwnedFd, view: &ProcView) -> Result<(), MountError> {
     // The view first: `sys` becomes read-only below, and a file bound over one of its
     // entries keeps its own (read-only) mount.
     for (i, (name, content)) in view.files.iter().enumerate() {
-        let at = staged.join(name);
-        if !at.exists() {
+        let Some(at) = open_path(&staged.join(name), name)? else {
             continue;
-        }
+        };
         let temp = stage_path(Path::new(&format!("/.proc-view-{i}")));
         let written = std::fs::OpenOptions::new()
             .write(true)
@@ -163,28 +168,27 @@ pub fn build(root: &OwnedFd, view: &ProcView) -> Result<(), MountError> {
         let tree = clone_tree(&temp, false).map_err(fail(format!("clone /proc/{name}")))?;
         set_attrs(tree.as_raw_fd(), None, flags, false)
             .map_err(fail(format!("flag /proc/{name}")))?;
-        attach(&tree, &open_path(&at, name)?).map_err(fail(format!("mount /proc/{name}")))?;
+        attach(&tree, &at).map_err(fail(format!("mount /proc/{name}")))?;
         // The mount holds the file now; the root keeps no trace of it.
         std::fs::remove_file(&temp).map_err(fail(format!("remove the view of /proc/{name}")))?;
     }
     for name in READONLY {
         let p = staged.join(name);
-        if !p.exists() {
+        let Some(at) = open_path(&p, name)? else {
             continue;
-        }
+        };
         let tree = clone_tree(&p, true).map_err(fail(format!("clone /proc/{name}")))?;
         set_attrs(tree.as_raw_fd(), None, flags, true)
             .map_err(fail(format!("flag /proc/{name}")))?;
-        attach(&tree, &open_path(&p, name)?).map_err(fail(format!("mount /proc/{name}")))?;
+        attach(&tree, &at).map_err(fail(format!("mount /proc/{name}")))?;
     }
     let null = stage_path(Path::new("/dev/null"));
     for name in MASKED_FILES {
-        let p = staged.join(name);
-        if !p.exists() {
+        let Some(at) = open_path(&staged.join(name), name)? else {
             continue;
-        }
+        };
         let tree = clone_tree(&null, false).map_err(fail("clone /dev/null"))?;
-        attach(&tree, &open_path(&p, name)?).map_err(fail(format!("mask /proc/{name}")))?;
+        attach(&tree, &at).map_err(fail(format!("mask /proc/{name}")))?;
     }
     for name in MASKED_DIRS {
         let p = staged.join(name);
@@ -239,9 +243,12 @@ mod tests {
     }
 
     #[test]
-    fn meminfo_fields_are_read_in_kb() {
-        let text = "MemTotal:       16318412 kB\nMemFree:  1 kB\n";
-        assert_eq!(meminfo_kb(text, "MemTotal"), Some(16318412));
-        assert_eq!(meminfo_kb(text, "Mem"), None);
+    fn the_boot_time_is_the_hosts() {
+        let host = std::fs::read_to_string("/proc/stat")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        assert!(boot_time().abs_diff(host) <= 1, "{} vs {host}", boot_time());
     }
 }

@@ -72,6 +72,7 @@ fn syscall_nr(name: &str) -> Option<i64> {
         "ioperm" => libc::SYS_ioperm,
         "userfaultfd" => libc::SYS_userfaultfd,
         "io_uring_setup" => libc::SYS_io_uring_setup,
+        "io_setup" => libc::SYS_io_setup,
         "open_by_handle_at" => libc::SYS_open_by_handle_at,
         "name_to_handle_at" => libc::SYS_name_to_handle_at,
         "process_vm_readv" => libc::SYS_process_vm_readv,
