@@ -29,6 +29,11 @@ pub const SOURCE: &str = include_str!("../../profiles/floor.toml");
 /// The rules the floor gains under an executable allowlist.
 pub const ALLOWLIST_SOURCE: &str = include_str!("../../profiles/floor-allowlist.toml");
 
+/// The same two files as JSON, made at build time (see `build.rs`), which is what is
+/// decoded at run time.
+const SOURCE_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/floor.json"));
+const ALLOWLIST_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/floor-allowlist.json"));
+
 /// The floor as it applies under one profile, compiled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Floor {
@@ -54,14 +59,10 @@ fn floor_error(origin: &str, message: String) -> ProfileError {
 /// Reads a floor file: its seccomp section, with syscall names this libseccomp does not
 /// know left out (noted), since a name it cannot resolve cannot be compiled at all. What
 /// remains is validated like any profile.
-fn parse(
-    source: &str,
-    origin: &str,
-    notes: &mut Vec<String>,
-) -> Result<SeccompPolicy, ProfileError> {
-    let profile: Profile = toml::from_str(source).map_err(|e| ProfileError::Parse {
+fn parse(json: &str, origin: &str, notes: &mut Vec<String>) -> Result<SeccompPolicy, ProfileError> {
+    let profile: Profile = serde_json::from_str(json).map_err(|e| ProfileError::Parse {
         origin: origin.to_string(),
-        message: super::describe_toml_error(source, &e),
+        message: e.to_string(),
     })?;
     let mut policy = profile.seccomp;
     for rule in &mut policy.rules {
@@ -100,10 +101,10 @@ impl Floor {
     pub fn new(profile: &SeccompPolicy, exec_allowlist: bool) -> Result<Floor, ProfileError> {
         let origin = "builtin:floor";
         let mut notes = Vec::new();
-        let mut policy = parse(SOURCE, origin, &mut notes)?;
+        let mut policy = parse(SOURCE_JSON, origin, &mut notes)?;
         let allowlist_from = policy.rules.len();
         if exec_allowlist {
-            let extra = parse(ALLOWLIST_SOURCE, "builtin:floor-allowlist", &mut notes)?;
+            let extra = parse(ALLOWLIST_JSON, "builtin:floor-allowlist", &mut notes)?;
             policy.rules.extend(extra.rules);
         }
         policy.architectures = architectures_for(profile).map_err(|m| floor_error(origin, m))?;
@@ -236,8 +237,10 @@ mod tests {
     #[test]
     fn names_this_libseccomp_does_not_know_are_left_out_with_a_note() -> TestResult {
         let src = "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n[[seccomp.rule]]\naction = \"errno\"\nerrno = 1\nsyscalls = [\"no_such_call\", \"ptrace\"]\n[[seccomp.rule]]\naction = \"errno\"\nerrno = 1\nsyscalls = [\"no_such_call_either\"]\n";
+        let value: toml::Value = toml::from_str(src)?;
+        let json = serde_json::to_string(&value)?;
         let mut notes = Vec::new();
-        let p = parse(src, "test", &mut notes)?;
+        let p = parse(&json, "test", &mut notes)?;
         assert_eq!(p.rules.len(), 1);
         assert_eq!(p.rules[0].syscalls, ["ptrace"]);
         assert_eq!(notes.len(), 2, "{notes:?}");

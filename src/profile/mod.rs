@@ -37,6 +37,23 @@ pub use seccomp::{
 /// reads, and a multi-megabyte one is either a mistake or an attack on the parser.
 pub const MAX_PROFILE_BYTES: usize = 1 << 20;
 
+/// The shipped profiles as JSON of the same shape, made from the TOML at build time
+/// (`build.rs`): decoding JSON costs a one-shot `run` a fraction of parsing the TOML.
+const BUILTIN_JSON: &[(&str, &str)] = &[
+    (
+        "default",
+        include_str!(concat!(env!("OUT_DIR"), "/default.json")),
+    ),
+    (
+        "strict",
+        include_str!(concat!(env!("OUT_DIR"), "/strict.json")),
+    ),
+    (
+        "compat",
+        include_str!(concat!(env!("OUT_DIR"), "/compat.json")),
+    ),
+];
+
 /// The profiles shipped inside the binary: (name, TOML source).
 pub const BUILTIN: &[(&str, &str)] = &[
     ("default", include_str!("../../profiles/default.toml")),
@@ -290,16 +307,27 @@ impl Profile {
     /// (a manifest signs a name, never a file that could change, or that a worker could
     /// plant in the directory its supervisor happens to run in).
     pub fn builtin(name: &str) -> Result<Profile, ProfileError> {
-        match BUILTIN.iter().find(|(n, _)| *n == name) {
-            Some((name, source)) => Profile::from_toml(source, &format!("builtin:{name}")),
-            None => Err(ProfileError::Unknown(name.to_string())),
-        }
+        let (Some((name, source)), Some((_, json))) = (
+            BUILTIN.iter().find(|(n, _)| *n == name),
+            BUILTIN_JSON.iter().find(|(n, _)| *n == name),
+        ) else {
+            return Err(ProfileError::Unknown(name.to_string()));
+        };
+        let origin = format!("builtin:{name}");
+        let mut profile: Profile = serde_json::from_str(json).map_err(|e| ProfileError::Parse {
+            origin: origin.clone(),
+            message: e.to_string(),
+        })?;
+        profile.origin = origin;
+        profile.sha256 = sha256_hex(source.as_bytes());
+        profile.validate(Some(source))?;
+        Ok(profile)
     }
 
     /// Resolves `--profile NAME|FILE`: a shipped profile by name, otherwise a file path.
     pub fn resolve(name_or_path: &str) -> Result<Profile, ProfileError> {
-        if let Some((name, source)) = BUILTIN.iter().find(|(n, _)| *n == name_or_path) {
-            return Profile::from_toml(source, &format!("builtin:{name}"));
+        if BUILTIN.iter().any(|(n, _)| *n == name_or_path) {
+            return Profile::builtin(name_or_path);
         }
         let looks_like_path = name_or_path.contains('/') || name_or_path.ends_with(".toml");
         let path = Path::new(name_or_path);
@@ -648,6 +676,37 @@ fn describe_toml_error(source: &str, err: &toml::de::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_build_time_json_of_every_shipped_profile_is_its_toml() -> Result<(), ProfileError> {
+        for (name, source) in BUILTIN {
+            let from_json = Profile::builtin(name)?;
+            let from_toml = Profile::from_toml(source, &format!("builtin:{name}"))?;
+            assert_eq!(from_json, from_toml, "{name}");
+            assert_eq!(from_json.sha256, from_toml.sha256, "{name}");
+        }
+        for (json, toml_src) in [
+            (
+                include_str!(concat!(env!("OUT_DIR"), "/floor.json")),
+                floor::SOURCE,
+            ),
+            (
+                include_str!(concat!(env!("OUT_DIR"), "/floor-allowlist.json")),
+                floor::ALLOWLIST_SOURCE,
+            ),
+        ] {
+            let a: Profile = serde_json::from_str(json).map_err(|e| ProfileError::Parse {
+                origin: "json".into(),
+                message: e.to_string(),
+            })?;
+            let b: Profile = toml::from_str(toml_src).map_err(|e| ProfileError::Parse {
+                origin: "toml".into(),
+                message: e.to_string(),
+            })?;
+            assert_eq!(a, b);
+        }
+        Ok(())
+    }
 
     #[test]
     fn builtin_profiles_parse_and_compile() -> Result<(), ProfileError> {

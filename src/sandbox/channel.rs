@@ -11,6 +11,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, recv, socketpair};
 
+use super::seccomp::LoadableFilter;
+
 /// Largest message either side sends; anything longer is truncated or refused.
 pub const MAX_MESSAGE: usize = 1024;
 
@@ -106,6 +108,46 @@ impl ToSandbox {
             )),
         }
     }
+}
+
+/// Tag of the message carrying the sandbox's filters.
+const FILTERS_TAG: u8 = 3;
+
+/// Sends the sandbox its seccomp filters, the floor's first (one packet).
+pub fn send_filters(
+    fd: impl AsFd,
+    floor: &LoadableFilter,
+    profile: &LoadableFilter,
+) -> io::Result<()> {
+    let mut out = Vec::with_capacity(5 + 8 * (floor.len() + profile.len()));
+    out.push(FILTERS_TAG);
+    floor.to_bytes(&mut out);
+    profile.to_bytes(&mut out);
+    send_bytes(fd.as_fd(), &out)
+}
+
+/// Receives the filters sent by [`send_filters`]: (floor, profile).
+pub fn recv_filters(fd: impl AsFd) -> io::Result<(LoadableFilter, LoadableFilter)> {
+    let bad = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "malformed filters from the supervisor",
+        )
+    };
+    let mut buf = vec![0u8; 1 + 2 * (2 + 8 * super::seccomp::MAX_INSTRUCTIONS)];
+    let n = recv_bytes(fd.as_fd(), &mut buf)?
+        .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "the supervisor went away"))?;
+    let msg = buf.get(..n).ok_or_else(bad)?;
+    let (&tag, rest) = msg.split_first().ok_or_else(bad)?;
+    if tag != FILTERS_TAG {
+        return Err(bad());
+    }
+    let (floor, rest) = LoadableFilter::from_bytes(rest).ok_or_else(bad)?;
+    let (profile, rest) = LoadableFilter::from_bytes(rest).ok_or_else(bad)?;
+    if !rest.is_empty() {
+        return Err(bad());
+    }
+    Ok((floor, profile))
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {

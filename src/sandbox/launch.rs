@@ -103,9 +103,6 @@ struct ChildContext<'a> {
     argv: Vec<CString>,
     env: Vec<CString>,
     path_var: String,
-    filter: LoadableFilter,
-    /// The seccomp floor, loaded just before `filter`.
-    floor: LoadableFilter,
     landlock: bool,
     unshare_cgroup: bool,
     /// The cgroup files the sandbox writes `0` to, first thing, to move itself in.
@@ -310,8 +307,6 @@ pub fn start(
         argv: to_cstrings(spec.argv.iter().cloned())?,
         env: to_cstrings(spec.env.iter().map(|(k, v)| format!("{k}={v}")))?,
         path_var,
-        filter: LoadableFilter::new(&spec.seccomp),
-        floor: LoadableFilter::new(&spec.seccomp_floor),
         landlock: enforcement.landlock_abi.is_some(),
         unshare_cgroup: spec.namespaces.cgroup,
         join_cgroup: join_files.iter().map(|f| f.as_raw_fd()).collect(),
@@ -384,6 +379,11 @@ pub fn start(
     ToSandbox::IdentityReady
         .send(&sandbox.channel)
         .map_err(|e| SandboxError::Internal(format!("sandbox went away during setup: {e}")))?;
+    // While the sandbox builds its root on the other processor: the filters (compiled
+    // here when they were not already).
+    let filters = spec.seccomp.compile()?;
+    let mut sandbox = sandbox;
+    sandbox.enforcement.record_filters(&filters);
     if !born_inside && ctx.join_cgroup.is_empty() {
         if let Some(cg) = &sandbox.cgroup {
             cg.attach(pid.as_raw()).map_err(cgroup_refused)?;
@@ -391,6 +391,11 @@ pub fn start(
     }
     // The sandbox may be gone already (a setup failure it reported): `wait` tells.
     let _ = ToSandbox::CgroupReady.send(&sandbox.channel);
+    let _ = channel::send_filters(
+        &sandbox.channel,
+        &LoadableFilter::new(&filters.floor),
+        &LoadableFilter::new(&filters.profile),
+    );
     Ok(sandbox)
 }
 
@@ -469,13 +474,18 @@ fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, F
     limits
         .apply()
         .map_err(|(what, e)| step_err(&what, e as i32))?;
+    // The filters the payload loads last (the supervisor compiled them meanwhile).
+    let Ok(filters) = channel::recv_filters(chan) else {
+        // SAFETY: the supervisor gave up on us; leave quietly.
+        unsafe { libc::_exit(SETUP_FAILED) }
+    };
     // Start from default dispositions (a launcher ignores termination signals), then
     // block what pid 1 collects with sigwaitinfo.
     process::reset_signals();
     init::block_signals();
     // SAFETY: this process is single-threaded (a clone of a single-threaded supervisor).
     match unsafe { nix::unistd::fork() }.map_err(|e| step_err("fork the payload", e as i32))? {
-        ForkResult::Child => payload(ctx, chan),
+        ForkResult::Child => payload(ctx, chan, &filters),
         ForkResult::Parent { child } => {
             process::close_fds_from(0, &[chan.as_raw_fd()]);
             // pid 1 keeps no privilege it does not need to reap and forward signals.
@@ -488,9 +498,14 @@ fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, F
 }
 
 /// The payload process: locks itself down and becomes the user's command.
-fn payload(ctx: &ChildContext<'_>, chan: &OwnedFd) -> ! {
-    let result =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| payload_steps(ctx, chan)));
+fn payload(
+    ctx: &ChildContext<'_>,
+    chan: &OwnedFd,
+    filters: &(LoadableFilter, LoadableFilter),
+) -> ! {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        payload_steps(ctx, chan, filters)
+    }));
     let (msg, code) = match result {
         Ok(Err((msg, code))) => (msg, code),
         Ok(Ok(never)) => match never {},
@@ -501,7 +516,11 @@ fn payload(ctx: &ChildContext<'_>, chan: &OwnedFd) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-fn payload_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, (FromSandbox, i32)> {
+fn payload_steps(
+    ctx: &ChildContext<'_>,
+    chan: &OwnedFd,
+    (floor, filter): &(LoadableFilter, LoadableFilter),
+) -> Result<Infallible, (FromSandbox, i32)> {
     let spec = ctx.spec;
     let fail = |step: &str, errno: i32| (step_err(step, errno), SETUP_FAILED);
     process::reset_signals();
@@ -620,11 +639,11 @@ fn payload_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, (
         .send(chan);
     }
     // The floor first: the profile's filter may not allow seccomp(2) itself.
-    ctx.floor
+    floor
         .load()
         .map_err(|errno| fail("seccomp (floor)", errno))?;
     // Last: from here on every syscall, execve included, goes through the filter.
-    ctx.filter.load().map_err(|errno| fail("seccomp", errno))?;
+    filter.load().map_err(|errno| fail("seccomp", errno))?;
     let errno = process::exec(&ctx.argv, &ctx.env, &ctx.path_var);
     let code = if errno == libc::ENOENT || errno == libc::ENOTDIR {
         127

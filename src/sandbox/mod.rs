@@ -36,7 +36,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::profile::{NamespacePolicy, Rlimit, SeccompProgram};
+use crate::profile::{NamespacePolicy, Profile, Rlimit, SeccompProgram};
 use cgroup::{CgroupManager, Limits};
 
 pub use launch::{Failure, Outcome, Sandbox, start};
@@ -55,7 +55,8 @@ pub struct SandboxSpec {
     pub landlock: landlock::LandlockRules,
     pub landlock_min_abi: u8,
     pub rlimits: Vec<Rlimit>,
-    pub seccomp: SeccompProgram,
+    /// The seccomp filters: the floor's and the profile's (see [`SeccompSource`]).
+    pub seccomp: SeccompSource,
     pub profile_name: String,
     pub profile_sha256: String,
     pub limits: Limits,
@@ -80,11 +81,47 @@ pub struct SandboxSpec {
     /// The executable allowlist, when there is one (its Landlock rules and mounts are
     /// already in `landlock` and `rootfs`).
     pub exec_allowlist: Option<exec::ExecAllowlist>,
-    /// The seccomp floor's filter, loaded before the profile's under every profile (with
-    /// the allowlist rules when there is an allowlist; see [`crate::profile::floor`]).
-    pub seccomp_floor: SeccompProgram,
+}
+
+/// A sandbox's two seccomp filters, compiled: the floor's, loaded first under every
+/// profile (with the allowlist rules when there is an allowlist; see
+/// [`crate::profile::floor`]), and the profile's, loaded last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Filters {
+    pub floor: SeccompProgram,
+    pub profile: SeccompProgram,
     /// Floor rules this system's libseccomp could not compile (names it does not know).
-    pub seccomp_floor_notes: Vec<String>,
+    pub floor_notes: Vec<String>,
+}
+
+/// Where a sandbox's filters come from.
+#[derive(Debug, Clone)]
+pub enum SeccompSource {
+    /// Compiled already (the controller's launcher compiles each profile once).
+    Compiled(Filters),
+    /// Compiled from this (narrowed) profile by the supervisor once the sandbox is cloned,
+    /// while the sandbox builds its root on the other processor: compiling with libseccomp
+    /// is most of what a one-shot `run` does before the clone, and the payload needs the
+    /// filters only after that.
+    Deferred(Box<Profile>),
+}
+
+impl SeccompSource {
+    pub fn compile(&self) -> Result<Filters, SandboxError> {
+        match self {
+            SeccompSource::Compiled(f) => Ok(f.clone()),
+            SeccompSource::Deferred(profile) => {
+                let invalid =
+                    |e: crate::profile::ProfileError| SandboxError::Invalid(e.to_string());
+                let floor = profile.floor().map_err(invalid)?;
+                Ok(Filters {
+                    profile: profile.compile_seccomp().map_err(invalid)?,
+                    floor: floor.program,
+                    floor_notes: floor.notes,
+                })
+            }
+        }
+    }
 }
 
 /// What is enforced for a sandbox, and by what: the `enforcement` object of the report.
@@ -124,6 +161,23 @@ pub struct Enforcement {
     /// rlimits standing in for cgroup limits the host cannot enforce (degraded runs only).
     #[serde(skip)]
     pub fallback_rlimits: Vec<Rlimit>,
+}
+
+impl Enforcement {
+    /// Says what the compiled `filters` are (sizes, floor rules left out).
+    pub fn record_filters(&mut self, filters: &Filters) {
+        if self.seccomp == "none" {
+            return;
+        }
+        self.seccomp = format!("filter ({} instructions)", filters.profile.len());
+        self.seccomp_floor = format!("filter ({} instructions)", filters.floor.len());
+        for note in &filters.floor_notes {
+            let note = format!("seccomp floor: {note}");
+            if !self.not_enforced.contains(&note) {
+                self.not_enforced.push(note);
+            }
+        }
+    }
 }
 
 /// How an executable allowlist is enforced: the `enforcement.exec_allowlist` object of the
@@ -245,12 +299,12 @@ pub fn preflight(spec: &SandboxSpec, host: &Host) -> Result<Enforcement, Sandbox
         }
     }
 
-    // seccomp
+    // seccomp (the instruction counts are filled in once the filters are compiled)
     if host.seccomp {
-        e.seccomp = format!("filter ({} instructions)", spec.seccomp.len());
-        e.seccomp_floor = format!("filter ({} instructions)", spec.seccomp_floor.len());
-        for note in &spec.seccomp_floor_notes {
-            e.not_enforced.push(format!("seccomp floor: {note}"));
+        e.seccomp = "filter".into();
+        e.seccomp_floor = "filter".into();
+        if let SeccompSource::Compiled(f) = &spec.seccomp {
+            e.record_filters(f);
         }
     } else if spec.allow_degraded {
         e.seccomp = "none".into();

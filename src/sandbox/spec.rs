@@ -15,7 +15,7 @@ use super::idpool::{self, IdRanges};
 use super::landlock::LandlockRules;
 use super::mounts::{self, Bind, RootfsPlan};
 use super::userns::Identity;
-use super::{DEFAULT_PATH, SandboxError, SandboxSpec};
+use super::{DEFAULT_PATH, Filters, SandboxError, SandboxSpec, SeccompSource};
 
 /// A host path exposed at the same path inside.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,13 +91,13 @@ pub fn build(
     profile: &Profile,
     caller_cwd: Option<&Path>,
 ) -> Result<SandboxSpec, SandboxError> {
-    let seccomp = profile
-        .compile_seccomp()
-        .map_err(|e| SandboxError::Invalid(e.to_string()))?;
-    let floor = profile
-        .floor()
-        .map_err(|e| SandboxError::Invalid(e.to_string()))?;
-    build_compiled(req, profile, seccomp, &floor, caller_cwd)
+    // A profile is validated when it is read; its filters are compiled later.
+    build_with(
+        req,
+        profile,
+        SeccompSource::Deferred(Box::new(profile.clone())),
+        caller_cwd,
+    )
 }
 
 /// [`build`] with the profile's filter and its seccomp floor already compiled (the
@@ -110,13 +110,27 @@ pub fn build_compiled(
     floor: &Floor,
     caller_cwd: Option<&Path>,
 ) -> Result<SandboxSpec, SandboxError> {
-    let invalid = SandboxError::Invalid;
     if !floor.fits(profile) {
         return Err(SandboxError::Internal(format!(
             "the seccomp floor given for profile {} was compiled for other ABIs or another allowlist setting",
             profile.name
         )));
     }
+    let filters = Filters {
+        floor: floor.program.clone(),
+        profile: seccomp,
+        floor_notes: floor.notes.clone(),
+    };
+    build_with(req, profile, SeccompSource::Compiled(filters), caller_cwd)
+}
+
+fn build_with(
+    req: RunRequest,
+    profile: &Profile,
+    seccomp: SeccompSource,
+    caller_cwd: Option<&Path>,
+) -> Result<SandboxSpec, SandboxError> {
+    let invalid = SandboxError::Invalid;
     if req.command.is_empty() || req.command[0].is_empty() {
         return Err(invalid(
             "no command given (usage: hatchery run [OPTIONS] -- COMMAND [ARGS...])".into(),
@@ -316,8 +330,6 @@ pub fn build_compiled(
         cgroup_name: req.cgroup_name,
         allow_degraded: req.allow_degraded,
         exec_allowlist,
-        seccomp_floor: floor.program.clone(),
-        seccomp_floor_notes: floor.notes.clone(),
     })
 }
 
@@ -459,7 +471,8 @@ mod tests {
         );
         let floor = Floor::new(&p.seccomp, true)?;
         assert_eq!(
-            spec.seccomp_floor, floor.program,
+            spec.seccomp.compile()?.floor,
+            floor.program,
             "the floor with its allowlist rules"
         );
         Ok(())
@@ -545,7 +558,10 @@ mod tests {
         let p = Profile::resolve("default")?;
         let spec = build(request(&["true"]), &p, None)?;
         assert!(spec.exec_allowlist.is_none());
-        assert_eq!(spec.seccomp_floor, Floor::new(&p.seccomp, false)?.program);
+        assert_eq!(
+            spec.seccomp.compile()?.floor,
+            Floor::new(&p.seccomp, false)?.program
+        );
         assert!(!spec.rootfs.noexec_tmp);
         assert!(spec.landlock.read.contains(&PathBuf::from("/usr")));
         assert!(spec.landlock.exec_files.is_empty());
@@ -603,14 +619,16 @@ mod tests {
     fn floor_rules_libseccomp_cannot_compile_are_reported_as_not_enforced()
     -> Result<(), Box<dyn std::error::Error>> {
         let p = Profile::resolve("default")?;
-        let mut spec = build(request(&["true"]), &p, None)?;
+        let spec = build(request(&["true"]), &p, None)?;
         let host = super::super::Host {
             cgroups: None,
             cgroup_problem: Some("none here".into()),
             landlock_abi: Some(6),
             seccomp: true,
         };
-        let e = super::super::preflight(&spec, &host)?;
+        let mut filters = spec.seccomp.compile()?;
+        let mut e = super::super::preflight(&spec, &host)?;
+        e.record_filters(&filters);
         assert!(
             !e.not_enforced
                 .iter()
@@ -623,8 +641,9 @@ mod tests {
             "{}",
             e.seccomp_floor
         );
-        spec.seccomp_floor_notes = vec!["fchmodat2 unknown".into()];
-        let e = super::super::preflight(&spec, &host)?;
+        filters.floor_notes = vec!["fchmodat2 unknown".into()];
+        let mut e = super::super::preflight(&spec, &host)?;
+        e.record_filters(&filters);
         assert!(
             e.not_enforced
                 .contains(&"seccomp floor: fchmodat2 unknown".to_string()),

@@ -387,18 +387,12 @@ pub fn restore_securebits(securebits: libc::c_int) -> nix::Result<()> {
 
 /// What a sandbox may hold of the kernel objects that no cgroup accounts, set on its own
 /// user namespace (`/proc/sys/user/max_*` are per user namespace, and bound everything
-/// created in it whatever the host allows). No new namespaces of any kind, anonymous mount
-/// namespaces included (seccomp refuses them too), and a modest share of inotify and
+/// created in it whatever the host allows): no user namespace of its own — without one no
+/// process in the sandbox can hold the capability any other kind of namespace needs, so
+/// none can be made (seccomp refuses them too) — and a modest share of inotify and
 /// fanotify, which the kernel otherwise charges up to the creator of the namespace.
-pub const KERNEL_OBJECT_LIMITS: [(&str, u64); 12] = [
+pub const KERNEL_OBJECT_LIMITS: [(&str, u64); 5] = [
     ("max_user_namespaces", 0),
-    ("max_pid_namespaces", 0),
-    ("max_net_namespaces", 0),
-    ("max_mnt_namespaces", 0),
-    ("max_ipc_namespaces", 0),
-    ("max_uts_namespaces", 0),
-    ("max_time_namespaces", 0),
-    ("max_cgroup_namespaces", 0),
     ("max_inotify_instances", 64),
     ("max_inotify_watches", 65536),
     ("max_fanotify_groups", 16),
