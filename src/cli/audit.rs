@@ -148,24 +148,30 @@ fn problem(e: &audit::AuditError) -> Problem {
     }
 }
 
-fn check(a: &VerifyArgs, out: &mut Outcome) -> Result<(), audit::AuditError> {
+/// Why `audit verify` did not find the trail intact.
+enum Failure {
+    Audit(audit::AuditError),
+    /// The key could not be loaded: nothing could be checked.
+    Key(anyhow::Error),
+}
+
+impl From<audit::AuditError> for Failure {
+    fn from(e: audit::AuditError) -> Failure {
+        Failure::Audit(e)
+    }
+}
+
+fn check(a: &VerifyArgs, out: &mut Outcome) -> Result<(), Failure> {
     // Whether a trail vanished needs no key: asked first, so a wiped key hides nothing.
     if let audit::TrailState::Vanished { evidence } =
         audit::trail_state(&out.state_dir, a.anchor.as_deref())?
     {
-        return Err(audit::AuditError::Vanished {
+        return Err(Failure::Audit(audit::AuditError::Vanished {
             path: out.state_dir.join(audit::LOG_FILE),
             evidence,
-        });
+        }));
     }
-    let k = key(&a.state).map_err(|e| audit::AuditError::Io {
-        path: a
-            .state
-            .key
-            .clone()
-            .unwrap_or_else(|| out.state_dir.join("controller.key")),
-        source: std::io::Error::other(format!("{e:#}")),
-    })?;
+    let k = key(&a.state).map_err(Failure::Key)?;
     let (summary, report) = audit::verify_with_anchor(&out.state_dir, &k, a.anchor.as_deref())?;
     out.entries = Some(summary.entries);
     out.last_hash = Some(summary.last_hash);
@@ -188,11 +194,19 @@ fn verify(a: &VerifyArgs) -> i32 {
     let result = check(a, &mut out);
     let code = match &result {
         Ok(()) => 0,
-        Err(e) if e.is_damage() => 1,
+        Err(Failure::Audit(e)) if e.is_damage() => 1,
         Err(_) => 2,
     };
     out.intact = code == 0;
-    if let Err(e) = &result {
+    if let Err(Failure::Key(e)) = &result {
+        out.problem = Some(Problem {
+            kind: "error",
+            at: None,
+            evidence: Vec::new(),
+            message: format!("{e:#}"),
+        });
+    }
+    if let Err(Failure::Audit(e)) = &result {
         if let (Some(path), None) = (&a.anchor, &out.anchor) {
             if matches!(
                 e,
@@ -247,8 +261,9 @@ fn verify(a: &VerifyArgs) -> i32 {
                 );
             }
         }
-        Err(e) if code == 1 => println!("{e}"),
-        Err(e) => eprintln!("hatchery: {e}"),
+        Err(Failure::Audit(e)) if code == 1 => println!("{e}"),
+        Err(Failure::Audit(e)) => eprintln!("hatchery: {e}"),
+        Err(Failure::Key(e)) => eprintln!("hatchery: {e:#}"),
     }
     code
 }

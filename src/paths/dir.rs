@@ -495,8 +495,9 @@ impl Dir {
     pub fn is_within(&self, other: &Dir) -> io::Result<bool> {
         let target = other.stat()?;
         let target = (target.st_dev, target.st_ino);
+        // O_PATH: walking up needs only search permission, not the right to list.
         let how = OpenHow::new()
-            .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
             .resolve(no_symlinks());
         let mut current = self.fd.try_clone()?;
         // Deeper than any real tree; a loop cannot outlast it.
