@@ -10,6 +10,20 @@
 //!
 //! Durability: [`AuditLog::append`] buffers; [`AuditLog::sync`] writes, `fdatasync`s and
 //! updates the head. A security decision is synced before it takes effect.
+//!
+//! A trail that vanished: the chain and the head cannot tell an emptied or removed trail
+//! from one never begun, so [`AuditLog::start`] and [`verify`] first ask the state
+//! directory whether a trail was kept there (see [`survey`]) and refuse one that vanished,
+//! unless a new trail is begun on purpose; every trail's first entry
+//! (`audit_trail_started`) records how and why it was begun.
+//!
+//! A trail rolled back to an older copy is a valid chain too: the [`anchor`] keeps every
+//! synced head outside the state directory, and a trail that lacks an anchored head is
+//! refused.
+
+pub mod anchor;
+
+pub use anchor::{Anchor, AnchorReport, AnchorTarget};
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -24,6 +38,12 @@ use sha2::{Digest, Sha256};
 
 pub const LOG_FILE: &str = "audit.jsonl";
 pub const HEAD_FILE: &str = "audit.head";
+/// The state directory's key file (the default `--key`), created with the first trail.
+const KEY_FILE: &str = "controller.key";
+/// Written by a running controller, removed when it stops.
+const PID_FILE: &str = "controller.pid";
+/// Worker logs, one per worker that ever ran.
+const WORKERS_DIR: &str = "workers";
 const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 /// Longest line `verify` and `tail` read; longer ones are reported as malformed.
 const MAX_LINE: usize = 256 * 1024;
@@ -59,6 +79,9 @@ pub mod event {
     pub const APPROVAL_DENIED: &str = "approval_denied";
     pub const APPROVAL_TIMEOUT: &str = "approval_timeout";
     pub const APPROVAL_REFUSED: &str = "approval_refused";
+    /// A trail's first entry: how and why it was begun (details `reason`,
+    /// `new_audit_trail`, `evidence`).
+    pub const AUDIT_TRAIL_STARTED: &str = "audit_trail_started";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +94,47 @@ pub enum AuditError {
         line: u64,
         reason: String,
     },
+    #[error(
+        "audit trail {path} has vanished: {}; refusing to go on without it: put it back, or begin a new trail with `hatchery controller --new-audit-trail` (its first entry records this)",
+        evidence.join("; ")
+    )]
+    Vanished {
+        path: PathBuf,
+        evidence: Vec<String>,
+    },
+    #[error(
+        "--new-audit-trail refused: {path} holds an audit trail ({bytes} bytes), and a trail is never replaced: start without --new-audit-trail (a damaged trail is evidence: move it aside yourself first)"
+    )]
+    TrailExists { path: PathBuf, bytes: u64 },
+    #[error("audit anchor {anchor}{}: {reason}", line.map(|l| format!(" line {l}")).unwrap_or_default())]
+    Anchor {
+        anchor: String,
+        line: Option<u64>,
+        reason: String,
+    },
+    #[error(
+        "audit trail {path} does not match the anchor {anchor} at entry {seq}: {reason}; the controller refuses such a trail (see `hatchery audit verify --anchor`)"
+    )]
+    RolledBack {
+        path: PathBuf,
+        anchor: String,
+        seq: u64,
+        reason: String,
+    },
+}
+
+impl AuditError {
+    /// Whether this is something wrong with the trail or the anchor's content (damage to
+    /// report), rather than a failure to read or write them.
+    pub fn is_damage(&self) -> bool {
+        match self {
+            AuditError::Damaged { .. }
+            | AuditError::Vanished { .. }
+            | AuditError::RolledBack { .. } => true,
+            AuditError::Anchor { line, .. } => line.is_some(),
+            AuditError::Io { .. } | AuditError::TrailExists { .. } => false,
+        }
+    }
 }
 
 /// One entry, as stored.
@@ -213,15 +277,140 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Where a state directory's trail stands before anyone opens it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TrailState {
+    /// `audit.jsonl` has content (whether it is intact is for [`verify`] to say).
+    Present { bytes: u64 },
+    /// No entries, and nothing says a trail was ever kept here: a new state directory.
+    New,
+    /// No entries, but the directory (or the anchor) shows that a trail was kept: it was
+    /// removed or emptied.
+    Vanished { evidence: Vec<String> },
+}
+
+/// Asks the state directory whether a trail was kept in it. The rule: a trail is expected
+/// wherever any of these is found, because a controller creates each only after (or
+/// together with) its trail's first entry, and never leaves `audit.jsonl` empty:
+///
+/// - `audit.head` (it names the last synced entry);
+/// - an empty `audit.jsonl` (the file is created with its first entry in it);
+/// - the key file `controller.key`, unless this very start created it (a trail is begun
+///   right after its key);
+/// - `controller.pid` (a controller ran here and did not stop cleanly);
+/// - worker logs in `workers/` (workers ran, so decisions were recorded);
+/// - anchored heads in the anchor file the controller is started with.
+///
+/// The lock file and an empty `workers/` are not evidence: a start that fails before
+/// its first entry leaves them behind.
+pub fn survey(
+    dir: &Dir,
+    key_created: bool,
+    anchor: Option<(&File, &str)>,
+) -> Result<TrailState, AuditError> {
+    let at = |name: &str| dir.path().join(name);
+    let log_path = at(LOG_FILE);
+    let mut evidence = Vec::new();
+    if let Some(st) = dir.stat_entry(LOG_FILE).map_err(io_err(&log_path))? {
+        let bytes = u64::try_from(st.st_size).unwrap_or(0);
+        if bytes > 0 {
+            return Ok(TrailState::Present { bytes });
+        }
+        evidence.push(format!(
+            "{LOG_FILE} is empty (a trail is created with its first entry in it)"
+        ));
+    }
+    let head_path = at(HEAD_FILE);
+    if let Some(bytes) = dir.read(HEAD_FILE, 64 << 10).map_err(io_err(&head_path))? {
+        evidence.push(match serde_json::from_slice::<Head>(&bytes) {
+            Ok(head) => format!("{HEAD_FILE} records {} synced entries", head.seq),
+            Err(_) => format!("{HEAD_FILE} exists"),
+        });
+    }
+    if !key_created
+        && dir
+            .stat_entry(KEY_FILE)
+            .map_err(io_err(&at(KEY_FILE)))?
+            .is_some()
+    {
+        evidence.push(format!(
+            "the key file {KEY_FILE} exists (created together with the first trail)"
+        ));
+    }
+    if dir
+        .stat_entry(PID_FILE)
+        .map_err(io_err(&at(PID_FILE)))?
+        .is_some()
+    {
+        evidence.push(format!(
+            "{PID_FILE} exists (a controller ran here and did not stop cleanly)"
+        ));
+    }
+    let workers_path = at(WORKERS_DIR);
+    if let Some(workers) = dir
+        .open_subdir(WORKERS_DIR)
+        .map_err(io_err(&workers_path))?
+    {
+        let logs = workers.names().map_err(io_err(&workers_path))?.len();
+        if logs > 0 {
+            evidence.push(format!(
+                "{WORKERS_DIR}/ holds {logs} worker log{} (workers ran here)",
+                if logs == 1 { "" } else { "s" }
+            ));
+        }
+    }
+    if let Some((file, name)) = anchor {
+        if let Some(e) = anchor::tally(file, name)?.evidence(name) {
+            evidence.push(e);
+        }
+    }
+    Ok(if evidence.is_empty() {
+        TrailState::New
+    } else {
+        TrailState::Vanished { evidence }
+    })
+}
+
+/// [`survey`] of the state directory at `dir`, with an anchor file if one is named (for
+/// `audit verify`, which needs no key for it).
+pub fn trail_state(dir: &Path, anchor: Option<&Path>) -> Result<TrailState, AuditError> {
+    let held = Dir::open(dir).map_err(io_err(dir))?;
+    let anchor = open_anchor_file(anchor)?;
+    survey(&held, false, anchor.as_ref().map(|(f, n)| (f, n.as_str())))
+}
+
+fn open_anchor_file(path: Option<&Path>) -> Result<Option<(File, String)>, AuditError> {
+    path.map(|p| Ok((anchor::open_for_reading(p)?, p.display().to_string())))
+        .transpose()
+}
+
+/// How a controller begins with its trail (see [`AuditLog::start`]).
+#[derive(Debug, Default)]
+pub struct Start {
+    /// `--new-audit-trail`: begin a trail where an earlier one vanished.
+    pub new_trail: bool,
+    /// The key file was created by this start (so it is no evidence of an earlier trail).
+    pub key_created: bool,
+    /// Checked against the trail now, written with every synced head from now on.
+    pub anchor: Option<Anchor>,
+    /// The controller's session, carried by every anchor line.
+    pub session: String,
+}
+
 /// The writer side: one per controller.
 pub struct AuditLog {
     /// The state directory, held open: every file of the trail is reached through it.
     dir: Dir,
-    file: File,
+    /// `None` until the first sync of a new trail creates the file with its entries.
+    file: Option<File>,
     key: AuditKey,
     seq: u64,
     last_hash: String,
+    /// The first entry's hash: the trail's identity in the anchor.
+    first_hash: Option<String>,
     pending: Vec<u8>,
+    anchor: Option<anchor::AnchorWriter>,
+    session: String,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> AuditError + '_ {
@@ -232,28 +421,100 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> AuditError + '_ {
 }
 
 impl AuditLog {
-    /// Opens (or creates) the trail in `dir`, verifying the existing chain first: a damaged
-    /// trail is refused, never silently continued.
+    /// Opens (or begins) the trail in `dir` with no anchor: [`AuditLog::start`] with
+    /// the defaults.
     pub fn open(dir: &Path, key: AuditKey) -> Result<AuditLog, AuditError> {
+        AuditLog::start(dir, key, Start::default())
+    }
+
+    /// Opens the trail in `dir` to continue it, or begins one, deciding by what the
+    /// directory holds ([`survey`]):
+    ///
+    /// - a trail: its chain is verified, then checked against the anchor's heads; a
+    ///   damaged or rolled-back trail is refused, never silently continued, and so is
+    ///   `new_trail` (an existing trail is never replaced);
+    /// - no trail, no evidence of one: a trail is begun;
+    /// - no trail, but evidence of one: refused, unless `new_trail`.
+    ///
+    /// A trail begun here gets its first entry, `audit_trail_started`, synced before
+    /// this returns: why it was begun and what evidence of an earlier trail there was.
+    ///
+    /// No thread is started here (the controller forks after this); the anchor's writer
+    /// starts at the next sync.
+    pub fn start(dir: &Path, key: AuditKey, start: Start) -> Result<AuditLog, AuditError> {
         let path = dir.join(LOG_FILE);
         let held = Dir::open(dir).map_err(io_err(dir))?;
-        let summary = if held.stat_entry(LOG_FILE).map_err(io_err(&path))?.is_some() {
-            verify_in(&held, &key)?
-        } else {
-            VerifySummary {
-                entries: 0,
-                last_hash: GENESIS.to_string(),
+        let anchor_file = match &start.anchor {
+            Some(a) => a.read()?.map(|f| (f, a.target().to_string())),
+            None => None,
+        };
+        let state = survey(
+            &held,
+            start.key_created,
+            anchor_file.as_ref().map(|(f, n)| (f, n.as_str())),
+        )?;
+        let (summary, begin) = match state {
+            TrailState::Present { bytes } => {
+                if start.new_trail {
+                    return Err(AuditError::TrailExists { path, bytes });
+                }
+                let summary = verify_in(&held, &key)?;
+                if let Some((file, name)) = &anchor_file {
+                    anchor::check(&held, &key, &summary, file, name)?;
+                }
+                (summary, None)
+            }
+            TrailState::New => {
+                let reason = if start.new_trail {
+                    "a new trail was asked for (--new-audit-trail); no earlier trail was found"
+                } else {
+                    "the first start in this state directory"
+                };
+                (VerifySummary::empty(), Some((reason, Vec::new())))
+            }
+            TrailState::Vanished { evidence } => {
+                if !start.new_trail {
+                    return Err(AuditError::Vanished { path, evidence });
+                }
+                let reason = "the earlier trail vanished (removed or emptied); a new one was begun with --new-audit-trail";
+                (VerifySummary::empty(), Some((reason, evidence)))
             }
         };
-        let file = held.open_append(LOG_FILE, 0o600).map_err(io_err(&path))?;
-        Ok(AuditLog {
+        let file = match held.stat_entry(LOG_FILE).map_err(io_err(&path))? {
+            Some(_) => Some(held.open_append(LOG_FILE, 0o600).map_err(io_err(&path))?),
+            None => None,
+        };
+        let mut log = AuditLog {
             dir: held,
             file,
             key,
             seq: summary.entries,
             last_hash: summary.last_hash,
+            first_hash: summary.first_hash,
             pending: Vec::new(),
-        })
+            anchor: start.anchor.map(Anchor::into_writer),
+            session: start.session,
+        };
+        if let Some(writer) = &mut log.anchor {
+            writer.hold(true);
+        }
+        if let Some((reason, evidence)) = begin {
+            log.record(
+                event::AUDIT_TRAIL_STARTED,
+                "controller",
+                None,
+                serde_json::json!({
+                    "reason": reason,
+                    "new_audit_trail": start.new_trail,
+                    "evidence": evidence,
+                    "key_created": start.key_created,
+                }),
+            )?;
+        }
+        if let Some(writer) = &mut log.anchor {
+            writer.hold(false);
+        }
+        Ok(log)
     }
 
     /// Adds an entry (buffered until [`sync`](Self::sync)).
@@ -283,17 +544,27 @@ impl AuditLog {
         }
         self.seq = entry.seq;
         self.last_hash = entry.hash.clone();
+        if self.first_hash.is_none() {
+            self.first_hash = Some(entry.hash.clone());
+        }
         entry
     }
 
-    /// Writes what is buffered, makes it durable, and moves the head.
+    /// Writes what is buffered, makes it durable, moves the head, and then hands the new
+    /// head to the anchor. An anchor that is failing makes this an error too (after the
+    /// trail itself was written): the caller treats it as a trail that cannot be written.
     pub fn sync(&mut self) -> Result<(), AuditError> {
         if self.pending.is_empty() {
             return Ok(());
         }
         let path = self.dir.path().join(LOG_FILE);
-        self.file.write_all(&self.pending).map_err(io_err(&path))?;
-        self.file.sync_data().map_err(io_err(&path))?;
+        match &mut self.file {
+            Some(file) => {
+                file.write_all(&self.pending).map_err(io_err(&path))?;
+                file.sync_data().map_err(io_err(&path))?;
+            }
+            None => self.file = Some(self.create_trail().map_err(io_err(&path))?),
+        }
         self.pending.clear();
         let head = Head {
             seq: self.seq,
@@ -305,7 +576,30 @@ impl AuditLog {
         self.dir
             .write_atomically(HEAD_FILE, &json, 0o600)
             .map_err(io_err(&head_path))?;
+        if let (Some(writer), Some(trail)) = (&mut self.anchor, &self.first_hash) {
+            let line =
+                anchor::AnchorLine::new(&self.key, trail, &self.session, self.seq, &self.last_hash);
+            writer.submit(line.render())?;
+        }
         Ok(())
+    }
+
+    /// Creates `audit.jsonl` with the pending entries already in it (a new file, made
+    /// durable and only then given its name), so that the file is never seen empty: an
+    /// empty trail file is evidence that a trail was emptied.
+    fn create_trail(&self) -> io::Result<File> {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        let mut staged = self.dir.stage(LOG_FILE, 0o600)?;
+        if let Err(e) = staged.file.write_all(&self.pending) {
+            self.dir.discard(staged);
+            return Err(e);
+        }
+        let keep = staged.file.try_clone()?;
+        self.dir.publish(staged, LOG_FILE)?;
+        let flags = fcntl(&keep, FcntlArg::F_GETFL).map_err(io::Error::from)?;
+        let flags = OFlag::from_bits_truncate(flags) | OFlag::O_APPEND;
+        fcntl(&keep, FcntlArg::F_SETFL(flags)).map_err(io::Error::from)?;
+        Ok(keep)
     }
 
     /// Appends and syncs: for decisions that must be on disk before they take effect.
@@ -331,10 +625,26 @@ impl AuditLog {
 }
 
 /// What a successful verification saw.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct VerifySummary {
     pub entries: u64,
     pub last_hash: String,
+    /// The first entry's hash: names the trail in the anchor.
+    pub first_hash: Option<String>,
+    /// The trail was begun with `--new-audit-trail` (its first entry says so): anchored
+    /// heads of an earlier trail of the same key are expected.
+    pub new_trail: bool,
+}
+
+impl VerifySummary {
+    fn empty() -> VerifySummary {
+        VerifySummary {
+            entries: 0,
+            last_hash: GENESIS.to_string(),
+            first_hash: None,
+            new_trail: false,
+        }
+    }
 }
 
 /// Reads one line (bounded); `Ok(None)` at the end.
@@ -350,9 +660,44 @@ fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<Option<()>> 
     Ok(Some(()))
 }
 
-/// Checks the whole trail in `dir`: every entry's sequence, chain link, hash and MAC, and
-/// the head. Returns the first problem found.
+/// Checks the trail in `dir`: first that it has not vanished ([`survey`]), then every
+/// entry's sequence, chain link, hash and MAC, and the head. Returns the first problem
+/// found.
 pub fn verify(dir: &Path, key: &AuditKey) -> Result<VerifySummary, AuditError> {
+    verify_with_anchor(dir, key, None).map(|(summary, _)| summary)
+}
+
+/// [`verify`], and then the trail against the heads an anchor file holds
+/// ([`anchor::check`]); an anchor with heads is evidence of a trail too.
+pub fn verify_with_anchor(
+    dir: &Path,
+    key: &AuditKey,
+    anchor_path: Option<&Path>,
+) -> Result<(VerifySummary, Option<AnchorReport>), AuditError> {
+    let held = Dir::open(dir).map_err(io_err(dir))?;
+    let anchor = open_anchor_file(anchor_path)?;
+    let anchor = anchor.as_ref().map(|(f, n)| (f, n.as_str()));
+    match survey(&held, false, anchor)? {
+        TrailState::Vanished { evidence } => {
+            return Err(AuditError::Vanished {
+                path: dir.join(LOG_FILE),
+                evidence,
+            });
+        }
+        TrailState::New | TrailState::Present { .. } => {}
+    }
+    let summary = verify_in(&held, key)?;
+    let report = match anchor {
+        Some((file, name)) => Some(anchor::check(&held, key, &summary, file, name)?),
+        None => None,
+    };
+    Ok((summary, report))
+}
+
+/// Checks the chain and the head of the trail in `dir` only, without asking whether a
+/// trail should be there: an emptied trail with its head removed passes as "0 entries".
+/// [`verify`] is the check to use; this is the part of it the chain can answer.
+pub fn verify_chain(dir: &Path, key: &AuditKey) -> Result<VerifySummary, AuditError> {
     let held = Dir::open(dir).map_err(io_err(dir))?;
     verify_in(&held, key)
 }
@@ -377,6 +722,8 @@ fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, AuditError> {
     let mut buf = Vec::new();
     let mut expected_seq = 1u64;
     let mut prev = GENESIS.to_string();
+    let mut first_hash = None;
+    let mut new_trail = false;
     while read_line(&mut reader, &mut buf)
         .map_err(io_err(&path))?
         .is_some()
@@ -417,6 +764,11 @@ fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, AuditError> {
                 n,
                 "its MAC is not valid under this controller's key (the chain was rewritten)".into(),
             ));
+        }
+        if expected_seq == 1 {
+            first_hash = Some(entry.hash.clone());
+            new_trail = entry.event == event::AUDIT_TRAIL_STARTED
+                && entry.details["new_audit_trail"] == serde_json::Value::Bool(true);
         }
         prev = entry.hash;
         expected_seq += 1;
@@ -461,6 +813,8 @@ fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, AuditError> {
     Ok(VerifySummary {
         entries,
         last_hash: prev,
+        first_hash,
+        new_trail,
     })
 }
 
@@ -565,10 +919,127 @@ mod tests {
     #[test]
     fn an_intact_trail_verifies_and_continues_after_reopen() -> Result<(), AuditError> {
         let dir = trail(5)?;
-        assert_eq!(verify(dir.path(), &key())?.entries, 5);
+        // The five and the first entry, which begins the trail.
+        assert_eq!(verify(dir.path(), &key())?.entries, 6);
         let mut log = AuditLog::open(dir.path(), key())?;
         log.record(event::REAP_STALE, "controller", None, json!({}))?;
-        assert_eq!(verify(dir.path(), &key())?.entries, 6);
+        assert_eq!(verify(dir.path(), &key())?.entries, 7);
+        Ok(())
+    }
+
+    #[test]
+    fn a_trail_begins_with_an_entry_saying_why() -> Result<(), AuditError> {
+        let dir = trail(0)?;
+        let entries = read_entries(dir.path())?;
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].event, event::AUDIT_TRAIL_STARTED);
+        assert_eq!(entries[0].details["new_audit_trail"], json!(false));
+        assert_eq!(
+            entries[0].details["reason"],
+            json!("the first start in this state directory")
+        );
+        Ok(())
+    }
+
+    fn wipe(dir: &Path) {
+        let _ = std::fs::write(dir.join(LOG_FILE), "");
+        let _ = std::fs::remove_file(dir.join(HEAD_FILE));
+    }
+
+    #[test]
+    fn an_emptied_trail_without_its_head_is_vanished_not_intact() -> Result<(), AuditError> {
+        let dir = trail(3)?;
+        let _ = std::fs::write(dir.path().join(KEY_FILE), "");
+        wipe(dir.path());
+        // What the chain alone says: nothing wrong with zero entries.
+        assert_eq!(verify_chain(dir.path(), &key())?.entries, 0);
+        match verify(dir.path(), &key()) {
+            Err(AuditError::Vanished { evidence, .. }) => {
+                assert!(
+                    evidence.iter().any(|e| e.contains("audit.jsonl is empty")),
+                    "{evidence:?}"
+                );
+                assert!(
+                    evidence.iter().any(|e| e.contains("controller.key")),
+                    "{evidence:?}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_removed_trail_is_refused_and_begun_anew_only_when_asked() -> Result<(), AuditError> {
+        let dir = trail(3)?;
+        let _ = std::fs::remove_file(dir.path().join(LOG_FILE));
+        // The head alone is evidence.
+        assert!(matches!(
+            AuditLog::open(dir.path(), key()),
+            Err(AuditError::Vanished { .. })
+        ));
+        let start = Start {
+            new_trail: true,
+            ..Start::default()
+        };
+        drop(AuditLog::start(dir.path(), key(), start)?);
+        let entries = read_entries(dir.path())?;
+        assert_eq!(entries[0].seq, 1);
+        assert_eq!(entries[0].event, event::AUDIT_TRAIL_STARTED);
+        assert_eq!(entries[0].details["new_audit_trail"], json!(true));
+        assert!(
+            entries[0].details["evidence"]
+                .to_string()
+                .contains("audit.head records 4 synced entries"),
+            "{}",
+            entries[0].details
+        );
+        assert_eq!(verify(dir.path(), &key())?.entries, 1);
+        Ok(())
+    }
+
+    #[test]
+    fn a_new_trail_is_never_begun_over_an_existing_one() -> Result<(), AuditError> {
+        let dir = trail(2)?;
+        let before = lines(dir.path());
+        let start = Start {
+            new_trail: true,
+            ..Start::default()
+        };
+        assert!(matches!(
+            AuditLog::start(dir.path(), key(), start),
+            Err(AuditError::TrailExists { .. })
+        ));
+        assert_eq!(lines(dir.path()), before);
+        Ok(())
+    }
+
+    #[test]
+    fn a_new_state_directory_is_not_taken_for_a_vanished_trail() -> Result<(), AuditError> {
+        let dir = tempfile::tempdir().map_err(|e| io_err(Path::new("tmp"))(e))?;
+        // What a start that failed before its first entry leaves behind.
+        let _ = std::fs::write(dir.path().join("controller.lock"), "");
+        let _ = std::fs::create_dir(dir.path().join(WORKERS_DIR));
+        let _ = std::fs::write(dir.path().join(KEY_FILE), "");
+        let start = Start {
+            key_created: true,
+            ..Start::default()
+        };
+        drop(AuditLog::start(dir.path(), key(), start)?);
+        assert_eq!(verify(dir.path(), &key())?.entries, 1);
+        Ok(())
+    }
+
+    #[test]
+    fn worker_logs_and_a_pid_file_are_evidence_of_a_trail() -> Result<(), AuditError> {
+        let dir = tempfile::tempdir().map_err(|e| io_err(Path::new("tmp"))(e))?;
+        let _ = std::fs::create_dir(dir.path().join(WORKERS_DIR));
+        let _ = std::fs::write(dir.path().join(WORKERS_DIR).join("w-1.log"), "x");
+        let _ = std::fs::write(dir.path().join(PID_FILE), "1\n");
+        match trail_state(dir.path(), None)? {
+            TrailState::Vanished { evidence } => assert_eq!(evidence.len(), 2, "{evidence:?}"),
+            other => panic!("{other:?}"),
+        }
         Ok(())
     }
 

@@ -659,9 +659,10 @@ fn audit_tampering_is_detected_for_edits_deletions_and_reordering() {
         );
         (code(&out), stdout(&out))
     };
-    let (code_edit, msg) = tampered(&|l| l[1] = l[1].replace("uid:0", "uid:1000"));
+    // Entry 1 begins the trail, 2 is controller_started, 3 the first spawn's request.
+    let (code_edit, msg) = tampered(&|l| l[2] = l[2].replace("uid:0", "uid:1000"));
     assert_eq!(code_edit, 1, "{msg}");
-    assert!(msg.contains("entry 2") && msg.contains("edited"), "{msg}");
+    assert!(msg.contains("entry 3") && msg.contains("edited"), "{msg}");
     let (code_del, msg) = tampered(&|l| {
         l.remove(2);
     });

@@ -9,10 +9,28 @@ use hatchery::audit::{self, AuditKey};
 use hatchery::controller::paths;
 use hatchery::signing::Keyring;
 
+const AUDIT_EXAMPLES: &str = "\
+Examples:
+  hatchery audit verify
+  hatchery audit verify --anchor /var/log/hatchery-audit.anchor
+  journalctl -t hatchery-audit -o cat > anchor.txt && hatchery audit verify --anchor anchor.txt
+  hatchery audit verify --json
+  hatchery audit tail -n 20
+  hatchery audit tail -f --state-dir /tmp/h-state";
+
+const VERIFY_EXAMPLES: &str = "\
+Exit status: 0 intact; 1 damaged (an edited, deleted, inserted or reordered entry, a cut
+end, a vanished trail, a trail that does not match its anchor, a forged anchor line);
+2 could not check (no key, unreadable files).
+
+Examples:
+  hatchery audit verify
+  hatchery audit verify --state-dir /tmp/h-state --json
+  hatchery audit verify --anchor /var/log/hatchery-audit.anchor
+  journalctl -t hatchery-audit -o cat > anchor.txt && hatchery audit verify --anchor anchor.txt";
+
 #[derive(Args, Debug)]
-#[command(
-    after_help = "Examples:\n  hatchery audit verify\n  hatchery audit tail -n 20\n  hatchery audit tail -f --state-dir /tmp/h-state"
-)]
+#[command(after_help = AUDIT_EXAMPLES)]
 pub struct AuditArgs {
     #[command(subcommand)]
     pub command: AuditCommand,
@@ -31,10 +49,26 @@ pub struct StateArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum AuditCommand {
-    /// Check every entry's sequence, link, hash and MAC; name the first bad one
-    Verify(StateArgs),
+    /// Check every entry's sequence, link, hash and MAC, that the trail has not vanished,
+    /// and (with --anchor) that it holds every anchored head; name the first bad one
+    Verify(VerifyArgs),
     /// Print entries readably
     Tail(TailArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = VERIFY_EXAMPLES)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Check the trail against this anchor (the controller's --audit-anchor file, or
+    /// `journalctl -t hatchery-audit -o cat` saved to a file): every anchored head must be
+    /// in the trail, every line's MAC valid
+    #[arg(long, value_name = "FILE")]
+    pub anchor: Option<PathBuf>,
+    /// One JSON object: the result, the problem found, the anchor's result
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -65,31 +99,173 @@ fn key(s: &StateArgs) -> anyhow::Result<AuditKey> {
     Ok(AuditKey::from_mac(ring.derived_mac(audit::KEY_PURPOSE)?))
 }
 
-fn verify(s: &StateArgs) -> i32 {
-    let k = match key(s) {
-        Ok(k) => k,
-        Err(e) => {
-            eprintln!("hatchery: {e:#}");
-            return 2;
-        }
+/// What `audit verify` found, for people and (with --json) for programs.
+#[derive(Debug, Default, serde::Serialize)]
+struct Outcome {
+    state_dir: PathBuf,
+    /// Whether the trail (and the anchor, if given) checked out.
+    intact: bool,
+    entries: Option<u64>,
+    last_hash: Option<String>,
+    /// The hash of the first entry: the trail's name in the anchor.
+    trail: Option<String>,
+    problem: Option<Problem>,
+    anchor: Option<AnchorOutcome>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Problem {
+    /// `damaged`, `vanished`, `rolled_back`, `anchor` or `error` (could not check).
+    kind: &'static str,
+    /// The entry (`damaged`, `rolled_back`) or anchor line (`anchor`) it concerns.
+    at: Option<u64>,
+    evidence: Vec<String>,
+    message: String,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct AnchorOutcome {
+    path: PathBuf,
+    ok: bool,
+    #[serde(flatten)]
+    report: Option<audit::AnchorReport>,
+}
+
+fn problem(e: &audit::AuditError) -> Problem {
+    use audit::AuditError as E;
+    let (kind, at, evidence) = match e {
+        E::Damaged { line, .. } => ("damaged", Some(*line), Vec::new()),
+        E::Vanished { evidence, .. } => ("vanished", None, evidence.clone()),
+        E::RolledBack { seq, .. } => ("rolled_back", Some(*seq), Vec::new()),
+        E::Anchor { line: Some(l), .. } => ("anchor", Some(*l), Vec::new()),
+        _ => ("error", None, Vec::new()),
     };
-    match audit::verify(&dir(s), &k) {
-        Ok(summary) => {
+    Problem {
+        kind,
+        at,
+        evidence,
+        message: e.to_string(),
+    }
+}
+
+/// Why `audit verify` did not find the trail intact.
+enum Failure {
+    Audit(audit::AuditError),
+    /// The key could not be loaded: nothing could be checked.
+    Key(anyhow::Error),
+}
+
+impl From<audit::AuditError> for Failure {
+    fn from(e: audit::AuditError) -> Failure {
+        Failure::Audit(e)
+    }
+}
+
+fn check(a: &VerifyArgs, out: &mut Outcome) -> Result<(), Failure> {
+    // Whether a trail vanished needs no key: asked first, so a wiped key hides nothing.
+    if let audit::TrailState::Vanished { evidence } =
+        audit::trail_state(&out.state_dir, a.anchor.as_deref())?
+    {
+        return Err(Failure::Audit(audit::AuditError::Vanished {
+            path: out.state_dir.join(audit::LOG_FILE),
+            evidence,
+        }));
+    }
+    let k = key(&a.state).map_err(Failure::Key)?;
+    let (summary, report) = audit::verify_with_anchor(&out.state_dir, &k, a.anchor.as_deref())?;
+    out.entries = Some(summary.entries);
+    out.last_hash = Some(summary.last_hash);
+    out.trail = summary.first_hash;
+    if let Some(path) = &a.anchor {
+        out.anchor = Some(AnchorOutcome {
+            path: path.clone(),
+            ok: true,
+            report,
+        });
+    }
+    Ok(())
+}
+
+fn verify(a: &VerifyArgs) -> i32 {
+    let mut out = Outcome {
+        state_dir: dir(&a.state),
+        ..Outcome::default()
+    };
+    let result = check(a, &mut out);
+    let code = match &result {
+        Ok(()) => 0,
+        Err(Failure::Audit(e)) if e.is_damage() => 1,
+        Err(_) => 2,
+    };
+    out.intact = code == 0;
+    if let Err(Failure::Key(e)) = &result {
+        out.problem = Some(Problem {
+            kind: "error",
+            at: None,
+            evidence: Vec::new(),
+            message: format!("{e:#}"),
+        });
+    }
+    if let Err(Failure::Audit(e)) = &result {
+        if let (Some(path), None) = (&a.anchor, &out.anchor) {
+            if matches!(
+                e,
+                audit::AuditError::RolledBack { .. } | audit::AuditError::Anchor { .. }
+            ) {
+                out.anchor = Some(AnchorOutcome {
+                    path: path.clone(),
+                    ok: false,
+                    report: None,
+                });
+            }
+        }
+        out.problem = Some(problem(e));
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+        return code;
+    }
+    match result {
+        Ok(()) => {
             println!(
                 "audit trail intact: {} entries, last hash {}",
-                summary.entries, summary.last_hash
+                out.entries.unwrap_or(0),
+                out.last_hash.as_deref().unwrap_or("")
             );
-            0
+            if let Some(r) = out.anchor.as_ref().and_then(|a| a.report.as_ref()) {
+                let last = r
+                    .last_anchored_seq
+                    .map(|s| format!(" (the last anchored: entry {s})"))
+                    .unwrap_or_default();
+                let mut notes = Vec::new();
+                if r.other_key_lines > 0 {
+                    notes.push(format!(
+                        "{} lines of other controllers' keys skipped",
+                        r.other_key_lines
+                    ));
+                }
+                if r.earlier_trail_lines > 0 {
+                    notes.push(format!(
+                        "{} lines of the earlier trail this one replaced (see its first entry)",
+                        r.earlier_trail_lines
+                    ));
+                }
+                let notes = if notes.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {}", notes.join("; "))
+                };
+                println!(
+                    "matches the anchor {}: {} anchored heads checked{last}{notes}",
+                    r.anchor, r.heads_checked
+                );
+            }
         }
-        Err(e @ audit::AuditError::Damaged { .. }) => {
-            println!("{e}");
-            1
-        }
-        Err(e) => {
-            eprintln!("hatchery: {e}");
-            2
-        }
+        Err(Failure::Audit(e)) if code == 1 => println!("{e}"),
+        Err(Failure::Audit(e)) => eprintln!("hatchery: {e}"),
+        Err(Failure::Key(e)) => eprintln!("hatchery: {e:#}"),
     }
+    code
 }
 
 fn tail(a: &TailArgs) -> i32 {
@@ -125,7 +301,7 @@ fn tail(a: &TailArgs) -> i32 {
 
 pub fn main(args: AuditArgs) -> i32 {
     match &args.command {
-        AuditCommand::Verify(s) => verify(s),
+        AuditCommand::Verify(v) => verify(v),
         AuditCommand::Tail(t) => tail(t),
     }
 }

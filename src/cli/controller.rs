@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use hatchery::audit::AnchorTarget;
 use hatchery::controller::client::ApiClient;
 use hatchery::controller::protocol::{ApiRequest, ApiResponse, WorkerInfo};
 use hatchery::controller::{self, ControllerOptions, ControllerPaths};
@@ -41,10 +42,17 @@ impl SocketArg {
 const CONTROLLER_EXAMPLES: &str = "\
 Runs in the foreground until SIGINT or SIGTERM (which stop every worker first).
 
+The audit trail: a state directory whose trail vanished (removed or emptied) is refused;
+--new-audit-trail begins a new one (recorded). --audit-anchor keeps every synced head
+outside the state directory, so a trail rolled back to an older copy is refused.
+
 Examples:
   hatchery controller
   hatchery controller --contract contract.toml --state-dir /var/lib/hatchery
-  hatchery controller --socket /tmp/h.sock --state-dir /tmp/h-state --heartbeat-timeout 10s";
+  hatchery controller --socket /tmp/h.sock --state-dir /tmp/h-state --heartbeat-timeout 10s
+  hatchery controller --audit-anchor /var/log/hatchery-audit.anchor
+  hatchery controller --audit-anchor syslog
+  hatchery controller --new-audit-trail      # only where the trail vanished";
 
 #[derive(Args, Debug)]
 #[command(after_help = CONTROLLER_EXAMPLES)]
@@ -76,6 +84,15 @@ pub struct ControllerArgs {
     /// Start workers even where their limits cannot be enforced here (reported per worker)
     #[arg(long)]
     pub allow_degraded: bool,
+    /// Also write every synced head of the audit trail here, outside the state directory:
+    /// an append-only FILE, `syslog` (/dev/log, tag hatchery-audit) or `syslog:SOCKET`.
+    /// The trail is checked against a FILE at start; a rolled-back trail is refused
+    #[arg(long, value_name = "FILE|syslog")]
+    pub audit_anchor: Option<AnchorTarget>,
+    /// Begin a new audit trail where the earlier one vanished (removed or emptied); its
+    /// first entry records why. Refused where a trail exists
+    #[arg(long)]
+    pub new_audit_trail: bool,
 }
 
 pub fn controller_main(args: ControllerArgs) -> i32 {
@@ -88,6 +105,8 @@ pub fn controller_main(args: ControllerArgs) -> i32 {
         heartbeat_interval: args.heartbeat_interval,
         allow_degraded: args.allow_degraded,
         socket_group: args.socket_group,
+        audit_anchor: args.audit_anchor,
+        new_audit_trail: args.new_audit_trail,
     };
     tracing::info!(socket = %opts.paths.socket.display(), state_dir = %opts.paths.state_dir.display(), "controller starting");
     match controller::run(opts) {

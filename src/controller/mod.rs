@@ -67,6 +67,12 @@ pub struct ControllerOptions {
     pub allow_degraded: bool,
     /// Let members of this group use the API socket (mode 0660).
     pub socket_group: Option<u32>,
+    /// Where every synced head of the audit trail is also written (outside the state
+    /// directory), and what the trail is checked against at start.
+    pub audit_anchor: Option<audit::AnchorTarget>,
+    /// Begin a new audit trail where an earlier one vanished (recorded in its first
+    /// entry); refused where a trail exists.
+    pub new_audit_trail: bool,
 }
 
 /// Creates `dir` (and parents), opens it (no symlink on the way) and makes it private to
@@ -150,11 +156,26 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         .map_err(io_err(&pid_file))?
         .map(|b| String::from_utf8_lossy(&b).trim().to_string());
 
+    // Opened before the key is made: an anchor that cannot be used is refused before
+    // anything in the state directory changes.
+    let anchor = match &opts.audit_anchor {
+        Some(target) => Some(audit::Anchor::open(target, &state)?),
+        None => None,
+    };
     let (master, key_created) = Keyring::load_or_generate(&paths.key)?;
     let session = random_hex(8)?;
     let signer = ManifestSigner::new(master.session(&session)?);
     let audit_key = AuditKey::from_mac(master.derived_mac(audit::KEY_PURPOSE)?);
-    let mut audit = AuditLog::open(&paths.state_dir, audit_key)?;
+    let mut audit = AuditLog::start(
+        &paths.state_dir,
+        audit_key,
+        audit::Start {
+            new_trail: opts.new_audit_trail,
+            key_created,
+            anchor,
+            session: session.clone(),
+        },
+    )?;
     let contract = match &opts.contract {
         Some(path) => ReplicationContract::from_file(path)?,
         None => ReplicationContract::default(),
@@ -207,6 +228,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         json!({
             "pid": std::process::id(), "session": session, "key_created": key_created,
             "contract": opts.contract, "socket": paths.socket,
+            "audit_anchor": opts.audit_anchor.as_ref().map(|a| a.to_string()),
         }),
     )?;
     if crashed_pid.is_some() || stale_socket {

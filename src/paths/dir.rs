@@ -454,6 +454,68 @@ impl Dir {
         }
     }
 
+    /// Opens the existing subdirectory `name` (never through a symlink); `Ok(None)` when
+    /// there is no such name.
+    pub fn open_subdir(&self, name: &str) -> io::Result<Option<Dir>> {
+        let rel = single_component(OsStr::new(name))?;
+        let how = OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+            .resolve(beneath());
+        match open_how(self.fd.as_fd(), rel, how) {
+            Ok(fd) => Ok(Some(Dir {
+                fd,
+                path: self.path.join(name),
+            })),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.named(name, e)),
+        }
+    }
+
+    /// The names in this directory (without `.` and `..`), read through its descriptor.
+    pub fn names(&self) -> io::Result<Vec<OsString>> {
+        use std::os::unix::ffi::OsStrExt;
+        let how = OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(beneath());
+        let fd = open_how(self.fd.as_fd(), Path::new("."), how)?;
+        let mut listing = nix::dir::Dir::from_fd(fd).map_err(io)?;
+        let mut out = Vec::new();
+        for entry in listing.iter() {
+            let name = entry.map_err(io)?.file_name().to_bytes().to_vec();
+            if name != b"." && name != b".." {
+                out.push(OsStr::from_bytes(&name).to_os_string());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether this directory is `other` or lies anywhere beneath it, judged by device
+    /// and inode while walking up through `..` (so no spelling of a path, bind mount or
+    /// symlink elsewhere can hide it).
+    pub fn is_within(&self, other: &Dir) -> io::Result<bool> {
+        let target = other.stat()?;
+        let target = (target.st_dev, target.st_ino);
+        // O_PATH: walking up needs only search permission, not the right to list.
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(no_symlinks());
+        let mut current = self.fd.try_clone()?;
+        // Deeper than any real tree; a loop cannot outlast it.
+        for _ in 0..4096 {
+            let st = fstat(&current).map_err(io)?;
+            if (st.st_dev, st.st_ino) == target {
+                return Ok(true);
+            }
+            let parent = open_how(current.as_fd(), Path::new(".."), how)?;
+            let up = fstat(&parent).map_err(io)?;
+            if (up.st_dev, up.st_ino) == (st.st_dev, st.st_ino) {
+                return Ok(false);
+            }
+            current = parent;
+        }
+        Ok(false)
+    }
+
     /// Makes creates and renames in this directory durable (best effort).
     pub fn sync(&self) {
         let _ = nix::unistd::fsync(&self.fd);

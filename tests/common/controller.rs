@@ -192,6 +192,29 @@ impl TestController {
         self.launch();
     }
 
+    /// Starts the controller again on the same socket and state with other extra flags.
+    pub fn restart_with(&mut self, extra: &[&str]) {
+        self.crash();
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
+        self.launch();
+    }
+
+    /// Runs a controller on this socket and state (none may be running) with `extra`
+    /// flags, expecting it to refuse to start: its output once it has exited. One that
+    /// comes up instead is killed when `limit` runs out, failing the test.
+    pub fn refused_start(&self, extra: &[&str], limit: Duration) -> Output {
+        let mut cmd = Command::new(hatchery());
+        cmd.arg("controller")
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .arg("--contract")
+            .arg(self.dir.path().join("contract.toml"))
+            .args(extra);
+        run_with_timeout(&mut cmd, limit)
+    }
+
     /// Stops the controller with SIGTERM and waits for it.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -1,0 +1,1099 @@
+//! The audit anchor: every synced head of the trail, also written to a place outside the
+//! state directory, so that a trail put back to an older copy (or cut, or rewritten) no
+//! longer matches what was anchored.
+//!
+//! The trail and its head file live in the state directory; whoever can write there can
+//! put back an older copy of both, and the older copy is a perfectly valid chain. The
+//! anchor remembers the heads that were written: an append-only file (best made
+//! append-only with `chattr +a`, on another filesystem) or syslog/journald (best forwarded
+//! to another host). Each line is
+//!
+//! ```text
+//! hatchery-audit-anchor v1 key=K trail=T session=S seq=N hash=H time=RFC3339 mac=M
+//! ```
+//!
+//! `key` names the controller key (a MAC of a fixed label, not the key), `trail` is the
+//! hash of the trail's first entry, `seq`/`hash` the synced head, and `mac` an HMAC under
+//! the audit key of all the other fields: a line appended by someone without the key is
+//! found. A line is found wherever the marker appears in it, so the output of `journalctl
+//! -t hatchery-audit -o cat`, a syslog file and the anchor file itself all read alike.
+//!
+//! Writing never waits for the anchor: lines go to a writer thread through a queue. An
+//! anchor that fails, stalls or falls behind makes [`AnchorWriter::submit`] (and so the
+//! trail's sync) report an error, which the controller treats as it treats a trail that
+//! cannot be written: it engages the kill switch.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::io::{self, BufReader, Seek, Write};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::sys::stat::SFlag;
+
+use super::{AuditEntry, AuditError, AuditKey, LOG_FILE, VerifySummary, read_line};
+use crate::paths::Dir;
+
+/// What starts an anchor line (and finds it inside a syslog line).
+pub const MARKER: &str = "hatchery-audit-anchor";
+const VERSION: &str = "v1";
+/// The syslog identifier (`journalctl -t hatchery-audit`).
+pub const SYSLOG_TAG: &str = "hatchery-audit";
+/// The local syslog socket (journald's or a syslog daemon's).
+pub const DEFAULT_SYSLOG: &str = "/dev/log";
+/// `LOG_AUTHPRIV | LOG_NOTICE`: security records, kept where ordinary users cannot read.
+const SYSLOG_PRIORITY: u8 = 10 * 8 + 5;
+/// A write of the anchor taking longer than this counts as a failure.
+const STALL: Duration = Duration::from_secs(10);
+/// Heads waiting for the writer beyond this many: the oldest are dropped (each later
+/// head covers them) and the anchor counts as failing.
+const MAX_QUEUED: usize = 4096;
+/// How often a failing anchor is tried again.
+const RETRY: Duration = Duration::from_secs(1);
+/// How long a closing writer may take to write what is queued.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// Where the anchor goes: `PATH`, `syslog` (`/dev/log`) or `syslog:SOCKET`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AnchorTarget {
+    File(PathBuf),
+    Syslog(PathBuf),
+}
+
+impl FromStr for AnchorTarget {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "syslog" {
+            return Ok(AnchorTarget::Syslog(PathBuf::from(DEFAULT_SYSLOG)));
+        }
+        if let Some(socket) = s.strip_prefix("syslog:") {
+            if socket.is_empty() {
+                return Err(
+                    "syslog: needs a socket path after the colon (or plain `syslog` for /dev/log)"
+                        .into(),
+                );
+            }
+            return Ok(AnchorTarget::Syslog(PathBuf::from(socket)));
+        }
+        if s.is_empty() {
+            return Err("an empty anchor path".into());
+        }
+        Ok(AnchorTarget::File(PathBuf::from(s)))
+    }
+}
+
+impl std::fmt::Display for AnchorTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AnchorTarget::File(p) => write!(f, "{}", p.display()),
+            AnchorTarget::Syslog(p) => write!(f, "syslog:{}", p.display()),
+        }
+    }
+}
+
+/// The anchor's name for a controller key: a MAC of a fixed label, so lines of other
+/// controllers (sharing a journal) are told apart without revealing anything.
+pub fn key_id(key: &AuditKey) -> String {
+    key.mac(b"hatchery audit anchor key id v1")
+        .get(..16)
+        .map(str::to_string)
+        .unwrap_or_default()
+}
+
+/// One anchored head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnchorLine {
+    pub key: String,
+    pub trail: String,
+    pub session: String,
+    pub seq: u64,
+    pub hash: String,
+    pub time: String,
+    pub mac: String,
+}
+
+fn is_hex(s: &str, min: usize, max: usize) -> bool {
+    (min..=max).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+impl AnchorLine {
+    /// The anchor line for a synced head, MACed under `key`.
+    pub fn new(key: &AuditKey, trail: &str, session: &str, seq: u64, hash: &str) -> AnchorLine {
+        let mut line = AnchorLine {
+            key: key_id(key),
+            trail: trail.to_string(),
+            session: session.to_string(),
+            seq,
+            hash: hash.to_string(),
+            time: super::format_time(super::now_ms()),
+            mac: String::new(),
+        };
+        line.mac = key.mac(&line.mac_input());
+        line
+    }
+
+    fn mac_input(&self) -> Vec<u8> {
+        format!(
+            "anchor:{VERSION}:{}:{}:{}:{}:{}:{}",
+            self.key, self.trail, self.session, self.seq, self.hash, self.time
+        )
+        .into_bytes()
+    }
+
+    /// Whether the MAC is this key's.
+    pub fn mac_valid(&self, key: &AuditKey) -> bool {
+        key.check(&self.mac_input(), &self.mac)
+    }
+
+    pub fn render(&self) -> String {
+        format!(
+            "{MARKER} {VERSION} key={} trail={} session={} seq={} hash={} time={} mac={}",
+            self.key, self.trail, self.session, self.seq, self.hash, self.time, self.mac
+        )
+    }
+
+    /// Finds an anchor line in `text` (the last marker in it: a torn write followed by a
+    /// whole line reads as the whole line). `Ok(None)`: no marker, not an anchor line.
+    pub fn parse(text: &str) -> Result<Option<AnchorLine>, String> {
+        let Some(at) = text.rfind(&format!("{MARKER} ")) else {
+            return Ok(None);
+        };
+        let mut tokens = text.get(at..).unwrap_or_default().split_ascii_whitespace();
+        tokens.next();
+        match tokens.next() {
+            Some(VERSION) => {}
+            Some(v) => return Err(format!("unknown anchor version {v:?}")),
+            None => return Err("no version".into()),
+        }
+        let mut field = |name: &str| -> Result<String, String> {
+            let token = tokens.next().ok_or_else(|| format!("no {name}="))?;
+            match token.split_once('=') {
+                Some((k, v)) if k == name => Ok(v.to_string()),
+                _ => Err(format!("{token:?} where {name}= was expected")),
+            }
+        };
+        let key = field("key")?;
+        let trail = field("trail")?;
+        let session = field("session")?;
+        let seq = field("seq")?;
+        let hash = field("hash")?;
+        let time = field("time")?;
+        let mac = field("mac")?;
+        if let Some(extra) = tokens.next() {
+            return Err(format!("unexpected {extra:?} after mac="));
+        }
+        let seq: u64 = seq
+            .parse()
+            .map_err(|_| format!("seq={seq:?} is not a number"))?;
+        let checks = [
+            ("key", is_hex(&key, 16, 16)),
+            ("trail", is_hex(&trail, 64, 64)),
+            ("session", is_hex(&session, 1, 64)),
+            ("seq", seq > 0),
+            ("hash", is_hex(&hash, 64, 64)),
+            (
+                "time",
+                (1..=40).contains(&time.len())
+                    && time
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || b"-:.TZ".contains(&b)),
+            ),
+            ("mac", is_hex(&mac, 64, 64)),
+        ];
+        if let Some((name, _)) = checks.iter().find(|(_, ok)| !ok) {
+            return Err(format!("{name}= is not well formed"));
+        }
+        Ok(Some(AnchorLine {
+            key,
+            trail,
+            session,
+            seq,
+            hash,
+            time,
+            mac,
+        }))
+    }
+}
+
+fn anchor_err(anchor: &str, line: Option<u64>, reason: impl Into<String>) -> AuditError {
+    AuditError::Anchor {
+        anchor: anchor.to_string(),
+        line,
+        reason: reason.into(),
+    }
+}
+
+/// Calls `each` with every anchor line of a file (and its line number); a line that
+/// carries the marker but is not well formed is an error. A last line without a newline
+/// is a write torn by a crash or a full disk: skipped.
+fn for_each_line(
+    file: &File,
+    name: &str,
+    mut each: impl FnMut(u64, AnchorLine) -> Result<(), AuditError>,
+) -> Result<(), AuditError> {
+    let mut reader = BufReader::new(rewound(file, name)?);
+    let mut buf = Vec::new();
+    let mut n = 0u64;
+    while read_line(&mut reader, &mut buf)
+        .map_err(|e| anchor_err(name, None, format!("cannot be read: {e}")))?
+        .is_some()
+    {
+        n = n.saturating_add(1);
+        if buf.last() != Some(&b'\n') {
+            continue;
+        }
+        let text = String::from_utf8_lossy(&buf);
+        match AnchorLine::parse(&text) {
+            Ok(Some(line)) => each(n, line)?,
+            Ok(None) => {}
+            Err(reason) => {
+                return Err(anchor_err(
+                    name,
+                    Some(n),
+                    format!("not a valid anchor line: {reason}"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What an anchor holds, read without the key: evidence that a trail was kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub heads: u64,
+    /// The last line's trail and seq.
+    pub last: Option<(String, u64)>,
+}
+
+/// Reads `file` from its start (it may have been read before).
+fn rewound<'a>(file: &'a File, name: &str) -> Result<&'a File, AuditError> {
+    let mut f = file;
+    f.rewind()
+        .map_err(|e| anchor_err(name, None, format!("cannot be read: {e}")))?;
+    Ok(f)
+}
+
+/// Counts the anchor lines of a file (any key, not checked further).
+pub fn tally(file: &File, name: &str) -> Result<Tally, AuditError> {
+    let mut t = Tally::default();
+    let mut reader = BufReader::new(rewound(file, name)?);
+    let mut buf = Vec::new();
+    while read_line(&mut reader, &mut buf)
+        .map_err(|e| anchor_err(name, None, format!("cannot be read: {e}")))?
+        .is_some()
+    {
+        let text = String::from_utf8_lossy(&buf);
+        match AnchorLine::parse(&text) {
+            Ok(Some(line)) => {
+                t.heads = t.heads.saturating_add(1);
+                t.last = Some((line.trail, line.seq));
+            }
+            Ok(None) => {}
+            Err(_) => t.heads = t.heads.saturating_add(1),
+        }
+    }
+    Ok(t)
+}
+
+impl Tally {
+    /// The evidence sentence, or `None` for an anchor with no heads.
+    pub fn evidence(&self, name: &str) -> Option<String> {
+        if self.heads == 0 {
+            return None;
+        }
+        let last = match &self.last {
+            Some((trail, seq)) => format!(
+                "; the last: entry {seq} of trail {}",
+                trail.get(..12).unwrap_or(trail)
+            ),
+            None => String::new(),
+        };
+        Some(format!(
+            "the anchor {name} holds {} anchored head{}{last}",
+            self.heads,
+            if self.heads == 1 { "" } else { "s" }
+        ))
+    }
+}
+
+/// What checking a trail against an anchor found (it matched).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AnchorReport {
+    pub anchor: String,
+    /// Heads of this trail found in the anchor and matched.
+    pub heads_checked: u64,
+    pub last_anchored_seq: Option<u64>,
+    /// Lines of other controllers' keys (a shared journal): not checkable, skipped.
+    pub other_key_lines: u64,
+    /// Lines of an earlier trail of this key, which this trail records replacing.
+    pub earlier_trail_lines: u64,
+}
+
+/// Checks the verified trail in `dir` against an anchor: every line must carry a valid
+/// MAC if it names this controller's key, and every head anchored for this trail must be
+/// in it with the same hash (a trail longer than the last anchored head is fine). The
+/// first anchored seq that is missing or different is named.
+pub fn check(
+    dir: &Dir,
+    key: &AuditKey,
+    summary: &VerifySummary,
+    anchor: &File,
+    name: &str,
+) -> Result<AnchorReport, AuditError> {
+    let mine = key_id(key);
+    let trail_path = dir.path().join(LOG_FILE);
+    let mut report = AnchorReport {
+        anchor: name.to_string(),
+        ..AnchorReport::default()
+    };
+    // This trail's anchored heads: seq → (hash, line); two different hashes anchored
+    // for one seq keep the first (the other shows up as a mismatch or is the later one).
+    let mut anchored: BTreeMap<u64, Vec<(String, u64)>> = BTreeMap::new();
+    let mut earlier: Option<(String, u64, u64)> = None;
+    for_each_line(anchor, name, |n, line| {
+        if line.key != mine {
+            report.other_key_lines = report.other_key_lines.saturating_add(1);
+            return Ok(());
+        }
+        if !line.mac_valid(key) {
+            return Err(anchor_err(
+                name,
+                Some(n),
+                "its MAC is not valid under this controller's key (a forged line)",
+            ));
+        }
+        if summary.first_hash.as_deref() == Some(line.trail.as_str()) {
+            let heads = anchored.entry(line.seq).or_default();
+            if !heads.iter().any(|(h, _)| *h == line.hash) {
+                heads.push((line.hash, n));
+            }
+        } else {
+            report.earlier_trail_lines = report.earlier_trail_lines.saturating_add(1);
+            if earlier.is_none() {
+                earlier = Some((line.trail, line.seq, n));
+            }
+        }
+        Ok(())
+    })?;
+    if let Some((trail, seq, n)) = earlier {
+        if !summary.new_trail {
+            return Err(AuditError::RolledBack {
+                path: trail_path,
+                anchor: name.to_string(),
+                seq: 1,
+                reason: format!(
+                    "the anchor holds entry {seq} of another trail of this controller's key (trail {}, line {n}), and this trail does not record replacing it (it was swapped for another)",
+                    trail.get(..12).unwrap_or(&trail)
+                ),
+            });
+        }
+    }
+    let mut hashes = TrailHashes::open(dir)?;
+    for (seq, heads) in &anchored {
+        for (hash, n) in heads {
+            match hashes.at(*seq)? {
+                None => {
+                    return Err(AuditError::RolledBack {
+                        path: trail_path,
+                        anchor: name.to_string(),
+                        seq: *seq,
+                        reason: format!(
+                            "anchored (line {n}) but missing: the trail ends at entry {} (rolled back or cut)",
+                            summary.entries
+                        ),
+                    });
+                }
+                Some(h) if h != *hash => {
+                    return Err(AuditError::RolledBack {
+                        path: trail_path,
+                        anchor: name.to_string(),
+                        seq: *seq,
+                        reason: format!(
+                            "differs from the head anchored at line {n} (rolled back to another copy, or rewritten)"
+                        ),
+                    });
+                }
+                Some(_) => {
+                    report.heads_checked = report.heads_checked.saturating_add(1);
+                    report.last_anchored_seq = Some(*seq);
+                }
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Reads a verified trail's hashes in order.
+struct TrailHashes {
+    reader: BufReader<File>,
+    buf: Vec<u8>,
+    seq: u64,
+    hash: Option<String>,
+    path: PathBuf,
+}
+
+impl TrailHashes {
+    fn open(dir: &Dir) -> Result<TrailHashes, AuditError> {
+        let path = dir.path().join(LOG_FILE);
+        let file = super::open_trail_file(dir, LOG_FILE)?;
+        Ok(TrailHashes {
+            reader: BufReader::new(file),
+            buf: Vec::new(),
+            seq: 0,
+            hash: None,
+            path,
+        })
+    }
+
+    /// The hash of entry `seq` (at or after the last one asked for), `None` past the end.
+    fn at(&mut self, seq: u64) -> Result<Option<String>, AuditError> {
+        while self.seq < seq {
+            let more =
+                read_line(&mut self.reader, &mut self.buf).map_err(|source| AuditError::Io {
+                    path: self.path.clone(),
+                    source,
+                })?;
+            if more.is_none() {
+                return Ok(None);
+            }
+            self.seq = self.seq.saturating_add(1);
+            self.hash = serde_json::from_slice::<AuditEntry>(self.buf.trim_ascii_end())
+                .ok()
+                .map(|e| e.hash);
+        }
+        Ok(self.hash.clone())
+    }
+}
+
+/// Where anchor lines are written.
+enum Sink {
+    File(File),
+    Syslog { socket: UnixDatagram, path: PathBuf },
+}
+
+fn connect_syslog(path: &Path) -> io::Result<UnixDatagram> {
+    let socket = UnixDatagram::unbound()?;
+    socket.connect(path)?;
+    Ok(socket)
+}
+
+impl Sink {
+    fn write(&mut self, lines: &[String]) -> io::Result<()> {
+        match self {
+            Sink::File(file) => {
+                let mut buf = Vec::new();
+                for l in lines {
+                    buf.extend_from_slice(l.as_bytes());
+                    buf.push(b'\n');
+                }
+                file.write_all(&buf)?;
+                file.sync_data()
+            }
+            Sink::Syslog { socket, path } => {
+                let pid = std::process::id();
+                for l in lines {
+                    let msg = format!("<{SYSLOG_PRIORITY}>{SYSLOG_TAG}[{pid}]: {l}");
+                    if socket.send(msg.as_bytes()).is_err() {
+                        // The daemon restarted: its socket is a new one.
+                        *socket = connect_syslog(path)?;
+                        socket.send(msg.as_bytes())?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// An anchor opened at start: written from then on, read once to check the trail.
+pub struct Anchor {
+    target: AnchorTarget,
+    sink: Sink,
+    /// A file anchor's directory and name, to read it back.
+    file: Option<(Dir, String)>,
+}
+
+impl std::fmt::Debug for Anchor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Anchor({})", self.target)
+    }
+}
+
+fn kind_of(mode: u32) -> &'static str {
+    match SFlag::from_bits_truncate(mode) & SFlag::S_IFMT {
+        SFlag::S_IFREG => "a regular file",
+        SFlag::S_IFLNK => "a symlink",
+        SFlag::S_IFIFO => "a FIFO",
+        SFlag::S_IFDIR => "a directory",
+        SFlag::S_IFSOCK => "a socket",
+        _ => "a device",
+    }
+}
+
+/// Splits a file path into its directory (`.` for a bare name) and one file name.
+fn split(path: &Path) -> Option<(PathBuf, String)> {
+    let name = path.file_name()?.to_str()?.to_string();
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Some((parent, name))
+}
+
+/// Opens an anchor file's directory and checks what is at its name (a regular file or
+/// nothing): a symlink, FIFO or directory there is refused, as a component of the path
+/// that is a symlink is.
+fn open_file_dir(path: &Path) -> Result<(Dir, String), AuditError> {
+    let shown = path.display().to_string();
+    let (parent, name) = split(path).ok_or_else(|| {
+        anchor_err(
+            &shown,
+            None,
+            "not a file path (name a file, e.g. /var/log/hatchery/audit.anchor)",
+        )
+    })?;
+    let dir =
+        Dir::open(&parent).map_err(|e| anchor_err(&shown, None, format!("its directory: {e}")))?;
+    if let Some(st) = dir
+        .stat_entry(&name)
+        .map_err(|e| anchor_err(&shown, None, e.to_string()))?
+    {
+        if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+            return Err(anchor_err(
+                &shown,
+                None,
+                format!(
+                    "is {}, not a regular file: refusing it; name a regular file (or a new name)",
+                    kind_of(st.st_mode)
+                ),
+            ));
+        }
+    }
+    Ok((dir, name))
+}
+
+/// Opens an anchor file for reading only (`audit verify --anchor`).
+pub fn open_for_reading(path: &Path) -> Result<File, AuditError> {
+    let shown = path.display().to_string();
+    let (dir, name) = open_file_dir(path)?;
+    dir.open_read(&name)
+        .map_err(|e| anchor_err(&shown, None, e.to_string()))?
+        .ok_or_else(|| anchor_err(&shown, None, "no such file"))
+}
+
+impl Anchor {
+    /// Opens the anchor once, at start: a file is opened for appending (created 0600,
+    /// never truncated, never through a symlink, never a FIFO or directory) and must lie
+    /// outside the state directory `state`; syslog is connected.
+    pub fn open(target: &AnchorTarget, state: &Dir) -> Result<Anchor, AuditError> {
+        let shown = target.to_string();
+        match target {
+            AnchorTarget::File(path) => {
+                let (dir, name) = open_file_dir(path)?;
+                let inside = dir
+                    .is_within(state)
+                    .map_err(|e| anchor_err(&shown, None, e.to_string()))?;
+                if inside {
+                    return Err(anchor_err(
+                        &shown,
+                        None,
+                        format!(
+                            "lies inside the state directory {}, where whoever can roll the trail back can roll the anchor back too: put it in another directory (append-only, e.g. chattr +a) or use --audit-anchor syslog",
+                            state.path().display()
+                        ),
+                    ));
+                }
+                let file = dir
+                    .open_append(&name, 0o600)
+                    .map_err(|e| anchor_err(&shown, None, e.to_string()))?;
+                Ok(Anchor {
+                    target: target.clone(),
+                    sink: Sink::File(file),
+                    file: Some((dir, name)),
+                })
+            }
+            AnchorTarget::Syslog(path) => {
+                let socket = connect_syslog(path).map_err(|e| {
+                    anchor_err(
+                        &shown,
+                        None,
+                        format!(
+                            "cannot reach the syslog socket: {e}; is journald or a syslog daemon running? (or anchor to a file)"
+                        ),
+                    )
+                })?;
+                Ok(Anchor {
+                    target: target.clone(),
+                    sink: Sink::Syslog {
+                        socket,
+                        path: path.clone(),
+                    },
+                    file: None,
+                })
+            }
+        }
+    }
+
+    pub fn target(&self) -> &AnchorTarget {
+        &self.target
+    }
+
+    /// The anchor's content, for a file anchor (syslog cannot be read back here).
+    pub fn read(&self) -> Result<Option<File>, AuditError> {
+        let Some((dir, name)) = &self.file else {
+            return Ok(None);
+        };
+        dir.open_read(name)
+            .map_err(|e| anchor_err(&self.target.to_string(), None, e.to_string()))
+    }
+
+    /// The writer for this anchor (its thread starts at the first line submitted).
+    pub fn into_writer(self) -> AnchorWriter {
+        AnchorWriter {
+            name: self.target.to_string(),
+            shared: Arc::new(Shared::default()),
+            sink: Some(self.sink),
+            thread: None,
+            held: false,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    lines: VecDeque<String>,
+    /// When the write in progress began.
+    busy_since: Option<Instant>,
+    /// Why the last write failed (cleared by the next one that succeeds).
+    failure: Option<String>,
+    /// The newest line of a failed write, tried again.
+    retry: Option<String>,
+    dropped: u64,
+    closing: bool,
+    done: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Sends anchor lines from a thread of its own, so a slow or full disk (or a stuck
+/// syslog) never holds up the controller; failures come back through
+/// [`submit`](Self::submit).
+pub struct AnchorWriter {
+    name: String,
+    shared: Arc<Shared>,
+    /// The sink, until the thread takes it.
+    sink: Option<Sink>,
+    thread: Option<JoinHandle<()>>,
+    /// Lines are queued but no thread is started (see [`hold`](Self::hold)).
+    held: bool,
+}
+
+impl AnchorWriter {
+    /// While held, lines are queued and no thread is started: a trail begun at start
+    /// records its first entry before the controller forks its launcher, and forking
+    /// needs a single-threaded process. The thread starts at the first line submitted
+    /// once released (after the fork), or when the writer is dropped.
+    pub fn hold(&mut self, held: bool) {
+        self.held = held;
+    }
+
+    fn start_thread(&mut self) -> Result<(), AuditError> {
+        let Some(sink) = self.sink.take() else {
+            return Ok(());
+        };
+        let shared = Arc::clone(&self.shared);
+        let name = self.name.clone();
+        let handle = std::thread::Builder::new()
+            .name("hatchery-anchor".into())
+            .spawn(move || write_loop(sink, &shared, &name))
+            .map_err(|e| anchor_err(&self.name, None, format!("cannot start its writer: {e}")))?;
+        self.thread = Some(handle);
+        Ok(())
+    }
+
+    /// Queues a line; returns why the anchor is failing, if it is: a write failed and
+    /// has not succeeded since, a write has hung for longer than 10 s, or heads were
+    /// dropped because the writer fell too far behind.
+    pub fn submit(&mut self, line: String) -> Result<(), AuditError> {
+        let problem = {
+            let mut q = self.shared.lock();
+            q.lines.push_back(line);
+            if q.lines.len() > MAX_QUEUED {
+                q.lines.pop_front();
+                q.dropped = q.dropped.saturating_add(1);
+            }
+            if let Some(f) = &q.failure {
+                Some(f.clone())
+            } else if let Some(t) = q.busy_since.filter(|t| t.elapsed() > STALL) {
+                Some(format!(
+                    "a write has not completed for {} s (a slow or hung disk or syslog)",
+                    t.elapsed().as_secs()
+                ))
+            } else if q.dropped > 0 {
+                Some(format!(
+                    "the writer fell more than {MAX_QUEUED} heads behind"
+                ))
+            } else {
+                None
+            }
+        };
+        self.shared.wake.notify_one();
+        if !self.held {
+            self.start_thread()?;
+        }
+        match problem {
+            Some(reason) => Err(anchor_err(
+                &self.name,
+                None,
+                format!("cannot be written: {reason}"),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for AnchorWriter {
+    /// Writes what is queued (waiting at most 2 s: a stuck anchor must not hold up the
+    /// controller's exit).
+    fn drop(&mut self) {
+        if !self.shared.lock().lines.is_empty() && self.start_thread().is_err() {
+            tracing::error!(anchor = %self.name, "the audit anchor did not take the last heads before the controller stopped");
+        }
+        let Some(handle) = self.thread.take() else {
+            return;
+        };
+        let deadline = Instant::now() + CLOSE_WAIT;
+        let mut q = self.shared.lock();
+        q.closing = true;
+        self.shared.wake.notify_all();
+        while !q.done {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::error!(anchor = %self.name, queued = q.lines.len(), "the audit anchor did not take the last heads before the controller stopped");
+                return;
+            }
+            q = match self.shared.wake.wait_timeout(q, left) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
+        }
+        drop(q);
+        let _ = handle.join();
+    }
+}
+
+fn write_loop(mut sink: Sink, shared: &Shared, name: &str) {
+    loop {
+        let mut batch: Vec<String> = {
+            let mut q = shared.lock();
+            loop {
+                if !q.lines.is_empty() {
+                    break;
+                }
+                if q.closing {
+                    q.done = true;
+                    shared.wake.notify_all();
+                    return;
+                }
+                if q.retry.is_some() {
+                    let (g, timeout) = match shared.wake.wait_timeout(q, RETRY) {
+                        Ok(r) => r,
+                        Err(e) => e.into_inner(),
+                    };
+                    q = g;
+                    if timeout.timed_out() {
+                        break;
+                    }
+                } else {
+                    q = match shared.wake.wait(q) {
+                        Ok(g) => g,
+                        Err(e) => e.into_inner(),
+                    };
+                }
+            }
+            let mut batch: Vec<String> = q.retry.take().into_iter().collect();
+            batch.extend(q.lines.drain(..));
+            q.busy_since = Some(Instant::now());
+            batch
+        };
+        let result = sink.write(&batch);
+        let mut q = shared.lock();
+        q.busy_since = None;
+        match result {
+            Ok(()) => {
+                if q.failure.take().is_some() {
+                    tracing::warn!(anchor = %name, "the audit anchor is written again");
+                }
+                q.dropped = 0;
+            }
+            Err(e) => {
+                tracing::error!(anchor = %name, error = %e, "the audit anchor cannot be written; admissions stop at the next decision (kill switch) until it can");
+                q.failure = Some(e.to_string());
+                q.retry = batch.pop();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> AuditKey {
+        AuditKey::new(b"anchor test key of 32 bytes!!!!!")
+    }
+
+    #[test]
+    fn a_line_renders_and_parses_back_with_a_valid_mac() -> Result<(), String> {
+        let line = AnchorLine::new(
+            &key(),
+            &"a".repeat(64),
+            "0123456789abcdef",
+            7,
+            &"b".repeat(64),
+        );
+        let parsed = AnchorLine::parse(&line.render())?.ok_or("no line")?;
+        assert_eq!(parsed, line);
+        assert!(parsed.mac_valid(&key()));
+        assert!(!parsed.mac_valid(&AuditKey::new(b"another key")));
+        Ok(())
+    }
+
+    #[test]
+    fn a_line_is_found_inside_a_syslog_line_and_after_a_torn_write() -> Result<(), String> {
+        let line = AnchorLine::new(&key(), &"a".repeat(64), "01", 3, &"c".repeat(64));
+        let syslog = format!("Nov 22 17:03:04 host hatchery-audit[42]: {}", line.render());
+        assert_eq!(AnchorLine::parse(&syslog)?, Some(line.clone()));
+        let torn = format!("{MARKER} v1 key=0123 trail=ab{}", line.render());
+        assert_eq!(AnchorLine::parse(&torn)?, Some(line));
+        assert_eq!(AnchorLine::parse("-- Boot 1234 --")?, None);
+        Ok(())
+    }
+
+    #[test]
+    fn an_altered_line_fails_its_mac_and_a_mangled_one_does_not_parse() -> Result<(), String> {
+        let line = AnchorLine::new(&key(), &"a".repeat(64), "01", 3, &"c".repeat(64));
+        let moved = line.render().replace("seq=3", "seq=2");
+        let parsed = AnchorLine::parse(&moved)?.ok_or("no line")?;
+        assert!(!parsed.mac_valid(&key()));
+        assert!(AnchorLine::parse(&line.render().replace("seq=3", "seq=x")).is_err());
+        assert!(AnchorLine::parse(&format!("{} extra", line.render())).is_err());
+        assert!(AnchorLine::parse(&line.render().replace(" v1 ", " v9 ")).is_err());
+        Ok(())
+    }
+
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    /// A state directory and, beside it, a directory for the anchor.
+    fn dirs() -> Result<(tempfile::TempDir, tempfile::TempDir), io::Error> {
+        Ok((tempfile::tempdir()?, tempfile::tempdir()?))
+    }
+
+    fn anchored(state: &Path, anchor: &Path) -> Result<super::super::AuditLog, AuditError> {
+        let held = Dir::open(state).map_err(|e| anchor_err("state", None, e.to_string()))?;
+        let a = Anchor::open(&AnchorTarget::File(anchor.to_path_buf()), &held)?;
+        super::super::AuditLog::start(
+            state,
+            key(),
+            super::super::Start {
+                anchor: Some(a),
+                session: "5e55".into(),
+                ..Default::default()
+            },
+        )
+    }
+
+    fn record(state: &Path, anchor: &Path, n: usize) -> Result<(), AuditError> {
+        let mut log = anchored(state, anchor)?;
+        for _ in 0..n {
+            log.record("reap_stale", "controller", None, serde_json::json!({}))?;
+        }
+        // Dropping the log waits for the anchor's writer.
+        drop(log);
+        Ok(())
+    }
+
+    #[test]
+    fn every_synced_head_is_anchored_and_a_rolled_back_trail_is_refused() -> TestResult {
+        let (state, elsewhere) = dirs()?;
+        let anchor = elsewhere.path().join("anchor");
+        record(state.path(), &anchor, 2)?;
+        let old_log = std::fs::read(state.path().join(LOG_FILE))?;
+        let old_head = std::fs::read(state.path().join(super::super::HEAD_FILE))?;
+        record(state.path(), &anchor, 3)?;
+        let text = std::fs::read_to_string(&anchor)?;
+        assert_eq!(text.lines().count(), 6, "{text}");
+        std::fs::write(state.path().join(LOG_FILE), old_log)?;
+        std::fs::write(state.path().join(super::super::HEAD_FILE), old_head)?;
+        // The chain alone is fine with the older copy; the anchor is not.
+        assert_eq!(super::super::verify(state.path(), &key())?.entries, 3);
+        match anchored(state.path(), &anchor).err() {
+            Some(AuditError::RolledBack { seq, .. }) => assert_eq!(seq, 4),
+            other => panic!("{other:?}"),
+        }
+        match super::super::verify_with_anchor(state.path(), &key(), Some(&anchor)) {
+            Err(AuditError::RolledBack { seq, .. }) => assert_eq!(seq, 4),
+            other => panic!("{other:?}"),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_longer_trail_than_the_last_anchored_head_is_fine() -> TestResult {
+        let (state, elsewhere) = dirs()?;
+        let anchor = elsewhere.path().join("anchor");
+        record(state.path(), &anchor, 2)?;
+        let mut log = super::super::AuditLog::open(state.path(), key())?;
+        log.record("reap_stale", "controller", None, serde_json::json!({}))?;
+        drop(log);
+        let (summary, report) =
+            super::super::verify_with_anchor(state.path(), &key(), Some(&anchor))?;
+        assert_eq!(summary.entries, 4);
+        let report = report.ok_or("no report")?;
+        assert_eq!(report.heads_checked, 3);
+        assert_eq!(report.last_anchored_seq, Some(3));
+        Ok(())
+    }
+
+    #[test]
+    fn a_forged_anchor_line_is_reported_with_its_line() -> TestResult {
+        let (state, elsewhere) = dirs()?;
+        let anchor = elsewhere.path().join("anchor");
+        record(state.path(), &anchor, 1)?;
+        let text = std::fs::read_to_string(&anchor)?;
+        let last = text.lines().last().ok_or("empty anchor")?;
+        let forged = last.replace("seq=2", "seq=1");
+        std::fs::write(&anchor, format!("{text}{forged}\n"))?;
+        match super::super::verify_with_anchor(state.path(), &key(), Some(&anchor)) {
+            Err(AuditError::Anchor { line, reason, .. }) => {
+                assert_eq!(line, Some(3));
+                assert!(reason.contains("MAC"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn an_anchor_with_heads_is_evidence_of_a_trail() -> TestResult {
+        let (state, elsewhere) = dirs()?;
+        let anchor = elsewhere.path().join("anchor");
+        record(state.path(), &anchor, 1)?;
+        // Everything in the state directory gone, the key with it.
+        for e in std::fs::read_dir(state.path())? {
+            std::fs::remove_file(e?.path())?;
+        }
+        match anchored(state.path(), &anchor).err() {
+            Some(AuditError::Vanished { evidence, .. }) => {
+                assert!(
+                    evidence.iter().any(|e| e.contains("2 anchored heads")),
+                    "{evidence:?}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn heads_of_an_earlier_trail_need_a_trail_begun_as_new() -> TestResult {
+        let (state, elsewhere) = dirs()?;
+        let anchor = elsewhere.path().join("anchor");
+        record(state.path(), &anchor, 1)?;
+        std::fs::remove_file(state.path().join(LOG_FILE))?;
+        std::fs::remove_file(state.path().join(super::super::HEAD_FILE))?;
+        // A trail begun in its place without saying so (as a wiped key would let one be).
+        drop(super::super::AuditLog::open(state.path(), key()));
+        match super::super::verify_with_anchor(state.path(), &key(), Some(&anchor)) {
+            Err(AuditError::RolledBack { seq: 1, reason, .. }) => {
+                assert!(reason.contains("another trail"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // Begun with --new-audit-trail, the earlier heads are expected.
+        std::fs::remove_file(state.path().join(LOG_FILE))?;
+        let held = Dir::open(state.path())?;
+        let a = Anchor::open(&AnchorTarget::File(anchor.clone()), &held)?;
+        drop(super::super::AuditLog::start(
+            state.path(),
+            key(),
+            super::super::Start {
+                new_trail: true,
+                anchor: Some(a),
+                session: "5e55".into(),
+                ..Default::default()
+            },
+        )?);
+        let (_, report) = super::super::verify_with_anchor(state.path(), &key(), Some(&anchor))?;
+        let report = report.ok_or("no report")?;
+        assert_eq!(report.earlier_trail_lines, 2);
+        assert_eq!(report.heads_checked, 1);
+        Ok(())
+    }
+
+    #[test]
+    fn an_anchor_inside_the_state_directory_or_not_a_file_is_refused() -> TestResult {
+        let (state, elsewhere) = dirs()?;
+        let held = Dir::open(state.path())?;
+        std::fs::create_dir(state.path().join("sub"))?;
+        for inside in [state.path().join("anchor"), state.path().join("sub/anchor")] {
+            match Anchor::open(&AnchorTarget::File(inside), &held) {
+                Err(AuditError::Anchor { reason, .. }) => {
+                    assert!(reason.contains("inside the state directory"), "{reason}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let link = elsewhere.path().join("link");
+        std::os::unix::fs::symlink(elsewhere.path().join("target"), &link)?;
+        let fifo = elsewhere.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))?;
+        for (path, kind) in [
+            (link, "a symlink"),
+            (fifo, "a FIFO"),
+            (elsewhere.path().to_path_buf(), "a directory"),
+        ] {
+            match Anchor::open(&AnchorTarget::File(path.clone()), &held) {
+                Err(AuditError::Anchor { reason, .. }) => {
+                    assert!(reason.contains(kind), "{path:?}: {reason}")
+                }
+                other => panic!("{path:?}: {other:?}"),
+            }
+        }
+        assert!(!elsewhere.path().join("target").exists());
+        Ok(())
+    }
+
+    #[test]
+    fn targets_parse_from_the_command_line() {
+        assert_eq!(
+            "syslog".parse(),
+            Ok(AnchorTarget::Syslog(PathBuf::from("/dev/log")))
+        );
+        assert_eq!(
+            "syslog:/run/x.sock".parse(),
+            Ok(AnchorTarget::Syslog(PathBuf::from("/run/x.sock")))
+        );
+        assert_eq!(
+            "/var/log/a".parse(),
+            Ok(AnchorTarget::File(PathBuf::from("/var/log/a")))
+        );
+        assert!("syslog:".parse::<AnchorTarget>().is_err());
+    }
+}

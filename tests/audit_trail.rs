@@ -1,0 +1,435 @@
+//! Attacks on the audit trail by someone who can write the controller's state directory:
+//! wiping the trail, rolling it back to an older copy, forging the anchor; and the anchor
+//! itself (its place, syslog, failing closed when it cannot be written).
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::controller::TestController;
+use common::*;
+use hatchery::audit::{self, AuditKey};
+use hatchery::signing::Keyring;
+use serde_json::Value;
+
+const LONG: Duration = Duration::from_secs(60);
+/// A controller that must refuse to start has this long to say so.
+const REFUSAL: Duration = Duration::from_secs(20);
+const CONTRACT: &str =
+    "max_depth = 3\nmax_replicas = 64\ncooldown_seconds = 0\nexpiration_seconds = 3600\n";
+
+fn verify(state: &Path, extra: &[&str]) -> Output {
+    run_with_timeout(
+        Command::new(hatchery())
+            .args(["audit", "verify", "--state-dir"])
+            .arg(state)
+            .args(extra),
+        Duration::from_secs(30),
+    )
+}
+
+fn verify_json(state: &Path, extra: &[&str]) -> Value {
+    let mut args = vec!["--json"];
+    args.extend_from_slice(extra);
+    let out = verify(state, &args);
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// Entries of the trail in `state`, as stored.
+fn entries(state: &Path) -> Vec<Value> {
+    std::fs::read_to_string(state.join("audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The line a refused controller printed about why.
+fn refusal(out: &Output) -> String {
+    let err = stderr(out);
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("hatchery: controller:"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one line says why: {err}");
+    lines[0].to_string()
+}
+
+fn audit_key(state: &Path) -> AuditKey {
+    let ring = match Keyring::load(&state.join("controller.key")) {
+        Ok(r) => r,
+        Err(e) => panic!("key: {e}"),
+    };
+    match ring.derived_mac(audit::KEY_PURPOSE) {
+        Ok(m) => AuditKey::from_mac(m),
+        Err(e) => panic!("key: {e}"),
+    }
+}
+
+/// Spawns `true` as a root worker and waits until its exit is in the trail.
+fn spawn_true(c: &TestController) {
+    let before = c.audit("worker_exited").len();
+    let out = c.cli(&["spawn", "--", "true"]);
+    assert_eq!(code(&out), 0, "{} {}", stderr(&out), c.log());
+    let start = Instant::now();
+    while c.audit("worker_exited").len() <= before {
+        assert!(start.elapsed() < LONG, "no worker_exited: {}", c.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A directory outside every state directory, for anchors.
+fn elsewhere() -> tempfile::TempDir {
+    match tempfile::Builder::new()
+        .prefix("hatchery-anchor-")
+        .tempdir()
+    {
+        Ok(d) => d,
+        Err(e) => panic!("tempdir: {e}"),
+    }
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().to_string()
+}
+
+#[test]
+fn a_wiped_trail_is_damage_refused_at_start_and_begun_anew_only_on_request() {
+    if skip_unless_root("wiped trail") {
+        return;
+    }
+    let mut c = TestController::start(CONTRACT, &[]);
+    spawn_true(&c);
+    c.stop();
+    let state = c.state_dir().to_path_buf();
+    assert!(entries(&state).len() >= 4);
+    let _ = std::fs::write(state.join("audit.jsonl"), "");
+    let _ = std::fs::remove_file(state.join("audit.head"));
+
+    // The attack as it worked: the chain and head alone find nothing wrong with nothing.
+    match audit::verify_chain(&state, &audit_key(&state)) {
+        Ok(summary) => assert_eq!(summary.entries, 0),
+        Err(e) => panic!("{e}"),
+    }
+    let out = verify(&state, &[]);
+    assert_eq!(code(&out), 1, "{}", stdout(&out));
+    let said = stdout(&out);
+    assert!(said.contains("has vanished"), "{said}");
+    assert!(said.contains("audit.jsonl is empty"), "{said}");
+    assert!(said.contains("workers/ holds 1 worker log"), "{said}");
+    assert!(!said.contains("intact"), "{said}");
+    let v = verify_json(&state, &[]);
+    assert_eq!(v["intact"], false, "{v}");
+    assert_eq!(v["problem"]["kind"], "vanished", "{v}");
+
+    let out = c.refused_start(&[], REFUSAL);
+    assert_eq!(code(&out), 1);
+    let why = refusal(&out);
+    assert!(
+        why.contains("has vanished") && why.contains("--new-audit-trail"),
+        "{why}"
+    );
+    assert!(entries(&state).is_empty(), "nothing was written");
+
+    c.restart_with(&["--new-audit-trail"]);
+    c.stop();
+    let trail = entries(&state);
+    assert_eq!(trail[0]["seq"], 1);
+    assert_eq!(trail[0]["event"], "audit_trail_started");
+    assert_eq!(trail[0]["details"]["new_audit_trail"], true);
+    let evidence = trail[0]["details"]["evidence"].to_string();
+    assert!(evidence.contains("audit.jsonl is empty"), "{evidence}");
+    assert!(evidence.contains("controller.key"), "{evidence}");
+    assert_eq!(trail[1]["event"], "controller_started");
+    assert_eq!(code(&verify(&state, &[])), 0);
+
+    // A trail exists now: never replaced.
+    let before = std::fs::read(state.join("audit.jsonl")).unwrap_or_default();
+    let out = c.refused_start(&["--new-audit-trail"], REFUSAL);
+    assert_eq!(code(&out), 1);
+    assert!(refusal(&out).contains("never replaced"), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read(state.join("audit.jsonl")).unwrap_or_default(),
+        before
+    );
+}
+
+#[test]
+fn a_rolled_back_trail_verifies_alone_but_the_anchor_catches_it() {
+    if skip_unless_root("rolled back trail") {
+        return;
+    }
+    let out_of_state = elsewhere();
+    let anchor = out_of_state.path().join("audit.anchor");
+    let flags = ["--audit-anchor".to_string(), s(&anchor)];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut c = TestController::start(CONTRACT, &flags);
+    spawn_true(&c);
+    c.stop();
+    let state = c.state_dir().to_path_buf();
+    let old_log = std::fs::read(state.join("audit.jsonl")).unwrap_or_default();
+    let old_head = std::fs::read(state.join("audit.head")).unwrap_or_default();
+    let kept = entries(&state).len();
+    c.restart_with(&flags);
+    spawn_true(&c);
+    c.stop();
+    let mode = std::fs::metadata(&anchor).map(|m| m.permissions().mode() & 0o777);
+    assert_eq!(mode.ok(), Some(0o600));
+    let out = verify(&state, &["--anchor", &s(&anchor)]);
+    assert_eq!(code(&out), 0, "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("matches the anchor"),
+        "{}",
+        stdout(&out)
+    );
+
+    let _ = std::fs::write(state.join("audit.jsonl"), &old_log);
+    let _ = std::fs::write(state.join("audit.head"), &old_head);
+    // Without the anchor, the older copy is a perfectly good trail.
+    let out = verify(&state, &[]);
+    assert_eq!(code(&out), 0, "{}", stdout(&out));
+    // With it, the first head written after the copy is missing.
+    let first_missing = kept + 1;
+    let out = verify(&state, &["--anchor", &s(&anchor)]);
+    assert_eq!(code(&out), 1, "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains(&format!("at entry {first_missing}:"))
+            && stdout(&out).contains("rolled back"),
+        "{}",
+        stdout(&out)
+    );
+    let v = verify_json(&state, &["--anchor", &s(&anchor)]);
+    assert_eq!(v["problem"]["kind"], "rolled_back", "{v}");
+    assert_eq!(v["problem"]["at"], first_missing, "{v}");
+    assert_eq!(v["anchor"]["ok"], false, "{v}");
+
+    let out = c.refused_start(&flags, REFUSAL);
+    assert_eq!(code(&out), 1);
+    let why = refusal(&out);
+    assert!(
+        why.contains("does not match the anchor")
+            && why.contains(&format!("entry {first_missing}")),
+        "{why}"
+    );
+    // Started without its anchor, it would go on: the anchor is what catches it.
+    c.restart_with(&[]);
+    c.stop();
+}
+
+#[test]
+fn a_forged_anchor_line_is_reported_and_the_controller_refuses_it() {
+    if skip_unless_root("forged anchor") {
+        return;
+    }
+    let out_of_state = elsewhere();
+    let anchor = out_of_state.path().join("audit.anchor");
+    let flags = ["--audit-anchor".to_string(), s(&anchor)];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut c = TestController::start(CONTRACT, &flags);
+    spawn_true(&c);
+    c.stop();
+    let state = c.state_dir().to_path_buf();
+    let text = std::fs::read_to_string(&anchor).unwrap_or_default();
+    let lines = text.lines().count();
+    assert!(lines >= 2, "{text}");
+    let last = text.lines().last().unwrap_or_default();
+    // A head the trail never had, in the anchor's own format, without the key.
+    let forged = last.replace("seq=", "seq=9");
+    let _ = std::fs::write(&anchor, format!("{text}{forged}\n"));
+    let out = verify(&state, &["--anchor", &s(&anchor)]);
+    assert_eq!(code(&out), 1, "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains(&format!("line {}", lines + 1)) && stdout(&out).contains("forged"),
+        "{}",
+        stdout(&out)
+    );
+    let v = verify_json(&state, &["--anchor", &s(&anchor)]);
+    assert_eq!(v["problem"]["kind"], "anchor", "{v}");
+    let out = c.refused_start(&flags, REFUSAL);
+    assert_eq!(code(&out), 1);
+    assert!(refusal(&out).contains("forged"), "{}", stderr(&out));
+}
+
+#[test]
+fn an_anchor_inside_the_state_directory_or_through_a_symlink_is_refused() {
+    if skip_unless_root("anchor place") {
+        return;
+    }
+    let mut c = TestController::start(CONTRACT, &[]);
+    c.stop();
+    let inside = c.state_dir().join("workers/audit.anchor");
+    let out = c.refused_start(&["--audit-anchor", &s(&inside)], REFUSAL);
+    assert_eq!(code(&out), 1);
+    assert!(
+        refusal(&out).contains("inside the state directory"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!inside.exists());
+
+    let out_of_state = elsewhere();
+    let target = out_of_state.path().join("elsewhere");
+    let link = out_of_state.path().join("audit.anchor");
+    let _ = std::os::unix::fs::symlink(&target, &link);
+    let out = c.refused_start(&["--audit-anchor", &s(&link)], REFUSAL);
+    assert_eq!(code(&out), 1);
+    assert!(refusal(&out).contains("a symlink"), "{}", stderr(&out));
+    assert!(!target.exists(), "nothing was written through the symlink");
+}
+
+/// A syslog socket of our own, standing in for /dev/log.
+struct FakeSyslog {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    socket: UnixDatagram,
+}
+
+impl FakeSyslog {
+    fn new() -> FakeSyslog {
+        let dir = elsewhere();
+        let path = dir.path().join("log");
+        let socket = match UnixDatagram::bind(&path) {
+            Ok(s) => s,
+            Err(e) => panic!("bind: {e}"),
+        };
+        let _ = socket.set_read_timeout(Some(Duration::from_millis(200)));
+        FakeSyslog {
+            _dir: dir,
+            path,
+            socket,
+        }
+    }
+
+    /// Every message received so far.
+    fn messages(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 65536];
+        while let Ok(n) = self.socket.recv(&mut buf) {
+            out.push(String::from_utf8_lossy(buf.get(..n).unwrap_or_default()).to_string());
+        }
+        out
+    }
+}
+
+#[test]
+fn the_syslog_anchor_sends_each_head_and_its_journal_output_verifies() {
+    if skip_unless_root("syslog anchor") {
+        return;
+    }
+    let syslog = FakeSyslog::new();
+    let target = format!("syslog:{}", s(&syslog.path));
+    let mut c = TestController::start(CONTRACT, &["--audit-anchor", &target]);
+    spawn_true(&c);
+    c.stop();
+    let state = c.state_dir().to_path_buf();
+    let messages = syslog.messages();
+    assert!(messages.len() >= 3, "{messages:?}");
+    for m in &messages {
+        assert!(m.starts_with("<85>hatchery-audit["), "{m}");
+    }
+    // What `journalctl -t hatchery-audit -o cat` prints: each message without its header.
+    let journal: String = messages
+        .iter()
+        .filter_map(|m| m.split_once("]: ").map(|(_, text)| format!("{text}\n")))
+        .collect();
+    let dir = elsewhere();
+    let saved = dir.path().join("journal.txt");
+    let _ = std::fs::write(&saved, &journal);
+    let out = verify(&state, &["--anchor", &s(&saved)]);
+    assert_eq!(code(&out), 0, "{} {}", stdout(&out), stderr(&out));
+    let v = verify_json(&state, &["--anchor", &s(&saved)]);
+    assert_eq!(v["anchor"]["heads_checked"], messages.len(), "{v}");
+    // The raw syslog lines (a syslog file) read alike.
+    let raw = dir.path().join("syslog.txt");
+    let _ = std::fs::write(&raw, messages.join("\n") + "\n");
+    assert_eq!(code(&verify(&state, &["--anchor", &s(&raw)])), 0);
+
+    let out = c.refused_start(
+        &[
+            "--audit-anchor",
+            &format!("syslog:{}", s(&dir.path().join("none"))),
+        ],
+        REFUSAL,
+    );
+    assert_eq!(code(&out), 1);
+    assert!(
+        refusal(&out).contains("cannot reach the syslog socket"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// A small tmpfs, unmounted when dropped.
+struct FullDisk {
+    dir: tempfile::TempDir,
+}
+
+impl FullDisk {
+    fn new() -> Option<FullDisk> {
+        let dir = elsewhere();
+        let out = run_with_timeout(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=16k,mode=0700", "tmpfs"])
+                .arg(dir.path()),
+            Duration::from_secs(10),
+        );
+        if code(&out) != 0 {
+            eprintln!("SKIP full disk: cannot mount a tmpfs: {}", stderr(&out));
+            return None;
+        }
+        let disk = FullDisk { dir };
+        // Fill it: the anchor's first write will find no room.
+        let _ = run_with_timeout(
+            Command::new("dd")
+                .args(["if=/dev/zero", "bs=4k"])
+                .arg(format!("of={}", s(&disk.dir.path().join("fill")))),
+            Duration::from_secs(10),
+        );
+        Some(disk)
+    }
+}
+
+impl Drop for FullDisk {
+    fn drop(&mut self) {
+        let _ = run_with_timeout(
+            Command::new("umount").arg(self.dir.path()),
+            Duration::from_secs(10),
+        );
+    }
+}
+
+#[test]
+fn an_anchor_that_cannot_be_written_engages_the_kill_switch() {
+    if skip_unless_root("full anchor") {
+        return;
+    }
+    let Some(disk) = FullDisk::new() else {
+        return;
+    };
+    let anchor = disk.dir.path().join("audit.anchor");
+    let mut c = TestController::start(CONTRACT, &["--audit-anchor", &s(&anchor)]);
+    let start = Instant::now();
+    while !c.log().contains("the audit anchor cannot be written") {
+        assert!(start.elapsed() < LONG, "no error logged: {}", c.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The next decision finds the anchor failing and stops admissions.
+    let _ = c.cli(&["spawn", "--", "true"]);
+    c.wait_for("the kill switch", LONG, |v| v["kill_switch"] == true);
+    let out = c.cli(&["spawn", "--", "true"]);
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("deny_kill_switch"),
+        "{}",
+        stderr(&out)
+    );
+    // Released, it engages again at once: nothing is admitted while the anchor fails.
+    let _ = c.cli(&["kill-switch", "--release"]);
+    c.wait_for("the kill switch again", LONG, |v| v["kill_switch"] == true);
+    c.stop();
+    drop(disk);
+}
