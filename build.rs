@@ -5,9 +5,40 @@
 
 use std::path::Path;
 
+use sha2::{Digest, Sha256};
+
 const PROFILES: [&str; 5] = ["default", "strict", "compat", "floor", "floor-allowlist"];
 
+/// Hashes the code and data a compiled seccomp filter depends on: the filter cache
+/// (`src/sandbox/filter_cache.rs`) keys its entries with it, so a changed build never
+/// reads a filter an older one compiled.
+fn filter_build_id() -> String {
+    let mut files: Vec<std::path::PathBuf> = ["src/profile", "profiles"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    files.push("src/sandbox/filter_cache.rs".into());
+    files.sort();
+    let mut h = Sha256::new();
+    for f in &files {
+        println!("cargo:rerun-if-changed={}", f.display());
+        h.update(f.to_string_lossy().as_bytes());
+        h.update(std::fs::read(f).unwrap_or_default());
+    }
+    println!("cargo:rerun-if-changed=src/profile");
+    println!("cargo:rerun-if-changed=profiles");
+    let digest = h.finalize();
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn main() {
+    println!(
+        "cargo:rustc-env=HATCHERY_FILTER_BUILD_ID={}",
+        filter_build_id()
+    );
     let out = std::env::var("OUT_DIR").unwrap_or_else(|_| ".".into());
     for name in PROFILES {
         let src = format!("profiles/{name}.toml");

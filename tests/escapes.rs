@@ -741,7 +741,7 @@ fn the_sandbox_sees_neither_host_load_nor_host_memory_nor_the_host_boot() {
         "--",
         "sh",
         "-c",
-        "cat /proc/loadavg; grep -E '^(processes|ctxt)' /proc/stat; head -1 /proc/meminfo; cat /proc/sys/kernel/random/boot_id; wc -c < /proc/interrupts; ls /proc/pressure | wc -l; nproc; cat /proc/cgroups /proc/cmdline | wc -c; find /proc/irq /proc/fs -mindepth 1 | wc -l",
+        "cat /proc/loadavg; grep -E '^(processes|ctxt)' /proc/stat; head -1 /proc/meminfo; cat /proc/sys/kernel/random/boot_id; wc -c < /proc/interrupts; ls /proc/pressure | wc -l; nproc; cat /proc/cgroups /proc/vmstat | wc -c; find /proc/irq /proc/fs -mindepth 1 | wc -l",
     ]);
     let lines: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
     assert_eq!(

@@ -14,6 +14,7 @@ pub mod caps;
 pub mod cgroup;
 pub mod channel;
 pub mod exec;
+pub mod filter_cache;
 pub mod idpool;
 pub mod init;
 pub mod landlock;
@@ -110,16 +111,7 @@ impl SeccompSource {
     pub fn compile(&self) -> Result<Filters, SandboxError> {
         match self {
             SeccompSource::Compiled(f) => Ok(f.clone()),
-            SeccompSource::Deferred(profile) => {
-                let invalid =
-                    |e: crate::profile::ProfileError| SandboxError::Invalid(e.to_string());
-                let floor = profile.floor().map_err(invalid)?;
-                Ok(Filters {
-                    profile: profile.compile_seccomp().map_err(invalid)?,
-                    floor: floor.program,
-                    floor_notes: floor.notes,
-                })
-            }
+            SeccompSource::Deferred(profile) => filter_cache::filters(profile),
         }
     }
 }
