@@ -447,3 +447,41 @@ fn a_rootless_controller_uses_the_users_directories_and_runs_workers_degraded() 
     assert_eq!(code(&out), 0, "{}", stdout(&out));
     assert!(!socket.exists(), "the socket is removed on exit");
 }
+
+#[test]
+fn rootless_sandboxes_get_the_floor_their_own_loopback_the_proc_view_and_object_limits() {
+    if skip("rootless floor") {
+        return;
+    }
+    // The floor: vsock (40) and NETLINK_USERSOCK (16, 2) refused, as for root.
+    for (args, what) in [
+        (["syscall", "socket", "40", "1", "0"], "vsock"),
+        (["syscall", "socket", "16", "3", "2"], "netlink usersock"),
+    ] {
+        let out = probe_as_nobody(&[], &args);
+        assert_eq!(
+            stdout(&out),
+            format!("err {}", libc::EPERM),
+            "{what}: {}",
+            stderr(&out)
+        );
+    }
+    // The sandbox's own loopback carries TCP.
+    let out = probe_as_nobody(&[], &["listen-loopback"]);
+    assert_eq!(stdout(&out), "ok 0", "{}", stderr(&out));
+    // The /proc view and the namespace's own inotify limit hold rootless too.
+    let out = as_nobody(&[
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "cat /proc/loadavg; wc -c < /proc/interrupts; cat /proc/sys/user/max_inotify_instances /proc/sys/user/max_user_namespaces",
+    ]);
+    let lines: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
+    assert_eq!(
+        lines,
+        ["0.00 0.00 0.00 1/1 1", "0", "64", "0"],
+        "{}",
+        stderr(&out)
+    );
+}
