@@ -283,3 +283,59 @@ fn bad_decisions_change_nothing_and_are_audited() {
     assert_eq!(wait_pending(&c, 2).len(), 2, "nothing changed");
     assert!(c.audit("approval_granted").is_empty());
 }
+
+#[test]
+fn approval_rechecks_the_cooldown_and_one_worker_cannot_fill_the_queue() {
+    if skip_unless_root("approval cooldown") {
+        return;
+    }
+    let c = TestController::start(
+        "max_depth = 3\nmax_replicas = 16\ncooldown_seconds = 60\nexpiration_seconds = 3600\n\n[approval]\nmax_pending = 32\nrequire = [{ kind = \"always\" }]\n",
+        &[],
+    );
+    let ex = common::agents::examples_dir();
+    // Six requests at once: each waits for a person; none has been decided yet, so none
+    // has started the parent's cooldown.
+    let script = common::agents::python_agent(
+        "print(w.register(), flush=True)\nfor i in range(6):\n    print('reply', w.replicate('r%d' % i, ['true']), flush=True)\nwhile True:\n    print('later', w.receive(), flush=True)",
+        "sleep 30",
+    );
+    let parent = match c.spawn(&["--ro", &ex], &script) {
+        Ok(id) => id,
+        Err(o) => panic!("{}", stderr(&o)),
+    };
+    let start = std::time::Instant::now();
+    while log_of(&c, &parent).matches("reply ").count() < 6 && start.elapsed() < LONG {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = log_of(&c, &parent);
+    assert_eq!(log.matches("reply {'type': 'pending'").count(), 4, "{log}");
+    assert_eq!(log.matches("reply {'type': 'denied'").count(), 2, "{log}");
+    let pending = wait_pending(&c, 4);
+    assert_eq!(
+        pending.len(),
+        4,
+        "one worker holds at most 4 places: {pending:?}"
+    );
+    for p in &pending {
+        let id = p["approval_id"].as_str().unwrap_or("");
+        let out = c.cli(&["approve", id]);
+        assert_ne!(code(&out), 2, "{}", stderr(&out));
+    }
+    // The first approval starts a child and the cooldown; the rest are refused by it.
+    let granted = c.wait_audit("approval_granted", LONG);
+    let start = std::time::Instant::now();
+    while c.audit("deny_cooldown").len() < 3 && start.elapsed() < LONG {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(granted.len(), 1, "{}", log_of(&c, &parent));
+    assert_eq!(c.audit("deny_cooldown").len(), 3, "{}", log_of(&c, &parent));
+    assert_eq!(
+        c.audit("replication_requested")
+            .iter()
+            .filter(|e| e["details"]["parent"] == parent.as_str())
+            .count(),
+        1,
+        "one child only"
+    );
+}

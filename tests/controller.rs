@@ -8,70 +8,10 @@ use std::os::unix::net::UnixStream;
 use std::process::Command;
 use std::time::Duration;
 
+use common::agents::*;
 use common::controller::{TestController, worker_cgroups};
 use common::*;
 use serde_json::Value;
-
-const LONG: Duration = Duration::from_secs(60);
-
-fn base_contract(extra: &str) -> String {
-    format!(
-        "max_depth = 3\nmax_replicas = 64\ncooldown_seconds = 0\nexpiration_seconds = 3600\n{extra}"
-    )
-}
-
-/// `--ro` of the examples directory, so workers can run the Python client.
-fn examples_dir() -> String {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples")
-        .to_string_lossy()
-        .to_string()
-}
-
-/// A worker script that runs `body` in Python with `w`, a connected
-/// `examples/hatchery_agent.Worker`, then the shell line `then`. The worker needs
-/// `--ro` of [`examples_dir`].
-fn python_agent(body: &str, then: &str) -> String {
-    let ex = examples_dir();
-    format!(
-        "python3 - <<'EOF'\nimport json, struct, sys\nsys.path.insert(0, '{ex}')\nfrom hatchery_agent import Worker\nw = Worker()\n{body}\nEOF\n{then}"
-    )
-}
-
-/// A worker script that registers and then just lives for `secs`.
-fn idle(secs: u32) -> String {
-    format!("hatchery agent register >/dev/null || exit 9; sleep {secs}")
-}
-
-/// A worker script that heartbeats every 200 ms for `secs`.
-fn alive(secs: u32) -> String {
-    format!(
-        "hatchery agent register >/dev/null || exit 9; i=0; while [ $i -lt {} ]; do hatchery agent heartbeat >/dev/null; sleep 0.2; i=$((i+1)); done",
-        secs * 5
-    )
-}
-
-fn skip(test: &str) -> bool {
-    skip_unless_root(test)
-}
-
-fn spawned(c: &TestController, flags: &[&str], script: &str) -> String {
-    match c.spawn(flags, script) {
-        Ok(id) => id,
-        Err(out) => panic!(
-            "spawn failed: {} {}\n{}",
-            stdout(&out),
-            stderr(&out),
-            c.log()
-        ),
-    }
-}
-
-fn wait_running(c: &TestController, n: usize) -> Value {
-    c.wait_for(&format!("{n} running workers"), LONG, |v| {
-        TestController::count(v, "running") >= n
-    })
-}
 
 #[test]
 fn replication_stops_at_max_depth_and_the_denial_is_audited() {
@@ -199,16 +139,15 @@ hatchery agent replicate --reason network --explicit --memory 64M --cpus 0.25 --
 echo "rc=$?"
 sleep 20"#;
     let id = spawned(&c, &["--memory", "128M", "--cpus", "0.5"], script);
-    let c2 = &c;
     let start = std::time::Instant::now();
-    while c2.audit("deny_narrowing").len() < 2 && start.elapsed() < LONG {
+    while (c.audit("deny_narrowing").is_empty() || c.audit("deny_invalid_request").is_empty())
+        && start.elapsed() < LONG
+    {
         std::thread::sleep(Duration::from_millis(100));
     }
     let entries = c.audit("deny_narrowing");
-    assert_eq!(entries.len(), 2, "{}", c.log());
-    for e in &entries {
-        assert_eq!(e["worker_id"], id.as_str());
-    }
+    assert_eq!(entries.len(), 1, "{}", c.log());
+    assert_eq!(entries[0]["worker_id"], id.as_str());
     assert!(
         entries[0]["details"]["reason"]
             .as_str()
@@ -216,12 +155,16 @@ sleep 20"#;
         "{}",
         entries[0]
     );
+    // The host's network is never shared, however little else is asked.
+    let entries = c.audit("deny_invalid_request");
+    assert_eq!(entries.len(), 1, "{}", c.log());
+    assert_eq!(entries[0]["worker_id"], id.as_str());
     assert!(
-        entries[1]["details"]["reason"]
+        entries[0]["details"]["reason"]
             .as_str()
-            .is_some_and(|r| r.contains("external")),
+            .is_some_and(|r| r.contains("allow_external")),
         "{}",
-        entries[1]
+        entries[0]
     );
     let log = std::fs::read_to_string(c.state_dir().join("workers").join(format!("{id}.log")))
         .unwrap_or_default();
@@ -285,7 +228,10 @@ fn a_tampered_or_foreign_manifest_does_not_register() {
         c.audit("worker_registered").is_empty(),
         "nothing registered"
     );
-    assert_eq!(c.worker(&id)["state"], "starting");
+    // A refusal at registration ends the worker, as a contract denial does.
+    c.wait_audit("worker_exited", LONG);
+    assert_ne!(c.worker(&id)["state"], "running");
+    assert!(c.audit("worker_registered").is_empty(), "it never got in");
 }
 
 #[test]

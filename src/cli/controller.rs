@@ -93,6 +93,14 @@ pub struct ControllerArgs {
     /// first entry records why. Refused where a trail exists
     #[arg(long)]
     pub new_audit_trail: bool,
+    /// Most output (stdout and stderr together) one worker's log keeps when its manifest
+    /// sets no cap; past it the worker's output is cut
+    #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = units::parse_output_cap)]
+    pub worker_output_cap: u64,
+    /// Most output every worker's log keeps together while the controller runs; past it
+    /// every worker's output is cut
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = units::parse_output_cap)]
+    pub worker_output_total: u64,
 }
 
 pub fn controller_main(args: ControllerArgs) -> i32 {
@@ -107,6 +115,8 @@ pub fn controller_main(args: ControllerArgs) -> i32 {
         socket_group: args.socket_group,
         audit_anchor: args.audit_anchor,
         new_audit_trail: args.new_audit_trail,
+        worker_output_cap: args.worker_output_cap,
+        worker_output_total: args.worker_output_total,
     };
     tracing::info!(socket = %opts.paths.socket.display(), state_dir = %opts.paths.state_dir.display(), "controller starting");
     match controller::run(opts) {

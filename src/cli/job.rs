@@ -43,7 +43,8 @@ pub struct JobArgs {
     /// Security profile name
     #[arg(long, value_name = "NAME", default_value = "default", value_parser = parse_profile)]
     pub profile: ProfileName,
-    /// Grant network access beyond the controller
+    /// Ask for network access beyond the controller (the manifest field; a controller
+    /// refuses it until egress goes through its broker)
     #[arg(long)]
     pub allow_external: bool,
     /// Withhold the socket to the controller

@@ -8,6 +8,7 @@
 //! [approval]
 //! timeout_seconds = 300      # undecided requests are denied after this (1..=86400)
 //! max_pending = 32           # beyond this many waiting, new requests are denied (1..=10000)
+//! max_pending_per_worker = 4 # beyond this many of one worker's, its new ones are denied
 //! require = [
 //!   { kind = "depth_at_least", depth = 2 },
 //!   { kind = "network" },              # asks for network access beyond the controller
@@ -38,6 +39,9 @@ pub const MAX_PENDING: usize = 10_000;
 fn default_timeout() -> u64 {
     300
 }
+
+/// One worker's share of the queue when the contract does not say.
+const DEFAULT_PENDING_PER_WORKER: usize = 4;
 
 fn default_max_pending() -> usize {
     32
@@ -143,6 +147,11 @@ pub struct ApprovalPolicy {
     pub timeout_seconds: u64,
     #[serde(default = "default_max_pending")]
     pub max_pending: usize,
+    /// One worker's share of the queue: a worker filling it would hold every other
+    /// worker's requests back until the deadline.
+    /// Unset: 4, or `max_pending` if that is smaller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pending_per_worker: Option<usize>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub require: Vec<RequireRule>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -154,6 +163,7 @@ impl Default for ApprovalPolicy {
         ApprovalPolicy {
             timeout_seconds: default_timeout(),
             max_pending: default_max_pending(),
+            max_pending_per_worker: None,
             require: Vec::new(),
             auto_approve: Vec::new(),
         }
@@ -169,6 +179,12 @@ pub enum ApprovalVerdict {
 }
 
 impl ApprovalPolicy {
+    /// How many of one worker's requests may wait at once.
+    pub fn pending_per_worker(&self) -> usize {
+        self.max_pending_per_worker
+            .unwrap_or_else(|| DEFAULT_PENDING_PER_WORKER.min(self.max_pending))
+    }
+
     /// Checks bounds the types cannot express.
     pub fn validate(&self) -> Result<(), String> {
         if !(1..=MAX_TIMEOUT_SECONDS).contains(&self.timeout_seconds) {
@@ -178,6 +194,9 @@ impl ApprovalPolicy {
         }
         if !(1..=MAX_PENDING).contains(&self.max_pending) {
             return Err(format!("approval.max_pending must be 1..={MAX_PENDING}"));
+        }
+        if !(1..=self.max_pending).contains(&self.pending_per_worker()) {
+            return Err("approval.max_pending_per_worker must be 1..=approval.max_pending".into());
         }
         if self.require.len() + self.auto_approve.len() > MAX_RULES {
             return Err(format!("approval has more than {MAX_RULES} rules"));

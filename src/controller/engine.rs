@@ -18,9 +18,12 @@ use crate::audit::{self, AuditLog, event};
 use crate::contract::approval::ApprovalVerdict;
 use crate::contract::{Decision, DenyReason, IssueError, ReplicationContract};
 use crate::manifest::{Lineage, Manifest, SpawnRequest, StateSnapshot, WorkerId};
+use crate::sandbox::handle::KillHandle;
 use crate::signing::ManifestSigner;
 
-use super::launcher::{self, LaunchSpec, LauncherEvent, LauncherRequest, LiveUsage};
+use super::bounded;
+use super::launcher::{LaunchSpec, LauncherEvent, LauncherRequest, LiveUsage};
+use super::link::{LinkError, Outbox};
 use super::protocol::{
     ApiRequest, ApiResponse, ExitInfo, MAX_TEXT_BYTES, PendingApproval, ReplicateMsg,
     WorkerMessage, WorkerReply,
@@ -58,8 +61,31 @@ pub enum Input {
     Launcher(LauncherEvent),
     LauncherGone,
     Tick,
+    /// A `ps` waited [`PS_WAIT`] for the launcher's usage figures.
+    PsDeadline,
     Shutdown,
 }
+
+impl Input {
+    fn kind(&self) -> &'static str {
+        match self {
+            Input::Api { .. } => "api",
+            Input::Worker { .. } => "worker",
+            Input::WorkerProtocolError { .. } => "worker_protocol_error",
+            Input::WorkerRateLimited { .. } => "worker_rate_limited",
+            Input::WorkerDisconnected { .. } => "worker_disconnected",
+            Input::ClientRejected { .. } => "client_rejected",
+            Input::Launcher(_) => "launcher",
+            Input::LauncherGone => "launcher_gone",
+            Input::Tick => "tick",
+            Input::PsDeadline => "ps_deadline",
+            Input::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// An input handled for longer than this is logged.
+const SLOW_INPUT: Duration = Duration::from_millis(30);
 
 /// Fixed settings of one controller run.
 pub struct EngineConfig {
@@ -74,6 +100,10 @@ pub struct EngineConfig {
     pub cgroup_owner: String,
     /// Inside ids available for distinct worker ids (rootless with a subordinate range).
     pub distinct_ids: u32,
+    /// The launcher, killed if it does not stop within [`SHUTDOWN_LIMIT`] of being asked.
+    pub launcher_pid: nix::unistd::Pid,
+    /// A worker's output cap when its manifest sets none.
+    pub worker_output_cap: u64,
 }
 
 enum WaitKind {
@@ -89,12 +119,24 @@ struct Waiter {
     started: Instant,
 }
 
+/// The longest `ps` waits for the launcher's usage figures.
+const PS_WAIT: Duration = Duration::from_millis(40);
 /// How long `kill` and `kill-switch` wait for the launcher to confirm every exit.
 const WAIT_LIMIT: Duration = Duration::from_secs(30);
 /// Grace after a worker's own `shutdown` before it is killed.
 const SHUTDOWN_GRACE_MS: u64 = 5000;
 /// At most one rate_limited / protocol_violation entry per worker per this many ms.
 const NOISY_AUDIT_MS: u64 = 10_000;
+/// How long a sandbox the controller's own handle shows gone may wait for the launcher's
+/// report (with its accounting) before the controller records the exit itself.
+const UNREPORTED_EXIT_GRACE_MS: u64 = 2000;
+/// Past a worker's timeout, how long the launcher has to enforce it before the controller
+/// does.
+const TIMEOUT_GRACE_MS: u64 = 2000;
+/// The controller's send buffer on a worker's socket (the kernel doubles it).
+const WORKER_SNDBUF: usize = 16 << 10;
+/// How long a stopping controller waits for its launcher before killing it.
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(5);
 
 pub struct Engine {
     cfg: EngineConfig,
@@ -102,19 +144,26 @@ pub struct Engine {
     signer: ManifestSigner,
     audit: AuditLog,
     registry: Registry,
-    launcher: UnixStream,
+    /// Requests to the launcher, queued so that a launcher that stops reading never
+    /// blocks this thread.
+    launcher: Outbox,
     launcher_alive: bool,
     rt: Handle,
     inputs: Sender<Input>,
     pending_ps: Vec<oneshot::Sender<ApiResponse>>,
+    /// The launcher's last usage figures (what `ps` shows when it does not answer in time).
+    last_usage: Vec<(String, LiveUsage)>,
     waiters: Vec<Waiter>,
     shutdown_deadlines: Vec<(WorkerId, u64)>,
-    noisy: std::collections::HashMap<WorkerId, u64>,
+    /// Per worker and kind of noisy entry: when the last was written, how many since.
+    noisy: std::collections::HashMap<(WorkerId, &'static str), (u64, u64)>,
     pending_approvals: std::collections::BTreeMap<String, PendingApproval>,
     /// The uid allowed to decide approvals (the controller's own; root always may).
     owner_uid: u32,
     next_slot: u32,
     shutting_down: bool,
+    /// When a stopping controller stops waiting for its launcher.
+    shutdown_deadline: Option<Instant>,
     /// Set when the engine is done; the server stops.
     pub finished: Option<oneshot::Sender<()>>,
 }
@@ -129,6 +178,23 @@ fn new_worker_id() -> Result<WorkerId, String> {
     WorkerId::new(format!("w-{}", hex::encode(b))).map_err(|e| e.to_string())
 }
 
+/// What the controller refuses whatever the contract says. `allow_external` would put a
+/// worker in the host's network namespace — its loopback services, its interfaces, half
+/// of the host's network — which is no policy; egress through the supervisor does not
+/// exist yet, so it is refused rather than half-granted.
+fn unsupported(request: &SpawnRequest) -> Option<DenyReason> {
+    request
+        .resources
+        .network_policy
+        .allow_external
+        .then(|| {
+            DenyReason::InvalidRequest(crate::manifest::FieldError::new(
+                "resources.network_policy.allow_external",
+                "not available: a worker never shares the host's network (egress through the supervisor is not built yet); ask without --allow-external",
+            ))
+        })
+}
+
 fn deny_details(reason: &DenyReason) -> serde_json::Value {
     json!({ "reason": reason.to_string() })
 }
@@ -140,7 +206,7 @@ impl Engine {
         contract: ReplicationContract,
         signer: ManifestSigner,
         audit: AuditLog,
-        launcher: UnixStream,
+        launcher: Outbox,
         rt: Handle,
         inputs: Sender<Input>,
         finished: oneshot::Sender<()>,
@@ -156,6 +222,7 @@ impl Engine {
             rt,
             inputs,
             pending_ps: Vec::new(),
+            last_usage: Vec::new(),
             waiters: Vec::new(),
             shutdown_deadlines: Vec::new(),
             noisy: Default::default(),
@@ -163,6 +230,7 @@ impl Engine {
             owner_uid: nix::unistd::geteuid().as_raw(),
             next_slot: 0,
             shutting_down: false,
+            shutdown_deadline: None,
             finished: Some(finished),
         }
     }
@@ -176,33 +244,124 @@ impl Engine {
         details: serde_json::Value,
         sync: bool,
     ) {
-        self.audit
-            .append(ev, actor, worker.map(|w| w.as_str()), details);
+        // Whatever a worker put in them, entries stay small (see `bounded`).
+        self.audit.append(
+            ev,
+            actor,
+            worker.map(|w| w.as_str()),
+            bounded::bound_json(details),
+        );
         if sync {
             if let Err(e) = self.audit.sync() {
                 // Without a durable trail no decision may take effect: stop everything.
                 tracing::error!(error = %e, "the audit trail cannot be written; engaging the kill switch");
                 self.registry.kill_switch = true;
-                self.send_launcher(&LauncherRequest::KillAll, None);
+                self.kill_all_directly();
+                let _ = self.send_launcher(&LauncherRequest::KillAll, None);
             }
         }
     }
 
-    fn send_launcher(&mut self, req: &LauncherRequest, fd: Option<&std::os::fd::OwnedFd>) -> bool {
-        if !self.launcher_alive {
-            return false;
+    /// The manifest issued to `id` (for the fuzzing harness, which registers with it).
+    pub(crate) fn issued_manifest(&self, id: &WorkerId) -> Option<Manifest> {
+        self.registry.get(id).map(|w| w.manifest.clone())
+    }
+
+    /// Every worker the registry knows.
+    pub(crate) fn worker_ids(&self) -> Vec<WorkerId> {
+        self.registry.all().map(|(id, _)| id.clone()).collect()
+    }
+
+    /// Kills a worker's sandbox through the controller's own handle: never waits on the
+    /// launcher (which is asked as well, for its accounting).
+    fn kill_directly(&self, id: &WorkerId) {
+        if let Some(h) = self.registry.get(id).and_then(|w| w.handle.as_ref()) {
+            h.kill();
         }
-        match launcher::send_request(&self.launcher, req, fd) {
-            Ok(()) => true,
-            Err(e) => {
+    }
+
+    /// Kills every sandbox through the controller's own handles, and cancels every launch
+    /// the launcher has not begun to read: nothing starts after this.
+    fn kill_all_directly(&mut self) {
+        for (_, w) in self.registry.active() {
+            if let Some(h) = &w.handle {
+                h.kill();
+            }
+        }
+        for worker_id in self.launcher.cancel_launches() {
+            let Ok(id) = WorkerId::new(worker_id) else {
+                continue;
+            };
+            self.record(
+                event::WORKER_START_FAILED,
+                "controller",
+                Some(&id),
+                json!({ "error": "its launch was cancelled before the launcher read it" }),
+                false,
+            );
+            self.exited(
+                &id,
+                ExitInfo {
+                    exit_code: 125,
+                    signal: None,
+                    oom_killed: false,
+                    timed_out: false,
+                    ended_by: Some("the kill switch cancelled its launch".into()),
+                },
+            );
+        }
+    }
+
+    /// Queues a request for the launcher (never blocking). An error says why it cannot go:
+    /// the launcher is gone or not taking requests, or the request is too large.
+    fn send_launcher(
+        &mut self,
+        req: &LauncherRequest,
+        fd: Option<std::os::fd::OwnedFd>,
+    ) -> Result<(), String> {
+        if !self.launcher_alive {
+            return Err("the launcher is not running".into());
+        }
+        match self.launcher.push(req, fd) {
+            Ok(()) => Ok(()),
+            Err(LinkError::Gone(e)) => {
                 tracing::error!(error = %e, "the launcher is gone");
                 self.launcher_alive = false;
-                false
+                Err("the launcher is not running".into())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Writes what the launcher will take of the queued requests.
+    fn flush_launcher(&mut self) {
+        if self.launcher_alive {
+            if let Err(LinkError::Gone(e)) = self.launcher.flush() {
+                tracing::error!(error = %e, "the launcher is gone");
+                self.launcher_alive = false;
             }
         }
     }
 
+    /// Takes one input; queued launcher requests go out before and after it.
     pub fn handle(&mut self, input: Input) {
+        let began = Instant::now();
+        let kind = input.kind();
+        self.flush_launcher();
+        self.dispatch(input);
+        self.flush_launcher();
+        // Everything waits while one input is handled: a slow one is worth seeing.
+        let took = began.elapsed();
+        if took > SLOW_INPUT {
+            tracing::warn!(
+                input = kind,
+                ms = took.as_millis() as u64,
+                "the engine was slow"
+            );
+        }
+    }
+
+    fn dispatch(&mut self, input: Input) {
         match input {
             Input::Api {
                 peer_uid,
@@ -211,19 +370,21 @@ impl Engine {
             } => self.api(peer_uid, *request, reply),
             Input::Worker { id, message } => self.worker(id, message),
             Input::WorkerProtocolError { id, error } => {
-                if self.noisy_ok(&id) {
+                // The parser's message may quote the input: keep a bounded part of it.
+                let error = bounded::clip(&error, 256);
+                if let Some(suppressed) = self.noisy_ok(&id, "protocol") {
                     self.record(
                         event::PROTOCOL_VIOLATION,
                         &format!("worker:{id}"),
                         Some(&id),
-                        json!({ "error": error }),
+                        json!({ "error": error, "suppressed_since_last": suppressed }),
                         false,
                     );
                 }
                 self.reply_worker(&id, WorkerReply::Error { message: error });
             }
             Input::WorkerRateLimited { id, dropped } => {
-                if self.noisy_ok(&id) {
+                if self.noisy_ok(&id, "rate").is_some() {
                     self.record(
                         event::RATE_LIMITED,
                         &format!("worker:{id}"),
@@ -270,17 +431,36 @@ impl Engine {
                 self.finish();
             }
             Input::Tick => self.tick(),
+            Input::PsDeadline => self.answer_ps(),
             Input::Shutdown => {
                 if self.shutting_down {
                     return;
                 }
                 self.shutting_down = true;
                 self.registry.kill_switch = true;
-                if !self.send_launcher(&LauncherRequest::Shutdown, None) {
+                self.kill_all_directly();
+                if self
+                    .send_launcher(&LauncherRequest::Shutdown, None)
+                    .is_err()
+                {
+                    self.stop_launcher();
                     self.finish();
+                } else {
+                    self.shutdown_deadline = Instant::now().checked_add(SHUTDOWN_LIMIT);
                 }
             }
         }
+    }
+
+    /// Kills the launcher (it did not stop when asked, or cannot be asked). Its sandboxes
+    /// die with it (parent-death signals) and were killed through the controller's own
+    /// handles already; its cgroups are swept once it is reaped.
+    fn stop_launcher(&mut self) {
+        if self.launcher_alive {
+            tracing::error!("the launcher did not stop; killing it");
+        }
+        let _ = nix::sys::signal::kill(self.cfg.launcher_pid, nix::sys::signal::Signal::SIGKILL);
+        self.launcher_alive = false;
     }
 
     fn finish(&mut self) {
@@ -307,20 +487,36 @@ impl Engine {
         }
     }
 
-    fn noisy_ok(&mut self, id: &WorkerId) -> bool {
+    /// Whether an entry of `kind` for worker `id` is due (the first, then at most one per
+    /// [`NOISY_AUDIT_MS`]), with how many were suppressed since the last one.
+    fn noisy_ok(&mut self, id: &WorkerId, kind: &'static str) -> Option<u64> {
         let now = audit::now_ms();
-        let last = self.noisy.entry(id.clone()).or_insert(0);
+        let (last, suppressed) = self.noisy.entry((id.clone(), kind)).or_insert((0, 0));
         if now.saturating_sub(*last) >= NOISY_AUDIT_MS {
             *last = now;
-            true
+            Some(std::mem::take(suppressed))
         } else {
-            false
+            *suppressed = suppressed.saturating_add(1);
+            None
         }
     }
 
-    fn reply_worker(&self, id: &WorkerId, reply: WorkerReply) {
-        if let Some(conn) = self.registry.get(id).and_then(|w| w.conn.as_ref()) {
-            let _ = conn.send(reply);
+    /// Queues a reply for a worker. A worker whose queue is full does not read what it is
+    /// sent: it is disconnected and stopped (its replies would otherwise pile up in the
+    /// controller without bound).
+    fn reply_worker(&mut self, id: &WorkerId, reply: WorkerReply) {
+        let Some(conn) = self.registry.get(id).and_then(|w| w.conn.as_ref()) else {
+            return;
+        };
+        if let Err(tokio::sync::mpsc::error::TrySendError::Full(_)) = conn.try_send(reply) {
+            self.record(
+                event::PROTOCOL_VIOLATION,
+                &format!("worker:{id}"),
+                Some(id),
+                json!({ "error": format!("it did not read its replies ({} waiting)", server::REPLY_QUEUE) }),
+                true,
+            );
+            self.stop(id, "did not read its replies");
         }
     }
 
@@ -337,10 +533,20 @@ impl Engine {
                 let _ = reply.send(resp);
             }
             ApiRequest::Ps(_) => {
-                if self.launcher_alive && self.send_launcher(&LauncherRequest::Usage, None) {
+                // Fresh usage if the launcher answers soon, else the last it gave: `ps`
+                // never waits on the launcher for longer than PS_WAIT.
+                if self.launcher_alive && self.send_launcher(&LauncherRequest::Usage, None).is_ok()
+                {
+                    if self.pending_ps.is_empty() {
+                        let inputs = self.inputs.clone();
+                        self.rt.spawn(async move {
+                            tokio::time::sleep(PS_WAIT).await;
+                            let _ = inputs.send(Input::PsDeadline);
+                        });
+                    }
                     self.pending_ps.push(reply);
                 } else {
-                    let _ = reply.send(self.ps(&[]));
+                    let _ = reply.send(self.ps(&self.last_usage));
                 }
             }
             ApiRequest::Kill {
@@ -388,7 +594,16 @@ impl Engine {
                     json!({ "active_workers": ids.len() }),
                     true,
                 );
-                self.send_launcher(&LauncherRequest::KillAll, None);
+                for id in &ids {
+                    if let Some(w) = self.registry.get_mut(id) {
+                        w.state = WorkerState::Stopping;
+                        w.ended_by = Some("kill switch".into());
+                        w.conn = None;
+                    }
+                }
+                // By the controller's own handles first: the launcher may not be reading.
+                self.kill_all_directly();
+                let _ = self.send_launcher(&LauncherRequest::KillAll, None);
                 for p in std::mem::take(&mut self.pending_approvals).into_values() {
                     self.record(
                         event::APPROVAL_DENIED,
@@ -397,13 +612,6 @@ impl Engine {
                         json!({ "approval_id": p.approval_id, "reason": "the kill switch is engaged" }),
                         false,
                     );
-                }
-                for id in &ids {
-                    if let Some(w) = self.registry.get_mut(id) {
-                        w.state = WorkerState::Stopping;
-                        w.ended_by = Some("kill switch".into());
-                        w.conn = None;
-                    }
                 }
                 self.wait_for(ids, WaitKind::KillSwitch, reply);
             }
@@ -464,14 +672,20 @@ impl Engine {
     }
 
     fn settle_waiters(&mut self) {
-        let mut i = 0;
-        while i < self.waiters.len() {
-            let w = &mut self.waiters[i];
+        // Gone: the launcher said so (its cgroup removed too), or the controller's own
+        // handle has shown it gone for longer than the launcher takes to say so (see
+        // `confirm_unreported_exits`).
+        let registry = &self.registry;
+        for w in &mut self.waiters {
             w.ids
-                .retain(|id| self.registry.get(id).is_some_and(|r| r.state.is_active()));
-            let expired = w.started.elapsed() > WAIT_LIMIT;
-            if w.ids.is_empty() || expired {
-                let w = self.waiters.remove(i);
+                .retain(|id| registry.get(id).is_some_and(|r| r.state.is_active()));
+        }
+        let (done, waiting): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut self.waiters)
+            .into_iter()
+            .partition(|w| w.ids.is_empty() || w.started.elapsed() > WAIT_LIMIT);
+        self.waiters = waiting;
+        for w in done {
+            {
                 let elapsed_ms = w.started.elapsed().as_millis() as u64;
                 let resp = if !w.ids.is_empty() {
                     ApiResponse::Error {
@@ -495,13 +709,12 @@ impl Engine {
                     }
                 };
                 let _ = w.reply.send(resp);
-            } else {
-                i += 1;
             }
         }
     }
 
-    /// Ends a worker: the launcher kills its whole sandbox.
+    /// Ends a worker: the controller kills its whole sandbox through its own handle, and
+    /// asks the launcher to (which reports the exit with its accounting).
     fn stop(&mut self, id: &WorkerId, why: &str) {
         if let Some(w) = self.registry.get_mut(id) {
             if !w.state.is_active() {
@@ -511,12 +724,24 @@ impl Engine {
             w.ended_by.get_or_insert_with(|| why.to_string());
             w.conn = None;
         }
-        self.send_launcher(
+        self.kill_directly(id);
+        let _ = self.send_launcher(
             &LauncherRequest::Kill {
                 worker_id: id.to_string(),
             },
             None,
         );
+    }
+
+    /// Answers every waiting `ps` with the usage figures at hand.
+    fn answer_ps(&mut self) {
+        if self.pending_ps.is_empty() {
+            return;
+        }
+        let resp = self.ps(&self.last_usage);
+        for reply in self.pending_ps.drain(..) {
+            let _ = reply.send(resp.clone());
+        }
     }
 
     fn ps(&self, usage: &[(String, LiveUsage)]) -> ApiResponse {
@@ -563,6 +788,9 @@ impl Engine {
         let now = now_s();
         if let Err(e) = request.validate() {
             return self.deny(actor, None, &DenyReason::InvalidRequest(e), json!({}));
+        }
+        if let Some(reason) = unsupported(&request) {
+            return self.deny(actor, None, &reason, json!({ "parent": null }));
         }
         let id = match new_worker_id() {
             Ok(id) => id,
@@ -633,6 +861,9 @@ impl Engine {
             Err(message) => return ApiResponse::Error { message },
         };
         let extra = json!({ "parent": parent.as_str(), "why": reason });
+        if let Some(r) = unsupported(&request) {
+            return self.deny(actor, Some(parent), &r, extra);
+        }
         match self.contract.issue_child(
             &self.signer,
             &parent_manifest,
@@ -707,11 +938,25 @@ impl Engine {
     ) -> ApiResponse {
         let actor = format!("worker:{parent}");
         let child = manifest.worker_id.clone();
-        if self.pending_approvals.len() >= self.contract.approval.max_pending {
-            let reason = format!(
+        let own = self
+            .pending_approvals
+            .values()
+            .filter(|p| &p.requested_by == parent)
+            .count();
+        let full = if self.pending_approvals.len() >= self.contract.approval.max_pending {
+            Some(format!(
                 "the approval queue is full ({} requests wait for a decision)",
                 self.contract.approval.max_pending
-            );
+            ))
+        } else if own >= self.contract.approval.pending_per_worker() {
+            Some(format!(
+                "this worker already has {own} requests waiting for a decision (at most {})",
+                self.contract.approval.pending_per_worker()
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = full {
             self.record(
                 event::APPROVAL_DENIED,
                 "controller",
@@ -725,12 +970,13 @@ impl Engine {
             };
         }
         let digest = sha2::Sha256::digest(manifest.signature.as_bytes());
-        let approval_id = format!("a-{}", hex::encode(&digest[..6]));
+        let approval_id = format!("a-{}", hex::encode(digest.get(..6).unwrap_or_default()));
         let now_ms = audit::now_ms();
         let pending = PendingApproval {
             approval_id: approval_id.clone(),
             requested_at_ms: now_ms,
-            deadline_ms: now_ms + self.contract.approval.timeout_seconds * 1000,
+            deadline_ms: now_ms
+                .saturating_add(self.contract.approval.timeout_seconds.saturating_mul(1000)),
             requested_by: parent.clone(),
             why: why.to_string(),
             rules: rules.clone(),
@@ -826,8 +1072,24 @@ impl Engine {
             );
             return ApiResponse::Error { message: reason };
         }
-        // The world may have changed while the request waited.
-        if let Decision::Deny(r) = self.contract.admit(&p.manifest, &self.registry, now) {
+        // The world may have changed while the request waited, and other requests of the
+        // same parent may have been approved meanwhile: the whole contract again, cooldown
+        // and narrowing included, exactly as for a request that needs no person.
+        let parent_manifest = self.registry.get(&parent).map(|w| w.manifest.clone());
+        let job = SpawnRequest {
+            resources: p.manifest.resources,
+            filesystem: p.manifest.filesystem.clone(),
+            profile: p.manifest.profile.clone(),
+            command: p.manifest.command.clone(),
+            env: p.manifest.env.clone(),
+            cwd: p.manifest.cwd.clone(),
+            state_snapshot: p.manifest.state_snapshot.clone(),
+        };
+        let recheck = match &parent_manifest {
+            Some(pm) => self.contract.can_spawn(pm, &job, &self.registry, now),
+            None => self.contract.admit(&p.manifest, &self.registry, now),
+        };
+        if let Decision::Deny(r) = recheck {
             self.record(
                 r.audit_event(),
                 "controller",
@@ -944,20 +1206,20 @@ impl Engine {
 
     fn try_launch(&mut self, manifest: Manifest, now: u64) -> Result<ApiResponse, String> {
         let id = manifest.worker_id.clone();
-        let size = serde_json::to_vec(&manifest)
-            .map(|v| v.len())
-            .unwrap_or(usize::MAX);
-        if size > super::wire::MAX_FRAME - 1024 {
-            return Err(format!(
-                "the manifest is {size} bytes; a worker could not receive it (frames are at most {} bytes): shorten the state snapshot, environment or command",
-                super::wire::MAX_FRAME
-            ));
-        }
         let depth = manifest.depth.get();
         let supervised = manifest.resources.network_policy.allow_controller;
         let (ours, theirs) = if supervised {
             match UnixStream::pair() {
-                Ok((a, b)) => (Some(a), Some(b)),
+                Ok((a, b)) => {
+                    // What the kernel holds for a worker that does not read its replies
+                    // is bounded too (with the reply queue, see `reply_worker`).
+                    let _ = nix::sys::socket::setsockopt(
+                        &a,
+                        nix::sys::socket::sockopt::SndBuf,
+                        &WORKER_SNDBUF,
+                    );
+                    (Some(a), Some(b))
+                }
                 Err(e) => return Err(format!("socketpair: {e}")),
             }
         } else {
@@ -967,7 +1229,10 @@ impl Engine {
         self.next_slot = self.next_slot.wrapping_add(1);
         let payload_ids = (self.cfg.distinct_ids > 1 && manifest.filesystem.read_write.is_empty())
             .then(|| {
-                let k = 1 + slot % (self.cfg.distinct_ids - 1);
+                let k = slot
+                    .checked_rem(self.cfg.distinct_ids.saturating_sub(1))
+                    .unwrap_or(0)
+                    .saturating_add(1);
                 (k, k)
             });
         let mut env: Vec<(String, String)> = manifest
@@ -1019,26 +1284,39 @@ impl Engine {
                 .flatten()
                 .map(|p| PathBuf::from(p.as_str()))
                 .collect(),
-            max_output_bytes: manifest.resources.max_output_bytes.map(|b| b.get()),
+            max_output_bytes: Some(
+                manifest
+                    .resources
+                    .max_output_bytes
+                    .map_or(self.cfg.worker_output_cap, |b| b.get()),
+            ),
         };
+        // Every frame this worker will be sent must fit one: checked here, where it is made.
+        let welcome = WorkerReply::Welcome {
+            worker_id: id.clone(),
+            manifest: Box::new(manifest.clone()),
+            heartbeat_interval_ms: u64::try_from(self.cfg.heartbeat_interval.as_millis())
+                .unwrap_or(u64::MAX),
+        };
+        let welcome_size = serde_json::to_vec(&welcome).map_or(usize::MAX, |v| v.len());
+        if welcome_size > super::wire::MAX_FRAME {
+            return Err(format!(
+                "the manifest makes a {welcome_size}-byte welcome; a worker could not receive it (frames are at most {} bytes): shorten the state snapshot, environment or command",
+                super::wire::MAX_FRAME
+            ));
+        }
         let fd = theirs.map(std::os::fd::OwnedFd::from);
-        if !self.send_launcher(
+        self.send_launcher(
             &LauncherRequest::Launch {
                 spec: Box::new(spec),
             },
-            fd.as_ref(),
-        ) {
-            return Err("the launcher is not running".into());
-        }
-        drop(fd);
+            fd,
+        )
+        .map_err(|e| format!("cannot hand the worker to the launcher: {e}"))?;
         let conn = ours
             .and_then(|s| server::attach_worker(&self.rt, id.clone(), s, self.inputs.clone()).ok());
         if let Some(tx) = &conn {
-            let _ = tx.send(WorkerReply::Welcome {
-                worker_id: id.clone(),
-                manifest: Box::new(manifest.clone()),
-                heartbeat_interval_ms: self.cfg.heartbeat_interval.as_millis() as u64,
-            });
+            let _ = tx.try_send(welcome);
         }
         self.registry.insert(
             WorkerRecord {
@@ -1059,6 +1337,8 @@ impl Engine {
                 exit: None,
                 unsupervised: !supervised,
                 awaiting_approval: false,
+                handle: None,
+                gone_unreported_since_ms: None,
             },
             now,
         );
@@ -1075,19 +1355,27 @@ impl Engine {
         // Identity is the connection: a claimed id must be the connection's own.
         if let Some(claimed) = message.claimed_id() {
             if claimed != id.as_str() {
-                self.record(
-                    event::IMPERSONATION_ATTEMPT,
-                    &actor,
-                    Some(&id),
-                    json!({ "claimed": claimed, "message": message.kind() }),
-                    true,
-                );
+                let claimed = bounded::clip(claimed, 80);
+                // Recorded (and synced) once, then summarised: a worker repeating the
+                // attempt cannot grow the trail or its disk traffic at will.
+                if let Some(suppressed) = self.noisy_ok(&id, "impersonation") {
+                    self.record(
+                        event::IMPERSONATION_ATTEMPT,
+                        &actor,
+                        Some(&id),
+                        json!({ "claimed": claimed, "message": message.kind(), "suppressed_since_last": suppressed }),
+                        true,
+                    );
+                }
                 self.reply_worker(
                     &id,
                     WorkerReply::Error {
                         message: format!("this connection is worker {id}, not {claimed}"),
                     },
                 );
+                if matches!(message, WorkerMessage::Register(_)) {
+                    self.stop(&id, "rejected at registration: another worker's manifest");
+                }
                 return;
             }
         }
@@ -1128,7 +1416,7 @@ impl Engine {
             }
             (WorkerMessage::Replicate(r), _) => self.replicate(&id, *r),
             (WorkerMessage::Report(r), _) => {
-                let mut result = r.result;
+                let result = r.result;
                 if result.len() > MAX_TEXT_BYTES {
                     self.reply_worker(
                         &id,
@@ -1138,12 +1426,11 @@ impl Engine {
                     );
                     return;
                 }
-                result.truncate(1024);
                 self.record(
                     "worker_report",
                     &actor,
                     Some(&id),
-                    json!({ "result": result }),
+                    json!({ "result": bounded::clip(&result, bounded::MAX_TEXT) }),
                     false,
                 );
                 self.reply_worker(&id, WorkerReply::Ok);
@@ -1157,8 +1444,10 @@ impl Engine {
                     false,
                 );
                 self.reply_worker(&id, WorkerReply::Ok);
-                self.shutdown_deadlines
-                    .push((id.clone(), audit::now_ms() + SHUTDOWN_GRACE_MS));
+                self.shutdown_deadlines.push((
+                    id.clone(),
+                    audit::now_ms().saturating_add(SHUTDOWN_GRACE_MS),
+                ));
             }
         }
     }
@@ -1187,6 +1476,8 @@ impl Engine {
                     message: "this is not the manifest this worker was issued".into(),
                 },
             );
+            // Any refusal at registration ends the worker: a forger gets one try.
+            self.stop(id, "rejected at registration: not its manifest");
             return;
         }
         if let Err(e) = self.signer.verify(&presented, now) {
@@ -1203,6 +1494,7 @@ impl Engine {
                     message: e.to_string(),
                 },
             );
+            self.stop(id, &format!("rejected at registration: {}", e.check()));
             return;
         }
         if let Decision::Deny(reason) =
@@ -1332,6 +1624,7 @@ impl Engine {
             LauncherEvent::Started {
                 worker_id,
                 pid,
+                start_time,
                 cgroup,
                 enforcement,
             } => {
@@ -1339,9 +1632,21 @@ impl Engine {
                     return;
                 };
                 let not_enforced = enforcement.get("not_enforced").cloned().unwrap_or_default();
+                let handle = start_time.and_then(|t| {
+                    KillHandle::open(pid, t, cgroup.as_deref())
+                        .inspect_err(|e| tracing::warn!(worker = %id, error = %e, "no handle on the sandbox; only the launcher can kill it"))
+                        .ok()
+                });
                 if let Some(w) = self.registry.get_mut(&id) {
                     w.pid = Some(pid);
                     w.cgroup = cgroup.clone();
+                    w.handle = handle;
+                    if w.state == WorkerState::Stopping {
+                        // Ended while its launch was on the way (a kill, the kill switch).
+                        if let Some(h) = &w.handle {
+                            h.kill();
+                        }
+                    }
                 }
                 self.record(
                     event::WORKER_STARTED,
@@ -1388,6 +1693,11 @@ impl Engine {
                 let Ok(id) = WorkerId::new(worker_id) else {
                     return;
                 };
+                if !self.registry.get(&id).is_some_and(|w| w.state.is_active()) {
+                    // The controller confirmed and recorded this exit itself already.
+                    tracing::info!(worker = %id, "the launcher reported an exit recorded already");
+                    return;
+                }
                 let ended_by = self.registry.get(&id).and_then(|w| w.ended_by.clone());
                 self.record(
                     event::WORKER_EXITED,
@@ -1413,17 +1723,27 @@ impl Engine {
                     },
                 );
             }
+            LauncherEvent::Refused { error } => {
+                // The engine checks what it sends; a refusal here is a defect to see.
+                tracing::error!(%error, "the launcher refused a request");
+                self.record(
+                    event::PROTOCOL_VIOLATION,
+                    "controller",
+                    None,
+                    json!({ "launcher_refused": error }),
+                    false,
+                );
+            }
             LauncherEvent::Usage { workers } => {
-                let resp = self.ps(&workers);
-                for reply in self.pending_ps.drain(..) {
-                    let _ = reply.send(resp.clone());
-                }
+                self.last_usage = workers;
+                self.answer_ps();
             }
         }
     }
 
     fn exited(&mut self, id: &WorkerId, exit: ExitInfo) {
         self.registry.mark_exited(id, exit);
+        self.noisy.retain(|(w, _), _| w != id);
         self.settle_waiters();
     }
 
@@ -1491,10 +1811,82 @@ impl Engine {
         for id in due {
             self.stop(&id, "did not exit after its shutdown request");
         }
+        self.enforce_timeouts(now_ms);
+        self.confirm_unreported_exits(now_ms);
+        if self.shutdown_deadline.is_some_and(|d| Instant::now() >= d) {
+            self.shutdown_deadline = None;
+            self.stop_launcher();
+            self.finish();
+            return;
+        }
         self.expire_approvals(now_ms);
         self.settle_waiters();
         if let Err(e) = self.audit.sync() {
             tracing::error!(error = %e, "the audit trail cannot be written");
+        }
+    }
+
+    /// A worker past its timeout that the launcher has not ended is ended here.
+    fn enforce_timeouts(&mut self, now_ms: u64) {
+        let late: Vec<WorkerId> = self
+            .registry
+            .active()
+            .filter(|(_, w)| w.state != WorkerState::Stopping && w.handle.is_some())
+            .filter(|(_, w)| {
+                let limit = w
+                    .manifest
+                    .resources
+                    .timeout_ms
+                    .get()
+                    .saturating_add(TIMEOUT_GRACE_MS);
+                now_ms.saturating_sub(w.started_at_ms) > limit
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in late {
+            self.record(
+                event::WORKER_KILLED,
+                "controller",
+                Some(&id),
+                json!({ "why": "past its timeout; the launcher had not ended it" }),
+                true,
+            );
+            self.stop(&id, "timeout (enforced by the controller)");
+        }
+    }
+
+    /// Records exits the controller's own handles show and the launcher has not reported
+    /// within [`UNREPORTED_EXIT_GRACE_MS`] (a launcher that is not responding): quotas,
+    /// waiters and `ps` follow what the kernel says, not the launcher.
+    fn confirm_unreported_exits(&mut self, now_ms: u64) {
+        let mut confirmed = Vec::new();
+        for (id, w) in self.registry.active_mut() {
+            if !w.handle.as_ref().is_some_and(KillHandle::exited) {
+                continue;
+            }
+            let since = *w.gone_unreported_since_ms.get_or_insert(now_ms);
+            if now_ms.saturating_sub(since) >= UNREPORTED_EXIT_GRACE_MS {
+                confirmed.push((id.clone(), w.ended_by.clone()));
+            }
+        }
+        for (id, ended_by) in confirmed {
+            self.record(
+                event::WORKER_EXITED,
+                "controller",
+                Some(&id),
+                json!({ "ended_by": ended_by, "confirmed_by": "controller", "launcher_reported": false }),
+                false,
+            );
+            self.exited(
+                &id,
+                ExitInfo {
+                    exit_code: 137,
+                    signal: None,
+                    oom_killed: false,
+                    timed_out: false,
+                    ended_by,
+                },
+            );
         }
     }
 }

@@ -6,7 +6,7 @@
 //! and every sandbox's pidfd, and kills sandboxes whose deadline has passed.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -20,9 +20,10 @@ use crate::paths::{Dir, check_host_path};
 use crate::profile::floor::Floor;
 use crate::profile::{Profile, SeccompProgram};
 use crate::sandbox::cgroup::Limits;
-use crate::sandbox::output::OutputPump;
-use crate::sandbox::{self, Exposure, Host, RunRequest, Sandbox, spec, zygote};
+use crate::sandbox::output::{OutputBudget, OutputPump};
+use crate::sandbox::{self, Exposure, Host, RunRequest, Sandbox, spec};
 
+use super::link::{Inbox, Incoming};
 use super::wire::{self, FrameError};
 
 /// Where the hatchery binary appears inside workers (for `hatchery agent`).
@@ -60,7 +61,8 @@ pub struct LaunchSpec {
     /// The manifest's `filesystem.allow_exec` (empty: no list but the profile's).
     #[serde(default)]
     pub allow_exec: Vec<PathBuf>,
-    /// The manifest's `resources.max_output_bytes`: the worker's log gets at most this.
+    /// The worker's log gets at most this: the manifest's `resources.max_output_bytes`, or
+    /// the controller's default cap.
     #[serde(default)]
     pub max_output_bytes: Option<u64>,
 }
@@ -100,6 +102,9 @@ pub enum LauncherEvent {
     Started {
         worker_id: String,
         pid: i32,
+        /// The start time of `pid` (clock ticks since boot), read while the launcher holds
+        /// it unreaped: the controller's own handle on the sandbox is checked against it.
+        start_time: Option<u64>,
         cgroup: Option<PathBuf>,
         enforcement: serde_json::Value,
     },
@@ -125,42 +130,10 @@ pub enum LauncherEvent {
     Usage {
         workers: Vec<(String, LiveUsage)>,
     },
-}
-
-/// Writes one request, attaching `fd` if given.
-pub fn send_request(
-    sock: &UnixStream,
-    req: &LauncherRequest,
-    fd: Option<&OwnedFd>,
-) -> std::io::Result<()> {
-    let body = serde_json::to_vec(req).map_err(std::io::Error::other)?;
-    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
-    frame.extend_from_slice(&body);
-    match fd {
-        Some(fd) => zygote::send_with_fds(sock, &frame, &[fd.as_fd()]),
-        None => {
-            let mut s = sock;
-            s.write_all(&frame)
-        }
-    }
-}
-
-/// Reads one request and the descriptors sent with it.
-fn recv_request(sock: &UnixStream) -> Result<Option<(LauncherRequest, Vec<OwnedFd>)>, FrameError> {
-    let mut header = [0u8; 4];
-    let Some(mut fds) = zygote::recv_exact_with_fds(sock, &mut header)? else {
-        return Ok(None);
-    };
-    let len = u32::from_be_bytes(header) as usize;
-    if len > wire::MAX_FRAME {
-        return Err(FrameError::TooLarge(len));
-    }
-    let mut body = vec![0u8; len];
-    match zygote::recv_exact_with_fds(sock, &mut body)? {
-        Some(more) => fds.extend(more),
-        None => return Err(FrameError::Truncated),
-    }
-    Ok(Some((wire::parse(&body)?, fds)))
+    /// A request the launcher could not take (too large, malformed); it reads on.
+    Refused {
+        error: String,
+    },
 }
 
 struct Running {
@@ -188,6 +161,8 @@ struct Launcher {
     profiles: HashMap<String, Compiled>,
     running: HashMap<String, Running>,
     events: UnixStream,
+    /// What every worker's log may still take, together, in this launcher's run.
+    output_budget: OutputBudget,
 }
 
 impl Launcher {
@@ -220,6 +195,9 @@ impl Launcher {
                 let ev = LauncherEvent::Started {
                     worker_id: id.clone(),
                     pid: sandbox.pid(),
+                    start_time: u32::try_from(sandbox.pid())
+                        .ok()
+                        .and_then(crate::sandbox::cgroup::process_start_time),
                     cgroup: sandbox.cgroup_path(),
                     enforcement: serde_json::to_value(&sandbox.enforcement).unwrap_or_default(),
                 };
@@ -314,19 +292,14 @@ impl Launcher {
             .map_err(|e| e.to_string())?;
         let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
         let err = log.try_clone().map_err(|e| e.to_string())?;
-        let output = match ls.max_output_bytes {
-            Some(cap) => {
-                let (pump, [out, err]) =
-                    OutputPump::new(Some(cap), OwnedFd::from(log), OwnedFd::from(err))
-                        .map_err(|e| format!("output pipes: {e}"))?;
-                spec.stdio = Some([OwnedFd::from(null), out, err]);
-                Some(pump)
-            }
-            None => {
-                spec.stdio = Some([OwnedFd::from(null), OwnedFd::from(log), OwnedFd::from(err)]);
-                None
-            }
-        };
+        // Always through a pump: the worker's own cap and every worker's shared budget
+        // hold however the worker writes (a log written directly could fill the disk).
+        let (mut pump, [out, err]) =
+            OutputPump::new(ls.max_output_bytes, OwnedFd::from(log), OwnedFd::from(err))
+                .map_err(|e| format!("output pipes: {e}"))?;
+        pump.share_budget(self.output_budget.clone());
+        spec.stdio = Some([OwnedFd::from(null), out, err]);
+        let output = Some(pump);
         if let Some(sock) = socket {
             spec.pass_fds.push((sock, 3));
         }
@@ -338,7 +311,7 @@ impl Launcher {
         Ok((
             sb,
             ls.timeout_ms
-                .map(|ms| Instant::now() + Duration::from_millis(ms)),
+                .and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms))),
             output,
         ))
     }
@@ -403,8 +376,13 @@ impl Launcher {
     }
 }
 
-/// The launcher's main loop; returns its exit status.
-pub fn serve(requests: UnixStream, events: UnixStream, workers: Dir) -> i32 {
+/// The launcher's main loop; returns its exit status. Every worker's log together takes
+/// at most `output_total` bytes in the launcher's run.
+pub fn serve(requests: UnixStream, events: UnixStream, workers: Dir, output_total: u64) -> i32 {
+    let mut requests = match Inbox::new(requests) {
+        Ok(i) => i,
+        Err(_) => return 1,
+    };
     // Our own session: a terminal's ^C reaches the controller, which stops workers in
     // order; the launcher follows the controller (end of its request stream), not signals.
     crate::sandbox::process::detach_from_terminal_signals();
@@ -414,6 +392,7 @@ pub fn serve(requests: UnixStream, events: UnixStream, workers: Dir) -> i32 {
         profiles: HashMap::new(),
         running: HashMap::new(),
         events,
+        output_budget: std::rc::Rc::new(std::cell::Cell::new(output_total)),
     };
     let swept = l
         .host
@@ -452,9 +431,9 @@ pub fn serve(requests: UnixStream, events: UnixStream, workers: Dir) -> i32 {
         };
         let ids: Vec<String> = l.running.keys().cloned().collect();
         let (request_ready, exited) = {
-            let mut fds = Vec::with_capacity(ids.len() + 1);
+            let mut fds = Vec::with_capacity(ids.len().saturating_add(1));
             if !shutting_down {
-                fds.push(PollFd::new(requests.as_fd(), PollFlags::POLLIN));
+                fds.push(PollFd::new(requests.socket().as_fd(), PollFlags::POLLIN));
             }
             for id in &ids {
                 if let Some(r) = l.running.get(id) {
@@ -478,7 +457,7 @@ pub fn serve(requests: UnixStream, events: UnixStream, workers: Dir) -> i32 {
             let exited: Vec<String> = ids
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| fds.get(i + offset).is_some_and(ready))
+                .filter(|(i, _)| fds.get(i.saturating_add(offset)).is_some_and(ready))
                 .map(|(_, id)| id.clone())
                 .collect();
             (request_ready, exited)
@@ -493,22 +472,26 @@ pub fn serve(requests: UnixStream, events: UnixStream, workers: Dir) -> i32 {
             l.reap(&id);
         }
         if request_ready {
-            match recv_request(&requests) {
-                Ok(Some((LauncherRequest::Launch { spec }, mut fds))) => {
-                    let sock = fds.pop();
-                    l.launch(*spec, sock);
-                }
-                Ok(Some((LauncherRequest::Kill { worker_id }, _))) => {
-                    if let Some(r) = l.running.get(&worker_id) {
-                        r.sandbox.kill();
+            for incoming in requests.read() {
+                match incoming {
+                    Incoming::Request(LauncherRequest::Launch { spec }, sock) => {
+                        l.launch(*spec, sock)
                     }
-                }
-                Ok(Some((LauncherRequest::KillAll, _))) => l.kill_all(),
-                Ok(Some((LauncherRequest::Usage, _))) => l.usage(),
-                Ok(Some((LauncherRequest::Shutdown, _))) | Ok(None) | Err(_) => {
-                    // The controller asked us to stop, or is gone: nothing may outlive it.
-                    l.kill_all();
-                    shutting_down = true;
+                    Incoming::Request(LauncherRequest::Kill { worker_id }, _) => {
+                        if let Some(r) = l.running.get(&worker_id) {
+                            r.sandbox.kill();
+                        }
+                    }
+                    Incoming::Request(LauncherRequest::KillAll, _) => l.kill_all(),
+                    Incoming::Request(LauncherRequest::Usage, _) => l.usage(),
+                    // One bad request is refused; it is never taken for the end.
+                    Incoming::Refused(error) => l.emit(&LauncherEvent::Refused { error }),
+                    Incoming::Request(LauncherRequest::Shutdown, _) | Incoming::Closed => {
+                        // The controller asked us to stop, or is gone: nothing may
+                        // outlive it.
+                        l.kill_all();
+                        shutting_down = true;
+                    }
                 }
             }
         }

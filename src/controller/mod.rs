@@ -1,3 +1,8 @@
+#![deny(
+    clippy::string_slice,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 //! The controller: issues signed manifests, launches each worker in its own sandbox through
 //! a single-threaded launcher, enforces the replication contract on what workers ask for,
 //! reaps the silent and the expired, stops everything on demand, and records every
@@ -8,9 +13,13 @@
 //! and supervises the sandboxes. The launcher dies with the controller and every sandbox
 //! dies with the launcher, so no worker outlives its controller.
 
+pub mod bounded;
 pub mod client;
 pub mod engine;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod launcher;
+pub mod link;
 pub mod paths;
 pub mod protocol;
 pub mod registry;
@@ -73,6 +82,10 @@ pub struct ControllerOptions {
     /// Begin a new audit trail where an earlier one vanished (recorded in its first
     /// entry); refused where a trail exists.
     pub new_audit_trail: bool,
+    /// Most output one worker's log keeps when its manifest sets no cap.
+    pub worker_output_cap: u64,
+    /// Most output every worker's log keeps together in one run of the controller.
+    pub worker_output_total: u64,
 }
 
 /// Creates `dir` (and parents), opens it (no symlink on the way) and makes it private to
@@ -203,8 +216,9 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     let keep = [std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(
         &workers,
     ))];
+    let output_total = opts.worker_output_total;
     let launcher = crate::sandbox::zygote::fork_launcher(&keep, move |req, ev| {
-        launcher::serve(req, ev, workers)
+        launcher::serve(req, ev, workers, output_total)
     })
     .map_err(|e| ControllerError::Setup(format!("cannot start the launcher: {e}")))?;
     let launcher_start =
@@ -261,6 +275,8 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         agent_binary,
         cgroup_owner: format!("{}-{}", launcher.pid, launcher_start),
         distinct_ids,
+        launcher_pid: launcher.pid,
+        worker_output_cap: opts.worker_output_cap,
     };
 
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -274,7 +290,8 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         contract,
         signer,
         audit,
-        launcher.requests,
+        link::Outbox::new(launcher.requests)
+            .map_err(|e| ControllerError::Setup(format!("the launcher's socket: {e}")))?,
         rt.handle().clone(),
         tx.clone(),
         done_tx,
@@ -328,7 +345,15 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     drop(tx);
     rt.shutdown_timeout(Duration::from_millis(200));
     let _ = engine_thread.join();
-    let _ = nix::sys::wait::waitpid(launcher.pid, None);
+    let status = nix::sys::wait::waitpid(launcher.pid, None);
+    if !matches!(status, Ok(nix::sys::wait::WaitStatus::Exited(_, 0))) {
+        // Killed (it did not stop when asked) or crashed: its sandboxes are gone with it,
+        // their cgroups are not; remove them as its successor would.
+        if let Ok(Some(cgroups)) = crate::sandbox::cgroup::detect() {
+            let swept = cgroups.sweep_stale();
+            tracing::info!(count = swept.len(), "removed the launcher's cgroups");
+        }
+    }
     cleanup(&state, &paths.socket);
     result
 }

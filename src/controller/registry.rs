@@ -4,10 +4,11 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::Sender;
 
 use crate::contract::RegistryView;
 use crate::manifest::{Manifest, WorkerId};
+use crate::sandbox::handle::KillHandle;
 
 use super::protocol::{ExitInfo, WorkerInfo, WorkerReply};
 
@@ -54,7 +55,7 @@ pub struct WorkerRecord {
     pub last_spawn_at: Option<u64>,
     pub children: Vec<WorkerId>,
     /// The worker's socket, while connected.
-    pub conn: Option<UnboundedSender<WorkerReply>>,
+    pub conn: Option<Sender<WorkerReply>>,
     /// Why the controller ended it (killed, reaped, expired, kill switch).
     pub ended_by: Option<String>,
     pub exit: Option<ExitInfo>,
@@ -62,6 +63,10 @@ pub struct WorkerRecord {
     pub unsupervised: bool,
     /// The worker waits for a person's decision on its replication (not reaped meanwhile).
     pub awaiting_approval: bool,
+    /// The controller's own handle on the sandbox (kills it without the launcher).
+    pub handle: Option<KillHandle>,
+    /// When the handle first showed the sandbox gone while the launcher had not said so.
+    pub gone_unreported_since_ms: Option<u64>,
 }
 
 #[derive(Default)]
@@ -94,7 +99,7 @@ impl Registry {
         while self.spawn_times.len() > KEEP_SPAWN_TIMES {
             self.spawn_times.pop_front();
         }
-        self.lifetime_total += 1;
+        self.lifetime_total = self.lifetime_total.saturating_add(1);
         self.workers
             .insert(record.manifest.worker_id.clone(), record);
     }
@@ -102,9 +107,14 @@ impl Registry {
     /// Marks a worker gone and forgets the oldest exited ones beyond the history size.
     pub fn mark_exited(&mut self, id: &WorkerId, exit: ExitInfo) {
         if let Some(w) = self.workers.get_mut(id) {
+            // Once: the launcher's report and the controller's own confirmation may both come.
+            if w.state == WorkerState::Exited {
+                return;
+            }
             w.state = WorkerState::Exited;
             w.conn = None;
             w.exit = Some(exit);
+            w.handle = None;
             self.exited_order.push_back(id.clone());
         }
         while self.exited_order.len() > KEEP_EXITED {
@@ -116,6 +126,10 @@ impl Registry {
 
     pub fn active(&self) -> impl Iterator<Item = (&WorkerId, &WorkerRecord)> {
         self.workers.iter().filter(|(_, w)| w.state.is_active())
+    }
+
+    pub fn active_mut(&mut self) -> impl Iterator<Item = (&WorkerId, &mut WorkerRecord)> {
+        self.workers.iter_mut().filter(|(_, w)| w.state.is_active())
     }
 
     pub fn all(&self) -> impl Iterator<Item = (&WorkerId, &WorkerRecord)> {
@@ -161,14 +175,14 @@ impl Registry {
     }
 
     fn totals(&self, skip: Option<&WorkerId>) -> (u64, u64, f64) {
-        let mut n = 0;
+        let mut n = 0u64;
         let mut mem = 0u64;
         let mut cpu = 0f64;
         for (id, w) in self.active() {
             if Some(id) == skip {
                 continue;
             }
-            n += 1;
+            n = n.saturating_add(1);
             mem = mem.saturating_add(w.manifest.resources.memory_limit_mb.get());
             cpu += w.manifest.resources.cpu_limit.get();
         }

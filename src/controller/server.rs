@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::runtime::Handle;
-use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+use tokio::sync::mpsc::{Sender as ReplySender, channel};
 use tokio::sync::oneshot;
 
 use crate::manifest::WorkerId;
@@ -18,6 +18,10 @@ use super::engine::Input;
 use super::launcher::LauncherEvent;
 use super::protocol::{ApiRequest, ApiResponse, WorkerMessage, WorkerReply};
 use super::wire::{self, FrameError};
+
+/// Replies queued for one worker. A worker that lets this many pile up is not reading them
+/// (it sends and never reads), and is disconnected rather than let grow the controller.
+pub const REPLY_QUEUE: usize = 64;
 
 /// A frame that has started must be complete within this time.
 pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
@@ -134,12 +138,12 @@ pub fn attach_worker(
     id: WorkerId,
     stream: StdUnixStream,
     inputs: Sender<Input>,
-) -> std::io::Result<UnboundedSender<WorkerReply>> {
+) -> std::io::Result<ReplySender<WorkerReply>> {
     stream.set_nonblocking(true)?;
     let _guard = rt.enter();
     let stream = UnixStream::from_std(stream)?;
     let (mut rd, mut wr) = stream.into_split();
-    let (tx, mut rx) = unbounded_channel::<WorkerReply>();
+    let (tx, mut rx) = channel::<WorkerReply>(REPLY_QUEUE);
     rt.spawn(async move {
         while let Some(reply) = rx.recv().await {
             if wire::write_frame_async(&mut wr, &reply).await.is_err() {
@@ -158,7 +162,7 @@ pub fn attach_worker(
                 Ok(Some(body)) => {
                     if !bucket.take() {
                         // Report the first drop at once, then at most once a second.
-                        dropped += 1;
+                        dropped = dropped.saturating_add(1);
                         if dropped == 1 || last_report.elapsed() >= Duration::from_secs(1) {
                             let _ = inputs.send(Input::WorkerRateLimited {
                                 id: id.clone(),

@@ -34,7 +34,7 @@ fn encode(value: &impl Serialize, limit: usize) -> Result<Vec<u8>, FrameError> {
     if body.len() > limit {
         return Err(FrameError::TooLarge(body.len()));
     }
-    let mut frame = Vec::with_capacity(4 + body.len());
+    let mut frame = Vec::with_capacity(body.len().saturating_add(4));
     frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
     frame.extend_from_slice(&body);
     Ok(frame)
@@ -70,12 +70,12 @@ pub fn read_frame_limited<T: DeserializeOwned>(
     limit: usize,
 ) -> Result<Option<T>, FrameError> {
     let mut header = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        match r.read(&mut header[got..]) {
+    let mut got = 0usize;
+    while let Some(rest) = header.get_mut(got..).filter(|r| !r.is_empty()) {
+        match r.read(rest) {
             Ok(0) if got == 0 => return Ok(None),
             Ok(0) => return Err(FrameError::Truncated),
-            Ok(n) => got += n,
+            Ok(n) => got = got.saturating_add(n),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
         }
@@ -114,9 +114,9 @@ pub async fn read_body_async<R: AsyncRead + Unpin>(
     r: &mut R,
 ) -> Result<Option<Vec<u8>>, FrameError> {
     let mut header = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        let n = r.read(&mut header[got..]).await?;
+    let mut got = 0usize;
+    while let Some(rest) = header.get_mut(got..).filter(|r| !r.is_empty()) {
+        let n = r.read(rest).await?;
         if n == 0 {
             return if got == 0 {
                 Ok(None)
@@ -124,7 +124,7 @@ pub async fn read_body_async<R: AsyncRead + Unpin>(
                 Err(FrameError::Truncated)
             };
         }
-        got += n;
+        got = got.saturating_add(n);
     }
     let len = check_len(header, MAX_FRAME)?;
     let mut body = vec![0u8; len];

@@ -115,6 +115,8 @@ struct ChildContext<'a> {
     trees: Vec<RawFd>,
     /// Securebits to restore first thing (the creator guard changed the inherited ones).
     securebits: Option<libc::c_int>,
+    /// The supervisor's command line and environment areas, overwritten first thing.
+    title: Option<process::ProcTitle>,
 }
 
 fn to_cstrings(items: impl Iterator<Item = String>) -> Result<Vec<CString>, SandboxError> {
@@ -314,6 +316,7 @@ pub fn start(
         fallback_rlimits: enforcement.fallback_rlimits.clone(),
         trees: prepared.raw(),
         securebits: creator.as_ref().map(|c| c.original_securebits()),
+        title: process::ProcTitle::current(),
     };
 
     let mut born_inside = into.is_some();
@@ -428,6 +431,11 @@ fn contain(ctx: &ChildContext<'_>, chan: OwnedFd) -> ! {
 
 fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, FromSandbox> {
     let spec = ctx.spec;
+    // pid 1 shows its own name, not the supervisor's command line and environment (the
+    // payload can read /proc/1).
+    if let Some(title) = ctx.title {
+        title.set("hatchery-init", true);
+    }
     if let Some(bits) = ctx.securebits {
         userns::restore_securebits(bits).map_err(|e| step_err("securebits", e as i32))?;
     }

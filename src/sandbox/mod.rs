@@ -15,6 +15,7 @@ pub mod cgroup;
 pub mod channel;
 pub mod exec;
 pub mod filter_cache;
+pub mod handle;
 pub mod idpool;
 pub mod init;
 pub mod landlock;

@@ -117,11 +117,17 @@ impl Stream {
     }
 }
 
+/// Bytes that several pumps share (a supervisor of many sandboxes: every worker's log
+/// together), taken from as output is accepted; at zero every pump sharing it is at its cap.
+pub type OutputBudget = std::rc::Rc<std::cell::Cell<u64>>;
+
 /// Copies the payload's output to the caller, up to a cap, and the caller's input to the
 /// payload.
 pub struct OutputPump {
     streams: Vec<Stream>,
     cap: Option<u64>,
+    /// A budget shared with other pumps, on top of `cap`.
+    budget: Option<OutputBudget>,
     /// Bytes accepted for writing (never above the cap).
     accepted: u64,
     /// Bytes written to the caller.
@@ -190,11 +196,17 @@ impl OutputPump {
         OutputPump {
             streams: Vec::new(),
             cap,
+            budget: None,
             accepted: 0,
             written: 0,
             truncated: false,
             terminal: None,
         }
+    }
+
+    /// Also counts accepted output against `budget`, shared with other pumps.
+    pub fn share_budget(&mut self, budget: OutputBudget) {
+        self.budget = Some(budget);
     }
 
     /// Whether the pump has no streams at all.
@@ -453,10 +465,16 @@ impl OutputPump {
                 Ok(n) => break n.min(buf.len()),
             }
         };
-        let keep = match (direction, self.cap) {
+        let room = match (self.cap, &self.budget) {
+            (None, None) => None,
+            (cap, budget) => Some(
+                cap.map_or(u64::MAX, |c| c.saturating_sub(self.accepted))
+                    .min(budget.as_ref().map_or(u64::MAX, |b| b.get())),
+            ),
+        };
+        let keep = match (direction, room) {
             (Direction::Input, _) | (Direction::Output, None) => n,
-            (Direction::Output, Some(cap)) => {
-                let room = cap.saturating_sub(self.accepted);
+            (Direction::Output, Some(room)) => {
                 if (n as u64) > room {
                     // A byte beyond the cap: cut here and stop reading any output.
                     self.cut();
@@ -466,6 +484,9 @@ impl OutputPump {
         };
         if direction == Direction::Output {
             self.accepted = self.accepted.saturating_add(keep as u64);
+            if let Some(b) = &self.budget {
+                b.set(b.get().saturating_sub(keep as u64));
+            }
         }
         let Some(s) = self.streams.get_mut(i) else {
             return false;
@@ -577,6 +598,32 @@ mod tests {
                 pty: false
             }
         );
+        Ok(())
+    }
+
+    #[test]
+    fn pumps_sharing_a_budget_keep_no_more_than_it_together() -> TestResult {
+        let budget: OutputBudget = std::rc::Rc::new(std::cell::Cell::new(10));
+        let (a_out, a_sink) = file_sink()?;
+        let (_a_err, a_err_sink) = file_sink()?;
+        let (b_out, b_sink) = file_sink()?;
+        let (_b_err, b_err_sink) = file_sink()?;
+        let (mut a, [wa, _wa_err]) = OutputPump::new(None, a_sink, a_err_sink)?;
+        let (mut b, [wb, _wb_err]) = OutputPump::new(Some(100), b_sink, b_err_sink)?;
+        a.share_budget(budget.clone());
+        b.share_budget(budget.clone());
+        std::fs::File::from(wa).write_all(b"1234567")?;
+        a.progress();
+        std::fs::File::from(wb).write_all(b"abcdefgh")?;
+        b.progress();
+        assert_eq!(contents(&a_out)?, b"1234567");
+        assert_eq!(
+            contents(&b_out)?,
+            b"abc",
+            "the rest of the shared budget, no more"
+        );
+        assert!(b.summary().truncated && !a.summary().truncated);
+        assert_eq!(budget.get(), 0);
         Ok(())
     }
 

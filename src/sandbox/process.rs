@@ -197,3 +197,64 @@ pub fn detach_from_terminal_signals() {
         let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigIgn) };
     }
 }
+
+/// Where this process's argument and environment strings are, as the kernel shows them
+/// in `/proc/PID/cmdline` and `/proc/PID/environ`.
+///
+/// Why: a sandbox's pid 1 and the launcher are copies of the supervisor, so they show its
+/// command line (socket and state paths) and environment to anything that reads their
+/// `/proc` entries — the sandbox's own payload included. A copy overwrites both with
+/// its own name.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcTitle {
+    args: (usize, usize),
+    env: (usize, usize),
+}
+
+impl ProcTitle {
+    /// This process's areas (read from `/proc/self/stat` once, in the original, so that a
+    /// copy made by fork or clone needs no file access to rename itself).
+    pub fn current() -> Option<ProcTitle> {
+        static TITLE: std::sync::OnceLock<Option<ProcTitle>> = std::sync::OnceLock::new();
+        *TITLE.get_or_init(|| {
+            let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+            let (_, rest) = stat.rsplit_once(')')?;
+            // Fields 48..=51 (arg_start, arg_end, env_start, env_end); `rest` starts at 3.
+            let mut f = rest
+                .split_whitespace()
+                .skip(45)
+                .map(|v| v.parse::<usize>().ok());
+            let args = (f.next()??, f.next()??);
+            let env = (f.next()??, f.next()??);
+            (args.0 < args.1 && env.0 <= env.1).then_some(ProcTitle { args, env })
+        })
+    }
+
+    /// Shows `name` as this process's command line and name (`comm`), and, if
+    /// `clear_env`, an empty environment. Only for a fresh copy of the supervisor that
+    /// never reads its arguments (or, with `clear_env`, its environment) again: both are
+    /// overwritten in place.
+    pub fn set(&self, name: &str, clear_env: bool) {
+        let (start, end) = self.args;
+        let len = end.saturating_sub(start);
+        let keep = name.len().min(len.saturating_sub(1));
+        // SAFETY: [start, end) is this process's argument area (the kernel's arg_start and
+        // arg_end for it: the strings at the top of its stack, mapped writable), `keep <
+        // len` keeps every write inside it, and nothing in this copy reads argv after
+        // this. The name is copied from a live &str that cannot overlap the stack area.
+        unsafe {
+            let dst = start as *mut u8;
+            std::ptr::write_bytes(dst, 0, len);
+            std::ptr::copy_nonoverlapping(name.as_ptr(), dst, keep);
+        }
+        if clear_env {
+            let (start, end) = self.env;
+            // SAFETY: [start, end) is this process's environment area (as above); the
+            // caller guarantees nothing reads the environment afterwards.
+            unsafe { std::ptr::write_bytes(start as *mut u8, 0, end.saturating_sub(start)) };
+        }
+        if let Ok(comm) = CString::new(name) {
+            let _ = nix::sys::prctl::set_name(&comm);
+        }
+    }
+}

@@ -45,6 +45,10 @@ pub fn fork_launcher(
                 // SAFETY: the controller died before the death signal was armed.
                 unsafe { libc::_exit(1) };
             }
+            // Its own name in `ps`; its environment stays (it reads it).
+            if let Some(title) = process::ProcTitle::current() {
+                title.set("hatchery-launcher", false);
+            }
             let mut kept = vec![req_child.as_raw_fd(), ev_child.as_raw_fd()];
             kept.extend_from_slice(keep);
             process::close_fds_from(3, &kept);
@@ -63,66 +67,59 @@ pub fn fork_launcher(
     }
 }
 
-/// Sends `bytes` with `fds` attached (SCM_RIGHTS), all of it.
-pub fn send_with_fds(sock: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+/// One non-blocking send of (a prefix of) `bytes`, with `fds` attached (SCM_RIGHTS) to
+/// what is sent: how many bytes went. `WouldBlock` when nothing could be sent now.
+pub fn send_some(sock: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-    let mut sent = 0;
-    while sent < bytes.len() {
-        let iov = [IoSlice::new(&bytes[sent..])];
-        let cmsgs: Vec<ControlMessage> = if sent == 0 && !raw.is_empty() {
-            vec![ControlMessage::ScmRights(&raw)]
-        } else {
-            Vec::new()
-        };
-        match sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
-            Ok(n) => sent += n,
-            Err(nix::errno::Errno::EINTR) => {}
+    let iov = [IoSlice::new(bytes)];
+    let cmsgs: Vec<ControlMessage> = if raw.is_empty() {
+        Vec::new()
+    } else {
+        vec![ControlMessage::ScmRights(&raw)]
+    };
+    loop {
+        match sendmsg::<()>(
+            sock.as_raw_fd(),
+            &iov,
+            &cmsgs,
+            MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+            None,
+        ) {
+            Ok(n) => return Ok(n),
+            Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(())
 }
 
-/// Reads exactly `buf.len()` bytes, collecting any descriptors that arrive with them.
-/// `Ok(None)` if the peer closed before the first byte.
-pub fn recv_exact_with_fds(sock: &UnixStream, buf: &mut [u8]) -> io::Result<Option<Vec<OwnedFd>>> {
-    let mut fds = Vec::new();
-    let mut got = 0;
-    while got < buf.len() {
-        let mut space = nix::cmsg_space!([RawFd; 4]);
-        let mut iov = [IoSliceMut::new(&mut buf[got..])];
-        let msg = match recvmsg::<()>(
+/// One non-blocking receive into `buf`: the bytes read (0 at end of stream) and the
+/// descriptors that came with them. `WouldBlock` when nothing is there now.
+pub fn recv_some(sock: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut space = nix::cmsg_space!([RawFd; 8]);
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = loop {
+        match recvmsg::<()>(
             sock.as_raw_fd(),
             &mut iov,
             Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
+            MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
         ) {
-            Ok(m) => m,
+            Ok(m) => break m,
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
-        };
-        let n = msg.bytes;
-        if let Ok(cmsgs) = msg.cmsgs() {
-            for c in cmsgs {
-                if let ControlMessageOwned::ScmRights(received) = c {
-                    for fd in received {
-                        // SAFETY: SCM_RIGHTS installed these descriptors in this process
-                        // for us; nothing else owns them.
-                        fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-                    }
+        }
+    };
+    let mut fds = Vec::new();
+    if let Ok(cmsgs) = msg.cmsgs() {
+        for c in cmsgs {
+            if let ControlMessageOwned::ScmRights(received) = c {
+                for fd in received {
+                    // SAFETY: SCM_RIGHTS installed these descriptors in this process for
+                    // us; nothing else owns them.
+                    fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
                 }
             }
         }
-        if n == 0 {
-            if got == 0 {
-                return Ok(None);
-            }
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "truncated message",
-            ));
-        }
-        got += n;
     }
-    Ok(Some(fds))
+    Ok((msg.bytes, fds))
 }

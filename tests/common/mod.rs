@@ -3,6 +3,7 @@
 //! test instead of hanging the suite.
 #![allow(dead_code)]
 
+pub mod agents;
 pub mod controller;
 pub mod terminal;
 

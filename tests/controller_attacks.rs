@@ -1,0 +1,434 @@
+//! Attacks on the controller from inside its own workers: agents that speak the fd-3
+//! protocol by hand and send what `hatchery agent` never would. Each test fails if the
+//! attack works: the controller crashes, freezes, grows, loses its trail, or a limit
+//! does not hold.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::agents::*;
+use common::controller::TestController;
+use common::*;
+use serde_json::Value;
+
+/// `hatchery ARGS --socket S` with a short limit: a controller that does not answer in
+/// time fails the test instead of hanging it.
+fn cli_within(c: &TestController, args: &[&str], limit: Duration) -> std::process::Output {
+    let mut cmd = Command::new(hatchery());
+    cmd.arg(args[0]).arg("--socket").arg(&c.socket);
+    if let Some(rest) = args.get(1..) {
+        cmd.args(rest);
+    }
+    run_with_timeout(&mut cmd, limit)
+}
+
+fn alive_and_answering(c: &TestController) {
+    let out = cli_within(c, &["ps", "--json"], Duration::from_secs(10));
+    assert_eq!(
+        code(&out),
+        0,
+        "the controller stopped answering: {}",
+        c.log()
+    );
+}
+
+fn log_of(c: &TestController, id: &str) -> String {
+    std::fs::read_to_string(c.state_dir().join("workers").join(format!("{id}.log")))
+        .unwrap_or_default()
+}
+
+/// Resident memory of a process, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn verify_trail(c: &TestController) -> std::process::Output {
+    let mut cmd = Command::new(hatchery());
+    cmd.args(["audit", "verify", "--state-dir"])
+        .arg(c.state_dir());
+    run_with_timeout(&mut cmd, Duration::from_secs(30))
+}
+
+#[test]
+fn a_report_cut_inside_a_character_does_not_stop_the_controller() {
+    if skip("utf-8 report") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let bystander = spawned(&c, &[], &alive(30));
+    let ex = examples_dir();
+    let script = python_agent(
+        "print(w.register())\nprint(w.report('\\u20ac' * 400))",
+        "sleep 20",
+    );
+    let attacker = spawned(&c, &["--ro", &ex], &script);
+    let reports = c.wait_audit("worker_report", LONG);
+    alive_and_answering(&c);
+    assert_eq!(reports[0]["worker_id"], attacker.as_str());
+    let kept = reports[0]["details"]["result"].as_str().unwrap_or("");
+    assert!(kept.starts_with("€€€") && kept.len() < 1200, "{kept}");
+    assert_eq!(c.worker(&bystander)["state"], "running", "{}", c.log());
+}
+
+#[test]
+fn a_fifo_swapped_in_for_an_allowlisted_program_freezes_nothing() {
+    if skip("fifo swap") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let dir = shared_tempdir();
+    let d = dir.path().to_string_lossy().to_string();
+    let marker = format!("fifo-marker-{}", std::process::id());
+    let ex = examples_dir();
+    // One process swaps a small executable and a FIFO as fast as it can; the worker asks
+    // for children whose allowlist names the executable, all the while.
+    let body = format!(
+        r#"import ctypes, os, time
+print(w.register(), flush=True)
+d = '{d}'
+with open(d + '/x', 'w') as f:
+    f.write('#!/bin/sh\necho ok\n')
+os.chmod(d + '/x', 0o755)
+os.mkfifo(d + '/f')
+os.chmod(d + '/f', 0o755)
+libc = ctypes.CDLL(None, use_errno=True)
+if os.fork() == 0:
+    a, b = (d + '/x').encode(), (d + '/f').encode()
+    swap = libc.renameat2
+    while True:
+        swap(-100, a, -100, b, 2)
+end = time.time() + 4
+while time.time() < end:
+    w.send({{'type': 'replicate', 'reason': 'swap', 'command': ['/bin/sh', '-c', 'sleep 60; : {marker}'],
+            'filesystem': {{'read_only': [d], 'read_write': [], 'allow_exec': [d + '/x']}}}})
+    print(w.receive(), flush=True)
+    time.sleep(0.06)
+"#
+    );
+    let attacker = spawned(
+        &c,
+        &["--ro", &ex, "--rw", &d],
+        &python_agent(&body, "sleep 60"),
+    );
+    c.wait_audit("replication_requested", LONG);
+    std::thread::sleep(Duration::from_secs(5));
+    // The controller answers, its kill switch returns, and the attacker is gone.
+    alive_and_answering(&c);
+    let out = cli_within(&c, &["kill-switch"], Duration::from_secs(20));
+    assert_eq!(
+        code(&out),
+        0,
+        "{} {}\n{}",
+        stdout(&out),
+        stderr(&out),
+        c.log()
+    );
+    assert_ne!(c.worker(&attacker)["state"], "running");
+    assert!(!process_exists(&marker), "a child survived the kill switch");
+    let log = log_of(&c, &attacker);
+    assert!(
+        log.contains("'type': 'allowed'"),
+        "no child was let start: {log}"
+    );
+}
+
+#[test]
+fn an_oversized_launch_request_is_one_refusal_and_every_other_worker_runs_on() {
+    if skip("oversized launch") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let bystander = spawned(&c, &[], &alive(40));
+    let ex = examples_dir();
+    // Commands of control characters (six bytes each in JSON) from well under to just
+    // over what a frame holds, with as many variables as a manifest may have (a launch
+    // request spells each in more bytes than the manifest): somewhere in between, the
+    // largest launch request a manifest allows.
+    let body = r#"import time
+print(w.register(), flush=True)
+for k in range(42_900, 43_300, 10):
+    env = ['V%d=' % i for i in range(256)]
+    print(k, w.replicate('big', ['/bin/true', '\x01' * k], env=env), flush=True)
+    time.sleep(0.06)
+print('swept', flush=True)
+"#;
+    let attacker = spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 30"));
+    let start = Instant::now();
+    while !log_of(&c, &attacker).contains("swept") && start.elapsed() < LONG {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = log_of(&c, &attacker);
+    assert!(log.contains("swept"), "{log}");
+    assert!(
+        log.contains("the launcher takes at most"),
+        "no launch request was too large: {log}"
+    );
+    alive_and_answering(&c);
+    assert_eq!(c.worker(&bystander)["state"], "running", "{}", c.log());
+    assert_eq!(c.worker(&attacker)["state"], "running", "{}", c.log());
+    // A child may be refused, or start; none is the launcher's end.
+    spawned(&c, &[], "true");
+}
+
+#[test]
+fn a_huge_claimed_id_or_unknown_type_leaves_the_trail_small_and_intact() {
+    if skip("audit flood") {
+        return;
+    }
+    let mut c = TestController::start(&base_contract(""), &[]);
+    let ex = examples_dir();
+    let body = r#"print(w.register(), flush=True)
+import time
+big = 'w-' + 'a' * 261_000
+print(w.call({'type': 'heartbeat', 'worker_id': big}).get('type'), flush=True)
+w.send_raw(b'{"type":"' + b'y' * 261_000 + b'"}')
+print(w.receive().get('type'), flush=True)
+for i in range(60):
+    w.send({'type': 'heartbeat', 'worker_id': 'w-%06d' % i + 'b' * 200_000})
+    print(w.receive().get('type'), flush=True)
+    time.sleep(0.06)
+print('done', flush=True)
+"#;
+    let attacker = spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 30"));
+    let start = Instant::now();
+    while !log_of(&c, &attacker).contains("done") && start.elapsed() < LONG {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        log_of(&c, &attacker).contains("done"),
+        "{}",
+        log_of(&c, &attacker)
+    );
+    alive_and_answering(&c);
+    let size = std::fs::metadata(c.state_dir().join("audit.jsonl")).map_or(0, |m| m.len());
+    assert!(size < 128 << 10, "the trail grew to {size} bytes");
+    let attempts = c.audit("impersonation_attempt");
+    assert!(!attempts.is_empty() && attempts.len() < 10, "{attempts:?}");
+    let out = verify_trail(&c);
+    assert_eq!(code(&out), 0, "{} {}", stdout(&out), stderr(&out));
+    // And the next controller starts on it.
+    c.restart();
+    alive_and_answering(&c);
+}
+
+#[test]
+fn a_worker_that_never_reads_its_replies_is_disconnected_and_stopped() {
+    if skip("non-reading worker") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let ex = examples_dir();
+    // Frames that are not JSON, each answered with an error, and never a read.
+    let body = r#"import time
+w.send_raw(b'{"type":"register","manifest":' + json.dumps(w.manifest).encode() + b'}')
+junk = b'{' + b'z' * 200_000
+end = time.time() + 25
+while time.time() < end:
+    w.send_raw(junk)
+"#;
+    let before = rss_kib(c.pid());
+    let attacker = spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 60"));
+    let mut peak = before;
+    let start = Instant::now();
+    let stopped = loop {
+        peak = peak.max(rss_kib(c.pid()));
+        let gone = c.audit("protocol_violation").iter().any(|e| {
+            e["details"]["error"]
+                .as_str()
+                .is_some_and(|m| m.contains("did not read"))
+        });
+        if gone || start.elapsed() > LONG {
+            break gone;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(stopped, "the worker was never stopped:\n{}", c.log());
+    c.wait_for("the attacker gone", LONG, |v| {
+        v["workers"].as_array().is_some_and(|ws| {
+            ws.iter()
+                .any(|w| w["worker_id"] == attacker.as_str() && w["state"] == "exited")
+        })
+    });
+    assert!(
+        peak.saturating_sub(before) < 24 << 10,
+        "the controller grew from {before} KiB to {peak} KiB"
+    );
+    alive_and_answering(&c);
+}
+
+#[test]
+fn a_child_may_not_be_granted_the_hosts_network() {
+    if skip("allow_external") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let out = c.cli(&["spawn", "--allow-external", "--", "true"]);
+    assert_eq!(code(&out), 3, "{} {}", stdout(&out), stderr(&out));
+    assert!(stderr(&out).contains("allow_external"), "{}", stderr(&out));
+    assert_eq!(c.audit("deny_invalid_request").len(), 1);
+    assert!(c.audit("worker_started").is_empty());
+}
+
+#[test]
+fn a_socket_path_naming_a_regular_file_is_refused_and_the_file_kept() {
+    if skip("socket file") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let victim = dir.path().join("precious");
+    if let Err(e) = std::fs::write(&victim, "keep me") {
+        panic!("{e}");
+    }
+    let mut cmd = Command::new(hatchery());
+    cmd.arg("controller")
+        .arg("--socket")
+        .arg(&victim)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"));
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(20));
+    assert_ne!(code(&out), 0, "it started on a regular file");
+    assert!(stderr(&out).contains("not a socket"), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap_or_default(),
+        "keep me"
+    );
+}
+
+#[test]
+fn pid_1_shows_its_own_name_not_the_controllers_command_line() {
+    if skip("pid 1 cmdline") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let id = spawned(
+        &c,
+        &[],
+        "tr '\\0' ' ' </proc/1/cmdline; echo; cat /proc/1/comm",
+    );
+    c.wait_audit("worker_exited", LONG);
+    let log = log_of(&c, &id);
+    assert!(log.contains("hatchery-init"), "{log}");
+    let state = c.state_dir().to_string_lossy().to_string();
+    assert!(
+        !log.contains("--socket") && !log.contains(&state),
+        "the controller's command line shows: {log}"
+    );
+}
+
+#[test]
+fn a_worker_without_an_output_cap_gets_the_controllers_default() {
+    if skip("default output cap") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let id = spawned(&c, &[], "head -c 20M /dev/zero; echo rc=$? >&2");
+    let exits = c.wait_audit("worker_exited", LONG);
+    let size = std::fs::metadata(c.state_dir().join("workers").join(format!("{id}.log")))
+        .map_or(u64::MAX, |m| m.len());
+    assert!(size <= 16 << 20, "the log holds {size} bytes");
+    assert_eq!(exits[0]["details"]["output_truncated"], Value::Bool(true));
+}
+
+#[test]
+fn every_workers_output_together_stays_within_the_controllers_total() {
+    if skip("total output") {
+        return;
+    }
+    let c = TestController::start(
+        &base_contract(""),
+        &[
+            "--worker-output-cap",
+            "1M",
+            "--worker-output-total",
+            "1536K",
+        ],
+    );
+    let ids: Vec<String> = (0..3)
+        .map(|_| spawned(&c, &[], "head -c 900K /dev/zero"))
+        .collect();
+    c.wait_for("three exits", LONG, |v| {
+        TestController::count(v, "exited") >= 3
+    });
+    let total: u64 = ids
+        .iter()
+        .map(|id| {
+            std::fs::metadata(c.state_dir().join("workers").join(format!("{id}.log")))
+                .map_or(0, |m| m.len())
+        })
+        .sum();
+    assert!(total <= 1536 << 10, "the logs hold {total} bytes together");
+    assert!(total >= 1 << 20, "only {total} bytes were kept");
+}
+
+/// The launcher process of a running controller (its one child).
+fn launcher_of(c: &TestController) -> nix::unistd::Pid {
+    let out = run_with_timeout(
+        Command::new("pgrep").args(["-P", &c.pid().to_string()]),
+        Duration::from_secs(10),
+    );
+    let pid = stdout(&out)
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse::<i32>().ok())
+        .unwrap_or(0);
+    assert!(pid > 0, "no launcher under {}", c.pid());
+    nix::unistd::Pid::from_raw(pid)
+}
+
+#[test]
+fn the_kill_switch_timeouts_and_shutdown_hold_while_the_launcher_is_stopped() {
+    if skip("stopped launcher") {
+        return;
+    }
+    let mut c = TestController::start(&base_contract(""), &[]);
+    let marker = format!("frozen-marker-{}", std::process::id());
+    for _ in 0..3 {
+        spawned(&c, &[], &format!("{}; : {marker}", idle(300)));
+    }
+    let timed = spawned(
+        &c,
+        &["--timeout", "4s"],
+        &format!("{}; : {marker}", idle(300)),
+    );
+    wait_running(&c, 4);
+    let launcher = launcher_of(&c);
+    let _ = nix::sys::signal::kill(launcher, nix::sys::signal::Signal::SIGSTOP);
+    // A worker past its timeout is ended by the controller itself.
+    c.wait_for("the timed-out worker gone", LONG, |v| {
+        v["workers"].as_array().is_some_and(|ws| {
+            ws.iter()
+                .any(|w| w["worker_id"] == timed.as_str() && w["state"] == "exited")
+        })
+    });
+    alive_and_answering(&c);
+    let out = cli_within(&c, &["kill-switch"], Duration::from_secs(20));
+    assert_eq!(
+        code(&out),
+        0,
+        "{} {}\n{}",
+        stdout(&out),
+        stderr(&out),
+        c.log()
+    );
+    assert!(
+        !process_exists(&marker),
+        "a worker survived the kill switch"
+    );
+    // SIGTERM still stops the controller (it kills the launcher it waited for in vain).
+    c.stop();
+    assert!(
+        nix::sys::signal::kill(launcher, None).is_err(),
+        "the launcher survived"
+    );
+    let leftovers = common::controller::worker_cgroups(&launcher.to_string());
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
