@@ -166,8 +166,17 @@ sleep 20"#;
         "{}",
         entries[0]
     );
-    let log = std::fs::read_to_string(c.state_dir().join("workers").join(format!("{id}.log")))
-        .unwrap_or_default();
+    // The worker's output reaches its log through the launcher's pump: wait for it.
+    let log_path = c.state_dir().join("workers").join(format!("{id}.log"));
+    let start = std::time::Instant::now();
+    let mut log = String::new();
+    while start.elapsed() < LONG {
+        log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if log.matches("rc=3").count() >= 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert!(
         log.contains("\"denied\"") && log.matches("rc=3").count() == 2,
         "{log}"
