@@ -61,7 +61,7 @@ pub enum Input {
     Launcher(LauncherEvent),
     LauncherGone,
     Tick,
-    /// A `ps` waited [`PS_WAIT`] for the launcher's usage figures.
+    /// A `ps` waited `PS_WAIT` for the launcher's usage figures.
     PsDeadline,
     Shutdown,
 }
@@ -100,7 +100,7 @@ pub struct EngineConfig {
     pub cgroup_owner: String,
     /// Inside ids available for distinct worker ids (rootless with a subordinate range).
     pub distinct_ids: u32,
-    /// The launcher, killed if it does not stop within [`SHUTDOWN_LIMIT`] of being asked.
+    /// The launcher, killed if it does not stop within `SHUTDOWN_LIMIT` of being asked.
     pub launcher_pid: nix::unistd::Pid,
     /// A worker's output cap when its manifest sets none.
     pub worker_output_cap: u64,

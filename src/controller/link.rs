@@ -22,7 +22,7 @@ use std::os::unix::net::UnixStream;
 
 use crate::sandbox::zygote;
 
-use super::launcher::LauncherRequest;
+use super::launch_protocol::LauncherRequest;
 use super::wire::{self, FrameError};
 
 /// Bytes the engine queues for a launcher that is not reading, before it counts as
@@ -376,7 +376,7 @@ mod tests {
 
     fn launch(id: &str) -> LauncherRequest {
         LauncherRequest::Launch {
-            spec: Box::new(super::super::launcher::LaunchSpec {
+            spec: Box::new(super::super::launch_protocol::LaunchSpec {
                 worker_id: id.into(),
                 command: vec!["true".into()],
                 env: Vec::new(),

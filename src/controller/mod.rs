@@ -18,6 +18,7 @@ pub mod client;
 pub mod engine;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod launch_protocol;
 pub mod launcher;
 pub mod link;
 pub mod paths;
