@@ -70,6 +70,8 @@ pub mod event {
     pub const PROTOCOL_VIOLATION: &str = "protocol_violation";
     pub const RATE_LIMITED: &str = "rate_limited";
     pub const IMPERSONATION_ATTEMPT: &str = "impersonation_attempt";
+    /// Entries a worker caused beyond its audit budget, counted by event.
+    pub const AUDIT_SUPPRESSED: &str = "audit_suppressed";
     pub const CLIENT_REJECTED: &str = "client_rejected";
     pub const CONTROLLER_STARTED: &str = "controller_started";
     pub const CONTROLLER_STOPPED: &str = "controller_stopped";
@@ -560,8 +562,17 @@ impl AuditLog {
         let path = self.dir.path().join(LOG_FILE);
         match &mut self.file {
             Some(file) => {
-                file.write_all(&self.pending).map_err(io_err(&path))?;
-                file.sync_data().map_err(io_err(&path))?;
+                // A write cut short (a full disk) would leave half a line, which no later
+                // entry could follow: cut the file back to where the whole lines end, and
+                // keep the entries for the next try.
+                let whole = file.metadata().map_err(io_err(&path))?.len();
+                if let Err(e) = file
+                    .write_all(&self.pending)
+                    .and_then(|()| file.sync_data())
+                {
+                    let _ = file.set_len(whole);
+                    return Err(io_err(&path)(e));
+                }
             }
             None => self.file = Some(self.create_trail().map_err(io_err(&path))?),
         }

@@ -432,3 +432,177 @@ fn the_kill_switch_timeouts_and_shutdown_hold_while_the_launcher_is_stopped() {
     let leftovers = common::controller::worker_cgroups(&launcher.to_string());
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+#[test]
+fn a_request_that_escapes_to_a_huge_audit_entry_is_summarised_and_the_trail_stays_readable() {
+    if skip("escaped audit entry") {
+        return;
+    }
+    let mut c = TestController::start(
+        &base_contract("[approval]\nrequire = [{ kind = \"always\" }]\n"),
+        &[],
+    );
+    let ex = examples_dir();
+    // 43 KiB raw, some 258 KiB once every control character is escaped in JSON.
+    let body = r#"print(w.register(), flush=True)
+print(w.replicate('\x01' * 640, ['/bin/true'] + ['\x01' * 1024] * 42).get('type'), flush=True)
+"#;
+    spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 30"));
+    let entries = c.wait_audit("approval_requested", LONG);
+    let line = serde_json::to_string(&entries[0]).unwrap_or_default();
+    assert!(line.len() < 32 << 10, "an entry of {} bytes", line.len());
+    c.stop();
+    let out = verify_trail(&c);
+    assert_eq!(code(&out), 0, "{} {}", stdout(&out), stderr(&out));
+    c.restart();
+    alive_and_answering(&c);
+}
+
+#[test]
+fn a_worker_flooding_the_trail_is_held_to_its_budget_and_counted() {
+    if skip("audit budget") {
+        return;
+    }
+    let contract = base_contract("").replace("cooldown_seconds = 0", "cooldown_seconds = 3600");
+    let c = TestController::start(&contract, &[]);
+    let ex = examples_dir();
+    // Reports and denied requests as fast as the rate limit lets them through.
+    let body = r#"import time
+print(w.register(), flush=True)
+w.replicate('first', ['true'])
+end = time.time() + 8
+while time.time() < end:
+    w.call({'type': 'report', 'result': '\x01' * 1024})
+    w.replicate('again', ['true'])
+    time.sleep(0.05)
+print('flooded', flush=True)
+"#;
+    let attacker = spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 30"));
+    let start = Instant::now();
+    while !log_of(&c, &attacker).contains("flooded") && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = c.cli(&["kill", &attacker]);
+    // The last summary is written when the worker ends; together they count every entry
+    // the worker caused beyond its budget.
+    let mine = |e: &&Value| e["worker_id"] == Value::String(attacker.clone());
+    let start = Instant::now();
+    while !c.audit("worker_exited").iter().any(|e| mine(&e)) && start.elapsed() < LONG {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let suppressed: u64 = c
+        .audit("audit_suppressed")
+        .iter()
+        .filter(mine)
+        .map(|e| e["details"]["entries"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(
+        suppressed > 50,
+        "only {suppressed} entries were held back; log: {}\ntrail: {}",
+        log_of(&c, &attacker),
+        std::fs::read_to_string(c.state_dir().join("audit.jsonl")).unwrap_or_default()
+    );
+    let size = std::fs::metadata(c.state_dir().join("audit.jsonl")).map_or(0, |m| m.len());
+    assert!(size < 256 << 10, "the trail grew to {size} bytes in 8 s");
+}
+
+#[test]
+fn a_full_disk_leaves_no_half_written_entry_and_engages_the_kill_switch() {
+    if skip("full disk") {
+        return;
+    }
+    let mnt = shared_tempdir();
+    let state = mnt.path().join("state");
+    let mounted = run_with_timeout(
+        Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs"])
+            .arg(mnt.path()),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&mounted), 0, "{}", stderr(&mounted));
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(mnt.path().to_path_buf());
+    let mut c = TestController::start_in(&base_contract(""), Some(&state), &[]);
+    // Fill the filesystem, then ask for decisions that must be recorded.
+    let filler = mnt.path().join("filler");
+    let _ = run_with_timeout(
+        Command::new("dd")
+            .args(["if=/dev/zero", "bs=64k"])
+            .arg(format!("of={}", filler.display())),
+        Duration::from_secs(20),
+    );
+    // The spawn's decision cannot be made durable: it fails, and everything stops.
+    let out = c.cli(&["spawn", "--", "true"]);
+    assert_ne!(code(&out), 0, "{}", stdout(&out));
+    c.wait_for("the kill switch", LONG, |v| {
+        v["kill_switch"] == Value::Bool(true)
+    });
+    let _ = std::fs::remove_file(&filler);
+    c.stop();
+    let mut cmd = Command::new(hatchery());
+    cmd.args(["audit", "verify", "--state-dir"]).arg(&state);
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(30));
+    assert_eq!(code(&out), 0, "{} {}", stdout(&out), stderr(&out));
+}
+
+#[test]
+fn ps_shows_a_preview_of_each_command_however_long_the_commands_are() {
+    if skip("ps preview") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let ex = examples_dir();
+    let body = r#"import time
+print(w.register(), flush=True)
+for i in range(30):
+    w.replicate('long', ['/bin/true'] + ['\x01' * 1024] * 40)
+    time.sleep(0.06)
+print('asked', flush=True)
+"#;
+    let parent = spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 30"));
+    let start = Instant::now();
+    while !log_of(&c, &parent).contains("asked") && start.elapsed() < LONG {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = cli_within(&c, &["ps", "--json", "--all"], Duration::from_secs(10));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        out.stdout.len() < 1 << 20,
+        "ps printed {} bytes",
+        out.stdout.len()
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let workers = v["workers"].as_array().cloned().unwrap_or_default();
+    assert!(workers.len() > 20, "{v}");
+    for w in workers {
+        assert!(w["command"].as_array().is_some_and(|a| a.len() <= 9), "{w}");
+    }
+}
+
+#[test]
+fn a_child_cannot_lift_the_output_cap_its_root_was_given_by_default() {
+    if skip("output cap narrowing") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &["--worker-output-cap", "1M"]);
+    let ex = examples_dir();
+    let body = r#"print(w.register(), flush=True)
+r = dict(w.manifest['resources'], max_output_bytes=1 << 40)
+print(w.replicate('loud', ['true'], resources=r), flush=True)
+"#;
+    let parent = spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 30"));
+    let denied = c.wait_audit("deny_narrowing", LONG);
+    assert_eq!(denied[0]["worker_id"], parent.as_str());
+    assert!(
+        denied[0]["details"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("output")),
+        "{}",
+        denied[0]
+    );
+}

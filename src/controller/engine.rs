@@ -21,6 +21,7 @@ use crate::manifest::{Lineage, Manifest, SpawnRequest, StateSnapshot, WorkerId};
 use crate::sandbox::handle::KillHandle;
 use crate::signing::ManifestSigner;
 
+use super::audit_budget::AuditBudgets;
 use super::bounded;
 use super::launcher::{LaunchSpec, LauncherEvent, LauncherRequest, LiveUsage};
 use super::link::{LinkError, Outbox};
@@ -133,6 +134,8 @@ const UNREPORTED_EXIT_GRACE_MS: u64 = 2000;
 /// Past a worker's timeout, how long the launcher has to enforce it before the controller
 /// does.
 const TIMEOUT_GRACE_MS: u64 = 2000;
+/// What an audit entry adds to its details when written (seq, time, hashes, MAC).
+const ENTRY_OVERHEAD: usize = 320;
 /// The controller's send buffer on a worker's socket (the kernel doubles it).
 const WORKER_SNDBUF: usize = 16 << 10;
 /// How long a stopping controller waits for its launcher before killing it.
@@ -157,6 +160,8 @@ pub struct Engine {
     shutdown_deadlines: Vec<(WorkerId, u64)>,
     /// Per worker and kind of noisy entry: when the last was written, how many since.
     noisy: std::collections::HashMap<(WorkerId, &'static str), (u64, u64)>,
+    /// How much of the trail each worker may still cause.
+    audit_budgets: AuditBudgets,
     pending_approvals: std::collections::BTreeMap<String, PendingApproval>,
     /// The uid allowed to decide approvals (the controller's own; root always may).
     owner_uid: u32,
@@ -226,6 +231,7 @@ impl Engine {
             waiters: Vec::new(),
             shutdown_deadlines: Vec::new(),
             noisy: Default::default(),
+            audit_budgets: AuditBudgets::default(),
             pending_approvals: Default::default(),
             owner_uid: nix::unistd::geteuid().as_raw(),
             next_slot: 0,
@@ -244,13 +250,26 @@ impl Engine {
         details: serde_json::Value,
         sync: bool,
     ) {
-        // Whatever a worker put in them, entries stay small (see `bounded`).
-        self.audit.append(
-            ev,
-            actor,
-            worker.map(|w| w.as_str()),
-            bounded::bound_json(details),
-        );
+        // Whatever a worker put in them, entries stay small (see `bounded`), and a worker
+        // causes no more of them than its budget (see `audit_budget`).
+        let details = bounded::bound_json(details);
+        if let Some(cause) = actor
+            .strip_prefix("worker:")
+            .and_then(|w| WorkerId::new(w.to_string()).ok())
+        {
+            let bytes = serde_json::to_string(&details)
+                .map_or(0, |d| d.len())
+                .saturating_add(ev.len())
+                .saturating_add(ENTRY_OVERHEAD);
+            if !self
+                .audit_budgets
+                .charge(&cause, ev, bytes as u64, audit::now_ms())
+            {
+                return;
+            }
+        }
+        self.audit
+            .append(ev, actor, worker.map(|w| w.as_str()), details);
         if sync {
             if let Err(e) = self.audit.sync() {
                 // Without a durable trail no decision may take effect: stop everything.
@@ -260,6 +279,22 @@ impl Engine {
                 let _ = self.send_launcher(&LauncherRequest::KillAll, None);
             }
         }
+    }
+
+    /// Says how many entries a worker caused beyond its audit budget, by event.
+    fn record_suppressed(
+        &mut self,
+        id: &WorkerId,
+        counts: std::collections::BTreeMap<String, u64>,
+    ) {
+        let total: u64 = counts.values().fold(0, |a, n| a.saturating_add(*n));
+        self.record(
+            event::AUDIT_SUPPRESSED,
+            "controller",
+            Some(id),
+            json!({ "entries": total, "by_event": counts }),
+            false,
+        );
     }
 
     /// The manifest issued to `id` (for the fuzzing harness, which registers with it).
@@ -784,8 +819,14 @@ impl Engine {
         }
     }
 
-    fn spawn_root(&mut self, request: SpawnRequest, actor: &str) -> ApiResponse {
+    fn spawn_root(&mut self, mut request: SpawnRequest, actor: &str) -> ApiResponse {
         let now = now_s();
+        // A root without a cap gets the controller's, in its signed manifest: its
+        // children are then narrowed to it like to any other grant.
+        if request.resources.max_output_bytes.is_none() {
+            request.resources.max_output_bytes =
+                crate::manifest::OutputBytes::new(self.cfg.worker_output_cap).ok();
+        }
         if let Err(e) = request.validate() {
             return self.deny(actor, None, &DenyReason::InvalidRequest(e), json!({}));
         }
@@ -989,7 +1030,7 @@ impl Engine {
             json!({
                 "approval_id": approval_id, "parent": parent.as_str(), "rules": rules, "why": why,
                 "manifest_signature": pending.manifest.signature,
-                "command": pending.manifest.command, "depth": pending.manifest.depth.get(),
+                "command": bounded::command_preview(&pending.manifest.command), "depth": pending.manifest.depth.get(),
             }),
             true,
         );
@@ -1205,6 +1246,11 @@ impl Engine {
     }
 
     fn try_launch(&mut self, manifest: Manifest, now: u64) -> Result<ApiResponse, String> {
+        // The decision to start was recorded just before this; if that record could not be
+        // made durable, the kill switch is on and the decision does not take effect.
+        if self.registry.kill_switch {
+            return Err("the kill switch is engaged (the audit trail could not be written, or an operator engaged it)".into());
+        }
         let id = manifest.worker_id.clone();
         let depth = manifest.depth.get();
         let supervised = manifest.resources.network_policy.allow_controller;
@@ -1744,6 +1790,9 @@ impl Engine {
     fn exited(&mut self, id: &WorkerId, exit: ExitInfo) {
         self.registry.mark_exited(id, exit);
         self.noisy.retain(|(w, _), _| w != id);
+        if let Some(counts) = self.audit_budgets.remove(id) {
+            self.record_suppressed(id, counts);
+        }
         self.settle_waiters();
     }
 
@@ -1813,6 +1862,9 @@ impl Engine {
         }
         self.enforce_timeouts(now_ms);
         self.confirm_unreported_exits(now_ms);
+        for (id, counts) in self.audit_budgets.due(now_ms) {
+            self.record_suppressed(&id, counts);
+        }
         if self.shutdown_deadline.is_some_and(|d| Instant::now() >= d) {
             self.shutdown_deadline = None;
             self.stop_launcher();
@@ -1822,7 +1874,11 @@ impl Engine {
         self.expire_approvals(now_ms);
         self.settle_waiters();
         if let Err(e) = self.audit.sync() {
-            tracing::error!(error = %e, "the audit trail cannot be written");
+            // As for a decision's own sync: without a durable trail, nothing goes on.
+            tracing::error!(error = %e, "the audit trail cannot be written; engaging the kill switch");
+            self.registry.kill_switch = true;
+            self.kill_all_directly();
+            let _ = self.send_launcher(&LauncherRequest::KillAll, None);
         }
     }
 

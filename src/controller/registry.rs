@@ -158,7 +158,8 @@ impl Registry {
             depth: w.manifest.depth.get(),
             state: w.state.as_str().to_string(),
             pid: w.pid,
-            command: w.manifest.command.clone(),
+            // A preview: a worker picks its children's commands (up to 64 KiB each).
+            command: super::bounded::command_preview(&w.manifest.command),
             profile: w.manifest.profile.clone(),
             resources: w.manifest.resources,
             started_at_ms: w.started_at_ms,

@@ -144,6 +144,10 @@ pub fn attach_worker(
     let stream = UnixStream::from_std(stream)?;
     let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = channel::<WorkerReply>(REPLY_QUEUE);
+    // The reader answers a dropped message itself, so a client that waits for one reply
+    // per request is told and does not hang; a weak handle, so that the engine dropping its
+    // sender still closes the connection.
+    let answer = tx.downgrade();
     rt.spawn(async move {
         while let Some(reply) = rx.recv().await {
             if wire::write_frame_async(&mut wr, &reply).await.is_err() {
@@ -163,6 +167,11 @@ pub fn attach_worker(
                     if !bucket.take() {
                         // Report the first drop at once, then at most once a second.
                         dropped = dropped.saturating_add(1);
+                        if let Some(answer) = answer.upgrade() {
+                            let _ = answer.try_send(WorkerReply::Error {
+                                message: "rate limited: message dropped (at most 20 a second, bursts of 40)".into(),
+                            });
+                        }
                         if dropped == 1 || last_report.elapsed() >= Duration::from_secs(1) {
                             let _ = inputs.send(Input::WorkerRateLimited {
                                 id: id.clone(),

@@ -20,12 +20,18 @@ pub struct TestController {
 impl TestController {
     /// Starts a controller with `contract` (TOML) and extra flags.
     pub fn start(contract: &str, extra: &[&str]) -> TestController {
+        TestController::start_in(contract, None, extra)
+    }
+
+    /// Starts a controller whose state directory is `state` (default: in its own
+    /// temporary directory).
+    pub fn start_in(contract: &str, state: Option<&Path>, extra: &[&str]) -> TestController {
         let dir = match tempfile::Builder::new().prefix("hatchery-ctl-").tempdir() {
             Ok(d) => d,
             Err(e) => panic!("tempdir: {e}"),
         };
         let socket = dir.path().join("c.sock");
-        let state = dir.path().join("state");
+        let state = state.map_or_else(|| dir.path().join("state"), Path::to_path_buf);
         let contract_path = dir.path().join("contract.toml");
         if let Err(e) = std::fs::write(&contract_path, contract) {
             panic!("write contract: {e}");
