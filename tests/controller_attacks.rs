@@ -606,3 +606,126 @@ print(w.replicate('loud', ['true'], resources=r), flush=True)
         denied[0]
     );
 }
+
+/// Entries of `event` in the trail that concern `id` (as the entry's worker or its parent).
+fn entries_about(c: &TestController, event: &str, id: &str) -> usize {
+    c.audit(event)
+        .iter()
+        .filter(|e| e["worker_id"] == id || e["details"]["parent"] == id)
+        .count()
+}
+
+#[test]
+fn a_request_whose_welcome_cannot_fit_is_refused_before_anything_is_recorded_as_allowed() {
+    if skip("oversized welcome") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let ex = examples_dir();
+    // Within the snapshot's own limit raw, past a frame once escaped into the welcome.
+    let body = r#"import time
+print(w.register(), flush=True)
+for i in range(30):
+    r = w.replicate('big', ['true'], state_snapshot='\x01' * 43677)
+    time.sleep(0.05)
+print('last', r.get('type'), r.get('event'), flush=True)
+"#;
+    let parent = spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 30"));
+    let start = Instant::now();
+    while !log_of(&c, &parent).contains("last") && start.elapsed() < LONG {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = log_of(&c, &parent);
+    assert!(log.contains("last denied deny_invalid_request"), "{log}");
+    // No child was recorded as allowed, no start as failed; the denials are budgeted.
+    let children = c
+        .audit("replication_requested")
+        .iter()
+        .filter(|e| e["details"]["parent"] == parent.as_str())
+        .count();
+    assert_eq!(children, 0);
+    assert_eq!(c.audit("worker_start_failed").len(), 0);
+    // The denials are the worker's to pay for (its audit budget), not the controller's.
+    let denied = c.audit("deny_invalid_request");
+    assert!(!denied.is_empty());
+    assert!(
+        denied
+            .iter()
+            .all(|e| e["actor"] == format!("worker:{parent}").as_str()),
+        "{denied:?}"
+    );
+    alive_and_answering(&c);
+}
+
+#[test]
+fn a_full_approval_queue_refuses_without_growing_the_trail() {
+    if skip("approval queue flood") {
+        return;
+    }
+    let c = TestController::start(
+        &base_contract("[approval]\nrequire = [{ kind = \"always\" }]\n"),
+        &[],
+    );
+    let ex = examples_dir();
+    // Paced under the rate limit: every request reaches the engine.
+    let body = r#"import time
+print(w.register(), flush=True)
+for i in range(100):
+    r = w.replicate('x' * 16000, ['true'])
+    time.sleep(0.05)
+print('last', r.get('type'), r.get('event'), flush=True)
+"#;
+    let parent = spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 30"));
+    let start = Instant::now();
+    while !log_of(&c, &parent).contains("last") && start.elapsed() < LONG {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = log_of(&c, &parent);
+    assert!(log.contains("last denied approval_denied"), "{log}");
+    let denied = entries_about(&c, "approval_denied", &parent);
+    assert!(denied < 80, "{denied} of 96 refusals written in full");
+}
+
+#[test]
+fn a_flood_of_empty_frames_queues_nothing_and_ps_stays_prompt() {
+    if skip("empty frame flood") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let rss = || {
+        std::fs::read_to_string(format!("/proc/{}/status", c.pid()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let ex = examples_dir();
+    let body = r#"import threading
+print(w.register(), flush=True)
+def drain():
+    try:
+        while w.sock.recv(65536):
+            pass
+    except OSError:
+        pass
+threading.Thread(target=drain, daemon=True).start()
+try:
+    w.sock.sendall(b'\0\0\0\0' * 1000000)
+except OSError as e:
+    print('stopped', e, flush=True)
+print('sent', flush=True)
+"#;
+    let before = rss();
+    let flooder = spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 30"));
+    // Every ps during the flood is answered (within `cli_within`'s bound).
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(6) {
+        let out = cli_within(&c, &["ps", "--json"], Duration::from_secs(10));
+        assert_eq!(code(&out), 0, "{} {}", stderr(&out), log_of(&c, &flooder));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let grown_kb = rss().saturating_sub(before);
+    assert!(grown_kb < 16 << 10, "the controller grew by {grown_kb} kB");
+    alive_and_answering(&c);
+}

@@ -489,7 +489,12 @@ fn ctrl_c_at_the_callers_keyboard_reaches_the_command_as_sigint() {
     term.type_bytes(&[0x03]);
     let status = wait_child(&mut child, LIMIT, "hatchery run");
     assert_eq!(status.code(), Some(7), "{:?}", term.screen_text());
-    assert!(term.screen_text().contains("got-int"));
+    // The reader may not have drawn the last output yet when the child is reaped.
+    assert!(
+        term.wait_for("got-int", Duration::from_secs(10)),
+        "{}",
+        term.screen_text()
+    );
     assert_eq!(term.modes(), modes, "the terminal's modes changed");
 }
 

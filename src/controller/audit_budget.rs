@@ -8,7 +8,8 @@
 //! are counted instead of written, and one `audit_suppressed` entry per worker and window
 //! says how many of each were left out. Entries that carry a decision with effect on the
 //! world (a replication allowed, an approval requested, a registration) are never held
-//! back.
+//! back, and the first entry of each kind in every window is written in full, so a
+//! worker cannot spend its budget on reports and then hide what it attempted.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -35,6 +36,10 @@ struct Budget {
     bytes: u64,
     last_ms: u64,
     last_summary_ms: u64,
+    /// Events written in full in the current window whatever the budget: the first of
+    /// each kind, so that spending the budget on reports cannot hide what a worker then
+    /// attempted (a denied request, an impersonation).
+    first_of_kind: BTreeMap<String, u64>,
     /// Entries left out since the last summary, by event.
     suppressed: BTreeMap<String, u64>,
 }
@@ -56,6 +61,7 @@ impl AuditBudgets {
             bytes: BURST,
             last_ms: now_ms,
             last_summary_ms: now_ms,
+            first_of_kind: BTreeMap::new(),
             suppressed: BTreeMap::new(),
         });
         let refill = now_ms
@@ -65,8 +71,15 @@ impl AuditBudgets {
             .unwrap_or(0);
         b.bytes = b.bytes.saturating_add(refill).min(BURST);
         b.last_ms = now_ms;
-        if b.bytes >= bytes {
+        let first = b
+            .first_of_kind
+            .get(event)
+            .is_none_or(|t| now_ms.saturating_sub(*t) >= SUMMARY_EVERY_MS);
+        if first || b.bytes >= bytes {
             b.bytes = b.bytes.saturating_sub(bytes);
+            if first {
+                b.first_of_kind.insert(event.to_string(), now_ms);
+            }
             return true;
         }
         let n = b.suppressed.entry(event.to_string()).or_insert(0);
@@ -116,8 +129,11 @@ mod tests {
                 written += 6 << 10;
             }
         }
-        // 50 s at 1 KiB/s on top of the burst, at most.
-        assert!(written <= BURST + 51 * PER_SECOND, "{written}");
+        // 50 s at 1 KiB/s on top of the burst, and the first of the kind in each window.
+        assert!(
+            written <= BURST + 51 * PER_SECOND + 6 * (6 << 10),
+            "{written}"
+        );
         let due = b.due(1_000 + 1000 * 50);
         assert_eq!(due.len(), 1);
         assert!(
@@ -128,5 +144,22 @@ mod tests {
         assert!(b.due(1_000 + 1000 * 50 + 1).is_empty(), "once a window");
         // Decisions with effect are never held back.
         assert!(b.charge(&w, event::REPLICATION_REQUESTED, 1 << 20, 60_000));
+    }
+
+    #[test]
+    fn a_spent_budget_still_lets_the_first_denial_of_each_kind_through() {
+        let mut b = AuditBudgets::default();
+        let w = id();
+        while b.charge(&w, "worker_report", 1 << 10, 1_000) {}
+        assert!(!b.charge(&w, "worker_report", 1 << 10, 1_000));
+        assert!(b.charge(&w, event::DENY_NARROWING, 600, 1_001), "the first");
+        assert!(
+            !b.charge(&w, event::DENY_NARROWING, 600, 1_002),
+            "not the second"
+        );
+        assert!(
+            b.charge(&w, event::DENY_NARROWING, 600, 1_001 + SUMMARY_EVERY_MS),
+            "the first of the next window"
+        );
     }
 }

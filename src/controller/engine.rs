@@ -32,6 +32,10 @@ use super::protocol::{
 use super::registry::{Registry, WorkerRecord, WorkerState};
 use super::server;
 
+/// One of a connection's few places in the engine's queue (`None` where no connection
+/// sent the input).
+pub type InFlight = Option<tokio::sync::OwnedSemaphorePermit>;
+
 /// Everything the engine is told.
 pub enum Input {
     Api {
@@ -42,11 +46,15 @@ pub enum Input {
     Worker {
         id: WorkerId,
         message: WorkerMessage,
+        /// Held until the engine has handled the input: each connection has a few, so
+        /// what one worker can have queued here is bounded (see `server`).
+        in_flight: InFlight,
     },
     /// A frame the worker sent could not be read or parsed.
     WorkerProtocolError {
         id: WorkerId,
         error: String,
+        in_flight: InFlight,
     },
     WorkerRateLimited {
         id: WorkerId,
@@ -256,6 +264,7 @@ impl Engine {
         if let Some(cause) = actor
             .strip_prefix("worker:")
             .and_then(|w| WorkerId::new(w.to_string()).ok())
+            .filter(|w| self.speaks_for_live_worker(w))
         {
             let bytes = serde_json::to_string(&details)
                 .map_or(0, |d| d.len())
@@ -403,8 +412,11 @@ impl Engine {
                 request,
                 reply,
             } => self.api(peer_uid, *request, reply),
-            Input::Worker { id, message } => self.worker(id, message),
-            Input::WorkerProtocolError { id, error } => {
+            Input::Worker { id, message, .. } => self.worker(id, message),
+            Input::WorkerProtocolError { id, error, .. } => {
+                if !self.speaks_for_live_worker(&id) {
+                    return;
+                }
                 // The parser's message may quote the input: keep a bounded part of it.
                 let error = bounded::clip(&error, 256);
                 if let Some(suppressed) = self.noisy_ok(&id, "protocol") {
@@ -419,6 +431,9 @@ impl Engine {
                 self.reply_worker(&id, WorkerReply::Error { message: error });
             }
             Input::WorkerRateLimited { id, dropped } => {
+                if !self.speaks_for_live_worker(&id) {
+                    return;
+                }
                 if self.noisy_ok(&id, "rate").is_some() {
                     self.record(
                         event::RATE_LIMITED,
@@ -915,6 +930,20 @@ impl Engine {
         ) {
             Ok(manifest) => {
                 let depth = manifest.depth.get();
+                // A manifest whose welcome would not fit a frame is refused here, before
+                // anything is recorded as allowed: a request that can never start is an
+                // invalid request (charged to its worker's audit budget), not a start
+                // that failed.
+                if let Err(message) = self.welcome_fits(&manifest) {
+                    return self.deny(
+                        actor,
+                        Some(parent),
+                        &DenyReason::InvalidRequest(crate::manifest::FieldError::new(
+                            "manifest", message,
+                        )),
+                        extra,
+                    );
+                }
                 // A person asked through the API is the approver; a worker's own request
                 // goes through the approval rules.
                 if reason.is_some() {
@@ -998,9 +1027,11 @@ impl Engine {
             None
         };
         if let Some(reason) = full {
+            // Charged to the requesting worker's audit budget: asking again and again
+            // must not grow the trail.
             self.record(
                 event::APPROVAL_DENIED,
-                "controller",
+                &actor,
                 Some(parent),
                 json!({ "reason": reason, "why": why }),
                 true,
@@ -1230,12 +1261,24 @@ impl Engine {
 
     fn launch(&mut self, manifest: Manifest, now: u64) -> ApiResponse {
         let id = manifest.worker_id.clone();
+        let parent = manifest.parent_id.clone();
         match self.try_launch(manifest, now) {
             Ok(resp) => resp,
             Err(message) => {
+                // The decision was taken: a start that failed still counts for the
+                // parent's cooldown, so failing starts cannot be repeated at will.
+                let actor = match &parent {
+                    Some(p) => {
+                        if let Some(w) = self.registry.get_mut(p) {
+                            w.last_spawn_at = Some(now);
+                        }
+                        format!("worker:{p}")
+                    }
+                    None => "controller".to_string(),
+                };
                 self.record(
                     event::WORKER_START_FAILED,
-                    "controller",
+                    &actor,
                     Some(&id),
                     json!({ "error": message }),
                     true,
@@ -1243,6 +1286,24 @@ impl Engine {
                 ApiResponse::Error { message }
             }
         }
+    }
+
+    /// The welcome a worker with this manifest is sent, if it fits one frame.
+    fn welcome_fits(&self, manifest: &Manifest) -> Result<WorkerReply, String> {
+        let welcome = WorkerReply::Welcome {
+            worker_id: manifest.worker_id.clone(),
+            manifest: Box::new(manifest.clone()),
+            heartbeat_interval_ms: u64::try_from(self.cfg.heartbeat_interval.as_millis())
+                .unwrap_or(u64::MAX),
+        };
+        let welcome_size = serde_json::to_vec(&welcome).map_or(usize::MAX, |v| v.len());
+        if welcome_size > super::wire::MAX_FRAME {
+            return Err(format!(
+                "the manifest makes a {welcome_size}-byte welcome; a worker could not receive it (frames are at most {} bytes): shorten the state snapshot, environment or command",
+                super::wire::MAX_FRAME
+            ));
+        }
+        Ok(welcome)
     }
 
     fn try_launch(&mut self, manifest: Manifest, now: u64) -> Result<ApiResponse, String> {
@@ -1337,20 +1398,9 @@ impl Engine {
                     .map_or(self.cfg.worker_output_cap, |b| b.get()),
             ),
         };
-        // Every frame this worker will be sent must fit one: checked here, where it is made.
-        let welcome = WorkerReply::Welcome {
-            worker_id: id.clone(),
-            manifest: Box::new(manifest.clone()),
-            heartbeat_interval_ms: u64::try_from(self.cfg.heartbeat_interval.as_millis())
-                .unwrap_or(u64::MAX),
-        };
-        let welcome_size = serde_json::to_vec(&welcome).map_or(usize::MAX, |v| v.len());
-        if welcome_size > super::wire::MAX_FRAME {
-            return Err(format!(
-                "the manifest makes a {welcome_size}-byte welcome; a worker could not receive it (frames are at most {} bytes): shorten the state snapshot, environment or command",
-                super::wire::MAX_FRAME
-            ));
-        }
+        // Every frame this worker will be sent must fit one: checked again here, where it
+        // is made (a root worker's manifest comes this way without `spawn_child`).
+        let welcome = self.welcome_fits(&manifest)?;
         let fd = theirs.map(std::os::fd::OwnedFd::from);
         self.send_launcher(
             &LauncherRequest::Launch {
@@ -1396,7 +1446,19 @@ impl Engine {
 
     // ------------------------------------------------------------- worker messages
 
+    /// Whether a connection's input still concerns a worker: what is still buffered from
+    /// one that has exited (or was forgotten) is dropped unrecorded, so nothing keyed by
+    /// its id is made again after `exited` cleared it.
+    fn speaks_for_live_worker(&self, id: &WorkerId) -> bool {
+        self.registry
+            .get(id)
+            .is_some_and(|w| w.state != WorkerState::Exited)
+    }
+
     fn worker(&mut self, id: WorkerId, message: WorkerMessage) {
+        if !self.speaks_for_live_worker(&id) {
+            return;
+        }
         let actor = format!("worker:{id}");
         // Identity is the connection: a claimed id must be the connection's own.
         if let Some(claimed) = message.claimed_id() {
@@ -1482,6 +1544,11 @@ impl Engine {
                 self.reply_worker(&id, WorkerReply::Ok);
             }
             (WorkerMessage::Shutdown(_), _) => {
+                // Once: asking again changes nothing and is not recorded again.
+                if self.shutdown_deadlines.iter().any(|(w, _)| w == &id) {
+                    self.reply_worker(&id, WorkerReply::Ok);
+                    return;
+                }
                 self.record(
                     "worker_shutdown_requested",
                     &actor,
@@ -1615,7 +1682,17 @@ impl Engine {
             None => parent.state_snapshot.clone(),
         };
         let request = SpawnRequest {
-            resources: r.resources.unwrap_or(parent.resources),
+            // An explicit grant that names no output cap keeps the parent's: leaving the
+            // field out is not asking to lift it.
+            resources: r
+                .resources
+                .map(|mut res| {
+                    if res.max_output_bytes.is_none() {
+                        res.max_output_bytes = parent.resources.max_output_bytes;
+                    }
+                    res
+                })
+                .unwrap_or(parent.resources),
             filesystem: r.filesystem.unwrap_or_else(|| parent.filesystem.clone()),
             profile: r.profile.unwrap_or_else(|| parent.profile.clone()),
             command: r.command,

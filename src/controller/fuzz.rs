@@ -167,10 +167,12 @@ impl EngineHarness {
                     Ok(message) => Input::Worker {
                         id: id.clone(),
                         message,
+                        in_flight: None,
                     },
                     Err(e) => Input::WorkerProtocolError {
                         id: id.clone(),
                         error: e.to_string(),
+                        in_flight: None,
                     },
                 };
                 self.input(input);
@@ -187,6 +189,7 @@ impl EngineHarness {
                     self.input(Input::Worker {
                         id,
                         message: WorkerMessage::Register(Box::new(RegisterMsg { manifest })),
+                        in_flight: None,
                     });
                 }
             }
@@ -217,7 +220,11 @@ impl EngineHarness {
                 let text = String::from_utf8_lossy(chunk).into_owned();
                 let message = serde_json::json!({ "type": "report", "result": text });
                 if let Ok(message) = serde_json::from_value::<WorkerMessage>(message) {
-                    self.input(Input::Worker { id, message });
+                    self.input(Input::Worker {
+                        id,
+                        message,
+                        in_flight: None,
+                    });
                 }
             }
             _ => {

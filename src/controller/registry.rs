@@ -119,7 +119,18 @@ impl Registry {
         }
         while self.exited_order.len() > KEEP_EXITED {
             if let Some(old) = self.exited_order.pop_front() {
-                self.workers.remove(&old);
+                // Forgotten from its parent's list too, so a long-lived parent's list
+                // holds at most the history, not every child it ever had.
+                if let Some(gone) = self.workers.remove(&old) {
+                    if let Some(p) = gone
+                        .manifest
+                        .parent_id
+                        .as_ref()
+                        .and_then(|p| self.workers.get_mut(p))
+                    {
+                        p.children.retain(|c| c != &old);
+                    }
+                }
             }
         }
     }

@@ -3,6 +3,7 @@
 //! It decides nothing; every message goes to the engine thread as an [`Input`].
 
 use std::os::unix::net::UnixStream as StdUnixStream;
+use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::{Sender as ReplySender, channel};
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 
 use crate::manifest::WorkerId;
 
@@ -28,6 +29,8 @@ pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 /// Messages per second a worker may send on average, and the burst it may save up.
 const WORKER_RATE: f64 = 20.0;
 const WORKER_BURST: f64 = 40.0;
+/// Inputs from one worker the engine may have queued and not yet handled.
+const IN_FLIGHT_PER_WORKER: usize = 4;
 
 /// Who may use the API socket.
 #[derive(Debug, Clone, Copy)]
@@ -160,8 +163,16 @@ pub fn attach_worker(
     rt.spawn(async move {
         let mut bucket = TokenBucket::new();
         let mut dropped = 0u64;
-        let mut last_report = Instant::now();
+        let mut last_report: Option<Instant> = None;
+        // A connection's places in the engine's queue: with all of them taken, the next
+        // frame is not read until the engine has handled one (the worker's socket fills
+        // and it waits), so no worker can queue more than this however far behind the
+        // engine is.
+        let places = Arc::new(Semaphore::new(IN_FLIGHT_PER_WORKER));
         loop {
+            let Ok(in_flight) = places.clone().acquire_owned().await else {
+                break;
+            };
             match read_body(&mut rd).await {
                 Ok(Some(body)) => {
                     if !bucket.take() {
@@ -172,13 +183,13 @@ pub fn attach_worker(
                                 message: "rate limited: message dropped (at most 20 a second, bursts of 40)".into(),
                             });
                         }
-                        if dropped == 1 || last_report.elapsed() >= Duration::from_secs(1) {
+                        if last_report.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
                             let _ = inputs.send(Input::WorkerRateLimited {
                                 id: id.clone(),
                                 dropped,
                             });
                             dropped = 0;
-                            last_report = Instant::now();
+                            last_report = Some(Instant::now());
                         }
                         continue;
                     }
@@ -186,10 +197,12 @@ pub fn attach_worker(
                         Ok(message) => Input::Worker {
                             id: id.clone(),
                             message,
+                            in_flight: Some(in_flight),
                         },
                         Err(e) => Input::WorkerProtocolError {
                             id: id.clone(),
                             error: e.to_string(),
+                            in_flight: Some(in_flight),
                         },
                     };
                     if inputs.send(input).is_err() {
@@ -211,6 +224,7 @@ pub fn attach_worker(
                     let _ = inputs.send(Input::WorkerProtocolError {
                         id: id.clone(),
                         error: e.to_string(),
+                        in_flight: Some(in_flight),
                     });
                     break;
                 }
