@@ -23,6 +23,7 @@ use crate::signing::ManifestSigner;
 
 use super::audit_budget::AuditBudgets;
 use super::bounded;
+use super::input::Input;
 use super::launcher::{LaunchSpec, LauncherEvent, LauncherRequest, LiveUsage};
 use super::link::{LinkError, Outbox};
 use super::protocol::{
@@ -31,67 +32,6 @@ use super::protocol::{
 };
 use super::registry::{Registry, WorkerRecord, WorkerState};
 use super::server;
-
-/// One of a connection's few places in the engine's queue (`None` where no connection
-/// sent the input).
-pub type InFlight = Option<tokio::sync::OwnedSemaphorePermit>;
-
-/// Everything the engine is told.
-pub enum Input {
-    Api {
-        peer_uid: u32,
-        request: Box<ApiRequest>,
-        reply: oneshot::Sender<ApiResponse>,
-    },
-    Worker {
-        id: WorkerId,
-        message: WorkerMessage,
-        /// Held until the engine has handled the input: each connection has a few, so
-        /// what one worker can have queued here is bounded (see `server`).
-        in_flight: InFlight,
-    },
-    /// A frame the worker sent could not be read or parsed.
-    WorkerProtocolError {
-        id: WorkerId,
-        error: String,
-        in_flight: InFlight,
-    },
-    WorkerRateLimited {
-        id: WorkerId,
-        dropped: u64,
-    },
-    WorkerDisconnected {
-        id: WorkerId,
-    },
-    ClientRejected {
-        uid: u32,
-        pid: i32,
-    },
-    Launcher(LauncherEvent),
-    LauncherGone,
-    Tick,
-    /// A `ps` waited `PS_WAIT` for the launcher's usage figures.
-    PsDeadline,
-    Shutdown,
-}
-
-impl Input {
-    fn kind(&self) -> &'static str {
-        match self {
-            Input::Api { .. } => "api",
-            Input::Worker { .. } => "worker",
-            Input::WorkerProtocolError { .. } => "worker_protocol_error",
-            Input::WorkerRateLimited { .. } => "worker_rate_limited",
-            Input::WorkerDisconnected { .. } => "worker_disconnected",
-            Input::ClientRejected { .. } => "client_rejected",
-            Input::Launcher(_) => "launcher",
-            Input::LauncherGone => "launcher_gone",
-            Input::Tick => "tick",
-            Input::PsDeadline => "ps_deadline",
-            Input::Shutdown => "shutdown",
-        }
-    }
-}
 
 /// An input handled for longer than this is logged.
 const SLOW_INPUT: Duration = Duration::from_millis(30);

@@ -21,7 +21,8 @@ use crate::contract::ReplicationContract;
 use crate::manifest::{SpawnRequest, WorkerId};
 use crate::signing::{Keyring, ManifestSigner};
 
-use super::engine::{Engine, EngineConfig, Input};
+use super::engine::{Engine, EngineConfig};
+use super::input::Input;
 use super::launcher::LauncherEvent;
 use super::link::{Inbox, Outbox};
 use super::protocol::{ApiRequest, ApiResponse, RegisterMsg, WorkerMessage};

@@ -19,6 +19,7 @@ pub mod client;
 pub mod engine;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod input;
 pub mod launch_protocol;
 pub mod launcher;
 pub mod link;
@@ -285,7 +286,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         .enable_all()
         .build()
         .map_err(|e| ControllerError::Setup(format!("async runtime: {e}")))?;
-    let (tx, rx) = mpsc::channel::<engine::Input>();
+    let (tx, rx) = mpsc::channel::<input::Input>();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let mut engine = engine::Engine::new(
         cfg,
@@ -339,7 +340,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
-            let _ = shutdown_tx.send(engine::Input::Shutdown);
+            let _ = shutdown_tx.send(input::Input::Shutdown);
         });
         let _ = done_rx.await;
         Ok::<(), ControllerError>(())

@@ -15,7 +15,7 @@ use tokio::sync::{Semaphore, oneshot};
 
 use crate::manifest::WorkerId;
 
-use super::engine::Input;
+use super::input::Input;
 use super::launcher::LauncherEvent;
 use super::protocol::{ApiRequest, ApiResponse, WorkerMessage, WorkerReply};
 use super::wire::{self, FrameError};

@@ -67,7 +67,7 @@ impl Abi {
 
     /// Parses `native` or an architecture name as profiles and the OCI format spell them.
     pub fn parse(name: &str) -> Result<Abi, String> {
-        Abi::from_scmp(super::seccomp::parse_arch(name)?)
+        Abi::from_scmp(parse_arch(name)?)
             .ok_or_else(|| format!("architecture {name:?} cannot run on this machine"))
     }
 
@@ -160,6 +160,24 @@ impl std::fmt::Display for Abi {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// Parses an architecture name as libseccomp and the OCI format spell them.
+pub fn parse_arch(name: &str) -> Result<ScmpArch, String> {
+    let n = name.trim().to_ascii_lowercase();
+    let n = n.strip_prefix("scmp_arch_").unwrap_or(&n);
+    Ok(match n {
+        "native" => ScmpArch::native(),
+        "x86_64" | "amd64" => ScmpArch::X8664,
+        "x86" | "i386" | "i686" => ScmpArch::X86,
+        "x32" => ScmpArch::X32,
+        "aarch64" | "arm64" => ScmpArch::Aarch64,
+        "arm" => ScmpArch::Arm,
+        "riscv64" => ScmpArch::Riscv64,
+        "ppc64le" => ScmpArch::Ppc64Le,
+        "s390x" => ScmpArch::S390X,
+        _ => return Err(format!("unknown architecture {name:?}")),
+    })
 }
 
 #[cfg(test)]

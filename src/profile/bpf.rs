@@ -5,7 +5,7 @@
 //! synthetic `struct seccomp_data`, with the kernel's rules for which instructions a
 //! seccomp filter may use and how its return value is read.
 
-use super::seccomp::{BpfInstruction, SeccompProgram};
+use super::program::{BpfInstruction, SeccompProgram};
 
 /// `AUDIT_ARCH_X86_64`: the `arch` field for native x86_64 and x32 syscalls.
 pub const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;

@@ -12,7 +12,8 @@ use super::Profile;
 use super::abi::Abi;
 use super::bpf::{self, KernelAction, SeccompData};
 use super::explore::{self, ArgSpace};
-use super::seccomp::{SeccompProgram, format_args_list};
+use super::program::SeccompProgram;
+use super::seccomp::format_args_list;
 use super::verdict::{Analysis, CheckError};
 
 /// One syscall whose verdict differs.

@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 
 use super::bpf::{self, BpfError, KernelAction, SeccompData};
-use super::seccomp::{BpfInstruction, SeccompProgram};
+use super::program::{BpfInstruction, SeccompProgram};
 use super::solver::{self, Constraint, Rel, Solution};
 
 /// Most ends one exploration may reach before giving up.

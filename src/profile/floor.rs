@@ -20,7 +20,8 @@
 //! bad-arch action is allow).
 
 use super::abi::Abi;
-use super::seccomp::{SeccompPolicy, SeccompProgram, resolve_syscall};
+use super::program::SeccompProgram;
+use super::seccomp::{SeccompPolicy, resolve_syscall};
 use super::{Profile, ProfileError};
 
 /// The floor's rules, as shipped.

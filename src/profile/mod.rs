@@ -15,6 +15,7 @@ pub mod lint;
 pub mod locate;
 pub mod names;
 pub mod oci;
+pub mod program;
 pub mod seccomp;
 pub mod solver;
 pub mod verdict;
@@ -28,9 +29,9 @@ use sha2::{Digest, Sha256};
 
 use crate::units;
 
+pub use program::SeccompProgram;
 pub use seccomp::{
-    Action, ArgCondition, CompareOp, Decider, PolicyError, SeccompPolicy, SeccompProgram,
-    SyscallRule,
+    Action, ArgCondition, CompareOp, Decider, PolicyError, SeccompPolicy, SyscallRule,
 };
 
 /// Profiles larger than this are refused before parsing: a profile is a policy a person

@@ -10,10 +10,10 @@
 use libseccomp::ScmpArch;
 use serde::{Deserialize, Serialize};
 
-use super::abi::Abi;
+use super::abi::{Abi, parse_arch};
 use super::seccomp::{
     Action, ActionKind, ArgCondition, CompareOp, ErrnoValue, SeccompPolicy, SyscallRule, ValueSpec,
-    expand_conditions, parse_arch,
+    expand_conditions,
 };
 use super::{MAX_PROFILE_BYTES, Profile, ProfileError};
 

@@ -13,9 +13,10 @@ use libseccomp::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::abi::Abi;
+use super::abi::{Abi, parse_arch};
 use super::bpf::KernelAction;
 use super::names;
+use super::program::SeccompProgram;
 use super::solver::{self, Constraint, Rel, Solution};
 
 /// Most rules a profile may hold; the strictest real-world allow-lists have a few hundred.
@@ -444,52 +445,6 @@ pub fn format_args_list(args: &[u64; 6]) -> String {
     parts.join(" ")
 }
 
-/// A compiled filter: an array of `struct sock_filter` in native byte order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SeccompProgram {
-    bytes: Vec<u8>,
-}
-
-/// One classic-BPF instruction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BpfInstruction {
-    pub code: u16,
-    pub jt: u8,
-    pub jf: u8,
-    pub k: u32,
-}
-
-impl SeccompProgram {
-    /// Wraps raw `sock_filter` bytes; the length must be a non-zero multiple of 8.
-    pub fn from_bytes(bytes: Vec<u8>) -> Result<SeccompProgram, String> {
-        if bytes.is_empty() || bytes.len() % 8 != 0 || bytes.len() / 8 > 4096 {
-            return Err(format!("invalid BPF program length {}", bytes.len()));
-        }
-        Ok(SeccompProgram { bytes })
-    }
-
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes
-    }
-
-    pub fn len(&self) -> usize {
-        self.bytes.len() / 8
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
-    }
-
-    pub fn instructions(&self) -> impl Iterator<Item = BpfInstruction> + '_ {
-        self.bytes.chunks_exact(8).map(|c| BpfInstruction {
-            code: u16::from_ne_bytes([c[0], c[1]]),
-            jt: c[2],
-            jf: c[3],
-            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
-        })
-    }
-}
-
 /// One libseccomp rule after expansion (`any_bits` split into one rule per bit).
 struct ExpandedRule {
     action: Action,
@@ -736,24 +691,6 @@ fn memfd(name: &str) -> Result<std::fs::File, String> {
     nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
         .map(std::fs::File::from)
         .map_err(|e| format!("memfd_create: {e}"))
-}
-
-/// Parses an architecture name as libseccomp and the OCI format spell them.
-pub fn parse_arch(name: &str) -> Result<ScmpArch, String> {
-    let n = name.trim().to_ascii_lowercase();
-    let n = n.strip_prefix("scmp_arch_").unwrap_or(&n);
-    Ok(match n {
-        "native" => ScmpArch::native(),
-        "x86_64" | "amd64" => ScmpArch::X8664,
-        "x86" | "i386" | "i686" => ScmpArch::X86,
-        "x32" => ScmpArch::X32,
-        "aarch64" | "arm64" => ScmpArch::Aarch64,
-        "arm" => ScmpArch::Arm,
-        "riscv64" => ScmpArch::Riscv64,
-        "ppc64le" => ScmpArch::Ppc64Le,
-        "s390x" => ScmpArch::S390X,
-        _ => return Err(format!("unknown architecture {name:?}")),
-    })
 }
 
 /// Resolves a syscall name with libseccomp; names unknown on every architecture are errors.

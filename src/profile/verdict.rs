@@ -15,7 +15,8 @@ use super::abi::Abi;
 use super::bpf::{self, KernelAction, SeccompData};
 use super::explore::{self, ArgSpace, ExploreError};
 use super::floor::Floor;
-use super::seccomp::{Decider, SeccompPolicy, SeccompProgram, format_args_list};
+use super::program::SeccompProgram;
+use super::seccomp::{Decider, SeccompPolicy, format_args_list};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {

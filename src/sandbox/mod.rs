@@ -20,6 +20,7 @@ pub mod idpool;
 pub mod init;
 pub mod landlock;
 pub mod launch;
+pub mod mount_api;
 pub mod mounts;
 pub mod net;
 pub mod output;

@@ -19,7 +19,7 @@ use std::path::Path;
 
 use nix::mount::{MsFlags, mount};
 
-use super::mounts::{
+use super::mount_api::{
     MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, MountError, fail,
     mount_point, nix_fail, set_attrs, stage_path,
 };

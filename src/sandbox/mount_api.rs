@@ -1,0 +1,265 @@
+//! The kernel's new mount API (`open_tree`, `mount_setattr`, `move_mount`, `openat2`) as
+//! small safe functions, and the error every mount step returns.
+//!
+//! Why a module of its own: the root (`mounts`) and the `/proc` view (`procfs`) are both
+//! built from these; neither needs the other's plan to do so.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+/// A failed step: what was being done, and the errno.
+#[derive(Debug)]
+pub struct MountError {
+    pub step: String,
+    pub errno: i32,
+}
+
+pub(super) fn fail(step: impl Into<String>) -> impl FnOnce(io::Error) -> MountError {
+    let step = step.into();
+    move |e| MountError {
+        step,
+        errno: e.raw_os_error().unwrap_or(libc::EIO),
+    }
+}
+
+pub(super) fn nix_fail(step: impl Into<String>) -> impl FnOnce(nix::Error) -> MountError {
+    let step = step.into();
+    move |e| MountError {
+        step,
+        errno: e as i32,
+    }
+}
+
+/// Where the new root is assembled (in the sandbox's private mount namespace only).
+pub(super) const STAGE: &str = "/tmp";
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+pub(super) const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub(super) const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub(super) const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub(super) const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE_BENEATH: u64 = 0x08;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+fn cpath(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn owned(rc: libc::c_long) -> io::Result<OwnedFd> {
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc as RawFd) })
+}
+
+/// A detached copy of the mount tree at `path` (open_tree with OPEN_TREE_CLONE).
+pub(super) fn clone_tree(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
+    let c = cpath(path)?;
+    let flags = OPEN_TREE_CLONE
+        | libc::O_CLOEXEC as libc::c_uint
+        | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint
+        | if recursive { AT_RECURSIVE } else { 0 };
+    // SAFETY: open_tree reads the NUL-terminated path and returns a new fd or -1.
+    owned(unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) })
+}
+
+/// A detached recursive copy of the mount tree at the object `fd` refers to (an `O_PATH`
+/// descriptor): no path is looked up.
+pub(super) fn clone_fd_tree(fd: RawFd) -> io::Result<OwnedFd> {
+    let empty = CString::default();
+    let flags = OPEN_TREE_CLONE
+        | libc::O_CLOEXEC as libc::c_uint
+        | libc::AT_EMPTY_PATH as libc::c_uint
+        | AT_RECURSIVE;
+    // SAFETY: open_tree with a descriptor and an empty path (AT_EMPTY_PATH); returns a new
+    // fd or -1.
+    owned(unsafe { libc::syscall(libc::SYS_open_tree, fd, empty.as_ptr(), flags) })
+}
+
+/// Sets mount attributes (and private propagation) on a detached tree or a path.
+pub(super) fn set_attrs(
+    fd: RawFd,
+    path: Option<&Path>,
+    set: u64,
+    recursive: bool,
+) -> io::Result<()> {
+    set_attrs_idmap(fd, path, set, recursive, None)
+}
+
+/// [`set_attrs`], also idmapping the tree through the user namespace `userns` when given.
+pub(super) fn set_attrs_idmap(
+    fd: RawFd,
+    path: Option<&Path>,
+    set: u64,
+    recursive: bool,
+    userns: Option<RawFd>,
+) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set: set
+            | if userns.is_some() {
+                MOUNT_ATTR_IDMAP
+            } else {
+                0
+            },
+        attr_clr: 0,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: userns.map_or(0, |fd| fd as u64),
+    };
+    let c = match path {
+        Some(p) => cpath(p)?,
+        None => CString::default(),
+    };
+    let flags = if path.is_none() {
+        libc::AT_EMPTY_PATH as libc::c_uint
+    } else {
+        0
+    } | if recursive { AT_RECURSIVE } else { 0 };
+    // SAFETY: mount_setattr reads the path and the attr struct we own, of the size we pass.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd,
+            c.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Attaches the detached tree `from` onto the object `to` (an O_PATH fd).
+pub(super) fn attach(from: &OwnedFd, to: &OwnedFd) -> io::Result<()> {
+    let empty = CString::default();
+    // SAFETY: move_mount with two valid fds and empty paths (the *_EMPTY_PATH flags).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            from.as_raw_fd(),
+            empty.as_ptr(),
+            to.as_raw_fd(),
+            empty.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// openat2 beneath `dir` without following any symlink.
+fn open_beneath(dir: &OwnedFd, name: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let c = cpath(name)?;
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH,
+    };
+    // SAFETY: openat2 reads the path and the open_how struct we own, of the size we pass.
+    owned(unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    })
+}
+
+/// Opens (creating as needed) the mount point for `target` under the new root, walking
+/// component by component without following symlinks. Returns an O_PATH fd.
+pub(super) fn mount_point(
+    root: &OwnedFd,
+    target: &Path,
+    is_dir: bool,
+) -> Result<OwnedFd, MountError> {
+    let step = || format!("mount point {}", target.display());
+    let comps: Vec<&std::ffi::OsStr> = target
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    let mut cur = open_beneath(root, Path::new("."), libc::O_PATH | libc::O_DIRECTORY)
+        .map_err(fail(step()))?;
+    for (i, comp) in comps.iter().enumerate() {
+        let last = i + 1 == comps.len();
+        let name = Path::new(comp);
+        let want_dir = !last || is_dir;
+        let flags = libc::O_PATH | if want_dir { libc::O_DIRECTORY } else { 0 };
+        let next = match open_beneath(&cur, name, flags) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                let c = cpath(name).map_err(fail(step()))?;
+                // SAFETY: mkdirat/openat relative to a directory fd we own; c is NUL-terminated.
+                let rc = unsafe {
+                    if want_dir {
+                        libc::mkdirat(cur.as_raw_fd(), c.as_ptr(), 0o755)
+                    } else {
+                        let fd = libc::openat(
+                            cur.as_raw_fd(),
+                            c.as_ptr(),
+                            libc::O_CREAT
+                                | libc::O_EXCL
+                                | libc::O_WRONLY
+                                | libc::O_CLOEXEC
+                                | libc::O_NOFOLLOW,
+                            0o644,
+                        );
+                        if fd >= 0 {
+                            libc::close(fd);
+                        }
+                        fd.min(0)
+                    }
+                };
+                if rc < 0 {
+                    return Err(fail(step())(io::Error::last_os_error()));
+                }
+                open_beneath(&cur, name, flags).map_err(fail(step()))?
+            }
+            Err(e) => return Err(fail(step())(e)),
+        };
+        cur = next;
+    }
+    Ok(cur)
+}
+
+pub(super) fn stage_path(target: &Path) -> PathBuf {
+    Path::new(STAGE).join(target.strip_prefix("/").unwrap_or(target))
+}
+
+pub(super) fn fstat_id(fd: &OwnedFd) -> io::Result<(u64, u64)> {
+    let st = nix::sys::stat::fstat(fd).map_err(io::Error::from)?;
+    Ok((st.st_dev, st.st_ino))
+}
