@@ -409,21 +409,25 @@ fn docker_import_export_import_gives_the_same_verdict_for_every_syscall() {
 fn bad_profiles_are_refused_naming_the_place() {
     let dir = common::shared_tempdir();
     let cases: &[(&str, &str, &str)] = &[
-        ("malformed.toml", "name = \"x\"\n[seccomp\n", "line 2"),
+        (
+            "malformed.toml",
+            "name = \"x\"\n[seccomp\n",
+            "malformed.toml:2:",
+        ),
         (
             "unknown-key.toml",
             "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\nbogus = 1\n",
-            "line 4",
+            "unknown-key.toml:4:",
         ),
         (
             "unknown-syscall.toml",
             "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"no_such_call\"]\n",
-            "line 6",
+            "unknown-syscall.toml:6:",
         ),
         (
             "unknown-action.toml",
             "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n[[seccomp.rule]]\naction = \"explode\"\nsyscalls = [\"ptrace\"]\n",
-            "line 5",
+            "unknown-action.toml:5:",
         ),
         (
             "contradiction.toml",

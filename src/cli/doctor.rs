@@ -1,5 +1,10 @@
 //! `hatchery doctor`: what this host (and this user) can enforce, and what `run` would
 //! have to degrade, with the fix for each gap.
+//!
+//! Exit status: 0 when no check fails (warnings included), 1 when one does — so a script
+//! or a provisioning step can gate on it; the same with --json.
+
+use std::io::Write;
 
 use clap::Args;
 use serde::Serialize;
@@ -7,16 +12,41 @@ use serde::Serialize;
 use hatchery::sandbox::{self, Host};
 
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  hatchery doctor\n  hatchery doctor --json")]
+#[command(
+    after_help = "Exit status: 0 every check is ok (or only warns); 1 a check FAILs.\n\nExamples:\n  hatchery doctor\n  hatchery doctor --json\n  hatchery doctor >/dev/null || echo 'this host cannot enforce everything'"
+)]
 pub struct DoctorArgs {
     /// Machine-readable output
     #[arg(long)]
     pub json: bool,
 }
 
+/// A check's outcome. Ordered: `ok < warn < fail`.
+#[derive(Serialize, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+enum Status {
+    Ok,
+    /// Works, with an optional improvement.
+    Warn,
+    /// Something `run` cannot enforce here.
+    Fail,
+}
+
+impl Status {
+    fn word(self) -> &'static str {
+        match self {
+            Status::Ok => "ok  ",
+            Status::Warn => "warn",
+            Status::Fail => "FAIL",
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct Check {
     name: &'static str,
+    status: Status,
+    /// Not failed (ok or warn).
     ok: bool,
     detail: String,
     /// How to fix it, when not ok.
@@ -26,12 +56,27 @@ struct Check {
 
 #[derive(Serialize)]
 struct Diagnosis {
+    /// The worst status of the checks; `fail` is exit status 1.
+    status: Status,
     kernel: String,
     uid: u32,
     rootless: bool,
     checks: Vec<Check>,
     /// What `run` would refuse without --allow-degraded.
     degraded: Vec<String>,
+}
+
+impl Check {
+    /// A check that passes or fails.
+    fn new(name: &'static str, ok: bool, detail: String, fix: Option<String>) -> Check {
+        Check {
+            name,
+            status: if ok { Status::Ok } else { Status::Fail },
+            ok,
+            detail,
+            fix,
+        }
+    }
 }
 
 fn kernel_release() -> String {
@@ -54,22 +99,23 @@ fn diagnose() -> Diagnosis {
     let mut degraded = Vec::new();
 
     let userns = sandbox::userns::probe();
-    checks.push(Check {
-        name: "user namespaces",
-        ok: userns.is_ok(),
-        detail: match &userns {
+    checks.push(Check::new(
+        "user namespaces",
+        userns.is_ok(),
+        match &userns {
             Ok(()) => "available: the sandbox gets user, pid, mount, net, ipc, uts and cgroup namespaces".into(),
             Err(e) => format!("unavailable: {e}"),
         },
-        fix: userns.err().map(|_| {
+        userns.err().map(|_| {
             "sysctl -w user.max_user_namespaces=15000; for non-root also kernel.unprivileged_userns_clone=1 and kernel.apparmor_restrict_unprivileged_userns=0".to_string()
         }),
-    });
+    ));
 
     if rootless {
         let ranges = sandbox::userns::subordinate_ranges(uid);
         checks.push(Check {
             name: "id mapping",
+            status: if ranges.is_some() { Status::Ok } else { Status::Warn },
             ok: true,
             detail: match &ranges {
                 Some((u, g, _, _)) => format!(
@@ -96,10 +142,10 @@ fn diagnose() -> Diagnosis {
                     missing.push(name)
                 }
             }
-            checks.push(Check {
-                name: "cgroups",
-                ok: missing.is_empty(),
-                detail: format!(
+            checks.push(Check::new(
+                "cgroups",
+                missing.is_empty(),
+                format!(
                     "{} at {}: {} (swap {})",
                     m.version(),
                     m.base().display(),
@@ -114,35 +160,35 @@ fn diagnose() -> Diagnosis {
                         "NOT limitable"
                     },
                 ),
-                fix: (!missing.is_empty())
+                (!missing.is_empty())
                     .then(|| format!("enable the {} controller(s)", missing.join(", "))),
-            });
+            ));
             for m in missing {
                 degraded.push(format!("--{}", if m == "cpu" { "cpus" } else { m }));
             }
         }
         None => {
             let why = host.cgroup_problem.clone().unwrap_or_default();
-            checks.push(Check {
-                name: "cgroups",
-                ok: false,
-                detail: format!("no limits possible: {why}"),
-                fix: Some(if rootless {
+            checks.push(Check::new(
+                "cgroups",
+                false,
+                format!("no limits possible: {why}"),
+                Some(if rootless {
                     "run inside a delegated cgroup v2 scope: systemd-run --user --scope -p Delegate=yes hatchery run ...".into()
                 } else {
                     "mount the memory, cpu and pids controllers (cgroup v2 recommended)".into()
                 }),
-            });
+            ));
             degraded.push(
                 "--memory, --cpus, --pids (no cgroups; with --allow-degraded, --memory becomes RLIMIT_AS per process, --pids RLIMIT_NPROC, --cpus is not enforced)".into(),
             );
         }
     }
 
-    checks.push(Check {
-        name: "landlock",
-        ok: host.landlock_abi.is_some(),
-        detail: match host.landlock_abi {
+    checks.push(Check::new(
+        "landlock",
+        host.landlock_abi.is_some(),
+        match host.landlock_abi {
             Some(abi) => format!(
                 "ABI {abi}: filesystem rules{}{}",
                 if abi >= 4 {
@@ -158,28 +204,28 @@ fn diagnose() -> Diagnosis {
             ),
             None => "not available".into(),
         },
-        fix: host
-            .landlock_abi
+        host.landlock_abi
             .is_none()
             .then(|| "boot a 5.13+ kernel with landlock in the lsm= list".into()),
-    });
+    ));
     if host.landlock_abi.is_none() {
         degraded.push("Landlock filesystem rules".into());
     }
-    checks.push(Check {
-        name: "seccomp",
-        ok: host.seccomp,
-        detail: if host.seccomp {
+    checks.push(Check::new(
+        "seccomp",
+        host.seccomp,
+        if host.seccomp {
             "filters available".into()
         } else {
             "not available".into()
         },
-        fix: (!host.seccomp).then(|| "use a kernel with CONFIG_SECCOMP_FILTER".into()),
-    });
+        (!host.seccomp).then(|| "use a kernel with CONFIG_SECCOMP_FILTER".into()),
+    ));
     if !host.seccomp {
         degraded.push("seccomp".into());
     }
     Diagnosis {
+        status: checks.iter().map(|c| c.status).max().unwrap_or(Status::Ok),
         kernel: kernel_release(),
         uid,
         rootless,
@@ -190,40 +236,57 @@ fn diagnose() -> Diagnosis {
 
 pub fn main(args: DoctorArgs) -> i32 {
     let d = diagnose();
-    if args.json {
+    let code = if d.status == Status::Fail { 1 } else { 0 };
+    let text = if args.json {
         match serde_json::to_string_pretty(&d) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => s + "\n",
             Err(e) => {
                 eprintln!("hatchery: {e}");
                 return 1;
             }
         }
-        return 0;
+    } else {
+        human(&d)
+    };
+    // A reader that stops early (`| head -1`) ends the output quietly.
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            eprintln!("hatchery: cannot write to stdout: {e}");
+            1
+        }
+        _ => code,
     }
-    println!("kernel      {}", d.kernel);
-    println!(
-        "user        uid {}{}",
+}
+
+fn human(d: &Diagnosis) -> String {
+    let mut t = format!("kernel      {}\n", d.kernel);
+    t.push_str(&format!(
+        "user        uid {}{}\n",
         d.uid,
         if d.rootless { " (rootless)" } else { " (root)" }
-    );
+    ));
     for c in &d.checks {
-        println!(
-            "{:<16} {} {}",
+        t.push_str(&format!(
+            "{:<16} {} {}\n",
             c.name,
-            if c.ok { "ok  " } else { "FAIL" },
+            c.status.word(),
             c.detail
-        );
+        ));
         if let Some(fix) = &c.fix {
-            println!("{:<16}      fix: {fix}", "");
+            t.push_str(&format!("{:<16}      fix: {fix}\n", ""));
         }
     }
     if d.degraded.is_empty() {
-        println!("\nrun enforces everything it is asked for on this host.");
+        t.push_str("\nrun enforces everything it is asked for on this host.\n");
     } else {
-        println!(
-            "\nrun refuses (exit 125) unless --allow-degraded: {}",
+        t.push_str(&format!(
+            "\nrun refuses (exit 125) unless --allow-degraded: {}\n",
             d.degraded.join("; ")
-        );
+        ));
     }
-    0
+    t
 }

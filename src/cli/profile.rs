@@ -4,14 +4,16 @@
 //! sandbox loads: the seccomp floor, loaded under every profile, and the profile's own —
 //! so what these commands say is what the kernel enforces.
 //!
-//! Exit status: 0 success; 1 `lint` found something or `diff` found differences;
-//! 2 bad input or a profile that cannot be used (one line on stderr says why).
+//! Exit status: 0 success; 1 `lint` found something (unaccepted, at or above `--fail-on`)
+//! or `diff` found differences; 2 bad input or a profile that cannot be used (one line on
+//! stderr says why). A reader that stops early (`| head -1`) ends the output quietly and
+//! changes no exit status.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Subcommand, ValueEnum};
 
 use hatchery::profile::abi::Abi;
 use hatchery::profile::floor::Floor;
@@ -26,18 +28,23 @@ const EXIT_ERROR: i32 = 2;
 const EXIT_FOUND: i32 = 1;
 
 const PROFILE_EXAMPLES: &str = "\
-Exit status: 0 success; 1 lint findings or diff differences; 2 bad input.
+Exit status: 0 success; 1 lint findings (not accepted, at or above --fail-on) or diff
+differences; 2 bad input.
 
 Examples:
-  hatchery profile list
+  hatchery profile list --json
   hatchery profile show default --format pfc
+  hatchery profile show strict --json
   hatchery profile check default --syscall ptrace
   hatchery profile check default --syscall clone --arg CLONE_NEWUSER --json
   hatchery profile check strict --all --json
   hatchery profile check default --syscall getpid --arch x86
   hatchery profile check compat --syscall memfd_create --exec-allowlist
   hatchery profile diff default strict
+  hatchery profile diff default ./mine.toml --json
   hatchery profile lint ./my-profile.toml
+  hatchery profile lint compat --accept ptrace --json
+  hatchery profile lint ./my-profile.toml --fail-on error
   hatchery profile import docker-default.json -o docker.toml
   hatchery profile export strict -o strict.json";
 
@@ -51,7 +58,7 @@ pub struct ProfileArgs {
 #[derive(Subcommand, Debug)]
 pub enum ProfileCommand {
     /// The shipped profiles, one line each
-    List,
+    List(ListArgs),
     /// The resolved profile, or the filter it compiles to
     Show(ShowArgs),
     /// The verdict for one syscall (or all of them) and the rule that decides it
@@ -66,10 +73,20 @@ pub enum ProfileCommand {
     Export(ExportArgs),
 }
 
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// Machine-readable output: name, sha256, description and origin of each
+    #[arg(long)]
+    pub json: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ShowFormat {
     /// A readable summary
     Table,
+    /// The resolved profile as JSON, with its origin, hash and the seccomp floor's rules
+    /// (the same as --json)
+    Json,
     /// The profile file
     Toml,
     /// OCI / Docker seccomp JSON
@@ -87,20 +104,19 @@ pub struct ShowArgs {
     pub profile: String,
     #[arg(long, value_enum, default_value_t = ShowFormat::Table)]
     pub format: ShowFormat,
+    /// Machine-readable output (--format json)
+    #[arg(long, conflicts_with = "format")]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
+#[command(group(ArgGroup::new("what").required(true).args(["syscall", "all"])))]
 pub struct CheckArgs {
     /// A shipped profile name or a TOML file
     #[arg(value_name = "NAME|FILE")]
     pub profile: String,
-    /// The syscall, by name or number
-    #[arg(
-        long,
-        value_name = "NAME",
-        required_unless_present = "all",
-        conflicts_with = "all"
-    )]
+    /// The syscall, by name or number (or --all for every syscall)
+    #[arg(long, value_name = "NAME")]
     pub syscall: Option<String>,
     /// Argument values in order (VALUE), or at an index (N=VALUE); numbers or constants
     /// such as CLONE_NEWUSER|CLONE_NEWNS; missing arguments are 0
@@ -136,9 +152,36 @@ pub struct DiffArgs {
 pub struct LintArgs {
     #[arg(value_name = "NAME|FILE")]
     pub profile: String,
-    /// Machine-readable output
+    /// Machine-readable output: one object per finding, with its rule id, severity and
+    /// whether it is accepted
     #[arg(long)]
     pub json: bool,
+    /// Accept the findings of this rule (repeatable): still reported, they no longer fail
+    /// the lint. A profile accepts its own with `[lint] accept = ["RULE"]`
+    #[arg(long, value_name = "RULE")]
+    pub accept: Vec<String>,
+    /// The lowest severity that fails the lint (exit 1); findings below it are reported
+    /// only
+    #[arg(long, value_enum, value_name = "SEVERITY", default_value_t = FailOn::Info)]
+    pub fail_on: FailOn,
+}
+
+/// `lint --fail-on`: info (every finding fails), warning, error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FailOn {
+    Info,
+    Warning,
+    Error,
+}
+
+impl FailOn {
+    fn severity(self) -> lint::Severity {
+        match self {
+            FailOn::Info => lint::Severity::Info,
+            FailOn::Warning => lint::Severity::Warning,
+            FailOn::Error => lint::Severity::Error,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -168,7 +211,7 @@ pub struct ExportArgs {
 
 pub fn main(args: ProfileArgs) -> i32 {
     let result = match args.command {
-        ProfileCommand::List => list(),
+        ProfileCommand::List(a) => list(a),
         ProfileCommand::Show(a) => show(a),
         ProfileCommand::Check(a) => check(a),
         ProfileCommand::Diff(a) => diff_cmd(a),
@@ -189,11 +232,23 @@ fn load(name: &str) -> anyhow::Result<Profile> {
     Ok(Profile::resolve(name)?)
 }
 
+/// Writes the result to stdout. A reader that has gone (`| head -1`) is no error: the
+/// output ends there, quietly, as in every Unix tool, and the exit status is what the
+/// command decided.
 fn out(text: &str) -> anyhow::Result<i32> {
     let mut stdout = std::io::stdout().lock();
-    stdout.write_all(text.as_bytes())?;
-    stdout.flush()?;
-    Ok(0)
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+        Err(e) => Err(anyhow::anyhow!("cannot write to stdout: {e}")),
+        Ok(()) => Ok(0),
+    }
+}
+
+fn json_out(value: &impl serde::Serialize) -> anyhow::Result<i32> {
+    out(&(serde_json::to_string_pretty(value)? + "\n"))
 }
 
 /// Writes a file whole or not at all.
@@ -203,14 +258,31 @@ fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
 }
 
-fn list() -> anyhow::Result<i32> {
+fn list(a: ListArgs) -> anyhow::Result<i32> {
+    let profiles = BUILTIN
+        .iter()
+        .map(|(name, _)| load(name))
+        .collect::<anyhow::Result<Vec<Profile>>>()?;
+    if a.json {
+        let list: Vec<serde_json::Value> = profiles
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "name": p.name,
+                    "sha256": p.sha256,
+                    "description": p.description,
+                    "origin": p.origin,
+                })
+            })
+            .collect();
+        return json_out(&list);
+    }
     let mut text = String::new();
-    for (name, _) in BUILTIN {
-        let p = load(name)?;
+    for p in &profiles {
         text.push_str(&format!(
             "{:<10} {}  {}\n",
             p.name,
-            &p.sha256[..12],
+            p.sha256.get(..12).unwrap_or(&p.sha256),
             p.description
         ));
     }
@@ -449,10 +521,33 @@ fn oci_json(p: &Profile) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(&json)? + "\n")
 }
 
+/// The resolved profile as JSON: the file's keys with every default filled in, where it
+/// came from, its hash, and the seccomp floor loaded under it.
+fn profile_json(p: &Profile) -> anyhow::Result<String> {
+    let mut v = serde_json::to_value(p)?;
+    let floor = Floor::new(&p.seccomp, true)?;
+    if let Some(map) = v.as_object_mut() {
+        map.insert("origin".into(), p.origin.clone().into());
+        map.insert("sha256".into(), p.sha256.clone().into());
+        map.insert(
+            "floor".into(),
+            serde_json::json!({
+                "instructions": Floor::for_profile(p)?.program.len(),
+                "rules": floor.policy.rules,
+                "allowlist_rules_from": floor.allowlist_from + 1,
+                "notes": floor.notes,
+            }),
+        );
+    }
+    Ok(serde_json::to_string_pretty(&v)? + "\n")
+}
+
 fn show(a: ShowArgs) -> anyhow::Result<i32> {
     let p = load(&a.profile)?;
-    let text = match a.format {
+    let format = if a.json { ShowFormat::Json } else { a.format };
+    let text = match format {
         ShowFormat::Table => table(&p)?,
+        ShowFormat::Json => profile_json(&p)?,
         ShowFormat::Toml => p.to_toml()?,
         ShowFormat::OciJson => oci_json(&p)?,
         ShowFormat::Pfc => format!(
@@ -521,7 +616,7 @@ fn check(a: CheckArgs) -> anyhow::Result<i32> {
             .iter()
             .map(|v| (v.target.label(), analysis.json(v)))
             .collect();
-        return out(&(serde_json::to_string_pretty(&map)? + "\n"));
+        return json_out(&map);
     }
     let text = if a.all {
         let mut t = format!(
@@ -545,34 +640,96 @@ fn check(a: CheckArgs) -> anyhow::Result<i32> {
     out(&text)
 }
 
+/// What heads each side of a diff: the profile names, or — when both have the same name,
+/// as two versions of one file do — what was given on the command line.
+fn labels(a: &DiffArgs, pa: &Profile, pb: &Profile) -> (String, String) {
+    if pa.name != pb.name {
+        return (pa.name.clone(), pb.name.clone());
+    }
+    if a.a != a.b {
+        return (a.a.clone(), a.b.clone());
+    }
+    (format!("{} (A)", pa.name), format!("{} (B)", pb.name))
+}
+
 fn diff_cmd(a: DiffArgs) -> anyhow::Result<i32> {
-    let (pa, pb) = (load(&a.a)?, load(&a.b)?);
+    let (mut pa, mut pb) = (load(&a.a)?, load(&a.b)?);
+    let (la, lb) = labels(&a, &pa, &pb);
+    let side = |p: &Profile, label: &str| serde_json::json!({ "name": p.name, "origin": p.origin, "sha256": p.sha256, "label": label });
+    let (ja, jb) = (side(&pa, &la), side(&pb, &lb));
+    // The labels head the columns and name the sides in the ABI lines.
+    pa.name = la;
+    pb.name = lb;
     let d = diff::diff(&pa, &pb)?;
     let code = if d.is_empty() { 0 } else { EXIT_FOUND };
+    let count = |c: diff::Change| d.syscalls.iter().filter(|s| s.verdict == c).count();
+    let counts = [
+        diff::Change::Stricter,
+        diff::Change::Looser,
+        diff::Change::Different,
+    ]
+    .map(|c| (c.as_str(), count(c)));
     if a.json {
-        out(&(serde_json::to_string_pretty(&d)? + "\n"))?;
+        let mut v = serde_json::to_value(&d)?;
+        if let Some(map) = v.as_object_mut() {
+            map.insert("a".into(), ja);
+            map.insert("b".into(), jb);
+            map.insert(
+                "counts".into(),
+                serde_json::Value::Object(
+                    counts
+                        .iter()
+                        .map(|(k, n)| ((*k).to_string(), (*n).into()))
+                        .collect(),
+                ),
+            );
+        }
+        json_out(&v)?;
         return Ok(code);
     }
     let mut t = String::new();
     if d.is_empty() {
         t.push_str(&format!("{} and {} enforce the same\n", pa.name, pb.name));
+    } else if !d.syscalls.is_empty() {
+        let [(_, stricter), (_, looser), (_, other)] = counts;
+        t.push_str(&match d.verdict {
+            diff::Change::Stricter => format!(
+                "seccomp: {} is stricter than {} ({stricter} syscalls)\n",
+                pb.name, pa.name
+            ),
+            diff::Change::Looser => format!(
+                "seccomp: {} is looser than {} ({looser} syscalls)\n",
+                pb.name, pa.name
+            ),
+            _ => format!(
+                "seccomp, {} against {}: {stricter} syscalls stricter, {looser} looser, {other} otherwise different (another errno or action, neither more restrictive)\n",
+                pb.name, pa.name
+            ),
+        });
     }
     for line in &d.abis {
         t.push_str(&format!("{line}\n"));
     }
     if !d.syscalls.is_empty() {
+        let (wa, wb) = (pa.name.len().max(32), pb.name.len().max(32));
         t.push_str(&format!(
-            "{} syscalls differ\n{:<24} {:<7} {:<32} {:<32} where they differ\n",
+            "{} syscalls differ\n{:<24} {:<7} {:<wa$} {:<wb$} {:<9} where they differ\n",
             d.syscalls.len(),
             "syscall",
             "arch",
             pa.name,
-            pb.name
+            pb.name,
+            "B is"
         ));
         for s in &d.syscalls {
             t.push_str(&format!(
-                "{:<24} {:<7} {:<32} {:<32} {}\n",
-                s.syscall, s.arch, s.a, s.b, s.example
+                "{:<24} {:<7} {:<wa$} {:<wb$} {:<9} {}\n",
+                s.syscall,
+                s.arch,
+                s.a,
+                s.b,
+                s.verdict.as_str(),
+                s.example
             ));
         }
     }
@@ -590,11 +747,23 @@ fn diff_cmd(a: DiffArgs) -> anyhow::Result<i32> {
 }
 
 fn lint_cmd(a: LintArgs) -> anyhow::Result<i32> {
+    if let Some(bad) = a.accept.iter().find(|id| lint::rule(id).is_none()) {
+        anyhow::bail!(
+            "--accept {bad:?}: no lint rule has that id (known: {})",
+            lint::rule_ids().join(", ")
+        );
+    }
     let p = load(&a.profile)?;
-    let findings = lint::lint(&p)?;
-    let code = if findings.is_empty() { 0 } else { EXIT_FOUND };
+    let mut findings = lint::lint(&p)?;
+    lint::accept(&mut findings, &a.accept);
+    let threshold = a.fail_on.severity();
+    let failing = findings
+        .iter()
+        .filter(|f| !f.accepted && f.severity >= threshold)
+        .count();
+    let code = if failing == 0 { 0 } else { EXIT_FOUND };
     if a.json {
-        out(&(serde_json::to_string_pretty(&findings)? + "\n"))?;
+        json_out(&findings)?;
         return Ok(code);
     }
     let mut t = String::new();
@@ -602,9 +771,16 @@ fn lint_cmd(a: LintArgs) -> anyhow::Result<i32> {
         t.push_str(&format!("{}: no findings\n", p.name));
     }
     for f in &findings {
+        let state = if f.accepted { ", accepted" } else { "" };
         t.push_str(&format!(
-            "{}: [{}] {}\n  why: {}\n  e.g. {}\n",
-            p.name, f.id, f.message, f.reason, f.example
+            "{}: {} [{}{state}] {}\n  why: {}\n  e.g. {}\n",
+            p.name, f.severity, f.id, f.message, f.reason, f.example
+        ));
+    }
+    if !findings.is_empty() && failing == 0 {
+        t.push_str(&format!(
+            "{}: no finding fails the lint (accepted, or below --fail-on {})\n",
+            p.name, threshold
         ));
     }
     out(&t)?;

@@ -16,15 +16,102 @@ use super::program::SeccompProgram;
 use super::seccomp::format_args_list;
 use super::verdict::{Analysis, CheckError};
 
+/// How B's seccomp verdicts compare with A's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Change {
+    /// No call gets a different verdict.
+    Same,
+    /// Wherever the two differ, B's verdict is the more restrictive one (the kernel's
+    /// order: kill > trap > errno > notify > trace > log > allow).
+    Stricter,
+    /// Wherever the two differ, B's verdict is the less restrictive one.
+    Looser,
+    /// Stricter for some calls and looser for others, or neither (another errno).
+    Different,
+}
+
+impl Change {
+    /// How `b` compares with `a` for one call.
+    pub fn of(a: KernelAction, b: KernelAction) -> Change {
+        match restrictiveness(b).cmp(&restrictiveness(a)) {
+            _ if a == b => Change::Same,
+            std::cmp::Ordering::Greater => Change::Stricter,
+            std::cmp::Ordering::Less => Change::Looser,
+            std::cmp::Ordering::Equal => Change::Different,
+        }
+    }
+
+    /// Both changes together: one direction only if both go that way.
+    pub fn and(self, other: Change) -> Change {
+        match (self, other) {
+            (Change::Same, x) | (x, Change::Same) => x,
+            (x, y) if x == y => x,
+            _ => Change::Different,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Change::Same => "same",
+            Change::Stricter => "stricter",
+            Change::Looser => "looser",
+            Change::Different => "different",
+        }
+    }
+}
+
+/// The kernel's precedence of filter results: the higher one wins when filters disagree.
+fn restrictiveness(a: KernelAction) -> u8 {
+    match a {
+        KernelAction::KillProcess => 7,
+        KernelAction::KillThread => 6,
+        KernelAction::Trap(_) => 5,
+        KernelAction::Errno(_) => 4,
+        KernelAction::UserNotif => 3,
+        KernelAction::Trace(_) => 2,
+        KernelAction::Log => 1,
+        KernelAction::Allow => 0,
+    }
+}
+
+/// One side's verdict for a syscall with all-zero arguments.
+#[derive(Debug, Clone, Serialize)]
+pub struct SideVerdict {
+    /// allow, errno, kill, log, trap (as `profile check --json` says).
+    pub action: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errno: Option<i32>,
+    /// Whether the call runs (allow or log).
+    pub allowed: bool,
+    /// Other arguments get another verdict.
+    pub conditional: bool,
+    #[serde(skip)]
+    pub kernel: KernelAction,
+}
+
+impl std::fmt::Display for SideVerdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Padded as a whole, so the text table's columns line up.
+        if self.conditional {
+            f.pad(&format!("{} (conditional)", self.kernel))
+        } else {
+            f.pad(&self.kernel.to_string())
+        }
+    }
+}
+
 /// One syscall whose verdict differs.
 #[derive(Debug, Clone, Serialize)]
 pub struct SyscallDiff {
     pub arch: &'static str,
     pub syscall: String,
     pub nr: i32,
-    /// The verdicts with all-zero arguments ("conditional" when arguments matter).
-    pub a: String,
-    pub b: String,
+    /// The verdicts with all-zero arguments (`conditional` when arguments matter).
+    pub a: SideVerdict,
+    pub b: SideVerdict,
+    /// How B compares with A over every argument where they differ.
+    pub verdict: Change,
     /// Arguments where the two differ, and the two verdicts there.
     pub example: String,
 }
@@ -37,12 +124,26 @@ pub struct SettingDiff {
     pub b: String,
 }
 
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ProfileDiff {
+    /// How B's seccomp verdicts compare with A's, over every syscall and ABI; an ABI one
+    /// accepts and the other refuses makes it `different`.
+    pub verdict: Change,
     pub syscalls: Vec<SyscallDiff>,
     /// Whole ABIs one profile accepts and the other refuses.
     pub abis: Vec<String>,
     pub settings: Vec<SettingDiff>,
+}
+
+impl Default for ProfileDiff {
+    fn default() -> Self {
+        ProfileDiff {
+            verdict: Change::Same,
+            syscalls: Vec::new(),
+            abis: Vec::new(),
+            settings: Vec::new(),
+        }
+    }
 }
 
 impl ProfileDiff {
@@ -51,7 +152,7 @@ impl ProfileDiff {
     }
 }
 
-fn summary(a: &Analysis<'_>, abi: Abi, nr: i32, name: &str) -> Result<String, CheckError> {
+fn summary(a: &Analysis<'_>, abi: Abi, nr: i32, name: &str) -> Result<SideVerdict, CheckError> {
     let v = a.check(
         &super::verdict::Target {
             abi,
@@ -60,10 +161,12 @@ fn summary(a: &Analysis<'_>, abi: Abi, nr: i32, name: &str) -> Result<String, Ch
         },
         [0; 6],
     )?;
-    Ok(if v.conditional {
-        format!("{} (conditional)", v.action)
-    } else {
-        v.action.to_string()
+    Ok(SideVerdict {
+        action: v.action.kind(),
+        errno: v.action.errno(),
+        allowed: v.action.runs(),
+        conditional: v.conditional,
+        kernel: v.action,
     })
 }
 
@@ -123,6 +226,7 @@ pub fn seccomp_diff(a: &Profile, b: &Profile, out: &mut ProfileDiff) -> Result<(
                 says(a, acc_a)?,
                 says(b, acc_b)?
             ));
+            out.verdict = out.verdict.and(Change::Different);
             continue;
         }
         for (nr, name) in abi.syscalls() {
@@ -131,11 +235,16 @@ pub fn seccomp_diff(a: &Profile, b: &Profile, out: &mut ProfileDiff) -> Result<(
             let Some((va, vb, args)) = diffs.first().copied() else {
                 continue;
             };
+            let verdict = diffs
+                .iter()
+                .fold(Change::Same, |c, (x, y, _)| c.and(Change::of(*x, *y)));
+            out.verdict = out.verdict.and(verdict);
             out.syscalls.push(SyscallDiff {
                 arch: abi.name(),
                 nr,
                 a: summary(&fa, abi, nr, &name)?,
                 b: summary(&fb, abi, nr, &name)?,
+                verdict,
                 example: example(va, vb, &args),
                 syscall: name,
             });
@@ -287,8 +396,11 @@ mod tests {
             "{:?}",
             d.syscalls[0]
         );
-        // Same verdicts with all-zero arguments, still a difference.
-        assert_eq!(d.syscalls[0].a, d.syscalls[0].b);
+        // Same verdicts with all-zero arguments, still a difference: B refuses arg0=10,
+        // which A lets run.
+        assert_eq!(d.syscalls[0].a.to_string(), d.syscalls[0].b.to_string());
+        assert_eq!(d.syscalls[0].verdict, Change::Stricter);
+        assert_eq!(d.verdict, Change::Stricter);
         Ok(())
     }
 
@@ -364,6 +476,8 @@ mod tests {
     -> Result<(), Box<dyn std::error::Error>> {
         let d = diff(&Profile::resolve("default")?, &Profile::resolve("strict")?)?;
         assert!(d.syscalls.iter().any(|s| s.syscall == "socket"));
+        let socket = d.syscalls.iter().find(|s| s.syscall == "socket");
+        assert_eq!(socket.map(|s| s.verdict), Some(Change::Stricter));
         assert!(!d.syscalls.iter().any(|s| s.syscall == "read"));
         assert!(
             !d.settings.iter().any(|s| s.key.starts_with("landlock")),

@@ -53,6 +53,7 @@ pub struct Floor {
 fn floor_error(origin: &str, message: String) -> ProfileError {
     ProfileError::Seccomp {
         origin: origin.to_string(),
+        line: None,
         message,
     }
 }
@@ -63,6 +64,8 @@ fn floor_error(origin: &str, message: String) -> ProfileError {
 fn parse(json: &str, origin: &str, notes: &mut Vec<String>) -> Result<SeccompPolicy, ProfileError> {
     let profile: Profile = serde_json::from_str(json).map_err(|e| ProfileError::Parse {
         origin: origin.to_string(),
+        line: None,
+        column: None,
         message: e.to_string(),
     })?;
     let mut policy = profile.seccomp;

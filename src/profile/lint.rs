@@ -3,7 +3,13 @@
 //! Each check names syscalls (and, where the danger is in an argument, the arguments that
 //! make it dangerous) and asks whether the filters a sandbox gets — the profile's and the
 //! seccomp floor loaded under it — let any such call run, on every ABI the profile
-//! accepts. A finding carries the reason it matters and an example call.
+//! accepts. A finding carries the reason it matters and an example call. Two checks read
+//! the profile's other sections: a shared host network, and Landlock rules that let
+//! nothing run.
+//!
+//! Every finding has a severity (its rule's, fixed: see [`RULES`]) and may be accepted —
+//! by the profile (`[lint] accept = ["ptrace"]`) or by the caller (`lint --accept ptrace`):
+//! an accepted finding is still reported, and no longer fails the lint.
 
 use serde::Serialize;
 
@@ -19,10 +25,72 @@ const NAMESPACE_FLAGS: u64 = 0x7e02_0080;
 /// Personality flags that switch off exploit mitigations.
 const WEAKENING_PERSONAS: u64 = 0x0004_0000 | 0x0010_0000 | 0x0020_0000 | 0x0040_0000;
 
+/// How much a finding matters. Ordered: `info < warning < error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Worth knowing; no isolation boundary is crossed.
+    Info,
+    /// A risk some profiles take on purpose (Docker's default allows it), or a profile
+    /// that cannot do its job.
+    Warning,
+    /// An isolation boundary the sandbox can cross: kernel attack surface reached from an
+    /// unprivileged process, a filter that can be bypassed, the host's network.
+    Error,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        }
+    }
+}
+
+impl std::fmt::Display for Severity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Every lint rule by its stable id, with its severity.
+pub const RULES: &[(&str, Severity)] = &[
+    ("ptrace", Severity::Warning),
+    ("bpf", Severity::Error),
+    ("mount", Severity::Error),
+    ("unshare", Severity::Error),
+    ("clone-namespaces", Severity::Error),
+    ("keyctl", Severity::Error),
+    ("userfaultfd", Severity::Warning),
+    ("io_uring", Severity::Error),
+    ("perf_event_open", Severity::Warning),
+    ("personality", Severity::Warning),
+    ("ioctl-tiocsti", Severity::Error),
+    ("ioctl-tioclinux", Severity::Error),
+    ("foreign-abi", Severity::Error),
+    ("host-network", Severity::Error),
+    ("landlock-empty", Severity::Warning),
+];
+
+/// The severity of the rule `id`, or None for an id no rule has.
+pub fn rule(id: &str) -> Option<Severity> {
+    RULES.iter().find(|(r, _)| *r == id).map(|(_, s)| *s)
+}
+
+/// Every rule id, in the order of [`RULES`].
+pub fn rule_ids() -> Vec<&'static str> {
+    RULES.iter().map(|(id, _)| *id).collect()
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Finding {
     /// Stable identifier of the check (`ptrace`, `ioctl-tiocsti`, `foreign-abi`, ...).
     pub id: &'static str,
+    pub severity: Severity,
+    /// Accepted by the profile's `[lint] accept` or by the caller: reported, not failing.
+    pub accepted: bool,
     pub message: String,
     pub reason: &'static str,
     /// An example of a call the filter lets run, with what lets it.
@@ -246,16 +314,68 @@ pub fn findings(profile: &Profile, analysis: &Analysis<'_>) -> Result<Vec<Findin
             Some(f) => {
                 f.example = format!("{}; {}", f.example, hits.join("; "));
             }
-            None => findings.push(Finding {
-                id: check.id,
-                message: check.what.to_string(),
-                reason: check.reason,
-                example: hits.join("; "),
-            }),
+            None => findings.push(Finding::new(
+                check.id,
+                check.what.to_string(),
+                check.reason,
+                hits.join("; "),
+            )),
         }
     }
     findings.extend(foreign_abis(profile, analysis)?);
+    findings.extend(settings(profile));
+    accept(&mut findings, &profile.lint.accept);
     Ok(findings)
+}
+
+impl Finding {
+    fn new(id: &'static str, message: String, reason: &'static str, example: String) -> Finding {
+        Finding {
+            id,
+            severity: rule(id).unwrap_or(Severity::Error),
+            accepted: false,
+            message,
+            reason,
+            example,
+        }
+    }
+}
+
+/// Marks the findings whose rule is in `ids` as accepted.
+pub fn accept(findings: &mut [Finding], ids: &[String]) {
+    for f in findings.iter_mut() {
+        if ids.iter().any(|id| id == f.id) {
+            f.accepted = true;
+        }
+    }
+}
+
+/// What the profile's other sections let a sandbox do, or keep it from doing.
+fn settings(profile: &Profile) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if !profile.namespaces.net {
+        out.push(Finding::new(
+            "host-network",
+            "the sandbox shares the host's network (namespaces.net = false)".into(),
+            "in the host's network namespace the sandbox reaches every interface of the host, the local network, cloud metadata services and whatever listens on the host's loopback; no seccomp or Landlock rule of a profile narrows that (deny_tcp refuses TCP only)",
+            "namespaces.net = false: connect() to any address the host can reach".into(),
+        ));
+    }
+    let l = &profile.landlock;
+    if l.execute.is_empty() && l.allow_exec.is_none() {
+        let none_at_all = l.read.is_empty() && l.write.is_empty();
+        out.push(Finding::new(
+            "landlock-empty",
+            if none_at_all {
+                "the profile grants no paths under [landlock]: nothing can run".into()
+            } else {
+                "the profile grants no execute paths under [landlock]: nothing can run".into()
+            },
+            "Landlock refuses every path a profile does not grant: with no execute paths no program (not even the dynamic loader) can be executed, so every command fails unless the command line exposes it with --ro or --rw; list the system directories, e.g. read = [\"/usr\", \"/etc\"] and execute = [\"/usr\"]",
+            "execve(\"/usr/bin/true\"): EACCES from Landlock".into(),
+        ));
+    }
+    out
 }
 
 fn describe(d: DecidedBy) -> String {
@@ -288,22 +408,22 @@ fn foreign_abis(profile: &Profile, analysis: &Analysis<'_>) -> Result<Vec<Findin
         };
         let (action, _) = analysis.verdict_at(&target, [0; 6])?;
         if !profile.seccomp.accepts(abi) && action.runs() {
-            out.push(Finding {
-                id: "foreign-abi",
-                message: format!("syscalls through the {abi} ABI ({}) are not filtered", abi.entry()),
-                reason: "the filter's rules are written for the native ABI; a process that switches ABI gets past every one of them",
-                example: format!("getpid on {abi}: {action} by bad_arch_action"),
-            });
+            out.push(Finding::new(
+                "foreign-abi",
+                format!("syscalls through the {abi} ABI ({}) are not filtered", abi.entry()),
+                "the filter's rules are written for the native ABI; a process that switches ABI gets past every one of them",
+                format!("getpid on {abi}: {action} by bad_arch_action"),
+            ));
         } else if profile.seccomp.accepts(abi) && default_permits {
-            out.push(Finding {
-                id: "foreign-abi",
-                message: format!(
+            out.push(Finding::new(
+                "foreign-abi",
+                format!(
                     "the {abi} ABI ({}) is accepted by a deny-list",
                     abi.entry()
                 ),
-                reason: "a deny-list names native syscalls; other ABIs have syscalls of their own (socketcall and ipc multiplexers on i386) that carry the denied calls past it",
-                example: format!("getpid on {abi}: {action} by the default action"),
-            });
+                "a deny-list names native syscalls; other ABIs have syscalls of their own (socketcall and ipc multiplexers on i386) that carry the denied calls past it",
+                format!("getpid on {abi}: {action} by the default action"),
+            ));
         }
     }
     Ok(out)
@@ -313,8 +433,61 @@ fn foreign_abis(profile: &Profile, analysis: &Analysis<'_>) -> Result<Vec<Findin
 mod tests {
     use super::*;
 
+    /// A profile with these seccomp settings and rules, and Landlock paths a command can
+    /// run from.
     fn profile(seccomp: &str) -> Result<Profile, super::super::ProfileError> {
-        Profile::from_toml(&format!("name = \"t\"\n[seccomp]\n{seccomp}"), "test")
+        Profile::from_toml(
+            &format!(
+                "name = \"t\"\n[seccomp]\n{seccomp}\n[landlock]\nread = [\"/usr\"]\nexecute = [\"/usr\"]\n"
+            ),
+            "test",
+        )
+    }
+
+    #[test]
+    fn every_check_has_a_rule_with_a_severity() {
+        for check in CHECKS {
+            assert!(rule(check.id).is_some(), "{}", check.id);
+        }
+        let ids = rule_ids();
+        for (i, id) in ids.iter().enumerate() {
+            assert!(!ids[..i].contains(id), "{id} twice");
+        }
+    }
+
+    #[test]
+    fn a_host_network_and_a_profile_that_runs_nothing_are_findings()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let base = "name = \"t\"\n[seccomp]\ndefault_action = \"errno\"\ndefault_errno = 1\n";
+        let bare = Profile::from_toml(base, "test")?;
+        let found = lint(&bare)?;
+        assert_eq!(
+            found.iter().map(|f| f.id).collect::<Vec<_>>(),
+            ["landlock-empty"]
+        );
+        let host = Profile::from_toml(
+            &format!(
+                "{base}[landlock]\nread = [\"/usr\"]\nexecute = [\"/usr\"]\n[namespaces]\nnet = false\n"
+            ),
+            "test",
+        )?;
+        let found = lint(&host)?;
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(
+            (found[0].id, found[0].severity),
+            ("host-network", Severity::Error)
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn findings_the_profile_accepts_are_reported_as_accepted()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let src = "name = \"t\"\n[seccomp]\ndefault_action = \"errno\"\ndefault_errno = 1\n[[seccomp.rule]]\naction = \"allow\"\nsyscalls = [\"ptrace\", \"bpf\"]\n[landlock]\nexecute = [\"/usr\"]\n[lint]\naccept = [\"ptrace\"]\n";
+        let found = lint(&Profile::from_toml(src, "test")?)?;
+        let state: Vec<(&str, bool)> = found.iter().map(|f| (f.id, f.accepted)).collect();
+        assert_eq!(state, [("ptrace", true), ("bpf", false)]);
+        Ok(())
     }
 
     fn ids(p: &Profile) -> Result<Vec<&'static str>, CheckError> {

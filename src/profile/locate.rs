@@ -10,8 +10,14 @@ pub fn line_of(source: &str, offset: usize) -> usize {
         .map_or(1, |s| s.matches('\n').count() + 1)
 }
 
-/// The line of `[[seccomp.rule]]` number `rule` (0-based), or of one syscall name in it.
-pub fn rule_line(source: &str, rule: usize, syscall: Option<&str>) -> Option<usize> {
+/// The line of `[[seccomp.rule]]` number `rule` (0-based), of one syscall name in it, or
+/// of one of its keys (`errno`, `args`).
+pub fn rule_line(
+    source: &str,
+    rule: usize,
+    syscall: Option<&str>,
+    key: Option<&str>,
+) -> Option<usize> {
     let root = DeTable::parse(source).ok()?;
     let seccomp = match root.get_ref().get("seccomp")?.get_ref() {
         DeValue::Table(t) => t,
@@ -34,6 +40,9 @@ pub fn rule_line(source: &str, rule: usize, syscall: Option<&str>) -> Option<usi
                 }
             }
         }
+    }
+    if let Some((k, _)) = key.and_then(|k| table.get_key_value(k)) {
+        return Some(line_of(source, k.span().start));
     }
     // The first key of the table is on (or right below) its header.
     let first = table
@@ -67,10 +76,12 @@ mod tests {
 
     #[test]
     fn rules_and_their_syscalls_are_found_by_line() {
-        assert_eq!(rule_line(SRC, 0, None), Some(6));
-        assert_eq!(rule_line(SRC, 1, None), Some(10));
-        assert_eq!(rule_line(SRC, 1, Some("nope")), Some(12));
-        assert_eq!(rule_line(SRC, 2, None), None);
+        assert_eq!(rule_line(SRC, 0, None, None), Some(6));
+        assert_eq!(rule_line(SRC, 1, None, None), Some(10));
+        assert_eq!(rule_line(SRC, 1, Some("nope"), None), Some(12));
+        assert_eq!(rule_line(SRC, 1, None, Some("syscalls")), Some(11));
+        assert_eq!(rule_line(SRC, 1, None, Some("errno")), Some(10));
+        assert_eq!(rule_line(SRC, 2, None, None), None);
     }
 
     #[test]

@@ -68,19 +68,55 @@ pub enum ProfileError {
         "unknown profile {0:?}: not a shipped profile (see `hatchery profile list`) and not a path to a file"
     )]
     Unknown(String),
-    #[error("cannot read profile {path}: {source}")]
+    /// The reason is part of the message and not a `source`: a caller printing the chain
+    /// would otherwise say it twice.
+    #[error("cannot read profile {path}: {error}{}", read_hint(.error))]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("profile {origin} is too large ({size} bytes; the limit is {MAX_PROFILE_BYTES})")]
     TooLarge { origin: String, size: u64 },
-    #[error("profile {origin}: {message}")]
-    Parse { origin: String, message: String },
-    #[error("profile {origin}: {message}")]
-    Invalid { origin: String, message: String },
-    #[error("profile {origin}: seccomp: {message}")]
-    Seccomp { origin: String, message: String },
+    /// The file is not a profile (malformed TOML, an unknown key, JSON): where the parser
+    /// stopped, as `FILE:LINE:COLUMN`.
+    #[error("profile {origin}{}: {message}", place(.line, .column))]
+    Parse {
+        origin: String,
+        line: Option<usize>,
+        column: Option<usize>,
+        message: String,
+    },
+    /// A value the format allows but the profile cannot use, as `FILE:LINE`.
+    #[error("profile {origin}{}: {message}", place(.line, &None))]
+    Invalid {
+        origin: String,
+        line: Option<usize>,
+        message: String,
+    },
+    #[error("profile {origin}{}: seccomp: {message}", place(.line, &None))]
+    Seccomp {
+        origin: String,
+        line: Option<usize>,
+        message: String,
+    },
+}
+
+/// `:LINE` or `:LINE:COLUMN` after a file name, as compilers print it.
+fn place(line: &Option<usize>, column: &Option<usize>) -> String {
+    match (line, column) {
+        (Some(l), Some(c)) => format!(":{l}:{c}"),
+        (Some(l), None) => format!(":{l}"),
+        _ => String::new(),
+    }
+}
+
+fn read_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            " (give a shipped profile name, see `hatchery profile list`, or the path of a profile file)"
+        }
+        _ => "",
+    }
 }
 
 /// A parsed, validated profile.
@@ -103,12 +139,30 @@ pub struct Profile {
     /// Resource limits applied when the command line does not give them.
     #[serde(default)]
     pub limits: DefaultLimits,
+    /// What `hatchery profile lint` is told about this profile.
+    #[serde(default, skip_serializing_if = "LintPolicy::is_empty")]
+    pub lint: LintPolicy,
     /// Where the profile came from ("builtin:default" or a path); not part of the file.
     #[serde(skip)]
     pub origin: String,
     /// SHA-256 of the profile's source bytes, hex; not part of the file.
     #[serde(skip)]
     pub sha256: String,
+}
+
+/// Lint findings the profile's author has accepted, by rule id (`[lint] accept = [...]`):
+/// still reported, marked accepted, and no longer failing `profile lint`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LintPolicy {
+    #[serde(default)]
+    pub accept: Vec<String>,
+}
+
+impl LintPolicy {
+    pub fn is_empty(&self) -> bool {
+        self.accept.is_empty()
+    }
 }
 
 /// Landlock filesystem rules: paths inside the sandbox and what may be done beneath them.
@@ -317,6 +371,8 @@ impl Profile {
         let origin = format!("builtin:{name}");
         let mut profile: Profile = serde_json::from_str(json).map_err(|e| ProfileError::Parse {
             origin: origin.clone(),
+            line: None,
+            column: None,
             message: e.to_string(),
         })?;
         profile.origin = origin;
@@ -352,9 +408,22 @@ impl Profile {
                 size: source.len() as u64,
             });
         }
-        let mut profile: Profile = toml::from_str(source).map_err(|e| ProfileError::Parse {
-            origin: origin.to_string(),
-            message: describe_toml_error(source, &e),
+        if let Some(message) = not_toml(source, origin) {
+            return Err(ProfileError::Parse {
+                origin: origin.to_string(),
+                line: None,
+                column: None,
+                message,
+            });
+        }
+        let mut profile: Profile = toml::from_str(source).map_err(|e| {
+            let (line, column, message) = describe_toml_error(source, &e);
+            ProfileError::Parse {
+                origin: origin.to_string(),
+                line,
+                column,
+                message,
+            }
         })?;
         profile.origin = origin.to_string();
         profile.sha256 = sha256_hex(source.as_bytes());
@@ -365,6 +434,7 @@ impl Profile {
     fn invalid(&self, message: impl Into<String>) -> ProfileError {
         ProfileError::Invalid {
             origin: self.origin.clone(),
+            line: None,
             message: message.into(),
         }
     }
@@ -375,6 +445,7 @@ impl Profile {
     pub fn to_toml(&self) -> Result<String, ProfileError> {
         let err = |e: toml::ser::Error| ProfileError::Invalid {
             origin: self.origin.clone(),
+            line: None,
             message: format!("cannot write as TOML: {e}"),
         };
         #[derive(Serialize)]
@@ -391,6 +462,8 @@ impl Profile {
             #[serde(skip_serializing_if = "BTreeMap::is_empty")]
             rlimits: &'a BTreeMap<String, RlimitValue>,
             limits: &'a DefaultLimits,
+            #[serde(skip_serializing_if = "LintPolicy::is_empty")]
+            lint: &'a LintPolicy,
         }
         let mut out = toml::to_string(&Head {
             name: &self.name,
@@ -415,6 +488,7 @@ impl Profile {
                 mounts: &self.mounts,
                 rlimits: &self.rlimits,
                 limits: &self.limits,
+                lint: &self.lint,
             })
             .map_err(err)?,
         );
@@ -427,15 +501,15 @@ impl Profile {
     }
 
     /// Checks everything serde cannot: paths, units, rlimit names, seccomp rule sanity.
-    /// With the source at hand, errors name the line.
+    /// With the source at hand, every error names the line (`FILE:LINE: key: what`).
     fn validate(&self, source: Option<&str>) -> Result<(), ProfileError> {
-        let at =
-            |path: &[&str], message: String| match source.and_then(|s| locate::key_line(s, path)) {
-                Some(line) => self.invalid(format!("line {line}: {}: {message}", path.join("."))),
-                None => self.invalid(format!("{}: {message}", path.join("."))),
-            };
+        let at = |path: &[&str], message: String| ProfileError::Invalid {
+            origin: self.origin.clone(),
+            line: source.and_then(|s| locate::key_line(s, path)),
+            message: format!("{}: {message}", path.join(".")),
+        };
         if self.name.is_empty() || self.name.len() > 64 {
-            return Err(self.invalid("name must be 1 to 64 characters"));
+            return Err(at(&["name"], "must be 1 to 64 characters".into()));
         }
         let no_list = Vec::new();
         let lists: [(&[&str], &Vec<PathBuf>); 5] = [
@@ -464,25 +538,37 @@ impl Profile {
         }
         units::parse_size(&self.mounts.tmp_size)
             .map_err(|e| at(&["mounts", "tmp_size"], e.to_string()))?;
-        self.rlimits()?;
-        self.default_limits()?;
+        self.resolve_rlimits()
+            .map_err(|(key, m)| at(&["rlimits", key.as_str()], m))?;
+        self.resolve_limits()
+            .map_err(|(key, m)| at(&["limits", key], m))?;
+        for id in &self.lint.accept {
+            if lint::rule(id).is_none() {
+                return Err(at(
+                    &["lint", "accept"],
+                    format!(
+                        "unknown lint rule {id:?} (known: {})",
+                        lint::rule_ids().join(", ")
+                    ),
+                ));
+            }
+        }
         self.seccomp.validate().map_err(|e| {
-            let line = |rule: usize, name: Option<&str>| {
-                source.and_then(|s| locate::rule_line(s, rule, name))
+            let line = |rule: Option<usize>, name: Option<&str>, key: Option<&str>| {
+                source.and_then(|s| match rule {
+                    Some(rule) => locate::rule_line(s, rule, name, key),
+                    None => key.and_then(|k| locate::key_line(s, &["seccomp", k])),
+                })
             };
             let mut message = e.to_string();
-            if let Some(rule) = e.rule {
-                if let Some(l) = line(rule, e.syscall.as_deref()) {
-                    message = format!("line {l}: {message}");
-                }
-            }
             if let Some(other) = e.other {
-                if let Some(l) = line(other, None) {
+                if let Some(l) = line(Some(other), None, None) {
                     message = format!("{message} (rule {} is at line {l})", other + 1);
                 }
             }
             ProfileError::Seccomp {
                 origin: self.origin.clone(),
+                line: line(e.rule, e.syscall.as_deref(), e.key),
                 message,
             }
         })?;
@@ -491,6 +577,12 @@ impl Profile {
 
     /// The rlimits with names and values resolved.
     pub fn rlimits(&self) -> Result<Vec<Rlimit>, ProfileError> {
+        self.resolve_rlimits()
+            .map_err(|(key, m)| self.invalid(format!("rlimits.{key}: {m}")))
+    }
+
+    /// The rlimits resolved, or the key (resource name) that is wrong and why.
+    fn resolve_rlimits(&self) -> Result<Vec<Rlimit>, (String, String)> {
         let mut out = Vec::new();
         for (name, value) in &self.rlimits {
             let resource = RlimitResource::ALL
@@ -498,22 +590,24 @@ impl Profile {
                 .find(|(n, _)| n == name)
                 .map(|(_, r)| *r)
                 .ok_or_else(|| {
-                    self.invalid(format!(
-                        "rlimits: unknown resource {name:?} (known: as, core, cpu, data, fsize, memlock, nofile, nproc, stack)"
-                    ))
+                    (
+                        name.clone(),
+                        "unknown resource (known: as, core, cpu, data, fsize, memlock, nofile, nproc, stack)".to_string(),
+                    )
                 })?;
             let (soft, hard) = match value {
                 RlimitValue::Both(v) => (*v, *v),
                 RlimitValue::Named(s) if s == "unlimited" => (u64::MAX, u64::MAX),
                 RlimitValue::Named(s) => {
-                    return Err(self.invalid(format!(
-                        "rlimits.{name}: {s:?} is not a number or \"unlimited\""
-                    )));
+                    return Err((
+                        name.clone(),
+                        format!("{s:?} is not a number or \"unlimited\""),
+                    ));
                 }
                 RlimitValue::Pair { soft, hard } => (*soft, *hard),
             };
             if soft > hard {
-                return Err(self.invalid(format!("rlimits.{name}: soft {soft} above hard {hard}")));
+                return Err((name.clone(), format!("soft {soft} above hard {hard}")));
             }
             out.push(Rlimit {
                 resource,
@@ -526,6 +620,12 @@ impl Profile {
 
     /// The default limits with units resolved and bounds checked.
     pub fn default_limits(&self) -> Result<ResolvedLimits, ProfileError> {
+        self.resolve_limits()
+            .map_err(|(key, m)| self.invalid(format!("limits.{key}: {m}")))
+    }
+
+    /// The default limits resolved, or the key that is wrong and why.
+    fn resolve_limits(&self) -> Result<ResolvedLimits, (&'static str, String)> {
         let l = &self.limits;
         Ok(ResolvedLimits {
             memory: l
@@ -533,23 +633,23 @@ impl Profile {
                 .as_deref()
                 .map(units::parse_memory)
                 .transpose()
-                .map_err(|e| self.invalid(format!("limits.memory: {e}")))?,
+                .map_err(|e| ("memory", e.to_string()))?,
             cpus: l
                 .cpus
                 .map(|c| units::parse_cpus(&c.to_string()))
                 .transpose()
-                .map_err(|e| self.invalid(format!("limits.cpus: {e}")))?,
+                .map_err(|e| ("cpus", e.to_string()))?,
             pids: l
                 .pids
                 .map(|p| units::parse_pids(&p.to_string()))
                 .transpose()
-                .map_err(|e| self.invalid(format!("limits.pids: {e}")))?,
+                .map_err(|e| ("pids", e.to_string()))?,
             timeout: l
                 .timeout
                 .as_deref()
                 .map(units::parse_duration)
                 .transpose()
-                .map_err(|e| self.invalid(format!("limits.timeout: {e}")))?,
+                .map_err(|e| ("timeout", e.to_string()))?,
         })
     }
 
@@ -593,6 +693,7 @@ impl Profile {
             .compile()
             .map_err(|message| ProfileError::Seccomp {
                 origin: self.origin.clone(),
+                line: None,
                 message,
             })
     }
@@ -631,9 +732,9 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// size (a FIFO or a file in /proc reports none).
 pub fn read_bounded(path: &Path) -> Result<String, ProfileError> {
     use std::io::Read;
-    let read_err = |source| ProfileError::Read {
+    let read_err = |error| ProfileError::Read {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let file = std::fs::File::open(path).map_err(read_err)?;
     let meta = file.metadata().map_err(read_err)?;
@@ -650,27 +751,73 @@ pub fn read_bounded(path: &Path) -> Result<String, ProfileError> {
             size: meta.len().max(bytes.len() as u64),
         });
     }
-    String::from_utf8(bytes).map_err(|e| ProfileError::Parse {
-        origin: path.display().to_string(),
-        message: format!("not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()),
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = e
+            .as_bytes()
+            .get(..e.utf8_error().valid_up_to())
+            .unwrap_or(&[]);
+        ProfileError::Parse {
+            origin: path.display().to_string(),
+            line: Some(
+                valid
+                    .iter()
+                    .filter(|b| **b == b'\n')
+                    .count()
+                    .saturating_add(1),
+            ),
+            column: None,
+            message: format!("not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()),
+        }
     })
 }
 
-/// Turns a toml error into "line N, column M: message" with the offending line quoted.
-fn describe_toml_error(source: &str, err: &toml::de::Error) -> String {
+/// A file that is JSON rather than TOML, said as such: OCI / Docker seccomp JSON is
+/// converted by `profile import`, and a TOML parser's "expected key" helps nobody.
+/// (A TOML document cannot start with `{`.)
+fn not_toml(source: &str, origin: &str) -> Option<String> {
+    if !source.trim_start().starts_with('{') {
+        return None;
+    }
+    let json: Option<serde_json::Value> = serde_json::from_str(source).ok();
+    let is_oci = json
+        .as_ref()
+        .and_then(|v| v.as_object())
+        .is_some_and(|o| o.contains_key("defaultAction") || o.contains_key("syscalls"));
+    let stem = Path::new(origin)
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "imported".into());
+    Some(if is_oci {
+        format!(
+            "this is OCI / Docker seccomp JSON, not a hatchery profile (TOML): convert it with `hatchery profile import {origin} -o {stem}.toml` and use {stem}.toml"
+        )
+    } else {
+        "this is JSON, not a hatchery profile (TOML; the format is in profiles/README.md); OCI / Docker seccomp JSON is converted with `hatchery profile import FILE.json -o FILE.toml`".to_string()
+    })
+}
+
+/// A toml error as (line, column, "message (at `the line`)").
+fn describe_toml_error(
+    source: &str,
+    err: &toml::de::Error,
+) -> (Option<usize>, Option<usize>, String) {
     let message = err.message().trim().to_string();
     match err.span() {
         Some(span) => {
-            let upto = &source[..span.start.min(source.len())];
-            let line = upto.matches('\n').count() + 1;
+            let upto = source.get(..span.start.min(source.len())).unwrap_or("");
+            let line = locate::line_of(source, span.start);
             let col = upto
-                .rfind('\n')
-                .map(|i| span.start - i)
-                .unwrap_or(span.start + 1);
-            let text = source.lines().nth(line - 1).unwrap_or("").trim();
-            format!("line {line}, column {col}: {message} (at `{text}`)")
+                .rsplit('\n')
+                .next()
+                .map_or(1, |l| l.chars().count().saturating_add(1));
+            let text = source
+                .lines()
+                .nth(line.saturating_sub(1))
+                .unwrap_or("")
+                .trim();
+            (Some(line), Some(col), format!("{message} (at `{text}`)"))
         }
-        None => message,
+        None => (None, None, message),
     }
 }
 
@@ -698,10 +845,14 @@ mod tests {
         ] {
             let a: Profile = serde_json::from_str(json).map_err(|e| ProfileError::Parse {
                 origin: "json".into(),
+                line: None,
+                column: None,
                 message: e.to_string(),
             })?;
             let b: Profile = toml::from_str(toml_src).map_err(|e| ProfileError::Parse {
                 origin: "toml".into(),
+                line: None,
+                column: None,
                 message: e.to_string(),
             })?;
             assert_eq!(a, b);
@@ -725,8 +876,8 @@ mod tests {
     fn unknown_keys_are_errors_with_a_line_number() {
         let src = "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\nbogus = 1\n";
         match Profile::from_toml(src, "test") {
-            Err(ProfileError::Parse { message, .. }) => {
-                assert!(message.contains("line 4"), "{message}");
+            Err(ProfileError::Parse { message, line, .. }) => {
+                assert_eq!(line, Some(4), "{message}");
                 assert!(message.contains("bogus"), "{message}");
             }
             other => panic!("expected a parse error, got {other:?}"),
@@ -752,9 +903,10 @@ mod tests {
         }
     }
 
+    /// The error's text as a user sees it: `profile test:LINE: seccomp: ...`.
     fn seccomp_error(src: &str) -> String {
         match Profile::from_toml(src, "test") {
-            Err(ProfileError::Seccomp { message, .. }) => message,
+            Err(e @ ProfileError::Seccomp { .. }) => e.to_string(),
             other => panic!("expected a seccomp error, got {other:?}"),
         }
     }
@@ -765,12 +917,12 @@ mod tests {
         let m = seccomp_error(&format!(
             "{head}[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"ptrace\",\n  \"no_such_call\"]\n"
         ));
-        assert!(m.contains("line 7") && m.contains("no_such_call"), "{m}");
+        assert!(m.contains("test:7:") && m.contains("no_such_call"), "{m}");
         let m = seccomp_error(&format!(
             "{head}[[seccomp.rule]]\naction = \"kill\"\nsyscalls = [\"ptrace\"]\n[[seccomp.rule]]\naction = \"errno\"\nerrno = \"EPERM\"\nsyscalls = [\"ptrace\"]\n"
         ));
         assert!(
-            m.contains("line 10") && m.contains("contradicts rule 1") && m.contains("line 5"),
+            m.contains("test:10:") && m.contains("contradicts rule 1") && m.contains("line 5"),
             "{m}"
         );
         let m = seccomp_error(&format!(
@@ -788,8 +940,8 @@ mod tests {
     fn unknown_actions_are_parse_errors_with_the_line() {
         let src = "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n[[seccomp.rule]]\naction = \"explode\"\nsyscalls = [\"ptrace\"]\n";
         match Profile::from_toml(src, "test") {
-            Err(ProfileError::Parse { message, .. }) => {
-                assert!(message.contains("line 5"), "{message}")
+            Err(ProfileError::Parse { message, line, .. }) => {
+                assert_eq!(line, Some(5), "{message}")
             }
             other => panic!("expected a parse error, got {other:?}"),
         }

@@ -99,6 +99,40 @@ pub fn errno_by_name(name: &str) -> Option<i32> {
         .map(|(_, v)| *v)
 }
 
+/// The known errno name closest to a misspelt one (one or two letters off), for the hint
+/// in an "unknown errno" error.
+pub fn errno_like(name: &str) -> Option<&'static str> {
+    let wanted = name.to_ascii_uppercase();
+    ERRNOS
+        .iter()
+        .map(|(n, _)| (edit_distance(n, &wanted), *n))
+        .filter(|(d, _)| *d <= 1 || (*d <= 2 && wanted.len() >= 6))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, n)| n)
+}
+
+/// Levenshtein distance over bytes (names here are short ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut cur = vec![i.saturating_add(1)];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev.get(j).copied().unwrap_or(usize::MAX);
+            let del = prev.get(j.saturating_add(1)).copied().unwrap_or(usize::MAX);
+            let ins = cur.get(j).copied().unwrap_or(usize::MAX);
+            let cost = usize::from(ca != *cb);
+            cur.push(
+                sub.saturating_add(cost)
+                    .min(del.saturating_add(1))
+                    .min(ins.saturating_add(1)),
+            );
+        }
+        prev = cur;
+    }
+    prev.last().copied().unwrap_or(0)
+}
+
 /// The conventional name of an errno number, when it has one hatchery knows.
 pub fn errno_name(value: i32) -> Option<&'static str> {
     ERRNOS.iter().find(|(_, v)| *v == value).map(|(n, _)| *n)

@@ -116,9 +116,14 @@ impl ErrnoValue {
         match self {
             ErrnoValue::Number(n) if (1..=4095).contains(n) => Ok(*n),
             ErrnoValue::Number(n) => Err(format!("errno {n} is out of range (1..4095)")),
-            ErrnoValue::Name(s) => {
-                names::errno_by_name(s).ok_or_else(|| format!("unknown errno name {s:?}"))
-            }
+            ErrnoValue::Name(s) => names::errno_by_name(s).ok_or_else(|| {
+                match names::errno_like(s) {
+                    Some(like) => format!("unknown errno name {s:?} (did you mean {like:?}?)"),
+                    None => format!(
+                        "unknown errno name {s:?} (use a name such as \"EPERM\" or \"ENOSYS\", or a number)"
+                    ),
+                }
+            }),
         }
     }
 }
@@ -336,6 +341,8 @@ pub struct PolicyError {
     pub other: Option<usize>,
     /// The syscall name within the rule.
     pub syscall: Option<String>,
+    /// The key the error is about: in the rule, or in `[seccomp]` when there is no rule.
+    pub key: Option<&'static str>,
     pub message: String,
 }
 
@@ -345,7 +352,16 @@ impl PolicyError {
             rule: None,
             other: None,
             syscall: None,
+            key: None,
             message,
+        }
+    }
+
+    /// About one key of `[seccomp]`.
+    fn key(key: &'static str, message: String) -> PolicyError {
+        PolicyError {
+            key: Some(key),
+            ..PolicyError::whole(message)
         }
     }
 
@@ -354,7 +370,16 @@ impl PolicyError {
             rule: Some(rule),
             other: None,
             syscall: syscall.cloned(),
+            key: None,
             message,
+        }
+    }
+
+    /// About one key of a rule.
+    fn at_key(rule: usize, key: &'static str, message: String) -> PolicyError {
+        PolicyError {
+            key: Some(key),
+            ..PolicyError::at(rule, None, message)
         }
     }
 }
@@ -454,11 +479,21 @@ struct ExpandedRule {
 
 impl SeccompPolicy {
     pub fn default_action(&self) -> Result<Action, String> {
-        action_of(self.default_action, self.default_errno.as_ref())
-            .map_err(|e| format!("default_action: {e}"))
+        action_of(self.default_action, self.default_errno.as_ref()).map_err(|e| {
+            let key = match self.default_errno {
+                Some(_) => "default_errno",
+                None => "default_action",
+            };
+            format!("{key}: {e}")
+        })
     }
 
     pub fn bad_arch_action(&self) -> Result<Action, String> {
+        if self.bad_arch_action == ActionKind::Errno {
+            return Err(
+                "bad_arch_action: cannot be \"errno\" (it takes no errno): use kill, trap, log or allow".into(),
+            );
+        }
         action_of(self.bad_arch_action, None).map_err(|e| format!("bad_arch_action: {e}"))
     }
 
@@ -483,20 +518,42 @@ impl SeccompPolicy {
     /// rules with different actions can match the same call (libseccomp would silently pick
     /// one of them, and the profile would no longer say what is enforced).
     pub fn validate(&self) -> Result<(), PolicyError> {
-        self.default_action().map_err(PolicyError::whole)?;
-        self.bad_arch_action().map_err(PolicyError::whole)?;
-        self.arches().map_err(PolicyError::whole)?;
+        self.default_action().map_err(|m| {
+            let key = match self.default_errno {
+                Some(_) => "default_errno",
+                None => "default_action",
+            };
+            PolicyError::key(key, m)
+        })?;
+        self.bad_arch_action()
+            .map_err(|m| PolicyError::key("bad_arch_action", m))?;
+        self.arches()
+            .map_err(|m| PolicyError::key("architectures", m))?;
         if self.rules.len() > MAX_RULES {
-            return Err(PolicyError::whole(format!(
-                "{} rules; at most {MAX_RULES} are allowed",
-                self.rules.len()
-            )));
+            return Err(PolicyError::key(
+                "rule",
+                format!(
+                    "{} rules; at most {MAX_RULES} are allowed",
+                    self.rules.len()
+                ),
+            ));
         }
         for (i, rule) in self.rules.iter().enumerate() {
-            let at = |message: String| PolicyError::at(i, None, message);
-            rule.action().map_err(at)?;
+            let at = |message: String| PolicyError::at_key(i, "args", message);
+            // A bad or misplaced errno is on the errno line; a missing one, on the action's.
+            let action_key = if rule.errno.is_some() {
+                "errno"
+            } else {
+                "action"
+            };
+            rule.action()
+                .map_err(|m| PolicyError::at_key(i, action_key, m))?;
             if rule.syscalls.is_empty() {
-                return Err(at("no syscalls listed".into()));
+                return Err(PolicyError::at_key(
+                    i,
+                    "syscalls",
+                    "no syscalls listed".into(),
+                ));
             }
             let mut seen = [false; 6];
             for cond in &rule.args {
@@ -562,6 +619,7 @@ impl SeccompPolicy {
                                 rule: Some(i),
                                 other: Some(j),
                                 syscall: Some((*name).to_string()),
+                                key: None,
                                 message: format!(
                                     "contradicts rule {}: {name} would be both {ai} and {aj}{when}",
                                     j + 1
