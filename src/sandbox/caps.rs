@@ -96,6 +96,9 @@ pub fn no_new_privs() -> Result<(), PrivError> {
 }
 
 /// Makes the calling process non-dumpable: no ptrace attach, no /proc/PID/mem for peers.
+///
+/// Why: a sandboxed process that can ptrace or read `/proc/PID/fd` of a set-up process
+/// still holding host descriptors reaches the host through them (CVE-2016-9962, runc).
 pub fn not_dumpable() -> Result<(), PrivError> {
     nix::sys::prctl::set_dumpable(false).map_err(|e| PrivError {
         step: "dumpable",

@@ -474,7 +474,8 @@ fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, F
         unsafe { libc::_exit(SETUP_FAILED) }
     }
     if ctx.unshare_cgroup {
-        // Now that we are in our cgroup, it becomes the root of our cgroup view.
+        // Now that we are in our cgroup, it becomes the root of our cgroup view: the host's
+        // hierarchy (and a v1 `release_agent` in it, CVE-2022-0492) is out of sight.
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
             .map_err(|e| step_err("cgroup namespace", e as i32))?;
     }

@@ -177,6 +177,10 @@ pub(super) fn attach(from: &OwnedFd, to: &OwnedFd) -> io::Result<()> {
 }
 
 /// openat2 beneath `dir` without following any symlink.
+///
+/// Why: a mount target resolved by path can be swapped for a symlink between the check and
+/// the mount, and the host is mounted over instead (CVE-2021-30465, runc; CVE-2019-19921,
+/// `/proc` mounted through a planted symlink).
 fn open_beneath(dir: &OwnedFd, name: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
     let c = cpath(name)?;
     let how = OpenHow {

@@ -40,6 +40,10 @@ pub fn ensure_single_threaded() -> io::Result<()> {
 }
 
 /// Closes every descriptor at or above `from` except those in `keep` (sorted or not).
+///
+/// Why: a host descriptor that survives into the sandbox is a way out of its root — a
+/// directory fd left open across execve became a container's working directory in
+/// CVE-2024-21626 (runc, "Leaky Vessels").
 pub fn close_fds_from(from: RawFd, keep: &[RawFd]) {
     let mut keep: Vec<RawFd> = keep.iter().copied().filter(|k| *k >= from).collect();
     keep.sort_unstable();

@@ -172,6 +172,9 @@ fn build_with(
                 target.display()
             )));
         }
+        // Read-only, always: the supervisor's own binary bound into a sandbox that could
+        // write it would be replaced for every later sandbox (CVE-2019-5736, runc through
+        // /proc/self/exe).
         exposures.push(Bind {
             host: host.clone(),
             target: target.clone(),
