@@ -191,8 +191,23 @@ fn a_rootless_controller_refusing_a_worker_names_its_own_allow_degraded_flag() {
             .args(["--", "true"]),
         Duration::from_secs(60),
     );
+    // Where the host enforces every limit rootless the worker starts: nothing to check.
+    let refused_anyway = code(&out) == 0 && {
+        std::thread::sleep(Duration::from_millis(500));
+        let ps = run_with_timeout(
+            Command::new(hatchery())
+                .args(["ps", "--json", "--socket"])
+                .arg(&socket),
+            Duration::from_secs(30),
+        );
+        stdout(&ps).contains("could not start")
+    };
     let _ = ctl.kill();
     let _ = ctl.wait();
+    assert!(
+        !refused_anyway,
+        "spawn exited 0 for a worker that could not start"
+    );
     if code(&out) == 0 {
         eprintln!("SKIP rootless refusal: this host enforces every limit rootless");
         return;
