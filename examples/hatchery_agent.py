@@ -7,7 +7,8 @@ sandbox. Every message is a frame: a 4-byte big-endian length, then that many by
 UTF-8 JSON (at most 262144). Unknown fields are refused by the controller.
 
     controller -> worker   {"type": "welcome", "worker_id": ..., "manifest": {...},
-                            "heartbeat_interval_ms": ...}      (first frame, unasked)
+                            "heartbeat_interval_ms": ...}      (first frame, unasked,
+                                                                sent once)
     worker -> controller   {"type": "register", "manifest": {...}}   (the welcome's manifest)
                            {"type": "heartbeat"}
                            {"type": "replicate", "reason": ..., "command": [...],
@@ -25,15 +26,25 @@ UTF-8 JSON (at most 262144). Unknown fields are refused by the controller.
 A worker's identity is its connection: a "worker_id" field in a request is optional and,
 if present, must be the worker's own (anything else is refused and audited).
 
+The welcome is sent once, when the worker starts, and stays in the socket until a process
+reads it. So `register` reads it (waiting at most WELCOME_TIMEOUT seconds: a worker that
+registered already has none left), and every other call passes over a welcome still
+unread before its reply. A worker may therefore make each call from a process of its own.
+
 Usage as a library:
 
     from hatchery_agent import Worker
-    w = Worker()                 # reads the welcome
-    w.register()
+    w = Worker()
+    w.register()                 # reads the welcome, presents its manifest
     w.heartbeat()
     print(w.replicate("split the work", ["python3", "/work/job.py", "--part", "2"]))
 
-or from a shell:  python3 hatchery_agent.py register|heartbeat|report TEXT|shutdown
+or from a shell, one process per call (register once, first):
+
+    python3 hatchery_agent.py register
+    python3 hatchery_agent.py heartbeat
+    python3 hatchery_agent.py report TEXT
+    python3 hatchery_agent.py shutdown
 """
 
 import json
@@ -50,14 +61,39 @@ class ProtocolError(Exception):
 
 
 class Worker:
+    WELCOME_TIMEOUT = 5.0
+
     def __init__(self, fd=None):
         fd = int(os.environ.get("HATCHERY_FD", "3")) if fd is None else fd
         self.sock = socket.socket(fileno=fd)
-        self.welcome = self.receive()
-        if self.welcome.get("type") != "welcome":
-            raise ProtocolError(f"expected a welcome, got {self.welcome}")
-        self.worker_id = self.welcome["worker_id"]
-        self.manifest = self.welcome["manifest"]
+        self.welcome = None
+
+    def read_welcome(self) -> dict:
+        """The controller's welcome, read once (it is sent once, first)."""
+        if self.welcome is None:
+            # The timeout is the socket's, shared with the worker's other processes: reset.
+            self.sock.settimeout(self.WELCOME_TIMEOUT)
+            try:
+                frame = self._receive_frame()
+            except socket.timeout:
+                raise ProtocolError(
+                    "no welcome from the controller: it is sent once, to the worker's "
+                    "first register, so this worker has registered already"
+                ) from None
+            finally:
+                self.sock.settimeout(None)
+            if frame.get("type") != "welcome":
+                raise ProtocolError(f"expected a welcome, got {frame}")
+            self.welcome = frame
+        return self.welcome
+
+    @property
+    def worker_id(self) -> str:
+        return self.read_welcome()["worker_id"]
+
+    @property
+    def manifest(self) -> dict:
+        return self.read_welcome()["manifest"]
 
     def send_raw(self, payload: bytes):
         """Sends bytes as one frame, unchecked (for testing the controller's defences)."""
@@ -78,18 +114,26 @@ class Worker:
             buf += chunk
         return buf
 
-    def receive(self) -> dict:
+    def _receive_frame(self) -> dict:
         (length,) = struct.unpack(">I", self._read_exact(4))
         if length > MAX_FRAME:
             raise ProtocolError(f"frame of {length} bytes is too large")
         return json.loads(self._read_exact(length))
+
+    def receive(self) -> dict:
+        """The next reply, passing over a welcome no process of this worker has read."""
+        while True:
+            frame = self._receive_frame()
+            if frame.get("type") != "welcome":
+                return frame
+            self.welcome = frame
 
     def call(self, message: dict) -> dict:
         self.send(message)
         return self.receive()
 
     def register(self) -> dict:
-        return self.call({"type": "register", "manifest": self.manifest})
+        return self.call({"type": "register", "manifest": self.read_welcome()["manifest"]})
 
     def heartbeat(self) -> dict:
         return self.call({"type": "heartbeat"})
@@ -110,20 +154,20 @@ def main(argv):
         return 2
     w = Worker()
     verb = argv[1]
-    if verb == "register":
-        reply = w.register()
-    elif verb == "heartbeat":
-        w.register()
-        reply = w.heartbeat()
-    elif verb == "report":
-        w.register()
-        reply = w.report(" ".join(argv[2:]))
-    elif verb == "shutdown":
-        w.register()
-        reply = w.shutdown()
-    else:
+    calls = {
+        "register": w.register,
+        "heartbeat": w.heartbeat,
+        "report": lambda: w.report(" ".join(argv[2:])),
+        "shutdown": w.shutdown,
+    }
+    if verb not in calls:
         print(f"unknown command {verb}", file=sys.stderr)
         return 2
+    try:
+        reply = calls[verb]()
+    except (ProtocolError, OSError) as e:
+        print(f"hatchery_agent: {verb}: {e}", file=sys.stderr)
+        return 1
     print(json.dumps(reply))
     return 0 if reply.get("type") not in ("error", "denied") else 1
 

@@ -11,12 +11,19 @@ use hatchery::manifest::{FilesystemScope, ResourceSpec};
 
 use super::job::JobArgs;
 
+/// How long `register` waits for the welcome. It is queued before the worker's sandbox
+/// starts, so it is there at once unless another process of this worker read it.
+const WELCOME_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 const AGENT_EXAMPLES: &str = "\
+Each call may be a process of its own; `register` comes first, once (it reads the
+controller's welcome, which is sent once).
+
 Inside a worker (the binary is at /run/hatchery/bin/hatchery, on PATH):
   hatchery agent register
   hatchery agent heartbeat
   hatchery agent replicate --reason 'split the work' -- sh -c 'echo child'
-  hatchery agent replicate --reason 'smaller' --inherit=false --memory 64M -- ./child.sh
+  hatchery agent replicate --reason smaller --explicit --memory 64M -- true
   hatchery agent report 'done: 42 files'
   hatchery agent shutdown
 
@@ -52,7 +59,8 @@ pub struct ReplicateArgs {
     #[arg(long)]
     pub reason: String,
     /// Send the resources, exposure and profile given by the flags instead of inheriting
-    /// this worker's own
+    /// this worker's own. A flag not given takes its default (--max-output: this worker's
+    /// cap), not this worker's value, and each must be within this worker's grant
     #[arg(long)]
     pub explicit: bool,
     #[command(flatten)]
@@ -60,7 +68,7 @@ pub struct ReplicateArgs {
 }
 
 fn print(reply: &WorkerReply) -> i32 {
-    println!("{}", serde_json::to_string(reply).unwrap_or_default());
+    super::controller::outln(&serde_json::to_string(reply).unwrap_or_default());
     match reply {
         WorkerReply::Denied { .. } => 3,
         WorkerReply::Error { .. } => 1,
@@ -72,7 +80,7 @@ fn run(command: AgentCommand) -> anyhow::Result<i32> {
     let mut client = AgentClient::from_env()?;
     let reply = match command {
         AgentCommand::Register => {
-            let manifest = match client.receive()? {
+            let manifest = match client.welcome(WELCOME_WAIT)? {
                 WorkerReply::Welcome { manifest, .. } => manifest,
                 other => anyhow::bail!(
                     "expected the controller's welcome, got {other:?} (already registered?)"

@@ -9,7 +9,7 @@ use clap::Args;
 use hatchery::audit;
 use hatchery::controller::protocol::{ApiRequest, ApiResponse, NoFields, PendingApproval};
 
-use super::controller::SocketArg;
+use super::controller::{SocketArg, out_json, outln};
 
 const APPROVALS_EXAMPLES: &str = "\
 Each request shows the exact signed manifest that starts if it is approved; approving
@@ -35,19 +35,29 @@ pub struct ApprovalsArgs {
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  hatchery approve a-1f2e3d4c5b6a")]
+#[command(
+    after_help = "Examples:\n  hatchery approve a-1f2e3d4c5b6a\n  hatchery approve --json a-1f2e3d4c5b6a"
+)]
 pub struct ApproveArgs {
     #[command(flatten)]
     pub socket: SocketArg,
+    /// Machine-readable output: {"approval_id": …, "approved": true, "child_id": …}
+    #[arg(long)]
+    pub json: bool,
     /// The request's id (from `hatchery approvals`)
     pub approval_id: String,
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  hatchery deny a-1f2e3d4c5b6a --reason 'too much memory'")]
+#[command(
+    after_help = "Examples:\n  hatchery deny a-1f2e3d4c5b6a --reason 'too much memory'\n  hatchery deny --json a-1f2e3d4c5b6a --reason 'too much memory'"
+)]
 pub struct DenyArgs {
     #[command(flatten)]
     pub socket: SocketArg,
+    /// Machine-readable output: {"approval_id": …, "approved": false, "child_id": null}
+    #[arg(long)]
+    pub json: bool,
     /// The request's id (from `hatchery approvals`)
     pub approval_id: String,
     /// Why (recorded in the audit trail and sent to the worker)
@@ -129,30 +139,27 @@ pub fn approvals_main(args: ApprovalsArgs) -> i32 {
             }
         };
         if args.json && !args.watch {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&pending).unwrap_or_default()
-            );
+            out_json(&pending);
             return 0;
         }
         let ids: BTreeSet<String> = pending.iter().map(|p| p.approval_id.clone()).collect();
         for p in &pending {
             if seen.insert(p.approval_id.clone()) {
                 if args.json {
-                    println!("{}", serde_json::to_string(p).unwrap_or_default());
+                    outln(&serde_json::to_string(p).unwrap_or_default());
                 } else {
-                    println!("{}", describe(p));
+                    outln(&describe(p));
                 }
             }
         }
         if args.watch {
             for gone in seen.difference(&ids).cloned().collect::<Vec<_>>() {
-                println!("{gone}: decided");
+                outln(&format!("{gone}: decided"));
                 seen.remove(&gone);
             }
         } else {
             if pending.is_empty() {
-                println!("no requests waiting for approval");
+                outln("no requests waiting for approval");
             }
             return 0;
         }
@@ -160,21 +167,25 @@ pub fn approvals_main(args: ApprovalsArgs) -> i32 {
     }
 }
 
-fn decided(resp: anyhow::Result<ApiResponse>) -> i32 {
+fn decided(resp: anyhow::Result<ApiResponse>, json: bool) -> i32 {
     match resp {
         Ok(ApiResponse::Decided {
             approval_id,
-            approved: true,
+            approved,
             child_id,
         }) => {
-            println!(
-                "{approval_id}: approved; worker {} is starting",
-                child_id.map(|c| c.to_string()).unwrap_or_default()
-            );
-            0
-        }
-        Ok(ApiResponse::Decided { approval_id, .. }) => {
-            println!("{approval_id}: denied");
+            if json {
+                out_json(&serde_json::json!({
+                    "approval_id": approval_id, "approved": approved, "child_id": child_id,
+                }));
+            } else if approved {
+                outln(&format!(
+                    "{approval_id}: approved; worker {} is starting",
+                    child_id.map(|c| c.to_string()).unwrap_or_default()
+                ));
+            } else {
+                outln(&format!("{approval_id}: denied"));
+            }
             0
         }
         Ok(ApiResponse::Denied { event, reason }) => {
@@ -197,14 +208,20 @@ fn decided(resp: anyhow::Result<ApiResponse>) -> i32 {
 }
 
 pub fn approve_main(args: ApproveArgs) -> i32 {
-    decided(args.socket.call(&ApiRequest::Approve {
-        approval_id: args.approval_id,
-    }))
+    decided(
+        args.socket.call(&ApiRequest::Approve {
+            approval_id: args.approval_id,
+        }),
+        args.json,
+    )
 }
 
 pub fn deny_main(args: DenyArgs) -> i32 {
-    decided(args.socket.call(&ApiRequest::Deny {
-        approval_id: args.approval_id,
-        reason: args.reason,
-    }))
+    decided(
+        args.socket.call(&ApiRequest::Deny {
+            approval_id: args.approval_id,
+            reason: args.reason,
+        }),
+        args.json,
+    )
 }

@@ -95,6 +95,20 @@ fn key(s: &StateArgs) -> anyhow::Result<AuditKey> {
         .key
         .clone()
         .unwrap_or_else(|| dir(s).join("controller.key"));
+    // Checking needs the key the trail was written with: a new key would check nothing.
+    let missing = matches!(std::fs::symlink_metadata(&path), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+    if missing && s.key.is_none() {
+        anyhow::bail!(
+            "the controller's key {} does not exist: checking the trail needs the key the controller wrote it with (pass it with --key FILE, or name the controller's state directory with --state-dir)",
+            path.display()
+        );
+    }
+    if missing {
+        anyhow::bail!(
+            "the key file {} given with --key does not exist: name the file the controller was started with (its --key, or STATE_DIR/controller.key)",
+            path.display()
+        );
+    }
     let ring = Keyring::load(&path)?;
     Ok(AuditKey::from_mac(ring.derived_mac(audit::KEY_PURPOSE)?))
 }
@@ -222,7 +236,7 @@ fn verify(a: &VerifyArgs) -> i32 {
         out.problem = Some(problem(e));
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+        super::controller::out_json(&out);
         return code;
     }
     match result {

@@ -1,22 +1,59 @@
-//! `hatchery controller` and the commands that talk to it: `spawn`, `ps`, `kill`,
-//! `kill-switch`.
+//! `hatchery controller` and the commands that talk to it: `spawn`, `ps`, `inspect`,
+//! `logs`, `kill`, `kill-switch`.
 
+use std::io::Write;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 
 use hatchery::audit::AnchorTarget;
 use hatchery::controller::client::ApiClient;
-use hatchery::controller::protocol::{ApiRequest, ApiResponse, WorkerInfo};
+use hatchery::controller::protocol::{ApiRequest, ApiResponse, ExitInfo, WorkerInfo};
 use hatchery::controller::{self, ControllerOptions, ControllerPaths};
-use hatchery::manifest::WorkerId;
+use hatchery::manifest::{Manifest, WorkerId};
 use hatchery::units;
 
 use super::job::{JobArgs, parse_worker_id};
 
 /// How long a client waits for the controller (kill switches wait for every exit).
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long `spawn` waits for the launcher to say whether the sandbox started.
+const START_WAIT: Duration = Duration::from_secs(60);
+/// How often `spawn` and `logs -f` ask again.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Writes to stdout. A reader that has gone away (`| head -1`) ends the command quietly
+/// with status 0, as in every Unix tool; any other failure to write is an error (1).
+pub(super) fn out(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("hatchery: cannot write to stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// [`out`] with a newline.
+pub(super) fn outln(text: &str) {
+    out(&format!("{text}\n"));
+}
+
+/// One JSON document on stdout (through [`out`]).
+pub(super) fn out_json(value: &impl serde::Serialize) {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => outln(&text),
+        Err(e) => {
+            eprintln!("hatchery: cannot encode the result as JSON: {e}");
+            std::process::exit(1);
+        }
+    }
+}
 
 #[derive(Args, Debug, Clone)]
 pub struct SocketArg {
@@ -129,9 +166,23 @@ pub fn controller_main(args: ControllerArgs) -> i32 {
 }
 
 const SPAWN_EXAMPLES: &str = "\
+`spawn` returns once the worker's sandbox has started, printing its id; a sandbox that
+cannot be set up (a missing --ro path, a limit this host cannot enforce) exits 125 with
+the refusal. --wait then waits for the worker and exits with its status (124 timeout,
+137 OOM or killed, 128+N signal N).
+
+A worker speaks the worker protocol (`hatchery agent register`, then a heartbeat within
+every --heartbeat-timeout; examples/hatchery_agent.py in Python): one that has not
+registered within the controller's --register-timeout (30 s by default) is stopped, and
+`ps --all` shows \"reaped: never registered\". A plain command that does not speak it is
+started with --no-controller: no socket to the controller, nothing to register, its limits
+and --timeout still hold.
+
 Examples:
-  hatchery spawn -- sh -c 'hatchery agent register && sleep 60'
-  hatchery spawn --memory 128M --cpus 0.25 --pids 32 -- python3 /opt/agent/worker.py
+  hatchery spawn --no-controller --wait -- sh -c 'echo hello from a worker'
+  hatchery spawn --wait -- sh -c 'hatchery agent register && hatchery agent report done'
+  hatchery spawn --memory 128M --cpus 0.25 --pids 32 --no-controller -- python3 -c 'print(42)'
+  hatchery spawn --json --no-controller -- sleep 60
   hatchery spawn --parent w-3f2a9c1b0d4e -- sh -c 'echo child'";
 
 #[derive(Args, Debug)]
@@ -142,6 +193,12 @@ pub struct SpawnArgs {
     /// Issue a child manifest of this worker (subject to the contract) instead of a root one
     #[arg(long, value_name = "ID", value_parser = parse_worker_id)]
     pub parent: Option<WorkerId>,
+    /// Wait for the worker to end and exit with its exit status
+    #[arg(long)]
+    pub wait: bool,
+    /// Machine-readable output: one JSON object (worker_id, depth, pid; with --wait, exit)
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub job: JobArgs,
 }
@@ -168,36 +225,122 @@ fn fail(e: anyhow::Error) -> i32 {
     1
 }
 
+/// One worker, as the controller knows it now.
+fn inspect(socket: &SocketArg, id: &WorkerId) -> anyhow::Result<(WorkerInfo, Manifest)> {
+    match socket.call(&ApiRequest::Inspect {
+        worker_id: id.clone(),
+    })? {
+        ApiResponse::Worker { info, manifest } => Ok((*info, *manifest)),
+        ApiResponse::Error { message } => anyhow::bail!("{message}"),
+        other => anyhow::bail!("unexpected answer: {other:?}"),
+    }
+}
+
+/// The exit status a worker's end maps to, as `run` would exit.
+fn exit_status(e: &ExitInfo) -> i32 {
+    if e.timed_out {
+        124
+    } else if e.oom_killed {
+        137
+    } else if let Some(sig) = e.signal {
+        128i32.saturating_add(sig)
+    } else {
+        e.exit_code
+    }
+}
+
 pub fn spawn_main(args: SpawnArgs) -> i32 {
     let request = match args.job.request() {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
-    match args.socket.call(&ApiRequest::Spawn {
+    let (worker_id, depth) = match args.socket.call(&ApiRequest::Spawn {
         parent: args.parent,
         request: Box::new(request),
     }) {
-        Ok(ApiResponse::Spawned { worker_id, .. }) => {
-            println!("{worker_id}");
-            0
+        Ok(ApiResponse::Spawned { worker_id, depth }) => (worker_id, depth),
+        Ok(other) => return report(other),
+        Err(e) => return fail(e),
+    };
+    // The launcher starts the sandbox after the answer: wait for its word.
+    let started = Instant::now();
+    let info = loop {
+        let info = match inspect(&args.socket, &worker_id) {
+            Ok((info, _)) => info,
+            Err(e) => return fail(e.context(format!("worker {worker_id} was issued"))),
+        };
+        if info.pid.is_some() || info.exit.is_some() {
+            break info;
         }
-        Ok(other) => report(other),
-        Err(e) => fail(e),
+        if started.elapsed() > START_WAIT {
+            eprintln!(
+                "hatchery: worker {worker_id} was issued, but its sandbox had not started after {} s (`hatchery ps` shows it)",
+                START_WAIT.as_secs()
+            );
+            return 1;
+        }
+        std::thread::sleep(POLL);
+    };
+    if info.pid.is_none() {
+        let why = info
+            .exit
+            .as_ref()
+            .and_then(|e| e.ended_by.clone())
+            .unwrap_or_else(|| "it ended before it started".into());
+        let why = why.strip_prefix("could not start: ").unwrap_or(&why);
+        if args.json {
+            out_json(&serde_json::json!({
+                "worker_id": worker_id, "depth": depth, "started": false, "error": why,
+            }));
+        }
+        eprintln!("hatchery: worker {worker_id} could not start: {why}");
+        return 125;
     }
+    if !args.wait {
+        if args.json {
+            out_json(&serde_json::json!({
+                "worker_id": worker_id, "depth": depth, "started": true, "pid": info.pid,
+            }));
+        } else {
+            outln(worker_id.as_str());
+        }
+        return 0;
+    }
+    if !args.json {
+        outln(worker_id.as_str());
+    }
+    let exit = loop {
+        match inspect(&args.socket, &worker_id) {
+            Ok((WorkerInfo { exit: Some(e), .. }, _)) => break e,
+            Ok(_) => std::thread::sleep(POLL),
+            Err(e) => return fail(e.context(format!("waiting for worker {worker_id}"))),
+        }
+    };
+    if args.json {
+        out_json(&serde_json::json!({
+            "worker_id": worker_id, "depth": depth, "started": true, "pid": info.pid,
+            "exit": exit, "status": exit_status(&exit),
+        }));
+    } else if let Some(why) = &exit.ended_by {
+        eprintln!("hatchery: worker {worker_id} ended: {why}");
+    }
+    exit_status(&exit)
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  hatchery ps\n  hatchery ps --tree\n  hatchery ps --json")]
+#[command(
+    after_help = "Without --all, ended workers are left out (their number is said); --all shows why each ended.\n\nExamples:\n  hatchery ps\n  hatchery ps --all\n  hatchery ps --tree\n  hatchery ps --json"
+)]
 pub struct PsArgs {
     #[command(flatten)]
     pub socket: SocketArg,
     /// Show the lineage as a tree
     #[arg(long)]
     pub tree: bool,
-    /// Machine-readable output (the full worker records)
+    /// Machine-readable output (the full worker records, ended ones too)
     #[arg(long)]
     pub json: bool,
-    /// Include workers that have ended
+    /// Include workers that have ended, and why
     #[arg(long, short)]
     pub all: bool,
 }
@@ -210,56 +353,117 @@ fn human_bytes(b: Option<u64>) -> String {
     }
 }
 
-fn line(w: &WorkerInfo, indent: &str) -> String {
-    let usage = w.usage.as_ref();
-    let state = match (&w.exit, w.state.as_str()) {
-        (Some(e), _) => match e.signal {
+fn state(w: &WorkerInfo) -> String {
+    match &w.exit {
+        Some(e) if e.timed_out => "timed out".into(),
+        Some(e) => match e.signal {
             Some(s) => format!("exited(sig {s}{})", if e.oom_killed { ", oom" } else { "" }),
+            None if e.oom_killed => format!("exited({}, oom)", e.exit_code),
             None => format!("exited({})", e.exit_code),
         },
-        (None, s) => s.to_string(),
-    };
-    format!(
-        "{indent}{:<16} depth={} {:<12} pid={:<7} mem={}/{}M cpu={}s cores={} pids<={} {}",
-        w.worker_id.as_str(),
-        w.depth,
-        state,
-        w.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
-        human_bytes(usage.and_then(|u| u.memory_peak_bytes)),
-        w.resources.memory_limit_mb.get(),
-        usage
-            .and_then(|u| u.cpu_usec)
-            .map(|c| format!("{:.2}", c as f64 / 1e6))
-            .unwrap_or_else(|| "-".into()),
-        w.resources.cpu_limit.get(),
-        w.resources.pids_limit.get(),
-        short_command(&w.command),
-    )
+        None => w.state.clone(),
+    }
 }
 
-/// The command on one line, at most 60 characters.
-fn short_command(argv: &[String]) -> String {
+const HEADER: [&str; 9] = [
+    "WORKER", "DEPTH", "STATE", "PID", "MEM", "CPU", "CORES", "PIDS", "COMMAND",
+];
+
+fn row(w: &WorkerInfo, indent: &str, why: bool) -> Vec<String> {
+    let usage = w.usage.as_ref();
+    let mut r = vec![
+        format!("{indent}{}", w.worker_id.as_str()),
+        w.depth.to_string(),
+        state(w),
+        w.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+        format!(
+            "{}/{}M",
+            human_bytes(usage.and_then(|u| u.memory_peak_bytes)),
+            w.resources.memory_limit_mb.get()
+        ),
+        usage
+            .and_then(|u| u.cpu_usec)
+            .map(|c| format!("{:.2}s", c as f64 / 1e6))
+            .unwrap_or_else(|| "-".into()),
+        w.resources.cpu_limit.get().to_string(),
+        w.resources.pids_limit.get().to_string(),
+        short_command(&w.command, if why { 40 } else { 60 }),
+    ];
+    if why {
+        r.push(
+            w.exit
+                .as_ref()
+                .and_then(|e| e.ended_by.clone())
+                .unwrap_or_else(|| {
+                    if w.exit.is_some() {
+                        "its own exit".into()
+                    } else {
+                        String::new()
+                    }
+                }),
+        );
+    }
+    r
+}
+
+/// Rows as columns padded to their widest cell (the last column is not padded).
+fn table(rows: &[Vec<String>]) -> Vec<String> {
+    let mut widths: Vec<usize> = Vec::new();
+    for r in rows {
+        for (i, cell) in r.iter().enumerate() {
+            let n = cell.chars().count();
+            match widths.get_mut(i) {
+                Some(w) => *w = (*w).max(n),
+                None => widths.push(n),
+            }
+        }
+    }
+    rows.iter()
+        .map(|r| {
+            let last = r.len().saturating_sub(1);
+            let mut line = String::new();
+            for (i, cell) in r.iter().enumerate() {
+                if i == last {
+                    line.push_str(cell);
+                } else {
+                    let pad = widths.get(i).copied().unwrap_or(0);
+                    line.push_str(&format!("{cell:<pad$}  "));
+                }
+            }
+            line.trim_end().to_string()
+        })
+        .collect()
+}
+
+/// The command on one line, at most `max` characters.
+fn short_command(argv: &[String], max: usize) -> String {
     let joined = argv.join(" ");
     let first = joined.lines().next().unwrap_or("");
-    let mut out: String = first.chars().take(60).collect();
+    let mut out: String = first.chars().take(max).collect();
     if out.len() < joined.len() {
         out.push('…');
     }
     out
 }
 
-fn print_tree(workers: &[WorkerInfo], id: &WorkerId, depth: usize, out: &mut Vec<String>) {
+fn tree_rows(
+    workers: &[WorkerInfo],
+    id: &WorkerId,
+    depth: usize,
+    why: bool,
+    out: &mut Vec<Vec<String>>,
+) {
     let Some(w) = workers.iter().find(|w| &w.worker_id == id) else {
         return;
     };
     let indent = if depth == 0 {
         String::new()
     } else {
-        format!("{}└─ ", "   ".repeat(depth - 1))
+        format!("{}└─ ", "   ".repeat(depth.saturating_sub(1)))
     };
-    out.push(line(w, &indent));
+    out.push(row(w, &indent, why));
     for child in &w.children {
-        print_tree(workers, child, depth + 1, out);
+        tree_rows(workers, child, depth.saturating_add(1), why, out);
     }
 }
 
@@ -275,42 +479,241 @@ pub fn ps_main(args: PsArgs) -> i32 {
     else {
         return report(resp);
     };
-    let workers: Vec<WorkerInfo> = workers
-        .into_iter()
-        .filter(|w| args.all || args.json || w.exit.is_none())
-        .collect();
     if args.json {
-        let v = serde_json::json!({ "kill_switch": kill_switch, "workers": workers });
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        out_json(&serde_json::json!({ "kill_switch": kill_switch, "workers": workers }));
         return 0;
     }
+    let total = workers.len();
+    let workers: Vec<WorkerInfo> = workers
+        .into_iter()
+        .filter(|w| args.all || w.exit.is_none())
+        .collect();
+    let hidden = total.saturating_sub(workers.len());
     if kill_switch {
-        println!("KILL SWITCH ENGAGED: nothing new may start");
+        outln("KILL SWITCH ENGAGED: nothing new may start");
     }
-    let mut out = Vec::new();
+    let why = args.all;
+    let mut rows = Vec::new();
     if args.tree {
         for root in workers.iter().filter(|w| {
             w.parent_id
                 .as_ref()
                 .is_none_or(|p| !workers.iter().any(|x| &x.worker_id == p))
         }) {
-            print_tree(&workers, &root.worker_id, 0, &mut out);
+            tree_rows(&workers, &root.worker_id, 0, why, &mut rows);
         }
     } else {
-        out.extend(workers.iter().map(|w| line(w, "")));
+        rows.extend(workers.iter().map(|w| row(w, "", why)));
     }
-    if out.is_empty() {
-        println!("no workers");
+    if rows.is_empty() {
+        outln("no workers");
+    } else {
+        let mut header: Vec<String> = HEADER.iter().map(|h| h.to_string()).collect();
+        if why {
+            header.push("ENDED BY".into());
+        }
+        rows.insert(0, header);
+        let mut text = table(&rows).join("\n");
+        text.push('\n');
+        out(&text);
     }
-    for l in out {
-        println!("{l}");
+    if hidden > 0 {
+        outln(&format!(
+            "({hidden} ended worker{} not shown: `hatchery ps --all` shows them and why they ended)",
+            if hidden == 1 { "" } else { "s" }
+        ));
     }
     0
 }
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  hatchery kill w-3f2a9c1b0d4e\n  hatchery kill --recursive w-3f2a9c1b0d4e"
+    after_help = "Shows the signed manifest, the limits, the usage and, once it ended, how and why.\n\nExamples:\n  hatchery inspect w-3f2a9c1b0d4e\n  hatchery inspect --json w-3f2a9c1b0d4e"
+)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// Machine-readable output: {"worker": …, "manifest": …}
+    #[arg(long)]
+    pub json: bool,
+    /// The worker (running or ended)
+    #[arg(value_parser = parse_worker_id)]
+    pub worker_id: WorkerId,
+}
+
+pub fn inspect_main(args: InspectArgs) -> i32 {
+    let (info, manifest) = match inspect(&args.socket, &args.worker_id) {
+        Ok(v) => v,
+        Err(e) => return fail(e),
+    };
+    if args.json {
+        out_json(&serde_json::json!({ "worker": info, "manifest": manifest }));
+        return 0;
+    }
+    let r = &manifest.resources;
+    let fs = &manifest.filesystem;
+    let paths = |v: &[hatchery::manifest::ExposedPath]| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            v.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(" ")
+        }
+    };
+    let usage = info.usage.as_ref();
+    let mut lines = vec![
+        format!("worker:      {}", info.worker_id),
+        format!(
+            "lineage:     depth {}, parent {}, children {}",
+            info.depth,
+            info.parent_id.as_ref().map(|p| p.as_str()).unwrap_or("-"),
+            if info.children.is_empty() {
+                "-".to_string()
+            } else {
+                info.children
+                    .iter()
+                    .map(|c| c.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            }
+        ),
+        format!("state:       {}", state(&info)),
+        format!(
+            "pid:         {}",
+            info.pid
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "-".into())
+        ),
+        format!(
+            "started:     {}",
+            hatchery::audit::format_time(info.started_at_ms)
+        ),
+        format!(
+            "command:     {}",
+            serde_json::to_string(&manifest.command).unwrap_or_default()
+        ),
+        format!("profile:     {}", manifest.profile),
+        format!(
+            "limits:      memory {} MiB, {} cores, {} tasks, timeout {}, output {}",
+            r.memory_limit_mb.get(),
+            r.cpu_limit.get(),
+            r.pids_limit.get(),
+            units::format_duration(Duration::from_millis(r.timeout_ms.get())),
+            r.max_output_bytes
+                .map(|b| units::format_size(b.get()))
+                .unwrap_or_else(|| "the controller's cap".into())
+        ),
+        format!(
+            "network:     controller socket {}, external {}",
+            if r.network_policy.allow_controller {
+                "yes"
+            } else {
+                "no (--no-controller)"
+            },
+            if r.network_policy.allow_external {
+                "yes"
+            } else {
+                "no"
+            }
+        ),
+        format!("read-only:   {}", paths(&fs.read_only)),
+        format!("read-write:  {}", paths(&fs.read_write)),
+    ];
+    if let Some(exec) = &fs.allow_exec {
+        lines.push(format!(
+            "allow-exec:  {}",
+            exec.iter()
+                .map(|p| p.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+    }
+    lines.push(format!(
+        "usage:       memory peak {}, cpu {}, tasks peak {}",
+        human_bytes(usage.and_then(|u| u.memory_peak_bytes)),
+        usage
+            .and_then(|u| u.cpu_usec)
+            .map(|c| format!("{:.2}s", c as f64 / 1e6))
+            .unwrap_or_else(|| "-".into()),
+        usage
+            .and_then(|u| u.pids_peak)
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "-".into())
+    ));
+    if let Some(hb) = info.last_heartbeat_ms_ago {
+        lines.push(format!("heartbeat:   {} ms ago", hb));
+    }
+    if let Some(e) = &info.exit {
+        lines.push(format!(
+            "exit:        status {} (exit code {}, signal {}, oom {}, timed out {})",
+            exit_status(e),
+            e.exit_code,
+            e.signal
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| "-".into()),
+            if e.oom_killed { "yes" } else { "no" },
+            if e.timed_out { "yes" } else { "no" }
+        ));
+        lines.push(format!(
+            "ended by:    {}",
+            e.ended_by.as_deref().unwrap_or("its own exit")
+        ));
+    }
+    lines.push(format!(
+        "expires:     {}",
+        hatchery::audit::format_time(manifest.expires_at.get().saturating_mul(1000))
+    ));
+    lines.push(format!("log:         hatchery logs {}", info.worker_id));
+    outln(&lines.join("\n"));
+    0
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "The worker's stdout and stderr together, as its log keeps them (cut at its output cap).\n\nExamples:\n  hatchery logs w-3f2a9c1b0d4e\n  hatchery logs -f w-3f2a9c1b0d4e      # until the worker ends"
+)]
+pub struct LogsArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// Keep printing what the worker writes until it ends
+    #[arg(long, short)]
+    pub follow: bool,
+    /// The worker (running or ended)
+    #[arg(value_parser = parse_worker_id)]
+    pub worker_id: WorkerId,
+}
+
+pub fn logs_main(args: LogsArgs) -> i32 {
+    let mut offset = 0u64;
+    loop {
+        match args.socket.call(&ApiRequest::Logs {
+            worker_id: args.worker_id.clone(),
+            offset,
+        }) {
+            Ok(ApiResponse::Log {
+                data,
+                next_offset,
+                ended,
+            }) => {
+                let got = next_offset != offset;
+                out(&data);
+                offset = next_offset;
+                if got {
+                    continue;
+                }
+                if ended || !args.follow {
+                    return 0;
+                }
+                std::thread::sleep(POLL);
+            }
+            Ok(other) => return report(other),
+            Err(e) => return fail(e),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Waits until each worker's whole sandbox is gone. Exit status 1 if any id is not a running worker (the others are still killed).\n\nExamples:\n  hatchery kill w-3f2a9c1b0d4e\n  hatchery kill w-3f2a9c1b0d4e w-9c1b0d4e3f2a\n  hatchery kill --recursive w-3f2a9c1b0d4e\n  hatchery kill --json w-3f2a9c1b0d4e"
 )]
 pub struct KillArgs {
     #[command(flatten)]
@@ -318,40 +721,72 @@ pub struct KillArgs {
     /// Also kill every descendant
     #[arg(long, short)]
     pub recursive: bool,
-    /// The worker
-    #[arg(value_parser = parse_worker_id)]
-    pub worker_id: WorkerId,
+    /// Machine-readable output: {"killed": [...], "elapsed_ms": N, "errors": [...]}
+    #[arg(long)]
+    pub json: bool,
+    /// The workers
+    #[arg(value_parser = parse_worker_id, required = true, num_args = 1.., value_name = "ID")]
+    pub worker_ids: Vec<WorkerId>,
 }
 
 pub fn kill_main(args: KillArgs) -> i32 {
-    match args.socket.call(&ApiRequest::Kill {
-        worker_id: args.worker_id,
-        recursive: args.recursive,
-    }) {
-        Ok(ApiResponse::Killed {
-            workers,
-            elapsed_ms,
-        }) => {
-            println!(
-                "killed {} worker{} in {elapsed_ms} ms: {}",
-                workers.len(),
-                if workers.len() == 1 { "" } else { "s" },
-                workers
-                    .iter()
-                    .map(|w| w.as_str())
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            );
-            0
+    let mut killed: Vec<WorkerId> = Vec::new();
+    let mut errors = Vec::new();
+    let mut total_ms = 0u64;
+    let mut code = 0;
+    for id in &args.worker_ids {
+        if killed.contains(id) {
+            continue; // a descendant of one killed already
         }
-        Ok(other) => report(other),
-        Err(e) => fail(e),
+        match args.socket.call(&ApiRequest::Kill {
+            worker_id: id.clone(),
+            recursive: args.recursive,
+        }) {
+            Ok(ApiResponse::Killed {
+                workers,
+                elapsed_ms,
+            }) => {
+                total_ms = total_ms.saturating_add(elapsed_ms);
+                if !args.json {
+                    outln(&format!(
+                        "killed {} worker{} in {elapsed_ms} ms: {}",
+                        workers.len(),
+                        if workers.len() == 1 { "" } else { "s" },
+                        workers
+                            .iter()
+                            .map(|w| w.as_str())
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    ));
+                }
+                killed.extend(workers);
+            }
+            Ok(ApiResponse::Error { message }) => {
+                eprintln!("hatchery: {message}");
+                errors.push(serde_json::json!({ "worker_id": id, "error": message }));
+                code = 1;
+            }
+            Ok(other) => {
+                code = report(other);
+                errors.push(serde_json::json!({ "worker_id": id, "error": "unexpected answer" }));
+            }
+            Err(e) => {
+                // The controller is out of reach: the other ids would fare no better.
+                return fail(e);
+            }
+        }
     }
+    if args.json {
+        out_json(&serde_json::json!({
+            "killed": killed, "elapsed_ms": total_ms, "errors": errors,
+        }));
+    }
+    code
 }
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Kills every worker (whole sandboxes and their cgroups) and refuses any new one until released.\n\nExamples:\n  hatchery kill-switch\n  hatchery kill-switch --release"
+    after_help = "Kills every worker (whole sandboxes and their cgroups) and refuses any new one until released.\n\nExamples:\n  hatchery kill-switch\n  hatchery kill-switch --release\n  hatchery kill-switch --json"
 )]
 pub struct KillSwitchArgs {
     #[command(flatten)]
@@ -359,6 +794,9 @@ pub struct KillSwitchArgs {
     /// Reopen: allow new workers again
     #[arg(long)]
     pub release: bool,
+    /// Machine-readable output: {"engaged": bool, "killed": N, "elapsed_ms": N}
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn kill_switch_main(args: KillSwitchArgs) -> i32 {
@@ -366,17 +804,21 @@ pub fn kill_switch_main(args: KillSwitchArgs) -> i32 {
         release: args.release,
     }) {
         Ok(ApiResponse::KillSwitch {
-            engaged: true,
+            engaged,
             killed,
             elapsed_ms,
         }) => {
-            println!(
-                "kill switch engaged: {killed} workers killed in {elapsed_ms} ms; nothing new may start"
-            );
-            0
-        }
-        Ok(ApiResponse::KillSwitch { engaged: false, .. }) => {
-            println!("kill switch released");
+            if args.json {
+                out_json(&serde_json::json!({
+                    "engaged": engaged, "killed": killed, "elapsed_ms": elapsed_ms,
+                }));
+            } else if engaged {
+                outln(&format!(
+                    "kill switch engaged: {killed} workers killed in {elapsed_ms} ms; nothing new may start"
+                ));
+            } else {
+                outln("kill switch released");
+            }
             0
         }
         Ok(other) => report(other),

@@ -47,7 +47,8 @@ pub struct JobArgs {
     /// refuses it until egress goes through its broker)
     #[arg(long)]
     pub allow_external: bool,
-    /// Withhold the socket to the controller
+    /// Withhold the socket to the controller: for a plain command that does not speak the
+    /// worker protocol (nothing to register, no heartbeats; limits and timeout still hold)
     #[arg(long)]
     pub no_controller: bool,
     /// State snapshot handed to the worker (UTF-8 text)

@@ -51,7 +51,11 @@ pub enum Command {
     Spawn(Box<controller::SpawnArgs>),
     /// List workers (--tree for the lineage) with live usage
     Ps(controller::PsArgs),
-    /// Kill a worker (--recursive: and its descendants)
+    /// One worker's manifest, limits, usage, and how and why it ended
+    Inspect(controller::InspectArgs),
+    /// A worker's output (-f: follow it until the worker ends)
+    Logs(controller::LogsArgs),
+    /// Kill workers (--recursive: and their descendants)
     Kill(controller::KillArgs),
     /// Kill every worker and refuse new ones (--release to reopen)
     KillSwitch(controller::KillSwitchArgs),
@@ -77,6 +81,8 @@ pub fn dispatch(command: Command) -> i32 {
         Command::Controller(args) => controller::controller_main(*args),
         Command::Spawn(args) => controller::spawn_main(*args),
         Command::Ps(args) => controller::ps_main(args),
+        Command::Inspect(args) => controller::inspect_main(args),
+        Command::Logs(args) => controller::logs_main(args),
         Command::Kill(args) => controller::kill_main(args),
         Command::KillSwitch(args) => controller::kill_switch_main(args),
         Command::Approvals(args) => approvals::approvals_main(args),

@@ -10,19 +10,32 @@ use super::wire::{self, FrameError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error(
-        "cannot reach the controller at {path}: {source} (is `hatchery controller` running? --socket names another)"
-    )]
-    Connect {
-        path: String,
-        source: std::io::Error,
-    },
+    /// The OS error is part of the message, not a source: printed once.
+    #[error("cannot reach the controller at {path}: {}", connect_reason(error))]
+    Connect { path: String, error: std::io::Error },
     #[error("no controller socket: {0}")]
     NoSocket(String),
     #[error("the controller closed the connection")]
     Closed,
+    #[error(
+        "no welcome from the controller within {0} s: it is sent once, to the worker's first `register`, so this worker has registered already (every later call needs no register)"
+    )]
+    NoWelcome(u64),
     #[error(transparent)]
     Frame(#[from] FrameError),
+}
+
+/// Why a connection failed, and what to do about it.
+fn connect_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::PermissionDenied => format!(
+            "{e} (only the controller's own user, root and members of the group given to the controller's --socket-group may connect: run as one of them, or restart the controller with --socket-group)"
+        ),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+            format!("{e} (is `hatchery controller` running? --socket names another socket)")
+        }
+        _ => e.to_string(),
+    }
 }
 
 /// A connection to the controller's API socket.
@@ -32,9 +45,9 @@ pub struct ApiClient {
 
 impl ApiClient {
     pub fn connect(path: &Path) -> Result<ApiClient, ClientError> {
-        let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
+        let stream = UnixStream::connect(path).map_err(|error| ClientError::Connect {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
         Ok(ApiClient { stream })
     }
@@ -88,9 +101,40 @@ impl AgentClient {
         AgentClient { stream }
     }
 
-    /// Reads the next frame from the controller (the welcome, or a reply).
+    /// Reads the controller's welcome (this worker's id and manifest). The controller sends
+    /// it once, unasked, when the worker starts; it is in the socket before the worker's
+    /// first instruction runs. A process that finds none within `timeout` is not the
+    /// worker's first to read it, and is told so instead of waiting for ever.
+    pub fn welcome(&mut self, timeout: Duration) -> Result<WorkerReply, ClientError> {
+        let _ = self.stream.set_read_timeout(Some(timeout));
+        let frame = wire::read_frame(&mut self.stream);
+        // The timeout belongs to the socket, shared with the worker's other processes.
+        let _ = self.stream.set_read_timeout(None);
+        match frame {
+            Ok(Some(reply)) => Ok(reply),
+            Ok(None) => Err(ClientError::Closed),
+            Err(FrameError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Err(ClientError::NoWelcome(timeout.as_secs()))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Reads the next reply. A welcome no process of this worker has read yet comes first
+    /// on the socket (the controller queues it before any reply): it is passed over, so a
+    /// worker may make each call from a process of its own, registered or not.
     pub fn receive(&mut self) -> Result<WorkerReply, ClientError> {
-        wire::read_frame(&mut self.stream)?.ok_or(ClientError::Closed)
+        loop {
+            match wire::read_frame(&mut self.stream)?.ok_or(ClientError::Closed)? {
+                WorkerReply::Welcome { .. } => continue,
+                reply => return Ok(reply),
+            }
+        }
     }
 
     /// Sends one request and waits for its reply.

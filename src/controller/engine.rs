@@ -125,6 +125,47 @@ pub fn now_s() -> u64 {
     audit::now_ms() / 1000
 }
 
+/// Most log bytes one `logs` answer carries.
+const LOG_CHUNK: usize = 64 * 1024;
+
+/// Up to [`LOG_CHUNK`] bytes of a worker's log from `offset`, as text, and the offset after
+/// them. A character cut by the end of what is written so far is left for the next read
+/// (unless the worker has ended); bytes that are not UTF-8 are replaced.
+fn read_log(
+    state_dir: &std::path::Path,
+    id: &WorkerId,
+    offset: u64,
+    ended: bool,
+) -> Result<(String, u64), String> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = state_dir.join("workers").join(format!("{id}.log"));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path);
+    let mut file = match file {
+        Ok(f) => f,
+        // A worker that could not start may have no log.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((String::new(), offset)),
+        Err(e) => return Err(format!("cannot read the log {}: {e}", path.display())),
+    };
+    file.seek(SeekFrom::Start(offset))
+        .map_err(|e| format!("cannot read the log {}: {e}", path.display()))?;
+    let mut buf = Vec::with_capacity(LOG_CHUNK);
+    file.take(LOG_CHUNK as u64)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("cannot read the log {}: {e}", path.display()))?;
+    let used = match std::str::from_utf8(&buf) {
+        Ok(_) => buf.len(),
+        // Only the end is cut short: keep it for the next read.
+        Err(e) if e.error_len().is_none() && !ended => e.valid_up_to(),
+        Err(_) => buf.len(),
+    };
+    let text = String::from_utf8_lossy(buf.get(..used).unwrap_or_default()).into_owned();
+    Ok((text, offset.saturating_add(used as u64)))
+}
+
 fn new_worker_id() -> Result<WorkerId, String> {
     let mut b = [0u8; 6];
     getrandom::fill(&mut b).map_err(|e| format!("random source: {e}"))?;
@@ -627,6 +668,50 @@ impl Engine {
             } => {
                 let _ = reply.send(self.decide(&approval_id, uid, Some(reason)));
             }
+            ApiRequest::Inspect { worker_id } => {
+                let now = audit::now_ms();
+                let resp = match self.registry.get(&worker_id) {
+                    Some(w) => {
+                        let mut info = self.registry.info(&worker_id, w, now);
+                        if let Some((_, u)) = self
+                            .last_usage
+                            .iter()
+                            .find(|(u, _)| u == worker_id.as_str())
+                        {
+                            info.usage = Some(u.clone());
+                        }
+                        ApiResponse::Worker {
+                            info: Box::new(info),
+                            manifest: Box::new(w.manifest.clone()),
+                        }
+                    }
+                    None => ApiResponse::Error {
+                        message: format!("no worker {worker_id} (`hatchery ps --all` lists them)"),
+                    },
+                };
+                let _ = reply.send(resp);
+            }
+            ApiRequest::Logs { worker_id, offset } => {
+                let resp = match self.registry.get(&worker_id) {
+                    // Whether it ended is asked before the log is read: a log read after
+                    // the end holds everything the worker wrote.
+                    Some(w) => {
+                        let ended = !w.state.is_active();
+                        match read_log(&self.cfg.state_dir, &worker_id, offset, ended) {
+                            Ok((data, next_offset)) => ApiResponse::Log {
+                                data,
+                                next_offset,
+                                ended,
+                            },
+                            Err(message) => ApiResponse::Error { message },
+                        }
+                    }
+                    None => ApiResponse::Error {
+                        message: format!("no worker {worker_id} (`hatchery ps --all` lists them)"),
+                    },
+                };
+                let _ = reply.send(resp);
+            }
             ApiRequest::Status(_) => {
                 let _ = reply.send(ApiResponse::Status {
                     pid: std::process::id(),
@@ -741,10 +826,9 @@ impl Engine {
             .all()
             .map(|(id, w)| {
                 let mut info = self.registry.info(id, w, now);
-                info.usage = usage
-                    .iter()
-                    .find(|(u, _)| u == id.as_str())
-                    .map(|(_, u)| u.clone());
+                if let Some((_, u)) = usage.iter().find(|(u, _)| u == id.as_str()) {
+                    info.usage = Some(u.clone());
+                }
                 info
             })
             .collect();
@@ -852,6 +936,12 @@ impl Engine {
                 };
             }
         };
+        let mut request = request;
+        // A child that names no output cap gets its parent's, as a root gets the
+        // controller's: leaving the cap out is not asking for more.
+        if request.resources.max_output_bytes.is_none() {
+            request.resources.max_output_bytes = parent_manifest.resources.max_output_bytes;
+        }
         let id = match new_worker_id() {
             Ok(id) => id,
             Err(message) => return ApiResponse::Error { message },
@@ -1370,6 +1460,7 @@ impl Engine {
                 children: Vec::new(),
                 conn,
                 ended_by: None,
+                final_usage: None,
                 exit: None,
                 unsupervised: !supervised,
                 awaiting_approval: false,
@@ -1762,6 +1853,9 @@ impl Engine {
                     return;
                 }
                 let ended_by = self.registry.get(&id).and_then(|w| w.ended_by.clone());
+                if let Some(w) = self.registry.get_mut(&id) {
+                    w.final_usage = Some(usage.clone());
+                }
                 self.record(
                     event::WORKER_EXITED,
                     "controller",
@@ -1854,7 +1948,15 @@ impl Engine {
                 json!({ "why": why, "silent_ms": silent_ms }),
                 true,
             );
-            self.stop(&id, &format!("reaped: {why}"));
+            let ended_by = if why == "never registered" {
+                format!(
+                    "reaped: never registered within {} (a command that does not speak the worker protocol: spawn it with --no-controller)",
+                    crate::units::format_duration(self.cfg.register_timeout)
+                )
+            } else {
+                format!("reaped: {why}")
+            };
+            self.stop(&id, &ended_by);
         }
         for id in expired {
             let at = self.registry.get(&id).map(|w| w.manifest.expires_at.get());

@@ -29,6 +29,9 @@ use super::wire::{self, FrameError};
 /// Where the hatchery binary appears inside workers (for `hatchery agent`).
 pub const AGENT_BIN_DIR: &str = "/run/hatchery/bin";
 
+/// What replaces `run`'s hint in a worker's refusal: degrading is the controller's flag.
+const CONTROLLER_DEGRADE_HINT: &str = "or start the controller with --allow-degraded to start workers without it (worker_started lists what was not enforced)";
+
 struct Running {
     sandbox: Sandbox,
     deadline: Option<Instant>,
@@ -107,7 +110,14 @@ impl Launcher {
             }
             Err(error) => self.emit(&LauncherEvent::StartFailed {
                 worker_id: id,
-                error,
+                // Whether a worker may start degraded, and in which cgroup, is the
+                // controller's matter, not the spawner's: name the controller.
+                error: error
+                    .replace(sandbox::DEGRADE_HINT, CONTROLLER_DEGRADE_HINT)
+                    .replace(
+                        "Delegate=yes hatchery run ...",
+                        "Delegate=yes hatchery controller ...",
+                    ),
             }),
         }
     }

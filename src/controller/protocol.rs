@@ -1,7 +1,8 @@
 //! The messages on the controller's two sockets, framed by [`super::wire`].
 //!
 //! Worker socket (fd 3 inside a worker, `HATCHERY_FD`): the controller speaks first with
-//! `welcome` (the worker's id and its signed manifest); the worker then sends one request at
+//! `welcome` (the worker's id and its signed manifest), once, queued before any reply, so a
+//! client that did not read it passes over it; the worker then sends one request at
 //! a time — `register` (presenting that manifest), `heartbeat`, `replicate`, `report`,
 //! `shutdown` — and gets exactly one reply to each. A worker's identity is its connection:
 //! a `worker_id` in a request is optional and, if present, must be the connection's own.
@@ -149,6 +150,15 @@ pub enum ApiRequest {
         release: bool,
     },
     Status(NoFields),
+    /// One worker, running or ended: its signed manifest, limits, usage and how it ended.
+    Inspect {
+        worker_id: WorkerId,
+    },
+    /// A piece of a worker's log (its stdout and stderr), from `offset`.
+    Logs {
+        worker_id: WorkerId,
+        offset: u64,
+    },
     /// Replication requests waiting for a person.
     Approvals(NoFields),
     Approve {
@@ -242,6 +252,18 @@ pub enum ApiResponse {
         approval_id: String,
         approved: bool,
         child_id: Option<WorkerId>,
+    },
+    Worker {
+        info: Box<WorkerInfo>,
+        manifest: Box<Manifest>,
+    },
+    /// Log bytes from the asked offset (UTF-8; bytes that are not are replaced), the offset
+    /// to ask next, and whether the worker has ended (then nothing more will come once
+    /// `data` is empty).
+    Log {
+        data: String,
+        next_offset: u64,
+        ended: bool,
     },
     Status {
         pid: u32,

@@ -58,6 +58,8 @@ pub struct WorkerRecord {
     pub conn: Option<Sender<WorkerReply>>,
     /// Why the controller ended it (killed, reaped, expired, kill switch).
     pub ended_by: Option<String>,
+    /// The launcher's last figures for an ended worker (its usage over its whole life).
+    pub final_usage: Option<super::launcher::LiveUsage>,
     pub exit: Option<ExitInfo>,
     /// The worker has no controller socket (its manifest withholds it): nothing to await.
     pub unsupervised: bool,
@@ -176,7 +178,7 @@ impl Registry {
             started_at_ms: w.started_at_ms,
             last_heartbeat_ms_ago: w.last_heartbeat_ms.map(|t| now_ms.saturating_sub(t)),
             children: w.children.clone(),
-            usage: None,
+            usage: w.final_usage.clone(),
             exit: w.exit.clone(),
         }
     }

@@ -243,7 +243,8 @@ impl Host {
     }
 }
 
-const DEGRADE_HINT: &str =
+/// How `run` is told to go on without a protection (the controller names its own flag).
+pub const DEGRADE_HINT: &str =
     "or pass --allow-degraded to run without it (the report lists what was not enforced)";
 
 /// Decides what will be enforced for `spec` on `host`, refusing (unless the spec allows
