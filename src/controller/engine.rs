@@ -1713,17 +1713,7 @@ impl Engine {
             None => parent.state_snapshot.clone(),
         };
         let request = SpawnRequest {
-            // An explicit grant that names no output cap keeps the parent's: leaving the
-            // field out is not asking to lift it.
-            resources: r
-                .resources
-                .map(|mut res| {
-                    if res.max_output_bytes.is_none() {
-                        res.max_output_bytes = parent.resources.max_output_bytes;
-                    }
-                    res
-                })
-                .unwrap_or(parent.resources),
+            resources: r.resources.unwrap_or(parent.resources),
             filesystem: r.filesystem.unwrap_or_else(|| parent.filesystem.clone()),
             profile: r.profile.unwrap_or_else(|| parent.profile.clone()),
             command: r.command,
