@@ -24,6 +24,7 @@ use crate::signing::ManifestSigner;
 use super::audit_budget::AuditBudgets;
 use super::bounded;
 use super::input::Input;
+use super::launch_protocol::WorkerPlacement;
 use super::launcher::{LaunchSpec, LauncherEvent, LauncherRequest, LiveUsage};
 use super::link::{LinkError, Outbox};
 use super::protocol::{
@@ -1372,62 +1373,16 @@ impl Engine {
                     .saturating_add(1);
                 (k, k)
             });
-        let mut env: Vec<(String, String)> = manifest
-            .env
-            .iter()
-            .filter_map(|a| crate::manifest::split_env(a))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        env.push(("HATCHERY_WORKER_ID".into(), id.to_string()));
-        if supervised {
-            env.push(("HATCHERY_FD".into(), "3".into()));
-        }
-        let spec = LaunchSpec {
-            worker_id: id.to_string(),
-            command: manifest.command.clone(),
-            env,
-            cwd: manifest.cwd.clone(),
-            ro: manifest
-                .filesystem
-                .read_only
-                .iter()
-                .map(|p| PathBuf::from(p.as_str()))
-                .collect(),
-            rw: manifest
-                .filesystem
-                .read_write
-                .iter()
-                .map(|p| PathBuf::from(p.as_str()))
-                .collect(),
-            memory: Some(manifest.resources.memory_limit_mb.bytes()),
-            cpus: Some(manifest.resources.cpu_limit.get()),
-            pids: Some(manifest.resources.pids_limit.get()),
-            timeout_ms: Some(manifest.resources.timeout_ms.get()),
-            profile: manifest.profile.to_string(),
-            log_name: format!("{id}.log"),
-            share_network: manifest.resources.network_policy.allow_external,
-            payload_ids,
-            allow_degraded: self.cfg.allow_degraded,
-            agent_binary: if supervised {
-                self.cfg.agent_binary.clone()
-            } else {
-                None
+        let spec = LaunchSpec::for_worker(
+            &manifest,
+            &WorkerPlacement {
+                payload_ids,
+                allow_degraded: self.cfg.allow_degraded,
+                agent_binary: self.cfg.agent_binary.clone(),
+                cgroup_owner: &self.cfg.cgroup_owner,
+                default_output_cap: self.cfg.worker_output_cap,
             },
-            cgroup_name: format!("hatchery-{id}-{}", self.cfg.cgroup_owner),
-            allow_exec: manifest
-                .filesystem
-                .allow_exec
-                .iter()
-                .flatten()
-                .map(|p| PathBuf::from(p.as_str()))
-                .collect(),
-            max_output_bytes: Some(
-                manifest
-                    .resources
-                    .max_output_bytes
-                    .map_or(self.cfg.worker_output_cap, |b| b.get()),
-            ),
-        };
+        );
         // Every frame this worker will be sent must fit one: checked again here, where it
         // is made (a root worker's manifest comes this way without `spawn_child`).
         let welcome = self.welcome_fits(&manifest)?;

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::manifest::Manifest;
+
 /// What the launcher needs to start one worker: already decided and verified by the
 /// controller (from the worker's signed manifest).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,6 +45,80 @@ pub struct LaunchSpec {
     /// the controller's default cap.
     #[serde(default)]
     pub max_output_bytes: Option<u64>,
+}
+
+/// What the controller decides about a worker's start beyond its manifest.
+pub struct WorkerPlacement<'a> {
+    /// Inside uid/gid for the payload, where the controller hands out distinct ones.
+    pub payload_ids: Option<(u32, u32)>,
+    pub allow_degraded: bool,
+    /// The hatchery binary, exposed to supervised workers for `hatchery agent`.
+    pub agent_binary: Option<PathBuf>,
+    /// The launcher's identity, part of every worker cgroup's name.
+    pub cgroup_owner: &'a str,
+    /// The output cap of a worker whose manifest sets none.
+    pub default_output_cap: u64,
+}
+
+impl LaunchSpec {
+    /// The one translation of a verified manifest into what the launcher starts: the
+    /// manifest's grant (command, environment, exposures, limits, profile by name,
+    /// allowlist, output cap) and nothing else, plus the controller's placement. The
+    /// launcher turns this into a sandbox request (`launcher::try_launch`); no other path
+    /// makes a sandbox from a manifest.
+    pub fn for_worker(manifest: &Manifest, place: &WorkerPlacement<'_>) -> LaunchSpec {
+        let id = manifest.worker_id.as_str();
+        let supervised = manifest.resources.network_policy.allow_controller;
+        let mut env: Vec<(String, String)> = manifest
+            .env
+            .iter()
+            .filter_map(|a| crate::manifest::split_env(a))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        env.push(("HATCHERY_WORKER_ID".into(), id.to_string()));
+        if supervised {
+            env.push(("HATCHERY_FD".into(), "3".into()));
+        }
+        let paths = |list: &[crate::manifest::ExposedPath]| -> Vec<PathBuf> {
+            list.iter().map(|p| PathBuf::from(p.as_str())).collect()
+        };
+        LaunchSpec {
+            worker_id: id.to_string(),
+            command: manifest.command.clone(),
+            env,
+            cwd: manifest.cwd.clone(),
+            ro: paths(&manifest.filesystem.read_only),
+            rw: paths(&manifest.filesystem.read_write),
+            memory: Some(manifest.resources.memory_limit_mb.bytes()),
+            cpus: Some(manifest.resources.cpu_limit.get()),
+            pids: Some(manifest.resources.pids_limit.get()),
+            timeout_ms: Some(manifest.resources.timeout_ms.get()),
+            profile: manifest.profile.to_string(),
+            log_name: format!("{id}.log"),
+            share_network: manifest.resources.network_policy.allow_external,
+            payload_ids: place.payload_ids,
+            allow_degraded: place.allow_degraded,
+            agent_binary: if supervised {
+                place.agent_binary.clone()
+            } else {
+                None
+            },
+            cgroup_name: format!("hatchery-{id}-{}", place.cgroup_owner),
+            allow_exec: manifest
+                .filesystem
+                .allow_exec
+                .iter()
+                .flatten()
+                .map(|p| PathBuf::from(p.as_str()))
+                .collect(),
+            max_output_bytes: Some(
+                manifest
+                    .resources
+                    .max_output_bytes
+                    .map_or(place.default_output_cap, |b| b.get()),
+            ),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -112,4 +188,59 @@ pub enum LauncherEvent {
     Refused {
         error: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place() -> WorkerPlacement<'static> {
+        WorkerPlacement {
+            payload_ids: Some((3, 3)),
+            allow_degraded: false,
+            agent_binary: Some(PathBuf::from("/usr/bin/hatchery")),
+            cgroup_owner: "42-7",
+            default_output_cap: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn a_manifest_becomes_the_launch_it_grants_and_nothing_more() {
+        let m = crate::manifest::tests::sample_manifest();
+        let spec = LaunchSpec::for_worker(&m, &place());
+        assert_eq!(spec.worker_id, "w-root");
+        assert_eq!(spec.command, m.command);
+        assert_eq!(spec.ro, vec![PathBuf::from("/srv/data")]);
+        assert_eq!(spec.rw, vec![PathBuf::from("/srv/work")]);
+        assert_eq!(spec.cwd.as_deref(), Some("/srv/work"));
+        assert_eq!(spec.memory, Some(256 << 20));
+        assert_eq!(spec.cpus, Some(0.5));
+        assert_eq!(spec.pids, Some(64));
+        assert_eq!(spec.timeout_ms, Some(30_000));
+        assert_eq!(spec.profile, "default");
+        assert!(!spec.share_network);
+        assert_eq!(spec.cgroup_name, "hatchery-w-root-42-7");
+        assert_eq!(spec.log_name, "w-root.log");
+        // No cap in the manifest: the controller's default.
+        assert_eq!(spec.max_output_bytes, Some(1 << 20));
+        // The manifest's environment, then the worker's own identity.
+        assert_eq!(
+            spec.env.first(),
+            Some(&("MODE".to_string(), "replica".to_string()))
+        );
+        assert!(
+            spec.env
+                .iter()
+                .any(|(k, v)| k == "HATCHERY_WORKER_ID" && v == "w-root")
+        );
+    }
+
+    #[test]
+    fn an_unsupervised_worker_gets_neither_the_socket_nor_the_agent_binary() {
+        let mut m = crate::manifest::tests::sample_manifest();
+        m.resources.network_policy.allow_controller = false;
+        let spec = LaunchSpec::for_worker(&m, &place());
+        assert!(spec.agent_binary.is_none());
+        assert!(!spec.env.iter().any(|(k, _)| k == "HATCHERY_FD"));
+    }
 }

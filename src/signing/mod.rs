@@ -28,11 +28,7 @@ use hmac::Mac;
 use crate::manifest::fields::decode_lower_hex;
 use crate::manifest::{
     FieldError, KeyId, Lineage, Manifest, ManifestError, Nonce, SpawnRequest, Validity, canonical,
-    split_env,
 };
-use crate::paths::{PathError, check_host_path};
-use crate::sandbox::cgroup::Limits;
-use crate::sandbox::{Exposure, RunRequest};
 
 pub use keys::{KeyError, Keyring, SecretKey};
 pub use replay::{DEFAULT_NONCE_CAPACITY, NonceMemory, ReplayError};
@@ -119,52 +115,6 @@ impl VerifiedManifest {
 
     pub fn into_manifest(self) -> Manifest {
         self.0
-    }
-
-    /// The `hatchery run` request this manifest grants: its command, environment, working
-    /// directory, exposed paths (each checked on the host now: it must exist and contain
-    /// no symlink) and cgroup limits. Not in the request and left to the caller: the
-    /// wall-clock limit (`resources.timeout_ms`), resolving `profile`, the network
-    /// policy (the controller gives the sandbox its own network namespace and, when
-    /// `allow_controller`, its socket), the executable allowlist (narrow the resolved
-    /// profile with `Profile::narrow_exec(&m.allowed_executables())`) and the output cap
-    /// (`resources.max_output_bytes`, enforced by a `sandbox::output::OutputPump` on the
-    /// worker's stdout and stderr). Degraded enforcement is never allowed here.
-    pub fn run_request(&self, cgroup_name: String) -> Result<RunRequest, PathError> {
-        let m = &self.0;
-        let exposures = m
-            .filesystem
-            .exposures()
-            .map(|(p, writable)| {
-                Ok(Exposure {
-                    host: check_host_path(p.as_path())?,
-                    writable,
-                })
-            })
-            .collect::<Result<Vec<_>, PathError>>()?;
-        Ok(RunRequest {
-            command: m.command.clone(),
-            // Validated at verification: every entry splits.
-            env: m
-                .env
-                .iter()
-                .filter_map(|a| split_env(a))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            cwd: m.cwd.as_ref().map(Into::into),
-            exposures,
-            limits: Limits {
-                memory: Some(m.resources.memory_limit_mb.bytes()),
-                cpus: Some(m.resources.cpu_limit.get()),
-                pids: Some(m.resources.pids_limit.get()),
-            },
-            host_ids: None,
-            hostname: m.worker_id.to_string(),
-            allow_degraded: false,
-            cgroup_name,
-            extra_binds: Vec::new(),
-            payload_ids: None,
-        })
     }
 }
 

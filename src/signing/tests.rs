@@ -467,43 +467,6 @@ fn issued_manifests_get_distinct_nonces() -> TestResult {
     Ok(())
 }
 
-#[test]
-fn a_verified_manifest_becomes_the_run_request_it_grants() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let root = std::fs::canonicalize(dir.path())?;
-    let (ro, rw) = (root.join("ro"), root.join("rw"));
-    std::fs::create_dir(&ro)?;
-    std::fs::create_dir(&rw)?;
-    let s = signer()?;
-    let mut m = sample_manifest();
-    m.filesystem.read_only = vec![crate::manifest::ExposedPath::try_from(ro.as_path())?];
-    m.filesystem.read_write = vec![crate::manifest::ExposedPath::try_from(rw.as_path())?];
-    s.sign(&mut m)?;
-    let v = verify_fresh(&s, &m)?;
-    let req = v.run_request("hatchery-w-root".into())?;
-    assert_eq!(req.command, m.command);
-    assert_eq!(req.env, vec![("MODE".to_string(), "replica".to_string())]);
-    assert_eq!(req.limits.memory, Some(256 << 20));
-    assert_eq!(req.limits.cpus, Some(0.5));
-    assert_eq!(req.limits.pids, Some(64));
-    assert_eq!(req.exposures.len(), 2);
-    assert!(
-        req.exposures
-            .iter()
-            .any(|x| x.writable && x.host.path == rw)
-    );
-    assert!(
-        req.exposures
-            .iter()
-            .any(|x| !x.writable && x.host.path == ro)
-    );
-    assert!(!req.allow_degraded);
-    // A path that vanished since signing is refused when the sandbox is built.
-    std::fs::remove_dir(&rw)?;
-    assert!(v.run_request("x".into()).is_err());
-    Ok(())
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
