@@ -43,7 +43,7 @@ directory. The command starts in the current directory when it is exposed (--ro-
 
 Examples:
   hatchery run -- sh -c 'id; hostname; ls /'
-  hatchery run --memory 256M --cpus 0.5 --pids 64 --timeout 1m30s --ro-cwd --rw ./workspace -- python3 agent.py
+  hatchery run --memory 256M --timeout 1m30s --ro-cwd --rw ./workspace -- python3 agent.py
   hatchery run --profile strict --report out.json -- python3 -c 'print(1)'
   hatchery run --max-output 64K --timeout 10s -- sh -c 'yes'
   hatchery run --allow-exec /usr/bin/python3.11 --ro \"$PWD/agent.py\" -- python3 \"$PWD/agent.py\"";
