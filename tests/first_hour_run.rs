@@ -604,3 +604,54 @@ fn bad_input_is_exit_2_and_the_same_in_run_and_spawn() {
         "does not exist",
     );
 }
+
+#[test]
+fn a_signed_manifest_carries_relative_paths_made_absolute_and_passed_through_env() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let d = canonical(dir.path());
+    mkdir(&d.join("ws"), 0o755);
+    let key = s(&d.join("k"));
+    let out = hatchery_in(&d, &[], &["manifest", "keygen", "--key", &key]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = hatchery_in(
+        &d,
+        &[("HATCHERY_TEST_PASSED", "from the caller")],
+        &[
+            "manifest",
+            "issue",
+            "--key",
+            &key,
+            "--rw",
+            "ws",
+            "--ro",
+            ".",
+            "--cwd",
+            "./ws",
+            "--timeout",
+            "1m30s",
+            "--env",
+            "HATCHERY_TEST_PASSED",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        v["filesystem"]["read_write"],
+        serde_json::json!([s(&d.join("ws"))]),
+        "{v}"
+    );
+    assert_eq!(
+        v["filesystem"]["read_only"],
+        serde_json::json!([s(&d)]),
+        "{v}"
+    );
+    assert_eq!(v["cwd"], s(&d.join("ws")), "{v}");
+    assert_eq!(v["resources"]["timeout_ms"], 90_000, "{v}");
+    assert_eq!(
+        v["env"],
+        serde_json::json!(["HATCHERY_TEST_PASSED=from the caller"]),
+        "{v}"
+    );
+}

@@ -24,7 +24,7 @@ pub struct JobArgs {
     /// Maximum number of tasks (processes + threads)
     #[arg(long, value_name = "N", default_value = "64", value_parser = parse_pids)]
     pub pids: PidsLimit,
-    /// Wall-clock limit of the worker's sandbox (500ms, 30s, 5m)
+    /// Wall-clock limit of the worker's sandbox (500ms, 30s, 1m30s)
     #[arg(long, value_name = "DUR", default_value = "5m", value_parser = parse_timeout)]
     pub timeout: TimeoutMs,
     /// Expose a host path read-only (a relative path is taken from the current directory;

@@ -60,7 +60,7 @@ pub struct RunArgs {
     /// Maximum number of tasks (processes + threads)
     #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = units::parse_pids)]
     pub pids: Option<u64>,
-    /// Wall-clock limit (500ms, 5s, 1m); kills everything in the sandbox; exit 124
+    /// Wall-clock limit (500ms, 5s, 1m30s); kills everything in the sandbox; exit 124
     #[arg(long, value_name = "DUR", allow_hyphen_values = true, value_parser = units::parse_duration)]
     pub timeout: Option<Duration>,
     /// Cap on the command's output, stdout and stderr together (64K, 1M). At the cap the
