@@ -89,16 +89,17 @@ impl Report {
         }
     }
 
-    /// The report of a run that never started: the sandbox could not be set up, or the
-    /// request was refused (`error` says why; the exit status is 125).
+    /// The report of a run that never started: the request was refused (exit status 2) or
+    /// the sandbox could not be set up (125); `error` says why.
     pub fn refused(
         error: String,
+        exit_code: i32,
         command: Vec<String>,
         limits: LimitsRequested,
         profile: &str,
     ) -> Report {
         Report {
-            exit_code: 125,
+            exit_code,
             signal: None,
             oom_killed: false,
             timed_out: false,

@@ -19,6 +19,9 @@ pub const MAX_CPUS: f64 = 1024.0;
 pub const MIN_CPUS: f64 = 0.01;
 /// Largest pids limit accepted.
 pub const MAX_PIDS: u64 = 4_194_304;
+/// Smallest pids limit accepted: the sandbox's pid 1 (the reaper) and the command are two
+/// tasks before the command starts anything; below that the command cannot even be forked.
+pub const MIN_PIDS: u64 = 2;
 /// Largest output cap accepted (1 TiB): a cap above it caps nothing.
 pub const MAX_OUTPUT_BYTES: u64 = 1 << 40;
 
@@ -129,7 +132,9 @@ pub fn parse_memory(input: &str) -> Result<u64, UnitError> {
     Ok(bytes)
 }
 
-/// Parses a duration such as `500ms`, `5s`, `1m`, `2h`, `1.5s`. A bare number means seconds.
+/// Parses a duration such as `500ms`, `5s`, `1m`, `2h`, `1.5s`, or several of them run
+/// together from the largest unit down (`1m30s`, `1h2m3s`, as Go and systemd write them).
+/// A bare number means seconds.
 pub fn parse_duration(input: &str) -> Result<Duration, UnitError> {
     const WHAT: &str = "duration";
     let s = input.trim();
@@ -140,29 +145,68 @@ pub fn parse_duration(input: &str) -> Result<Duration, UnitError> {
         return Err(invalid(
             WHAT,
             input,
-            "must be positive, like 500ms, 5s or 1m",
+            "must be positive, like 500ms, 5s or 1m30s",
         ));
     }
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    let nanos_per_unit: u128 = match suffix {
-        "ns" => 1,
-        "us" | "µs" => 1_000,
-        "ms" => 1_000_000,
-        "" | "s" => 1_000_000_000,
-        "m" | "min" => 60_000_000_000,
-        "h" => 3_600_000_000_000,
-        "d" => 86_400_000_000_000,
-        _ => {
+    let mut rest = s;
+    let mut nanos: u128 = 0;
+    let mut previous_unit: Option<u128> = None;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (num, tail) = rest.split_at(num_len);
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (suffix, tail) = tail.split_at(unit_len);
+        let nanos_per_unit: u128 = match suffix {
+            "ns" => 1,
+            "us" | "µs" => 1_000,
+            "ms" => 1_000_000,
+            "" if previous_unit.is_none() && tail.is_empty() => 1_000_000_000,
+            "s" => 1_000_000_000,
+            "m" | "min" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            "d" => 86_400_000_000_000,
+            "" => {
+                return Err(invalid(WHAT, input, "every part needs a unit (e.g. 1m30s)"));
+            }
+            _ => {
+                return Err(invalid(
+                    WHAT,
+                    input,
+                    "unknown unit (use ms, s, m, h or d, e.g. 500ms, 30s or 1m30s)",
+                ));
+            }
+        };
+        if previous_unit.is_some_and(|p| nanos_per_unit >= p) {
             return Err(invalid(
                 WHAT,
                 input,
-                "unknown unit (use ms, s, m, h or d, e.g. 500ms or 30s)",
+                "parts must go from the largest unit down, each once (e.g. 1h2m3s)",
             ));
         }
-    };
+        previous_unit = Some(nanos_per_unit);
+        nanos = nanos
+            .checked_add(part_nanos(input, num, nanos_per_unit)?)
+            .ok_or_else(|| invalid(WHAT, input, "too large"))?;
+        rest = tail;
+    }
+    if nanos == 0 {
+        return Err(invalid(WHAT, input, "must be greater than zero"));
+    }
+    if nanos > MAX_TIMEOUT.as_nanos() {
+        return Err(invalid(WHAT, input, "longer than 30 days"));
+    }
+    let secs =
+        u64::try_from(nanos / 1_000_000_000).map_err(|_| invalid(WHAT, input, "too large"))?;
+    Ok(Duration::new(secs, (nanos % 1_000_000_000) as u32))
+}
+
+/// One part of a duration: `num` (digits, at most one `.`) times `nanos_per_unit`.
+fn part_nanos(input: &str, num: &str, nanos_per_unit: u128) -> Result<u128, UnitError> {
+    const WHAT: &str = "duration";
     if num.is_empty() || num == "." || num.matches('.').count() > 1 {
         return Err(invalid(WHAT, input, "not a number (e.g. 500ms or 30s)"));
     }
@@ -182,19 +226,9 @@ pub fn parse_duration(input: &str) -> Result<Duration, UnitError> {
             .map_err(|_| invalid(WHAT, input, "not a number"))?
     };
     let scale = 10u128.pow(frac.len() as u32);
-    let nanos = int
-        .checked_mul(nanos_per_unit)
-        .and_then(|v| v.checked_add(frac_val * nanos_per_unit / scale))
-        .ok_or_else(|| invalid(WHAT, input, "too large"))?;
-    if nanos == 0 {
-        return Err(invalid(WHAT, input, "must be greater than zero"));
-    }
-    if nanos > MAX_TIMEOUT.as_nanos() {
-        return Err(invalid(WHAT, input, "longer than 30 days"));
-    }
-    let secs =
-        u64::try_from(nanos / 1_000_000_000).map_err(|_| invalid(WHAT, input, "too large"))?;
-    Ok(Duration::new(secs, (nanos % 1_000_000_000) as u32))
+    int.checked_mul(nanos_per_unit)
+        .and_then(|v| v.checked_add(frac_val.checked_mul(nanos_per_unit)? / scale))
+        .ok_or_else(|| invalid(WHAT, input, "too large"))
 }
 
 /// Parses a CPU quota in cores (`0.5`, `2`), between [`MIN_CPUS`] and [`MAX_CPUS`].
@@ -220,7 +254,7 @@ pub fn parse_cpus(input: &str) -> Result<f64, UnitError> {
     Ok(v)
 }
 
-/// Parses a pids limit (maximum number of tasks), between 1 and [`MAX_PIDS`].
+/// Parses a pids limit (maximum number of tasks), between [`MIN_PIDS`] and [`MAX_PIDS`].
 pub fn parse_pids(input: &str) -> Result<u64, UnitError> {
     const WHAT: &str = "pids limit";
     let s = input.trim();
@@ -232,8 +266,14 @@ pub fn parse_pids(input: &str) -> Result<u64, UnitError> {
         ));
     }
     let v: u64 = s.parse().map_err(|_| invalid(WHAT, input, "too large"))?;
-    if v == 0 {
-        return Err(invalid(WHAT, input, "must be at least 1"));
+    if v < MIN_PIDS {
+        return Err(invalid(
+            WHAT,
+            input,
+            format!(
+                "must be at least {MIN_PIDS}: the sandbox's pid 1 and the command count as tasks"
+            ),
+        ));
     }
     if v > MAX_PIDS {
         return Err(invalid(WHAT, input, format!("must be at most {MAX_PIDS}")));
@@ -335,6 +375,18 @@ mod tests {
     }
 
     #[test]
+    fn durations_run_together_from_the_largest_unit_down() {
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("1h2m3s"), Ok(Duration::from_secs(3723)));
+        assert_eq!(parse_duration("1s500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1d12h"), Ok(Duration::from_secs(129_600)));
+        for bad in ["1s1m", "1m1m", "1m30", "30s1", "1h-2m", "1mm", "m30s"] {
+            assert!(parse_duration(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
     fn durations_reject_garbage_zero_and_huge() {
         for bad in ["abc", "", "0", "0s", "-1s", "5x", "100d", "1..2s", "s"] {
             assert!(parse_duration(bad).is_err(), "{bad} accepted");
@@ -348,7 +400,8 @@ mod tests {
             assert!(parse_cpus(bad).is_err(), "{bad} accepted");
         }
         assert_eq!(parse_pids("64"), Ok(64));
-        for bad in ["0", "-1", "1.5", "99999999999999999999", "x"] {
+        assert_eq!(parse_pids("2"), Ok(MIN_PIDS));
+        for bad in ["0", "1", "-1", "1.5", "99999999999999999999", "x"] {
             assert!(parse_pids(bad).is_err(), "{bad} accepted");
         }
     }

@@ -646,17 +646,22 @@ fn every_refusal_says_one_line_and_fills_the_reports_error() {
     }
     let dir = shared_tempdir();
     let d = canonical(dir.path());
-    let cases: [(&[&str], &str); 2] = [
-        (&["--ro", "/nonexistent-hatchery"], "does not exist"),
-        (&["--cwd", "/nonexistent-hatchery"], "working directory"),
+    // Input refused before anything starts (2), a sandbox that cannot be set up (125).
+    let cases: [(&[&str], &str, i32); 2] = [
+        (&["--ro", "/nonexistent-hatchery"], "does not exist", 2),
+        (
+            &["--cwd", "/nonexistent-hatchery"],
+            "working directory",
+            125,
+        ),
     ];
-    for (i, (flags, why)) in cases.into_iter().enumerate() {
+    for (i, (flags, why, want)) in cases.into_iter().enumerate() {
         let report = d.join(format!("r{i}.json"));
         let mut args = vec!["run".to_string()];
         args.extend(flags.iter().map(|f| f.to_string()));
         args.extend(["--report".into(), s(&report), "--".into(), "true".into()]);
         let out = hatchery_owned(&args);
-        assert_eq!(code(&out), 125, "{flags:?}");
+        assert_eq!(code(&out), want, "{flags:?}");
         let err = stderr(&out);
         assert_eq!(err.lines().count(), 1, "{flags:?}: {err}");
         assert!(err.contains(why), "{flags:?}: {err}");
@@ -666,7 +671,7 @@ fn every_refusal_says_one_line_and_fills_the_reports_error() {
             v["error"].as_str().is_some_and(|e| e.contains(why)),
             "{flags:?}: {v}"
         );
-        assert_eq!(v["exit_code"], 125);
+        assert_eq!(v["exit_code"], want);
     }
     // Hostnames the kernel refuses are refused before anything starts, with the rule.
     let out = hatchery_cmd(&["run", "--hostname", &"x".repeat(70), "--", "true"]);

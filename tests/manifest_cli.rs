@@ -267,13 +267,14 @@ fn issue_refuses_absurd_limits_and_prints_nothing() -> TestResult {
         &["--cpus", "0.0001"],
         &["--pids", "0"],
         &["--timeout", "400d"],
-        &["--ro", "relative/path"],
+        &["--ro", "relative/../path"],
         &["--rw", "/srv/../etc"],
         &["--profile", "/tmp/p.toml"],
         &["--depth", "2"],
         &["--parent", "w-p", "--depth", "0"],
         &["--expires-in", "60d"],
-        &["--env", "NOEQUALS"],
+        &["--env", "NO EQUALS"],
+        &["--pids", "1"],
     ] {
         let mut args = vec!["manifest", "issue", "--key", s(&key)?];
         args.extend_from_slice(flags);

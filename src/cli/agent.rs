@@ -106,6 +106,7 @@ fn run(command: AgentCommand) -> anyhow::Result<i32> {
                 (None, None, None)
             };
             let state = a.job.state_snapshot()?;
+            let env = a.job.environment()?;
             let reply = client.call(&WorkerMessage::Replicate(Box::new(ReplicateMsg {
                 worker_id: None,
                 reason: a.reason,
@@ -114,7 +115,7 @@ fn run(command: AgentCommand) -> anyhow::Result<i32> {
                 resources,
                 filesystem,
                 profile,
-                env: (!a.job.env.is_empty()).then_some(a.job.env),
+                env: (!env.is_empty()).then_some(env),
                 cwd: a.job.cwd,
             })))?;
             if let WorkerReply::Pending { .. } = &reply {

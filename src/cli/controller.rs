@@ -252,7 +252,11 @@ fn exit_status(e: &ExitInfo) -> i32 {
 pub fn spawn_main(args: SpawnArgs) -> i32 {
     let request = match args.job.request() {
         Ok(r) => r,
-        Err(e) => return fail(e),
+        Err(e) => {
+            // Bad input, found before the controller is asked anything: as clap's.
+            eprintln!("hatchery: {e:#}");
+            return 2;
+        }
     };
     let (worker_id, depth) = match args.socket.call(&ApiRequest::Spawn {
         parent: args.parent,

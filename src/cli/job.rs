@@ -24,13 +24,15 @@ pub struct JobArgs {
     /// Maximum number of tasks (processes + threads)
     #[arg(long, value_name = "N", default_value = "64", value_parser = parse_pids)]
     pub pids: PidsLimit,
-    /// Wall-clock limit of the worker's sandbox (500ms, 30s, 5m)
+    /// Wall-clock limit of the worker's sandbox (500ms, 30s, 1m30s)
     #[arg(long, value_name = "DUR", default_value = "5m", value_parser = parse_timeout)]
     pub timeout: TimeoutMs,
-    /// Expose a host path read-only (absolute; repeatable)
+    /// Expose a host path read-only (a relative path is taken from the current directory;
+    /// repeatable)
     #[arg(long = "ro", value_name = "PATH", value_parser = parse_path)]
     pub ro: Vec<ExposedPath>,
-    /// Expose a host path read-write (absolute; repeatable)
+    /// Expose a host path read-write (a relative path is taken from the current directory;
+    /// repeatable)
     #[arg(long = "rw", value_name = "PATH", value_parser = parse_path)]
     pub rw: Vec<ExposedPath>,
     /// The only file the worker may execute (repeatable: an executable allowlist; real
@@ -57,11 +59,13 @@ pub struct JobArgs {
     /// Read the state snapshot from a file
     #[arg(long, value_name = "FILE")]
     pub state_file: Option<PathBuf>,
-    /// Environment variable for the command (repeatable)
-    #[arg(long = "env", value_name = "KEY=VALUE")]
+    /// Environment variable for the command (repeatable); `KEY` alone passes this
+    /// shell's value of KEY (not set here: not set there)
+    #[arg(long = "env", value_name = "KEY[=VALUE]")]
     pub env: Vec<String>,
-    /// Working directory inside the sandbox
-    #[arg(long, value_name = "PATH")]
+    /// Working directory inside the sandbox (a relative path is taken from the current
+    /// directory: exposed paths are at the same path inside)
+    #[arg(long, value_name = "PATH", value_parser = parse_cwd)]
     pub cwd: Option<String>,
     /// The command and its arguments
     #[arg(last = true, required = true, value_name = "COMMAND")]
@@ -102,6 +106,22 @@ impl JobArgs {
         Ok(StateSnapshot::new(text)?)
     }
 
+    /// `--env` as `KEY=VALUE` strings: a bare `KEY` takes this process's value, and is
+    /// left out (with a note) where it has none.
+    pub fn environment(&self) -> anyhow::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for arg in &self.env {
+            let found = hatchery::sandbox::spec::parse_env_arg(arg, |k| std::env::var_os(k))?;
+            match found {
+                Some((k, v)) => out.push(format!("{k}={v}")),
+                None => eprintln!(
+                    "hatchery: note: --env {arg}: not set here, so not set in the sandbox either"
+                ),
+            }
+        }
+        Ok(out)
+    }
+
     /// The request these flags describe, validated.
     pub fn request(&self) -> anyhow::Result<SpawnRequest> {
         let job = SpawnRequest {
@@ -109,7 +129,7 @@ impl JobArgs {
             filesystem: self.filesystem(),
             profile: self.profile.clone(),
             command: self.command.clone(),
-            env: self.env.clone(),
+            env: self.environment()?,
             cwd: self.cwd.clone(),
             state_snapshot: self.state_snapshot()?,
         };
@@ -145,12 +165,25 @@ pub fn parse_timeout(s: &str) -> Result<TimeoutMs, String> {
     TimeoutMs::new(ms).map_err(|e| e.to_string())
 }
 
+/// A path as the user typed it, made absolute against the current directory (see
+/// [`hatchery::paths::absolutize`]): the controller that resolves it runs elsewhere.
+fn absolute(s: &str) -> Result<String, String> {
+    let p = hatchery::paths::absolutize(std::path::Path::new(s)).map_err(|e| e.to_string())?;
+    p.into_os_string()
+        .into_string()
+        .map_err(|p| format!("{}: not UTF-8", p.to_string_lossy()))
+}
+
 pub fn parse_path(s: &str) -> Result<ExposedPath, String> {
-    ExposedPath::new(s).map_err(|e| e.why)
+    ExposedPath::new(absolute(s)?).map_err(|e| e.why)
 }
 
 pub fn parse_exec_path(s: &str) -> Result<ExecPath, String> {
-    ExecPath::new(s).map_err(|e| e.why)
+    ExecPath::new(absolute(s)?).map_err(|e| e.why)
+}
+
+pub fn parse_cwd(s: &str) -> Result<String, String> {
+    absolute(s)
 }
 
 pub fn parse_output(s: &str) -> Result<OutputBytes, String> {

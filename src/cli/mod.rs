@@ -18,7 +18,7 @@ const ABOUT: &str = "Sandbox manager for self-replicating agent workers: signed 
 
 const EXAMPLES: &str = "\
 Examples:
-  hatchery run --memory 256M --cpus 0.5 --pids 64 --timeout 30s --rw ./workspace -- python3 agent.py
+  hatchery run --memory 256M --pids 64 --timeout 30s --ro-cwd --rw ./workspace -- python3 agent.py
   hatchery run --report report.json -- sh -c 'echo hello from the sandbox'
   hatchery doctor";
 

@@ -9,7 +9,7 @@ use nix::fcntl::{FcntlArg, fcntl};
 use nix::sys::signal::{SigSet, SigmaskHow};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
-use hatchery::paths::{OutputTarget, check_host_path};
+use hatchery::paths::{OutputTarget, absolutize, check_host_path};
 use hatchery::profile::Profile;
 use hatchery::report::{LimitsRequested, Report};
 use hatchery::sandbox::cgroup::{Limits, unique_name};
@@ -21,14 +21,29 @@ use hatchery::units;
 
 /// Exit status when the sandbox could not be set up.
 pub const EXIT_SETUP: i32 = 125;
+/// Exit status for input refused before anything starts (clap's own code for usage errors).
+pub const EXIT_USAGE: i32 = 2;
+
+/// The exit status of a run that never started: what the command line asked for is refused
+/// with 2, like clap's usage errors; what this host cannot set up or enforce with 125.
+fn refusal_code(e: &SandboxError) -> i32 {
+    match e {
+        SandboxError::Invalid(_) => EXIT_USAGE,
+        SandboxError::Refused { .. } | SandboxError::Internal(_) => EXIT_SETUP,
+    }
+}
 
 const RUN_EXAMPLES: &str = "\
 Exit status: the command's own; 128+N if killed by signal N; 137 OOM kill; 124 timeout;
-125 the sandbox could not be set up; 126 not executable; 127 not found.
+2 bad command line or input (nothing started); 125 the sandbox could not be set up;
+126 not executable; 127 not found.
+
+Paths (--ro, --rw, --allow-exec, --cwd) may be relative: they are taken from the current
+directory. The command starts in the current directory when it is exposed (--ro-cwd), else in /.
 
 Examples:
   hatchery run -- sh -c 'id; hostname; ls /'
-  hatchery run --memory 256M --cpus 0.5 --pids 64 --timeout 30s --rw \"$PWD/workspace\" -- python3 agent.py
+  hatchery run --memory 256M --timeout 1m30s --ro-cwd --rw ./workspace -- python3 agent.py
   hatchery run --profile strict --report out.json -- python3 -c 'print(1)'
   hatchery run --max-output 64K --timeout 10s -- sh -c 'yes'
   hatchery run --allow-exec /usr/bin/python3.11 --ro \"$PWD/agent.py\" -- python3 \"$PWD/agent.py\"";
@@ -45,7 +60,7 @@ pub struct RunArgs {
     /// Maximum number of tasks (processes + threads)
     #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = units::parse_pids)]
     pub pids: Option<u64>,
-    /// Wall-clock limit (500ms, 5s, 1m); kills everything in the sandbox; exit 124
+    /// Wall-clock limit (500ms, 5s, 1m30s); kills everything in the sandbox; exit 124
     #[arg(long, value_name = "DUR", allow_hyphen_values = true, value_parser = units::parse_duration)]
     pub timeout: Option<Duration>,
     /// Cap on the command's output, stdout and stderr together (64K, 1M). At the cap the
@@ -53,36 +68,49 @@ pub struct RunArgs {
     /// output_truncated
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = units::parse_output_cap)]
     pub max_output: Option<u64>,
-    /// Expose a host path read-only at the same path (repeatable)
+    /// Expose a host path read-only at the same path (repeatable; a relative path is taken
+    /// from the current directory)
     #[arg(long = "ro", value_name = "PATH")]
     pub ro: Vec<PathBuf>,
-    /// Expose a host path read-write at the same path (repeatable)
+    /// Expose a host path read-write at the same path (repeatable; a relative path is taken
+    /// from the current directory). Host system directories (/usr, /etc, /boot, ...) are
+    /// refused without --allow-system-rw
     #[arg(long = "rw", value_name = "PATH")]
     pub rw: Vec<PathBuf>,
+    /// Expose the current directory read-only, and start the command there
+    #[arg(long)]
+    pub ro_cwd: bool,
+    /// Allow --rw on a host system directory (/usr, /etc, /boot, /var/lib, ...): the
+    /// sandbox could then change the host's own programs and configuration
+    #[arg(long)]
+    pub allow_system_rw: bool,
     /// Allow executing this file, and no other (repeatable): an executable allowlist
     /// enforced by Landlock. Real paths only (/usr/bin/python3.11, not the python3 link);
     /// the dynamic loader is added, a script's interpreter must be listed too
     #[arg(long = "allow-exec", value_name = "PATH")]
     pub allow_exec: Vec<PathBuf>,
-    /// Working directory inside (default: the current directory if exposed, else /)
+    /// Working directory inside (default: the current directory if exposed, else /; a
+    /// relative path is taken from the current directory)
     #[arg(long, value_name = "PATH")]
     pub cwd: Option<PathBuf>,
-    /// Extra environment variable (the environment is otherwise minimal; repeatable)
-    #[arg(long = "env", value_name = "KEY=VALUE")]
+    /// Extra environment variable (the environment is otherwise minimal; repeatable);
+    /// `KEY` alone passes this shell's value of KEY (not set here: not set there)
+    #[arg(long = "env", value_name = "KEY[=VALUE]")]
     pub env: Vec<String>,
     /// Security profile: a shipped name or a TOML file
     #[arg(long, value_name = "NAME|FILE", default_value = "default")]
     pub profile: String,
-    /// Write a JSON report here after the command ends
+    /// Write a JSON report here after the command ends (`-`: standard output); written
+    /// for a refused run too, with the refusal in `error`
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
     /// Run even where a requested limit cannot be enforced here (the report says what was not)
     #[arg(long)]
     pub allow_degraded: bool,
-    /// Host uid[:gid] the sandbox runs as when hatchery runs as root (default 65534:65534)
+    /// Host uid[:gid] the sandbox runs as (root only; default: one leased for this sandbox)
     #[arg(long, value_name = "UID[:GID]", value_parser = parse_host_ids)]
     pub host_uid: Option<(u32, u32)>,
-    /// Hostname inside the sandbox (1 to 64 letters, digits, '-' or '.')
+    /// Hostname inside the sandbox (RFC 1123: 1 to 64 letters, digits, '-' and '.')
     #[arg(long, default_value = "hatchery", value_parser = parse_hostname)]
     pub hostname: String,
     /// The command and its arguments
@@ -91,7 +119,7 @@ pub struct RunArgs {
 }
 
 fn parse_hostname(s: &str) -> Result<String, String> {
-    spec::check_hostname(s)
+    spec::check_rfc1123_hostname(s)
         .map(|()| s.to_string())
         .map_err(|e| e.to_string())
 }
@@ -110,19 +138,132 @@ fn parse_host_ids(s: &str) -> Result<(u32, u32), String> {
     Ok((u, g))
 }
 
-/// Resolves `--ro`/`--rw` paths: relative paths are refused (say what you mean), as are
-/// `..`, symlinks and missing paths.
-fn exposures(ro: &[PathBuf], rw: &[PathBuf]) -> Result<Vec<Exposure>, SandboxError> {
-    let mut out = Vec::new();
-    for (paths, writable) in [(ro, false), (rw, true)] {
+/// Resolves `--ro`/`--rw` paths (and the current directory for `--ro-cwd`): a relative
+/// path is taken from the current directory, once; `..`, symlinks and missing paths are
+/// refused, and so is `--rw` on a host system directory without `--allow-system-rw`.
+fn exposures(args: &RunArgs) -> Result<Vec<Exposure>, SandboxError> {
+    let mut out: Vec<Exposure> = Vec::new();
+    for (paths, writable) in [(&args.ro, false), (&args.rw, true)] {
         for p in paths {
             let flag = if writable { "--rw" } else { "--ro" };
-            let host =
-                check_host_path(p).map_err(|e| SandboxError::Invalid(format!("{flag} {e}")))?;
+            let host = absolutize(p)
+                .and_then(|abs| check_host_path(&abs))
+                .map_err(|e| SandboxError::Invalid(format!("{flag} {e}")))?;
+            if writable && !args.allow_system_rw {
+                if let Some(system) = system_directory(&host.path) {
+                    return Err(SandboxError::Invalid(format!(
+                        "--rw {}: {system} is the host's own system directory: a sandbox writing there changes the host's programs or configuration; expose a directory of your own, or pass --allow-system-rw if that is really meant",
+                        host.path.display()
+                    )));
+                }
+            }
             out.push(Exposure { host, writable });
         }
     }
+    if args.ro_cwd {
+        let here = absolutize(Path::new("."))
+            .and_then(|abs| check_host_path(&abs))
+            .map_err(|e| SandboxError::Invalid(format!("--ro-cwd: the current directory {e}")))?;
+        // Already exposed (by --ro or --rw of the same path): nothing more to do.
+        if !out.iter().any(|x| x.host.path == here.path) {
+            out.push(Exposure {
+                host: here,
+                writable: false,
+            });
+        }
+    }
     Ok(out)
+}
+
+/// The host system directory `path` is or lies in, when it is one: what `--rw` refuses
+/// without `--allow-system-rw`. Directories whose contents are everyone's (`/home`, `/var`,
+/// `/opt`, ...) count themselves, not what is below them.
+fn system_directory(path: &Path) -> Option<&'static str> {
+    const TREES: &[&str] = &[
+        "/usr",
+        "/etc",
+        "/bin",
+        "/sbin",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/libx32",
+        "/boot",
+        "/proc",
+        "/sys",
+        "/dev",
+        "/run",
+        "/var/lib",
+        "/var/log",
+        "/var/cache",
+        "/var/spool",
+    ];
+    const ITSELF: &[&str] = &[
+        "/", "/var", "/home", "/root", "/opt", "/srv", "/mnt", "/media", "/snap",
+    ];
+    TREES
+        .iter()
+        .find(|t| path.starts_with(t))
+        .or_else(|| ITSELF.iter().find(|t| path == Path::new(t)))
+        .copied()
+}
+
+/// What the sandbox can do through one exposure, judged from the exposed object's owner
+/// and mode the way the mounts present it: a read-only exposure is idmapped to ids that
+/// own nothing (the sandbox is "other" to every file); a read-write one maps the object's
+/// owner to the sandbox, except when root owns it (then the sandbox is "other"). Rootless,
+/// the sandbox is the caller. A warning, not a refusal: access control lists and what
+/// lies deeper are not looked at.
+fn access_warning(x: &sandbox::mounts::Bind, rootless: bool) -> Option<String> {
+    let flag = if x.writable { "--rw" } else { "--ro" };
+    let path = &x.host.path;
+    let (verb, fix) = if x.writable {
+        ("write", "make it writable by its owner (chmod u+w)")
+    } else {
+        ("read", "make it readable by others (chmod o+rX)")
+    };
+    if rootless {
+        let mut want = if x.writable {
+            nix::unistd::AccessFlags::W_OK
+        } else {
+            nix::unistd::AccessFlags::R_OK
+        };
+        if x.host.is_dir {
+            want |= nix::unistd::AccessFlags::X_OK;
+        }
+        return nix::unistd::access(path.as_path(), want).err().map(|e| {
+            format!(
+                "{flag} {}: the sandbox runs as you, and you cannot {verb} it ({})",
+                path.display(),
+                e.desc()
+            )
+        });
+    }
+    let st = nix::sys::stat::fstat(x.host.fd()).ok()?;
+    let mode = st.st_mode & 0o7777;
+    let (bits, who) = if x.writable && st.st_uid != 0 {
+        // Owner bits: write (and search, for a directory).
+        (if x.host.is_dir { 0o300 } else { 0o200 }, "its owner")
+    } else if x.writable {
+        // A root-owned exposure is not mapped: the sandbox is never root on the host.
+        (if x.host.is_dir { 0o003 } else { 0o002 }, "others")
+    } else {
+        // Through --ro the sandbox owns nothing.
+        (if x.host.is_dir { 0o005 } else { 0o004 }, "others")
+    };
+    if mode & bits == bits {
+        return None;
+    }
+    let fix = if x.writable && st.st_uid == 0 {
+        "give it a non-root owner (chown USER), whose rights the sandbox then has"
+    } else {
+        fix
+    };
+    Some(format!(
+        "{flag} {}: the sandbox cannot {verb} it (owner uid {}, mode {mode:o}; the sandbox has the rights of {who}); {fix}",
+        path.display(),
+        st.st_uid
+    ))
 }
 
 /// One of the caller's standard descriptors, as found.
@@ -375,30 +516,36 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(t) => t,
         Err(e) => {
             eprintln!(
-                "hatchery: --report {}: {e}; nothing was run",
+                "hatchery: --report {}: {e}; name a file in a directory that exists and that you may write (or - for standard output); nothing was run",
                 args.report.as_deref().unwrap_or(Path::new("")).display()
             );
-            return EXIT_SETUP;
+            return EXIT_USAGE;
         }
     };
     let requested = limits();
-    let (code, report_body) = match run(args) {
-        Ok((outcome, enforcement)) => {
+    let (code, report_body) = match run(args, report.is_some()) {
+        Ok(Ran {
+            outcome,
+            enforcement,
+            hint,
+        }) => {
+            let hint = hint.map(|h| format!("; {h}")).unwrap_or_default();
             if let Some(f) = &outcome.failure {
                 match f {
                     sandbox::Failure::Exec { errno } => {
-                        let hint = if *errno == libc::EACCES && enforcement.exec_allowlist.is_some()
+                        let allowlist = if *errno == libc::EACCES
+                            && enforcement.exec_allowlist.is_some()
                         {
                             " (an executable allowlist is in force: only the files in the report's enforcement.exec_allowlist may run)"
                         } else {
                             ""
                         };
                         eprintln!(
-                            "hatchery: cannot execute {}: {f}{hint}",
+                            "hatchery: cannot execute {}: {f}{allowlist}{hint}",
                             command.first().map(String::as_str).unwrap_or("")
                         );
                     }
-                    sandbox::Failure::Setup { .. } => eprintln!("hatchery: {f}"),
+                    sandbox::Failure::Setup { .. } => eprintln!("hatchery: {f}{hint}"),
                 }
             } else if outcome.timed_out {
                 eprintln!("hatchery: timed out; the sandbox was killed");
@@ -424,9 +571,10 @@ pub fn main(args: RunArgs) -> i32 {
         }
         Err(e) => {
             eprintln!("hatchery: {e}");
+            let code = refusal_code(&e);
             (
-                EXIT_SETUP,
-                Report::refused(e.to_string(), command, requested, &profile_name),
+                code,
+                Report::refused(e.to_string(), code, command, requested, &profile_name),
             )
         }
     };
@@ -445,11 +593,12 @@ pub fn main(args: RunArgs) -> i32 {
 }
 
 /// Checks `--allow-exec` files on the host, so that a mistake is reported with the flag
-/// that made it.
+/// that made it. A relative path is taken from the current directory.
 fn allowed_executables(paths: &[PathBuf]) -> Result<Vec<PathBuf>, SandboxError> {
     let mut out: Vec<PathBuf> = Vec::new();
     for p in paths {
-        let host = sandbox::exec::check_exec_path(p)
+        let host = absolutize(p)
+            .and_then(|abs| sandbox::exec::check_exec_path(&abs))
             .map_err(|e| SandboxError::Invalid(format!("--allow-exec {e}")))?;
         if out.contains(&host.path) {
             return Err(SandboxError::Invalid(format!(
@@ -462,22 +611,112 @@ fn allowed_executables(paths: &[PathBuf]) -> Result<Vec<PathBuf>, SandboxError> 
     Ok(out)
 }
 
-fn run(args: RunArgs) -> Result<(sandbox::Outcome, sandbox::Enforcement), SandboxError> {
+/// A run that started, how it ended, and what to tell the caller about a failure.
+struct Ran {
+    outcome: sandbox::Outcome,
+    enforcement: sandbox::Enforcement,
+    /// What to do about a failure that looks like a path not exposed.
+    hint: Option<String>,
+}
+
+/// The number of CPUs online here, when it can be told.
+fn host_cpus() -> Option<u64> {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::_NPROCESSORS_ONLN)
+        .ok()
+        .flatten()
+        .and_then(|n| u64::try_from(n).ok())
+        .filter(|n| *n > 0)
+}
+
+/// What is refused before any profile is read or anything is set up: values that are
+/// valid on their own but cannot hold on this host or for this caller.
+fn check_request(args: &RunArgs) -> Result<(), SandboxError> {
+    if let (Some(cpus), Some(n)) = (args.cpus, host_cpus()) {
+        if cpus > n as f64 {
+            return Err(SandboxError::Invalid(format!(
+                "--cpus {cpus}: exceeds this host's {n} CPUs; ask for at most {n}"
+            )));
+        }
+    }
+    if args.host_uid.is_some() && !nix::unistd::geteuid().is_root() {
+        return Err(SandboxError::Invalid(
+            "--host-uid: only root can choose the sandbox's host identity; without root the sandbox runs as you (drop --host-uid)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a host path is visible inside the sandbox of `spec` (under one of its binds,
+/// or `/` itself).
+fn visible_inside(spec: &sandbox::SandboxSpec, path: &Path) -> bool {
+    path == Path::new("/")
+        || spec
+            .rootfs
+            .system
+            .iter()
+            .chain(spec.rootfs.exposures.iter())
+            .any(|b| path.starts_with(&b.target))
+}
+
+/// For a command that was not found in the sandbox: where it is on the host, when it is
+/// somewhere the sandbox does not see.
+fn command_hint(
+    spec: &sandbox::SandboxSpec,
+    caller_path: Option<&std::ffi::OsStr>,
+) -> Option<String> {
+    let cmd = spec.argv.first()?;
+    let on_host = if cmd.contains('/') {
+        let p = spec.cwd.join(cmd);
+        p.exists().then_some(p)
+    } else {
+        std::env::split_paths(caller_path?)
+            .filter(|d| d.is_absolute())
+            .map(|d| d.join(cmd))
+            .find(|p| p.is_file())
+    }?;
+    if visible_inside(spec, &on_host) {
+        return None;
+    }
+    let dir = if cmd.contains('/') {
+        on_host.clone()
+    } else {
+        on_host.parent().map(Path::to_path_buf).unwrap_or_default()
+    };
+    Some(format!(
+        "{} exists on the host but is not exposed in the sandbox: add --ro {}",
+        on_host.display(),
+        dir.display()
+    ))
+}
+
+fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
+    check_request(&args)?;
     let mut profile =
         Profile::resolve(&args.profile).map_err(|e| SandboxError::Invalid(e.to_string()))?;
     profile
         .narrow_exec(&allowed_executables(&args.allow_exec)?)
         .map_err(|e| SandboxError::Invalid(format!("--allow-exec: {e}")))?;
-    let env = args
-        .env
-        .iter()
-        .map(|a| spec::parse_env(a))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut env = Vec::new();
+    for arg in &args.env {
+        match spec::parse_env_arg(arg, |k| std::env::var_os(k))? {
+            Some(kv) => env.push(kv),
+            None => eprintln!(
+                "hatchery: note: --env {arg}: not set here, so not set in the sandbox either"
+            ),
+        }
+    }
+    let cwd = args
+        .cwd
+        .as_deref()
+        .map(absolutize)
+        .transpose()
+        .map_err(|e| SandboxError::Invalid(format!("--cwd {e}")))?;
+    let exposures = exposures(&args)?;
     let request = RunRequest {
         command: args.command,
         env,
-        cwd: args.cwd,
-        exposures: exposures(&args.ro, &args.rw)?,
+        cwd: cwd.clone(),
+        exposures,
         limits: Limits {
             memory: args.memory,
             cpus: args.cpus,
@@ -494,15 +733,31 @@ fn run(args: RunArgs) -> Result<(sandbox::Outcome, sandbox::Enforcement), Sandbo
         .default_limits()
         .map_err(|e| SandboxError::Invalid(e.to_string()))?
         .timeout);
-    let caller_cwd = std::env::current_dir().ok();
-    let mut spec = spec::build(
-        request,
-        &profile,
-        caller_cwd
-            .as_deref()
-            .filter(|p| p.is_absolute())
-            .map(Path::new),
-    )?;
+    let caller_cwd = std::env::current_dir().ok().filter(|p| p.is_absolute());
+    let mut spec = spec::build(request, &profile, caller_cwd.as_deref())?;
+    for x in spec.rootfs.exposures.iter() {
+        if let Some(w) = access_warning(x, spec.identity.rootless) {
+            eprintln!("hatchery: warning: {w}");
+        }
+    }
+    // Where the command starts is not where the caller stands, and the command names
+    // something there: say so before it fails on it.
+    if let Some(here) = caller_cwd
+        .as_deref()
+        .filter(|h| cwd.is_none() && spec.cwd.as_path() != *h && !visible_inside(&spec, h))
+    {
+        let named_here = spec
+            .argv
+            .iter()
+            .filter(|a| !a.starts_with('/') && !a.starts_with('-') && !a.is_empty())
+            .find(|a| here.join(a).symlink_metadata().is_ok());
+        if let Some(name) = named_here {
+            eprintln!(
+                "hatchery: note: {name} is in the current directory {}, which is not exposed in the sandbox (the command starts in /); add --ro-cwd to expose it read-only and start there",
+                here.display()
+            );
+        }
+    }
     let host = Host::detect();
     if let Some(m) = &host.cgroups {
         for stale in m.sweep_stale() {
@@ -514,6 +769,12 @@ fn run(args: RunArgs) -> Result<(sandbox::Outcome, sandbox::Enforcement), Sandbo
         for note in &allow.notes {
             eprintln!("hatchery: note: {note}");
         }
+    }
+    if args.allow_degraded && !with_report && !enforcement.not_enforced.is_empty() {
+        eprintln!(
+            "hatchery: warning: --allow-degraded: not enforced here: {} (--report FILE records what was)",
+            enforcement.not_enforced.join("; ")
+        );
     }
     // From here until `run` returns, a terminal on stdin is in raw mode (`plan.raw`).
     let mut plan = plan_stdio(args.max_output).map_err(|e| {
@@ -540,5 +801,125 @@ fn run(args: RunArgs) -> Result<(sandbox::Outcome, sandbox::Enforcement), Sandbo
     }
     // The caller's terminal is given back its modes before anything more is printed.
     drop(plan.raw.take());
-    result
+    let (outcome, enforcement) = result?;
+    let hint = match &outcome.failure {
+        Some(sandbox::Failure::Exec { errno }) if *errno == libc::ENOENT => {
+            command_hint(&spec, std::env::var_os("PATH").as_deref())
+        }
+        Some(sandbox::Failure::Setup { errno, step, .. })
+            if *errno == libc::ENOENT && step == "working directory" =>
+        {
+            cwd.filter(|c| c.exists()).map(|c| {
+                format!(
+                    "--cwd {} exists on the host but is not exposed in the sandbox: add --ro {} (or --rw)",
+                    c.display(),
+                    c.display()
+                )
+            })
+        }
+        _ => None,
+    };
+    Ok(Ran {
+        outcome,
+        enforcement,
+        hint,
+    })
+}
+
+/// Called with a command line clap refused: for `run` and `spawn`, a stray word before
+/// `--` is most likely the command (`hatchery run echo hi`), so a tip says where it goes;
+/// and `run --report FILE` still writes its report, with the refusal in `error`.
+pub fn on_usage_error(e: &mut clap::Error, raw: &[std::ffi::OsString]) {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let words: Vec<String> = raw
+        .iter()
+        .skip(1)
+        .map(|w| w.to_string_lossy().into_owned())
+        .collect();
+    // The subcommand: the first word that is neither a global flag nor its value.
+    let mut i = 0;
+    while let Some(w) = words.get(i) {
+        if w == "--log-format" {
+            i = i.saturating_add(2);
+        } else if w.starts_with('-') {
+            i = i.saturating_add(1);
+        } else {
+            break;
+        }
+    }
+    let Some(sub) = words.get(i).map(String::as_str) else {
+        return;
+    };
+    if sub != "run" && sub != "spawn" {
+        return;
+    }
+    let rest = words.get(i.saturating_add(1)..).unwrap_or_default();
+    let dashdash = rest.iter().position(|w| w == "--");
+    let (options, command) = match dashdash {
+        Some(at) => (
+            rest.get(..at).unwrap_or_default(),
+            rest.get(at.saturating_add(1)..).unwrap_or_default(),
+        ),
+        None => (rest, &[][..]),
+    };
+    if e.kind() == ErrorKind::UnknownArgument {
+        if let Some(ContextValue::String(stray)) = e.get(ContextKind::InvalidArg) {
+            if !stray.starts_with('-') && dashdash.is_none() {
+                let stray = stray.clone();
+                let at = options.iter().position(|w| *w == stray).unwrap_or(0);
+                let tail = options.get(at..).unwrap_or_default().join(" ");
+                e.insert(
+                    ContextKind::Suggested,
+                    ContextValue::StyledStrs(vec![
+                        format!("the command goes after `--`: hatchery {sub} [OPTIONS] -- {tail}")
+                            .into(),
+                    ]),
+                );
+            }
+        }
+    }
+    if sub != "run" || matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        return;
+    }
+    let value_of = |flag: &str| {
+        let mut found = None;
+        let inline = format!("{flag}=");
+        for (at, w) in options.iter().enumerate() {
+            if w == flag {
+                found = options.get(at.saturating_add(1)).cloned();
+            } else if let Some(v) = w.strip_prefix(&inline) {
+                found = Some(v.to_string());
+            }
+        }
+        found
+    };
+    let report = value_of("--report");
+    let profile = value_of("--profile").unwrap_or_else(|| "default".into());
+    let Some(path) = report else {
+        return;
+    };
+    let rendered = e.render().to_string();
+    let message = rendered
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim_start_matches("error: ")
+        .to_string();
+    let body = Report::refused(
+        message,
+        EXIT_USAGE,
+        command.to_vec(),
+        LimitsRequested {
+            memory_bytes: None,
+            cpus: None,
+            pids: None,
+            timeout_ms: None,
+            max_output_bytes: None,
+        },
+        &profile,
+    );
+    let written = OutputTarget::prepare(Path::new(&path)).and_then(|t| body.write(&t));
+    if let Err(err) = written {
+        eprintln!("hatchery: --report {path}: cannot write the report of this refusal: {err}");
+    }
 }

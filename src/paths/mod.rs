@@ -58,6 +58,51 @@ pub fn check_absolute_clean(path: &Path) -> Result<(), PathError> {
     Ok(())
 }
 
+/// Makes a path the user typed absolute: a relative one (`./workspace`, `workspace`, `.`)
+/// is taken from the current directory, as the kernel names it (`getcwd`: no symlinks, no
+/// `.` or `..`), once, here. A `..` anywhere is refused as in an absolute path (it would
+/// name something other than what is written), and so is a `.` inside an absolute path;
+/// a leading or interior `.` of a relative path only means "here". The result still has
+/// to pass [`check_host_path`] (or the caller's own checks), which resolves it without
+/// following any symlink.
+pub fn absolutize(path: &Path) -> Result<PathBuf, PathError> {
+    if path.is_absolute() {
+        check_absolute_clean(path)?;
+        return Ok(path.to_path_buf());
+    }
+    if path.as_os_str().is_empty() {
+        return Err(PathError::Other {
+            path: path.to_path_buf(),
+            reason: "empty path".into(),
+        });
+    }
+    let raw = path.as_os_str().as_encoded_bytes();
+    if raw.split(|b| *b == b'/').any(|seg| seg == b"..") {
+        return Err(PathError::DotComponent(path.to_path_buf()));
+    }
+    let here = nix::unistd::getcwd().map_err(|e| PathError::Other {
+        path: path.to_path_buf(),
+        reason: format!(
+            "a relative path needs the current directory, which cannot be read ({e}); give an absolute path"
+        ),
+    })?;
+    if !here.is_absolute() {
+        return Err(PathError::Other {
+            path: path.to_path_buf(),
+            reason: "the current directory is outside this process's root; give an absolute path"
+                .into(),
+        });
+    }
+    let mut out = here;
+    for c in path.components() {
+        if let Component::Normal(name) = c {
+            out.push(name);
+        }
+    }
+    check_absolute_clean(&out)?;
+    Ok(out)
+}
+
 /// A host path checked for exposure, resolved once to a descriptor: what the sandbox
 /// mounts is the object behind [`HostPath::fd`], never the path looked up again (a path
 /// is only a name, and a sandbox that can write one of its directories can swap a

@@ -50,7 +50,8 @@ const MAX_ARGV_BYTES: usize = 1 << 20;
 /// Checks a hostname the way sethostname(2) and resolvers will read it: 1 to 64 bytes of
 /// letters, digits, `-` and `.`, starting with a letter or digit. (A longer one failed
 /// inside the sandbox, after the clone; a space or newline would reach every program that
-/// prints it.)
+/// prints it.) Worker ids, which become hostnames, pass it; a hostname a person types is
+/// held to [`check_rfc1123_hostname`].
 pub fn check_hostname(name: &str) -> Result<(), SandboxError> {
     let ok = !name.is_empty()
         && name.len() <= 64
@@ -64,24 +65,77 @@ pub fn check_hostname(name: &str) -> Result<(), SandboxError> {
     if ok {
         Ok(())
     } else {
-        Err(SandboxError::Invalid(HOSTNAME_RULE.into()))
+        Err(SandboxError::Invalid(format!("{name:?}: {HOSTNAME_RULE}")))
     }
 }
 
-const HOSTNAME_RULE: &str =
-    "a hostname is 1 to 64 letters, digits, '-' or '.', starting with a letter or digit";
+/// [`check_hostname`], and RFC 1123 besides: dot-separated labels of 1 to 63 letters,
+/// digits and `-`, each starting and ending with a letter or digit.
+pub fn check_rfc1123_hostname(name: &str) -> Result<(), SandboxError> {
+    let label_ok = |label: &str| {
+        let b = label.as_bytes();
+        b.len() <= 63
+            && b.first().is_some_and(u8::is_ascii_alphanumeric)
+            && b.last().is_some_and(u8::is_ascii_alphanumeric)
+            && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-')
+    };
+    check_hostname(name)?;
+    if name.split('.').all(label_ok) {
+        Ok(())
+    } else {
+        Err(SandboxError::Invalid(format!("{name:?}: {HOSTNAME_RULE}")))
+    }
+}
+
+const HOSTNAME_RULE: &str = "a hostname (RFC 1123) is 1 to 64 characters: labels of letters, digits and '-' separated by '.', each starting and ending with a letter or digit";
 
 /// Validates an environment assignment `KEY=VALUE`.
 pub fn parse_env(assignment: &str) -> Result<(String, String), SandboxError> {
     let (k, v) = assignment.split_once('=').ok_or_else(|| {
-        SandboxError::Invalid(format!("--env {assignment:?}: expected KEY=VALUE"))
+        SandboxError::Invalid(format!("--env {assignment:?}: expected KEY=VALUE or KEY"))
     })?;
-    if k.is_empty() || k.bytes().any(|b| b == 0 || b.is_ascii_whitespace()) || v.contains('\0') {
+    check_env_key(assignment, k)?;
+    if v.contains('\0') {
         return Err(SandboxError::Invalid(format!(
-            "--env {assignment:?}: invalid variable name or value"
+            "--env {assignment:?}: a value cannot contain a NUL byte"
         )));
     }
     Ok((k.to_string(), v.to_string()))
+}
+
+fn check_env_key(arg: &str, k: &str) -> Result<(), SandboxError> {
+    if k.is_empty()
+        || k.bytes()
+            .any(|b| b == 0 || b == b'=' || b.is_ascii_whitespace())
+    {
+        return Err(SandboxError::Invalid(format!(
+            "--env {arg:?}: invalid variable name (expected KEY=VALUE or KEY, without spaces)"
+        )));
+    }
+    Ok(())
+}
+
+/// An `--env` argument as docker reads it: `KEY=VALUE`, or a bare `KEY` for the value
+/// `lookup` finds (the caller's own environment); `Ok(None)` when it finds none.
+pub fn parse_env_arg(
+    arg: &str,
+    lookup: impl FnOnce(&str) -> Option<std::ffi::OsString>,
+) -> Result<Option<(String, String)>, SandboxError> {
+    if arg.contains('=') {
+        return parse_env(arg).map(Some);
+    }
+    check_env_key(arg, arg)?;
+    match lookup(arg) {
+        None => Ok(None),
+        Some(v) => {
+            let v = v.into_string().map_err(|_| {
+                SandboxError::Invalid(format!(
+                    "--env {arg}: its value here is not UTF-8; pass it as {arg}=VALUE"
+                ))
+            })?;
+            Ok(Some((arg.to_string(), v)))
+        }
+    }
 }
 
 /// Builds the spec. `caller_cwd` is where the caller stands on the host (the default working
@@ -610,11 +664,31 @@ mod tests {
 
     #[test]
     fn hostnames_the_kernel_or_a_terminal_would_choke_on_are_refused() {
-        for good in ["hatchery", "w-0a1b", "a.b-c", &"x".repeat(64)] {
-            assert!(check_hostname(good).is_ok(), "{good}");
+        let longest = format!("{}.{}", "x".repeat(62), "y");
+        for good in [
+            "hatchery",
+            "w-0a1b",
+            "a.b-c",
+            "1x",
+            &"x".repeat(63),
+            &longest,
+        ] {
+            assert!(check_rfc1123_hostname(good).is_ok(), "{good}");
         }
-        for bad in ["", "a b", "a\nb", "-x", ".x", &"x".repeat(65), "é"] {
-            assert!(check_hostname(bad).is_err(), "{bad:?}");
+        for bad in [
+            "",
+            "a b",
+            "a\nb",
+            "-x",
+            ".x",
+            "x-",
+            "a..b",
+            "a.",
+            &"x".repeat(64),
+            &format!("{longest}y"),
+            "é",
+        ] {
+            assert!(check_rfc1123_hostname(bad).is_err(), "{bad:?}");
         }
     }
 
@@ -663,5 +737,13 @@ mod tests {
         for bad in ["A", "=1", "A B=1"] {
             assert!(parse_env(bad).is_err(), "{bad}");
         }
+        let caller = |k: &str| (k == "SET").then(|| std::ffi::OsString::from("v"));
+        assert_eq!(
+            parse_env_arg("SET", caller).ok().flatten(),
+            Some(("SET".into(), "v".into()))
+        );
+        assert_eq!(parse_env_arg("UNSET", caller).ok(), Some(None));
+        assert!(parse_env_arg("A B", caller).is_err());
+        assert!(parse_env_arg("=x", caller).is_err());
     }
 }
