@@ -646,7 +646,8 @@ fn a_profile_allowlist_is_enforced_and_the_command_line_only_narrows_it() {
         "--".into(),
         "/usr/bin/id".into(),
     ]);
-    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    // Bad input, found before anything starts (the exit-status rule).
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(
         stderr(&out).contains("not in the profile's executable allowlist"),
         "{}",
@@ -723,7 +724,7 @@ fn allowlisted_paths_are_checked_on_the_host() {
             "print('ran')".into(),
         ]);
         let out = run(&args);
-        assert_eq!(code(&out), 125, "{files:?}: {}", stderr(&out));
+        assert_eq!(code(&out), 2, "{files:?}: {}", stderr(&out));
         assert!(
             stderr(&out).contains(needle),
             "{files:?}: the error does not say {needle:?}: {}",

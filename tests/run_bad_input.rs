@@ -1,5 +1,6 @@
-//! Bad input to `hatchery run`: a clear one-line error, exit 125 (or clap's 2 for usage
-//! errors), nothing started, nothing left behind.
+//! Bad input to `hatchery run`: a clear one-line error, exit 2 (clap's usage errors and
+//! hatchery's own checks alike; 125 is for a sandbox the host cannot set up), nothing
+//! started, nothing left behind.
 
 mod common;
 
@@ -55,7 +56,7 @@ fn unknown_flags_and_missing_commands_are_usage_errors() {
 
 #[test]
 fn an_empty_command_is_refused() {
-    assert_refused_with(&["run", "--", ""], 125, "no command");
+    assert_refused_with(&["run", "--", ""], 2, "no command");
 }
 
 #[test]
@@ -76,7 +77,7 @@ fn exposed_paths_must_be_absolute_clean_existing_and_not_symlinks() {
         ("--rw", "/".to_string(), "root"),
         ("--ro", "/proc/1".to_string(), "/proc"),
     ] {
-        assert_refused_with(&["run", flag, &path, "--", "echo", "ran"], 125, needle);
+        assert_refused_with(&["run", flag, &path, "--", "echo", "ran"], 2, needle);
     }
 }
 
@@ -84,17 +85,17 @@ fn exposed_paths_must_be_absolute_clean_existing_and_not_symlinks() {
 fn bad_profiles_env_and_cwd_are_refused() {
     assert_refused_with(
         &["run", "--profile", "no-such-profile", "--", "echo", "ran"],
-        125,
+        2,
         "no-such-profile",
     );
     assert_refused_with(
         &["run", "--env", "NOEQUALS", "--", "echo", "ran"],
-        125,
+        2,
         "KEY=VALUE",
     );
     assert_refused_with(
         &["run", "--cwd", "relative", "--", "echo", "ran"],
-        125,
+        2,
         "absolute",
     );
     assert_refused_with(&["run", "--host-uid", "0", "--", "echo", "ran"], 2, "root");

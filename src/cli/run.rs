@@ -374,8 +374,8 @@ pub fn main(args: RunArgs) -> i32 {
     {
         Ok(t) => t,
         Err(e) => {
-            eprintln!(
-                "hatchery: --report {}: {e}; nothing was run",
+            error_line!(
+                "--report {}: {e}; nothing was run",
                 args.report.as_deref().unwrap_or(Path::new("")).display()
             );
             return EXIT_SETUP;
@@ -393,17 +393,17 @@ pub fn main(args: RunArgs) -> i32 {
                         } else {
                             ""
                         };
-                        eprintln!(
-                            "hatchery: cannot execute {}: {f}{hint}",
+                        error_line!(
+                            "cannot execute {}: {f}{hint}",
                             command.first().map(String::as_str).unwrap_or("")
                         );
                     }
-                    sandbox::Failure::Setup { .. } => eprintln!("hatchery: {f}"),
+                    sandbox::Failure::Setup { .. } => error_line!("{f}"),
                 }
             } else if outcome.timed_out {
-                eprintln!("hatchery: timed out; the sandbox was killed");
+                error_line!("timed out; the sandbox was killed");
             } else if outcome.oom_killed {
-                eprintln!("hatchery: out of memory; the sandbox was killed by the OOM killer");
+                error_line!("out of memory; the sandbox was killed by the OOM killer");
             }
             if let Some(o) = outcome.output.filter(|o| o.truncated) {
                 let how = if o.pty {
@@ -411,31 +411,31 @@ pub fn main(args: RunArgs) -> i32 {
                 } else {
                     "later writes failed with EPIPE"
                 };
-                eprintln!(
-                    "hatchery: output cut at {} bytes (--max-output); {how}",
+                error_line!(
+                    "output cut at {} bytes (--max-output); {how}",
                     o.cap.unwrap_or(o.bytes)
                 );
             }
             if let Some(err) = &outcome.cleanup_error {
-                eprintln!("hatchery: warning: cleanup incomplete: {err}");
+                error_line!("warning: cleanup incomplete: {err}");
             }
             let code = outcome.exit_code;
             (code, Report::new(&outcome, enforcement, command, requested))
         }
         Err(e) => {
-            eprintln!("hatchery: {e}");
-            (
-                EXIT_SETUP,
-                Report::refused(e.to_string(), command, requested, &profile_name),
-            )
+            super::logging::error_line(&e.to_string());
+            let code = super::sandbox_exit_code(&e);
+            let mut report = Report::refused(e.to_string(), command, requested, &profile_name);
+            report.exit_code = code;
+            (code, report)
         }
     };
     if let Some(target) = report {
         if let Err(e) = report_body.write(&target) {
             // Never leave the caller believing a report exists (or that a file someone
             // else put there is hatchery's).
-            eprintln!(
-                "hatchery: cannot write the report {}: {e} (the command's exit status was {code})",
+            error_line!(
+                "cannot write the report {}: {e} (the command's exit status was {code})",
                 target.describe()
             );
             return EXIT_SETUP;
@@ -463,6 +463,7 @@ fn allowed_executables(paths: &[PathBuf]) -> Result<Vec<PathBuf>, SandboxError> 
 }
 
 fn run(args: RunArgs) -> Result<(sandbox::Outcome, sandbox::Enforcement), SandboxError> {
+    tracing::debug!(profile = %args.profile, "loading the profile");
     let mut profile =
         Profile::resolve(&args.profile).map_err(|e| SandboxError::Invalid(e.to_string()))?;
     profile
@@ -494,6 +495,7 @@ fn run(args: RunArgs) -> Result<(sandbox::Outcome, sandbox::Enforcement), Sandbo
         .default_limits()
         .map_err(|e| SandboxError::Invalid(e.to_string()))?
         .timeout);
+    tracing::debug!("building the sandbox's specification");
     let caller_cwd = std::env::current_dir().ok();
     let mut spec = spec::build(
         request,
@@ -504,18 +506,27 @@ fn run(args: RunArgs) -> Result<(sandbox::Outcome, sandbox::Enforcement), Sandbo
             .map(Path::new),
     )?;
     let host = Host::detect();
+    tracing::debug!(
+        cgroups = host.cgroups.is_some(),
+        cgroup_problem = host.cgroup_problem.as_deref().unwrap_or(""),
+        landlock_abi = host.landlock_abi,
+        seccomp = host.seccomp,
+        "detected what this host can enforce"
+    );
     if let Some(m) = &host.cgroups {
         for stale in m.sweep_stale() {
             tracing::info!(path = %stale.display(), "removed a cgroup left by a hatchery process that no longer exists");
         }
     }
+    tracing::debug!("checking that every requested limit and protection can be enforced");
     let mut enforcement = sandbox::preflight(&spec, &host)?;
     if let Some(allow) = &enforcement.exec_allowlist {
         for note in &allow.notes {
-            eprintln!("hatchery: note: {note}");
+            error_line!("note: {note}");
         }
     }
     // From here until `run` returns, a terminal on stdin is in raw mode (`plan.raw`).
+    tracing::debug!("planning stdin, stdout and stderr");
     let mut plan = plan_stdio(args.max_output).map_err(|e| {
         SandboxError::Internal(format!(
             "cannot set up the relay of stdin, stdout and stderr: {e}"
@@ -526,6 +537,10 @@ fn run(args: RunArgs) -> Result<(sandbox::Outcome, sandbox::Enforcement), Sandbo
     enforcement.stdio = Some(plan.report.clone());
     let signals = forwarded_signals();
     let result = sandbox::start(&spec, enforcement, host.cgroups.as_deref()).map(|sb| {
+        tracing::debug!(
+            pid = sb.pid(),
+            "the sandbox is running; waiting for it to end"
+        );
         // Only the sandbox may hold the pipes' write ends and the pty's replica, or they
         // never reach end-of-file.
         spec.stdio = None;
