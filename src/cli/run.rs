@@ -24,7 +24,8 @@ pub const EXIT_SETUP: i32 = 125;
 
 const RUN_EXAMPLES: &str = "\
 Exit status: the command's own; 128+N if killed by signal N; 137 OOM kill; 124 timeout;
-125 the sandbox could not be set up; 126 not executable; 127 not found.
+125 the sandbox could not be set up; 126 not executable; 127 not found; 2 bad usage or
+input (found before anything starts).
 
 Examples:
   hatchery run -- sh -c 'id; hostname; ls /'

@@ -261,6 +261,11 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
             session: session.clone(),
         },
     )?;
+    // The trail now names this key: a key is removed after a failed start only with the
+    // state directory (and trail) made with it, never from under a trail that stays.
+    if created.state_dir.is_none() {
+        created.key = None;
+    }
 
     if let Some(parent) = paths.socket.parent() {
         std::fs::create_dir_all(parent).map_err(io_err(parent))?;
