@@ -62,7 +62,10 @@ fn quiet_on_closed_stdout() {
             .unwrap_or("");
         // std's text for a failed `print!`: "failed printing to stdout: Broken pipe (os error 32)".
         let epipe = format!("(os error {})", libc::EPIPE);
-        if message.starts_with("failed printing to stdout") && message.contains(&epipe) {
+        if message.starts_with("failed printing to stdout")
+            && message.contains(&epipe)
+            && cli::stdout_reader_gone()
+        {
             std::process::exit(cli::exit::OK);
         }
         previous(info);

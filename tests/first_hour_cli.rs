@@ -98,6 +98,35 @@ fn ps_json_into_a_closed_pipe_ends_quietly_and_the_controller_lives_on() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
 }
 
+#[test]
+fn a_controller_that_hangs_up_is_an_error_not_a_quiet_exit() {
+    // Only a closed stdout ends quietly: a broken pipe to the controller is reported.
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let socket = dir.path().join("c.sock");
+    let listener =
+        std::os::unix::net::UnixListener::bind(&socket).unwrap_or_else(|e| panic!("{e}"));
+    let rude = std::thread::spawn(move || {
+        for _ in 0..3 {
+            match listener.accept() {
+                Ok((conn, _)) => drop(conn),
+                Err(_) => return,
+            }
+        }
+    });
+    for args in [
+        ["ps", "--json"],
+        ["kill-switch", "--release"],
+        ["ps", "--all"],
+    ] {
+        let mut cmd = Command::new(hatchery());
+        cmd.arg(args[0]).arg("--socket").arg(&socket).arg(args[1]);
+        let out = run_with_timeout(&mut cmd, LIMIT);
+        assert_eq!(code(&out), 1, "{args:?}: {}", stderr(&out));
+        assert!(!stderr(&out).is_empty(), "{args:?}: said nothing");
+    }
+    let _ = rude.join();
+}
+
 // ---- 18: one exit-code rule ----------------------------------------------------------
 
 fn assert_usage_error(out: &Output, what: &str, needle: &str) {

@@ -51,6 +51,11 @@ pub fn init(format: LogFormat, verbose: u8) {
     };
 }
 
+/// Whether `--log-format json` is in force.
+pub fn is_json() -> bool {
+    JSON.load(Ordering::Relaxed)
+}
+
 /// Prints the line that ends a command with an error (without the `hatchery: ` prefix):
 /// plain text, or a JSON log object with `--log-format json`.
 /// A message that begins `warning: ` or `note: ` is logged at that level instead.

@@ -80,12 +80,30 @@ pub fn sandbox_exit_code(e: &hatchery::sandbox::SandboxError) -> i32 {
     }
 }
 
-/// Whether the error is a write to a stdout whose reader has gone (`| head -1`).
+/// Whether the error is a write to a stdout whose reader has gone (`| head -1`): a
+/// broken pipe, and stdout is the one broken (a controller that hung up on a client is
+/// an error to report, not a reason to end quietly).
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         c.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    }) && stdout_reader_gone()
+}
+
+/// Whether stdout is a pipe or socket nobody reads any more (poll(2) reports an error or
+/// a hang-up on it).
+pub fn stdout_reader_gone() -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let stdout = std::io::stdout();
+    let mut fds = [PollFd::new(stdout.as_fd(), PollFlags::POLLOUT)];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(_) => fds
+            .first()
+            .and_then(PollFd::revents)
+            .is_some_and(|r| r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP)),
+        Err(_) => false,
+    }
 }
 
 /// Ends a command on an error with the given status (a command with its own rule for
