@@ -226,7 +226,10 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         paths::check_fallback_base(p, true).map_err(ControllerError::Setup)?;
     }
     tracing::debug!(state_dir = %paths.state_dir.display(), "opening the state directory");
-    let state = private_dir(&paths.state_dir)?;
+    let state = private_dir(&paths.state_dir).inspect_err(|_| {
+        // Not proven this user's: nothing there is removed.
+        created.state_dir = None;
+    })?;
     let workers = state
         .subdir("workers", 0o700)
         .map_err(io_err(&paths.state_dir))?;
