@@ -265,32 +265,27 @@ fn the_fallback_directory_is_made_private_to_its_user() {
     let base = std::path::PathBuf::from(format!("/tmp/hatchery-{uid}"));
     let _ = std::fs::remove_dir_all(&base);
     let _guard = RemoveDir(base.clone());
-    // A contract that does not parse: the start fails after the base is made, before
-    // anything in it is.
-    let bad = tempfile::NamedTempFile::new().unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(bad.path(), "nonsense = [").unwrap_or_else(|e| panic!("{e}"));
-    std::fs::set_permissions(bad.path(), std::fs::Permissions::from_mode(0o644))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let contract = bad.path().to_string_lossy().to_string();
-    let out = as_homeless(uid, &["controller", "--contract", &contract]);
-    assert_eq!(code(&out), 2, "{}", stderr(&out));
-    assert!(
-        !base.join("state").exists(),
-        "a failed start leaves no state directory"
-    );
-    // `controller --help`-free check of the lookup: the default state directory is in
-    // the base, which `ps` may look at without creating.
+    // Absent, it is not refused (a client only looks), and not made by a client.
     let out = as_homeless(uid, &["ps"]);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
     assert!(
         !stderr(&out).contains("belongs to"),
-        "an absent base is not refused: {}",
+        "an absent base is refused: {}",
         stderr(&out)
     );
-    if let Ok(meta) = std::fs::symlink_metadata(&base) {
-        assert_eq!(meta.uid(), uid);
-        assert_eq!(meta.mode() & 0o077, 0, "mode {:o}", meta.mode());
-    }
+    assert!(!base.exists(), "a client made the base");
+    // A controller makes it (0700, the user's), then fails at a socket it cannot make:
+    // what it made inside is removed, the private base stays for the next start.
+    let out = as_homeless(uid, &["controller", "--socket", "/proc/no-such/c.sock"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let meta = std::fs::symlink_metadata(&base).unwrap_or_else(|e| panic!("no base: {e}"));
+    assert!(meta.is_dir());
+    assert_eq!(meta.uid(), uid);
+    assert_eq!(meta.mode() & 0o777, 0o700, "mode {:o}", meta.mode());
+    assert!(
+        !base.join("state").exists(),
+        "a failed start left its state directory"
+    );
 }
 
 // ---- 19: a controller that fails to start creates nothing ----------------------------
