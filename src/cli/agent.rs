@@ -138,9 +138,13 @@ fn run(command: AgentCommand) -> anyhow::Result<i32> {
 pub fn main(args: AgentArgs) -> i32 {
     match run(args.command) {
         Ok(code) => code,
+        Err(e) if super::logging::is_json() => {
+            error_line!("agent: {e:#}");
+            super::exit::FAILURE
+        }
         Err(e) => {
             eprintln!("hatchery agent: {e:#}");
-            1
+            super::exit::FAILURE
         }
     }
 }

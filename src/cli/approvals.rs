@@ -134,7 +134,7 @@ pub fn approvals_main(args: ApprovalsArgs) -> i32 {
         let pending = match fetch(&args.socket) {
             Ok(p) => p,
             Err(e) => {
-                eprintln!("hatchery: {e:#}");
+                error_line!("{e:#}");
                 return 1;
             }
         };
@@ -189,19 +189,19 @@ fn decided(resp: anyhow::Result<ApiResponse>, json: bool) -> i32 {
             0
         }
         Ok(ApiResponse::Denied { event, reason }) => {
-            eprintln!("hatchery: approved, but the contract refuses it now ({event}): {reason}");
+            error_line!("approved, but the contract refuses it now ({event}): {reason}");
             3
         }
         Ok(ApiResponse::Error { message }) => {
-            eprintln!("hatchery: {message}");
+            error_line!("{message}");
             1
         }
         Ok(other) => {
-            eprintln!("hatchery: unexpected answer: {other:?}");
+            error_line!("unexpected answer: {other:?}");
             1
         }
         Err(e) => {
-            eprintln!("hatchery: {e:#}");
+            error_line!("{e:#}");
             1
         }
     }

@@ -276,8 +276,8 @@ fn verify(a: &VerifyArgs) -> i32 {
             }
         }
         Err(Failure::Audit(e)) if code == 1 => println!("{e}"),
-        Err(Failure::Audit(e)) => eprintln!("hatchery: {e}"),
-        Err(Failure::Key(e)) => eprintln!("hatchery: {e:#}"),
+        Err(Failure::Audit(e)) => error_line!("{e}"),
+        Err(Failure::Key(e)) => error_line!("{e:#}"),
     }
     code
 }
@@ -289,7 +289,7 @@ fn tail(a: &TailArgs) -> i32 {
         let entries = match audit::read_entries(&d) {
             Ok(e) => e,
             Err(e) => {
-                eprintln!("hatchery: {e}");
+                error_line!("{e}");
                 return 2;
             }
         };

@@ -57,8 +57,8 @@ pub(super) fn out_json(value: &impl serde::Serialize) {
 
 #[derive(Args, Debug, Clone)]
 pub struct SocketArg {
-    /// The controller's API socket (default: /run/hatchery/controller.sock for root,
-    /// $XDG_RUNTIME_DIR/hatchery/controller.sock otherwise)
+    /// The controller's API socket (default: /run/hatchery/controller.sock for root;
+    /// otherwise $XDG_RUNTIME_DIR/hatchery/controller.sock, else in the state directory)
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
 }
@@ -71,7 +71,11 @@ impl SocketArg {
     }
 
     pub fn call(&self, request: &ApiRequest) -> anyhow::Result<ApiResponse> {
-        let mut client = ApiClient::connect(&self.path())?;
+        let path = self.path();
+        // A socket in the /tmp fallback is only trusted in a directory of the caller's: a
+        // stranger's directory could hold a stranger's controller.
+        controller::paths::check_fallback_base(&path, false).map_err(anyhow::Error::msg)?;
+        let mut client = ApiClient::connect(&path)?;
         Ok(client.call(request, CALL_TIMEOUT)?)
     }
 }
@@ -96,8 +100,9 @@ Examples:
 pub struct ControllerArgs {
     #[command(flatten)]
     pub socket: SocketArg,
-    /// Audit trail, worker logs, lock and key (default /var/lib/hatchery for root,
-    /// $XDG_STATE_HOME/hatchery otherwise)
+    /// Audit trail, worker logs, lock and key (default /var/lib/hatchery for root;
+    /// otherwise $XDG_STATE_HOME/hatchery, else ~/.local/state/hatchery, else
+    /// /tmp/hatchery-UID/state, used only if /tmp/hatchery-UID is the caller's alone)
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Replication contract (TOML; built-in defaults without it)
@@ -115,8 +120,8 @@ pub struct ControllerArgs {
     /// Heartbeat interval suggested to workers
     #[arg(long, value_name = "DUR", default_value = "5s", value_parser = units::parse_duration)]
     pub heartbeat_interval: Duration,
-    /// Let members of this group (numeric gid) use the API socket
-    #[arg(long, value_name = "GID")]
+    /// Let members of this group (a name or a number) use the API socket
+    #[arg(long, value_name = "GROUP", value_parser = parse_group)]
     pub socket_group: Option<u32>,
     /// Start workers even where their limits cannot be enforced here (reported per worker)
     #[arg(long)]
@@ -140,6 +145,20 @@ pub struct ControllerArgs {
     pub worker_output_total: u64,
 }
 
+/// A group by name (`/etc/group`, NSS) or by number.
+fn parse_group(s: &str) -> Result<u32, String> {
+    if let Ok(gid) = s.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(s) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        Ok(None) => Err(format!(
+            "no group named {s:?} on this host (`getent group` lists them; a number is taken as a gid)"
+        )),
+        Err(e) => Err(format!("cannot look up the group {s:?}: {e}")),
+    }
+}
+
 pub fn controller_main(args: ControllerArgs) -> i32 {
     let paths = ControllerPaths::resolve(args.socket.socket, args.state_dir, args.key);
     let opts = ControllerOptions {
@@ -159,8 +178,13 @@ pub fn controller_main(args: ControllerArgs) -> i32 {
     match controller::run(opts) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("hatchery: controller: {e}");
-            1
+            super::logging::error_line(&format!("controller: {e}"));
+            match e {
+                // A contract that does not parse is bad input, like any file named on the
+                // command line.
+                controller::ControllerError::Contract(_) => super::exit::USAGE,
+                _ => super::exit::FAILURE,
+            }
         }
     }
 }
@@ -206,23 +230,22 @@ pub struct SpawnArgs {
 fn report(resp: ApiResponse) -> i32 {
     match resp {
         ApiResponse::Denied { event, reason } => {
-            eprintln!("hatchery: denied ({event}): {reason}");
-            3
+            super::logging::error_line(&format!("denied ({event}): {reason}"));
+            super::exit::DENIED
         }
         ApiResponse::Error { message } => {
-            eprintln!("hatchery: {message}");
-            1
+            super::logging::error_line(&message);
+            super::exit::FAILURE
         }
         other => {
-            eprintln!("hatchery: unexpected answer: {other:?}");
-            1
+            super::logging::error_line(&format!("unexpected answer: {other:?}"));
+            super::exit::FAILURE
         }
     }
 }
 
 fn fail(e: anyhow::Error) -> i32 {
-    eprintln!("hatchery: {e:#}");
-    1
+    super::fail(&e)
 }
 
 /// One worker, as the controller knows it now.
@@ -252,11 +275,9 @@ fn exit_status(e: &ExitInfo) -> i32 {
 pub fn spawn_main(args: SpawnArgs) -> i32 {
     let request = match args.job.request() {
         Ok(r) => r,
-        Err(e) => {
-            // Bad input, found before the controller is asked anything: as clap's.
-            eprintln!("hatchery: {e:#}");
-            return 2;
-        }
+        // What the command line asks for is checked here, before the controller is asked:
+        // a mistake in it is bad input (2), as in `run`.
+        Err(e) => return fail(super::BadInput(format!("{e:#}")).into()),
     };
     let (worker_id, depth) = match args.socket.call(&ApiRequest::Spawn {
         parent: args.parent,

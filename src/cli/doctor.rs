@@ -241,7 +241,7 @@ pub fn main(args: DoctorArgs) -> i32 {
         match serde_json::to_string_pretty(&d) {
             Ok(s) => s + "\n",
             Err(e) => {
-                eprintln!("hatchery: {e}");
+                error_line!("{e}");
                 return 1;
             }
         }

@@ -1,5 +1,12 @@
 //! Structured logging with tracing: human-readable by default, JSON on request, always on
 //! stderr so that a sandboxed command's stdout stays its own.
+//!
+//! The line that ends a command with an error goes the same way: `hatchery: MESSAGE` for
+//! people, one JSON object (`level` "ERROR", `fields.message`) with `--log-format json`,
+//! so that a script reading stderr as JSON lines never meets a line it cannot parse.
+
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing_subscriber::EnvFilter;
 
@@ -9,6 +16,12 @@ pub enum LogFormat {
     Json,
 }
 
+/// Set once `--log-format json` is in force.
+static JSON: AtomicBool = AtomicBool::new(false);
+
+/// The target of error lines in JSON: always let through, whatever `HATCHERY_LOG` says.
+const LINE_TARGET: &str = "hatchery_line";
+
 pub fn init(format: LogFormat, verbose: u8) {
     let default = match verbose {
         0 => "warn",
@@ -17,12 +30,60 @@ pub fn init(format: LogFormat, verbose: u8) {
     };
     let filter =
         EnvFilter::try_from_env("HATCHERY_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let filter = match format!("{LINE_TARGET}=info").parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
+    // Colour only for a person at a terminal (and not where NO_COLOR asks otherwise): a log
+    // file or a pipe gets plain text.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .with_target(false);
     let _ = match format {
         LogFormat::Human => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Json => {
+            JSON.store(true, Ordering::Relaxed);
+            builder.json().try_init()
+        }
     };
+}
+
+/// Whether `--log-format json` is in force.
+pub fn is_json() -> bool {
+    JSON.load(Ordering::Relaxed)
+}
+
+/// Prints the line that ends a command with an error (without the `hatchery: ` prefix):
+/// plain text, or a JSON log object with `--log-format json`.
+/// A message that begins `warning: ` or `note: ` is logged at that level instead.
+pub fn error_line(message: &str) {
+    if !JSON.load(Ordering::Relaxed) {
+        eprintln!("hatchery: {message}");
+        return;
+    }
+    if let Some(m) = message.strip_prefix("warning: ") {
+        tracing::warn!(target: LINE_TARGET, "{m}");
+    } else if let Some(m) = message.strip_prefix("note: ") {
+        tracing::info!(target: LINE_TARGET, "{m}");
+    } else {
+        tracing::error!(target: LINE_TARGET, "{message}");
+    }
+}
+
+/// Whether the raw arguments ask for JSON logs (for errors found before they are parsed).
+pub fn json_requested(args: &[std::ffi::OsString]) -> bool {
+    let mut previous_was_flag = false;
+    for a in args {
+        if a == "--" {
+            break;
+        }
+        if a == "--log-format=json" || (previous_was_flag && a == "json") {
+            return true;
+        }
+        previous_was_flag = a == "--log-format";
+    }
+    false
 }

@@ -154,10 +154,7 @@ pub fn main(args: ManifestArgs) -> i32 {
     };
     match result {
         Ok(()) => 0,
-        Err(e) => {
-            eprintln!("hatchery: {e:#}");
-            EXIT_ERROR
-        }
+        Err(e) => super::fail_with(&e, EXIT_ERROR),
     }
 }
 
@@ -231,14 +228,14 @@ fn verify(args: VerifyArgs) -> i32 {
     let keyring = match Keyring::load(&args.key) {
         Ok(k) => k,
         Err(e) => {
-            eprintln!("hatchery: {e}");
+            error_line!("{e}");
             return EXIT_ERROR;
         }
     };
     let bytes = match read_manifest(&args.file) {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("hatchery: cannot read {}: {e}", args.file.display());
+            error_line!("cannot read {}: {e}", args.file.display());
             return EXIT_ERROR;
         }
     };

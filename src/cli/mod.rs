@@ -1,6 +1,14 @@
 //! Command-line edge: one module per subcommand. Errors become one clear line on stderr
 //! and an exit status; nothing below this layer prints.
 
+/// `error_line!("...")`: one `hatchery: ...` line on stderr, or a JSON log object with
+/// `--log-format json` (see [`logging::error_line`]).
+macro_rules! error_line {
+    ($($arg:tt)*) => {
+        $crate::cli::logging::error_line(&format!($($arg)*))
+    };
+}
+
 pub mod agent;
 pub mod approvals;
 pub mod audit;
@@ -14,9 +22,117 @@ pub mod run;
 
 use clap::{Parser, Subcommand};
 
+/// Exit statuses, one rule for every command (the README's "Exit status" table).
+pub mod exit {
+    /// Done; or stdout was closed by its reader (`hatchery ps | head -1`).
+    pub const OK: i32 = 0;
+    /// Anything else that went wrong (the controller cannot be reached, I/O, ...).
+    pub const FAILURE: i32 = 1;
+    /// The command line cannot be used as given, found before anything starts: clap's own
+    /// code for unknown flags and malformed values, and hatchery's for what it checks
+    /// itself (`--env`, paths to expose, profiles, contracts, manifests, keys).
+    pub const USAGE: i32 = 2;
+    /// Denied by the replication contract (or a person, for an approval).
+    pub const DENIED: i32 = 3;
+    /// The sandbox (or a worker's) cannot be set up, or the kernel cannot enforce what was
+    /// asked (fail closed, unless `--allow-degraded`).
+    pub const SETUP: i32 = 125;
+}
+
+/// Input on the command line that hatchery cannot accept, found before anything started:
+/// exit status 2, the same as clap's own usage errors.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);
+
+/// Something that was asked for cannot be set up here: exit status 125.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SetupFailed(pub String);
+
+/// The exit status for an error that ends a command: 2 for bad input, 125 for a setup
+/// that cannot be made, 1 otherwise.
+pub fn exit_code(e: &anyhow::Error) -> i32 {
+    for cause in e.chain() {
+        if cause.is::<BadInput>() {
+            return exit::USAGE;
+        }
+        if cause.is::<SetupFailed>() {
+            return exit::SETUP;
+        }
+        if let Some(sandbox) = cause.downcast_ref::<hatchery::sandbox::SandboxError>() {
+            return sandbox_exit_code(sandbox);
+        }
+        if cause.is::<hatchery::profile::ProfileError>()
+            || cause.is::<hatchery::contract::ContractError>()
+        {
+            return exit::USAGE;
+        }
+    }
+    exit::FAILURE
+}
+
+/// `Invalid` is what the command line asked for (2); the rest is the host (125).
+pub fn sandbox_exit_code(e: &hatchery::sandbox::SandboxError) -> i32 {
+    match e {
+        hatchery::sandbox::SandboxError::Invalid(_) => exit::USAGE,
+        _ => exit::SETUP,
+    }
+}
+
+/// Whether the error is a write to a stdout whose reader has gone (`| head -1`): a
+/// broken pipe, and stdout is the one broken (a controller that hung up on a client is
+/// an error to report, not a reason to end quietly).
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    }) && stdout_reader_gone()
+}
+
+/// Whether stdout is a pipe or socket nobody reads any more (poll(2) reports an error or
+/// a hang-up on it).
+pub fn stdout_reader_gone() -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let stdout = std::io::stdout();
+    let mut fds = [PollFd::new(stdout.as_fd(), PollFlags::POLLOUT)];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(_) => fds
+            .first()
+            .and_then(PollFd::revents)
+            .is_some_and(|r| r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP)),
+        Err(_) => false,
+    }
+}
+
+/// Ends a command on an error with the given status (a command with its own rule for
+/// what its errors mean), quietly with 0 when stdout was closed.
+pub fn fail_with(e: &anyhow::Error, code: i32) -> i32 {
+    if is_broken_pipe(e) {
+        return exit::OK;
+    }
+    logging::error_line(&format!("{e:#}"));
+    code
+}
+
+/// Ends a command on an error: one line on stderr and its exit status (see [`exit_code`]);
+/// a closed stdout ends quietly with 0, as in every Unix tool.
+pub fn fail(e: &anyhow::Error) -> i32 {
+    if is_broken_pipe(e) {
+        return exit::OK;
+    }
+    logging::error_line(&format!("{e:#}"));
+    exit_code(e)
+}
+
 const ABOUT: &str = "Sandbox manager for self-replicating agent workers: signed manifests, a replication contract, kernel-enforced isolation";
 
 const EXAMPLES: &str = "\
+Exit status: 0 done; 1 failed; 2 bad usage or input (found before anything starts);
+3 denied by the replication contract; 125 the sandbox cannot be set up as asked; run:
+otherwise the command's own (124 timeout, 137 OOM kill, 128+N signal N).
+
 Examples:
   hatchery run --memory 256M --pids 64 --timeout 30s --ro-cwd --rw ./workspace -- python3 agent.py
   hatchery run --report report.json -- sh -c 'echo hello from the sandbox'
@@ -69,6 +185,52 @@ pub enum Command {
     Audit(audit::AuditArgs),
     /// Talk to the controller from inside a worker
     Agent(Box<agent::AgentArgs>),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    #[command(after_help = COMPLETIONS_EXAMPLES)]
+    Completions {
+        /// The shell
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff; `man -l -` reads it)
+    #[command(
+        after_help = "Examples:\n  hatchery man | man -l -\n  hatchery man > /usr/local/share/man/man1/hatchery.1"
+    )]
+    Man,
+}
+
+const COMPLETIONS_EXAMPLES: &str = "\
+scripts/install.sh installs these; by hand:
+
+Examples:
+  hatchery completions bash > /usr/local/share/bash-completion/completions/hatchery
+  hatchery completions zsh > /usr/local/share/zsh/site-functions/_hatchery
+  hatchery completions fish > /usr/local/share/fish/vendor_completions.d/hatchery.fish";
+
+fn completions(shell: clap_complete::Shell) -> i32 {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut text = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "hatchery", &mut text);
+    print_all(&text)
+}
+
+fn man() -> i32 {
+    use clap::CommandFactory;
+    let mut text = Vec::new();
+    match clap_mangen::Man::new(Cli::command()).render(&mut text) {
+        Ok(()) => print_all(&text),
+        Err(e) => fail(&e.into()),
+    }
+}
+
+fn print_all(bytes: &[u8]) -> i32 {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => exit::OK,
+        Err(e) => fail(&e.into()),
+    }
 }
 
 /// Runs a subcommand and returns the process exit status.
@@ -90,5 +252,7 @@ pub fn dispatch(command: Command) -> i32 {
         Command::Deny(args) => approvals::deny_main(args),
         Command::Audit(args) => audit::main(args),
         Command::Agent(args) => agent::main(*args),
+        Command::Completions { shell } => completions(shell),
+        Command::Man => man(),
     }
 }

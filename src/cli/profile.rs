@@ -41,7 +41,7 @@ Examples:
   hatchery profile check default --syscall getpid --arch x86
   hatchery profile check compat --syscall memfd_create --exec-allowlist
   hatchery profile diff default strict
-  hatchery profile diff default ./mine.toml --json
+  hatchery profile diff default compat --json
   hatchery profile lint ./my-profile.toml
   hatchery profile lint compat --accept ptrace --json
   hatchery profile lint ./my-profile.toml --fail-on error
@@ -221,10 +221,7 @@ pub fn main(args: ProfileArgs) -> i32 {
     };
     match result {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("hatchery: {e:#}");
-            EXIT_ERROR
-        }
+        Err(e) => super::fail_with(&e, EXIT_ERROR),
     }
 }
 
@@ -512,12 +509,9 @@ fn floor_note(p: &Profile) -> anyhow::Result<String> {
 fn oci_json(p: &Profile) -> anyhow::Result<String> {
     let (json, notes) = oci::export(&p.seccomp).map_err(anyhow::Error::msg)?;
     for n in notes {
-        eprintln!("hatchery: note: {n}");
+        error_line!("note: {n}");
     }
-    eprintln!(
-        "hatchery: note: this is the profile's own filter; {}",
-        floor_note(p)?
-    );
+    error_line!("note: this is the profile's own filter; {}", floor_note(p)?);
     Ok(serde_json::to_string_pretty(&json)? + "\n")
 }
 
@@ -815,13 +809,13 @@ fn import(a: ImportArgs) -> anyhow::Result<i32> {
     // What is written must load as it is.
     Profile::from_toml(&toml, "the imported profile")?;
     for n in &imported.notes {
-        eprintln!("hatchery: note: {n}");
+        error_line!("note: {n}");
     }
     match &a.output {
         Some(path) => {
             write_file(path, &toml)?;
-            eprintln!(
-                "hatchery: wrote {} ({} rules); use it with: hatchery run --profile {} -- ...",
+            error_line!(
+                "wrote {} ({} rules); use it with: hatchery run --profile {} -- ...",
                 path.display(),
                 imported.profile.seccomp.rules.len(),
                 path.display()

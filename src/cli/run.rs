@@ -24,15 +24,6 @@ pub const EXIT_SETUP: i32 = 125;
 /// Exit status for input refused before anything starts (clap's own code for usage errors).
 pub const EXIT_USAGE: i32 = 2;
 
-/// The exit status of a run that never started: what the command line asked for is refused
-/// with 2, like clap's usage errors; what this host cannot set up or enforce with 125.
-fn refusal_code(e: &SandboxError) -> i32 {
-    match e {
-        SandboxError::Invalid(_) => EXIT_USAGE,
-        SandboxError::Refused { .. } | SandboxError::Internal(_) => EXIT_SETUP,
-    }
-}
-
 const RUN_EXAMPLES: &str = "\
 Exit status: the command's own; 128+N if killed by signal N; 137 OOM kill; 124 timeout;
 2 bad command line or input (nothing started); 125 the sandbox could not be set up;
@@ -515,8 +506,8 @@ pub fn main(args: RunArgs) -> i32 {
     {
         Ok(t) => t,
         Err(e) => {
-            eprintln!(
-                "hatchery: --report {}: {e}; name a file in a directory that exists and that you may write (or - for standard output); nothing was run",
+            error_line!(
+                "--report {}: {e}; name a file in a directory that exists and that you may write (or - for standard output); nothing was run",
                 args.report.as_deref().unwrap_or(Path::new("")).display()
             );
             return EXIT_USAGE;
@@ -540,17 +531,17 @@ pub fn main(args: RunArgs) -> i32 {
                         } else {
                             ""
                         };
-                        eprintln!(
-                            "hatchery: cannot execute {}: {f}{allowlist}{hint}",
+                        error_line!(
+                            "cannot execute {}: {f}{allowlist}{hint}",
                             command.first().map(String::as_str).unwrap_or("")
                         );
                     }
-                    sandbox::Failure::Setup { .. } => eprintln!("hatchery: {f}{hint}"),
+                    sandbox::Failure::Setup { .. } => error_line!("{f}{hint}"),
                 }
             } else if outcome.timed_out {
-                eprintln!("hatchery: timed out; the sandbox was killed");
+                error_line!("timed out; the sandbox was killed");
             } else if outcome.oom_killed {
-                eprintln!("hatchery: out of memory; the sandbox was killed by the OOM killer");
+                error_line!("out of memory; the sandbox was killed by the OOM killer");
             }
             if let Some(o) = outcome.output.filter(|o| o.truncated) {
                 let how = if o.pty {
@@ -558,20 +549,20 @@ pub fn main(args: RunArgs) -> i32 {
                 } else {
                     "later writes failed with EPIPE"
                 };
-                eprintln!(
-                    "hatchery: output cut at {} bytes (--max-output); {how}",
+                error_line!(
+                    "output cut at {} bytes (--max-output); {how}",
                     o.cap.unwrap_or(o.bytes)
                 );
             }
             if let Some(err) = &outcome.cleanup_error {
-                eprintln!("hatchery: warning: cleanup incomplete: {err}");
+                error_line!("warning: cleanup incomplete: {err}");
             }
             let code = outcome.exit_code;
             (code, Report::new(&outcome, enforcement, command, requested))
         }
         Err(e) => {
-            eprintln!("hatchery: {e}");
-            let code = refusal_code(&e);
+            super::logging::error_line(&e.to_string());
+            let code = super::sandbox_exit_code(&e);
             (
                 code,
                 Report::refused(e.to_string(), code, command, requested, &profile_name),
@@ -582,8 +573,8 @@ pub fn main(args: RunArgs) -> i32 {
         if let Err(e) = report_body.write(&target) {
             // Never leave the caller believing a report exists (or that a file someone
             // else put there is hatchery's).
-            eprintln!(
-                "hatchery: cannot write the report {}: {e} (the command's exit status was {code})",
+            error_line!(
+                "cannot write the report {}: {e} (the command's exit status was {code})",
                 target.describe()
             );
             return EXIT_SETUP;
@@ -691,6 +682,7 @@ fn command_hint(
 
 fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
     check_request(&args)?;
+    tracing::debug!(profile = %args.profile, "loading the profile");
     let mut profile =
         Profile::resolve(&args.profile).map_err(|e| SandboxError::Invalid(e.to_string()))?;
     profile
@@ -700,9 +692,9 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
     for arg in &args.env {
         match spec::parse_env_arg(arg, |k| std::env::var_os(k))? {
             Some(kv) => env.push(kv),
-            None => eprintln!(
-                "hatchery: note: --env {arg}: not set here, so not set in the sandbox either"
-            ),
+            None => {
+                error_line!("note: --env {arg}: not set here, so not set in the sandbox either")
+            }
         }
     }
     let cwd = args
@@ -733,11 +725,12 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
         .default_limits()
         .map_err(|e| SandboxError::Invalid(e.to_string()))?
         .timeout);
+    tracing::debug!("building the sandbox's specification");
     let caller_cwd = std::env::current_dir().ok().filter(|p| p.is_absolute());
     let mut spec = spec::build(request, &profile, caller_cwd.as_deref())?;
     for x in spec.rootfs.exposures.iter() {
         if let Some(w) = access_warning(x, spec.identity.rootless) {
-            eprintln!("hatchery: warning: {w}");
+            error_line!("warning: {w}");
         }
     }
     // Where the command starts is not where the caller stands, and the command names
@@ -752,31 +745,40 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
             .filter(|a| !a.starts_with('/') && !a.starts_with('-') && !a.is_empty())
             .find(|a| here.join(a).symlink_metadata().is_ok());
         if let Some(name) = named_here {
-            eprintln!(
-                "hatchery: note: {name} is in the current directory {}, which is not exposed in the sandbox (the command starts in /); add --ro-cwd to expose it read-only and start there",
+            error_line!(
+                "note: {name} is in the current directory {}, which is not exposed in the sandbox (the command starts in /); add --ro-cwd to expose it read-only and start there",
                 here.display()
             );
         }
     }
     let host = Host::detect();
+    tracing::debug!(
+        cgroups = host.cgroups.is_some(),
+        cgroup_problem = host.cgroup_problem.as_deref().unwrap_or(""),
+        landlock_abi = host.landlock_abi,
+        seccomp = host.seccomp,
+        "detected what this host can enforce"
+    );
     if let Some(m) = &host.cgroups {
         for stale in m.sweep_stale() {
             tracing::info!(path = %stale.display(), "removed a cgroup left by a hatchery process that no longer exists");
         }
     }
+    tracing::debug!("checking that every requested limit and protection can be enforced");
     let mut enforcement = sandbox::preflight(&spec, &host)?;
     if let Some(allow) = &enforcement.exec_allowlist {
         for note in &allow.notes {
-            eprintln!("hatchery: note: {note}");
+            error_line!("note: {note}");
         }
     }
     if args.allow_degraded && !with_report && !enforcement.not_enforced.is_empty() {
-        eprintln!(
-            "hatchery: warning: --allow-degraded: not enforced here: {} (--report FILE records what was)",
+        error_line!(
+            "warning: --allow-degraded: not enforced here: {} (--report FILE records what was)",
             enforcement.not_enforced.join("; ")
         );
     }
     // From here until `run` returns, a terminal on stdin is in raw mode (`plan.raw`).
+    tracing::debug!("planning stdin, stdout and stderr");
     let mut plan = plan_stdio(args.max_output).map_err(|e| {
         SandboxError::Internal(format!(
             "cannot set up the relay of stdin, stdout and stderr: {e}"
@@ -787,6 +789,10 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
     enforcement.stdio = Some(plan.report.clone());
     let signals = forwarded_signals();
     let result = sandbox::start(&spec, enforcement, host.cgroups.as_deref()).map(|sb| {
+        tracing::debug!(
+            pid = sb.pid(),
+            "the sandbox is running; waiting for it to end"
+        );
         // Only the sandbox may hold the pipes' write ends and the pty's replica, or they
         // never reach end-of-file.
         spec.stdio = None;
@@ -920,6 +926,6 @@ pub fn on_usage_error(e: &mut clap::Error, raw: &[std::ffi::OsString]) {
     );
     let written = OutputTarget::prepare(Path::new(&path)).and_then(|t| body.write(&t));
     if let Err(err) = written {
-        eprintln!("hatchery: --report {path}: cannot write the report of this refusal: {err}");
+        error_line!("--report {path}: cannot write the report of this refusal: {err}");
     }
 }

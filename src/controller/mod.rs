@@ -127,6 +127,16 @@ fn lock_state(dir: &Dir) -> Result<nix::fcntl::Flock<File>, ControllerError> {
 /// Removes a socket left by a dead controller; refuses if one is still answering, and
 /// never removes anything that is not a socket.
 fn clear_stale_socket(path: &Path) -> Result<bool, ControllerError> {
+    if !check_socket_free(path)? {
+        return Ok(false);
+    }
+    std::fs::remove_file(path).map_err(io_err(path))?;
+    Ok(true)
+}
+
+/// Refuses a socket path that is taken (a controller answers there, or it is not a
+/// socket); true when a dead controller's socket is left there.
+fn check_socket_free(path: &Path) -> Result<bool, ControllerError> {
     use std::os::unix::fs::FileTypeExt;
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
@@ -145,8 +155,50 @@ fn clear_stale_socket(path: &Path) -> Result<bool, ControllerError> {
             path.display()
         )));
     }
-    std::fs::remove_file(path).map_err(io_err(path))?;
     Ok(true)
+}
+
+/// What a start that fails leaves behind: nothing. Holds the state directory and key
+/// this start created, and removes them when dropped before [`Created::keep`].
+struct Created {
+    state_dir: Option<PathBuf>,
+    key: Option<PathBuf>,
+    socket: Option<PathBuf>,
+}
+
+impl Created {
+    /// Notes what does not exist yet (and so would be this start's to remove).
+    fn before(paths: &ControllerPaths) -> Created {
+        let absent = |p: &Path| matches!(std::fs::symlink_metadata(p), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+        let state_dir = absent(&paths.state_dir).then(|| paths.state_dir.clone());
+        let key = absent(&paths.key).then(|| paths.key.clone());
+        Created {
+            state_dir,
+            key,
+            socket: None,
+        }
+    }
+
+    fn keep(mut self) {
+        self.state_dir = None;
+        self.key = None;
+        self.socket = None;
+    }
+}
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        if let Some(socket) = self.socket.take() {
+            let _ = std::fs::remove_file(socket);
+        }
+        if let Some(key) = self.key.take() {
+            let _ = std::fs::remove_file(key);
+        }
+        // Made by this start with mode 0700: nothing in it is anyone else's.
+        if let Some(dir) = self.state_dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 fn random_hex(bytes: usize) -> Result<String, ControllerError> {
@@ -158,7 +210,27 @@ fn random_hex(bytes: usize) -> Result<String, ControllerError> {
 /// Runs a controller in the foreground until SIGINT or SIGTERM.
 pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     let paths = &opts.paths;
-    let state = private_dir(&paths.state_dir)?;
+    // Everything that can be checked is checked before anything is created: a controller
+    // that does not start leaves no state directory, key or socket behind.
+    tracing::debug!(contract = ?opts.contract, "checking the replication contract");
+    let contract = match &opts.contract {
+        Some(path) => ReplicationContract::from_file(path)?,
+        None => ReplicationContract::default(),
+    };
+    tracing::debug!(socket = %paths.socket.display(), "checking that the socket is free");
+    check_socket_free(&paths.socket)?;
+    for p in [&paths.state_dir, &paths.socket, &paths.key] {
+        paths::check_fallback_base(p, false).map_err(ControllerError::Setup)?;
+    }
+    let mut created = Created::before(paths);
+    for p in [&paths.state_dir, &paths.socket] {
+        paths::check_fallback_base(p, true).map_err(ControllerError::Setup)?;
+    }
+    tracing::debug!(state_dir = %paths.state_dir.display(), "opening the state directory");
+    let state = private_dir(&paths.state_dir).inspect_err(|_| {
+        // Not proven this user's: nothing there is removed.
+        created.state_dir = None;
+    })?;
     let workers = state
         .subdir("workers", 0o700)
         .map_err(io_err(&paths.state_dir))?;
@@ -178,6 +250,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         Some(target) => Some(audit::Anchor::open(target, &state)?),
         None => None,
     };
+    tracing::debug!(key = %paths.key.display(), "loading the signing key (made on first start)");
     let (master, key_created) = Keyring::load_or_generate(&paths.key)?;
     let session = random_hex(8)?;
     let signer = ManifestSigner::new(master.session(&session)?);
@@ -192,17 +265,20 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
             session: session.clone(),
         },
     )?;
-    let contract = match &opts.contract {
-        Some(path) => ReplicationContract::from_file(path)?,
-        None => ReplicationContract::default(),
-    };
+    // The trail now names this key: a key is removed after a failed start only with the
+    // state directory (and trail) made with it, never from under a trail that stays.
+    if created.state_dir.is_none() {
+        created.key = None;
+    }
 
     if let Some(parent) = paths.socket.parent() {
         std::fs::create_dir_all(parent).map_err(io_err(parent))?;
     }
     let stale_socket = clear_stale_socket(&paths.socket)?;
+    tracing::debug!(socket = %paths.socket.display(), "binding the API socket");
     let listener =
         std::os::unix::net::UnixListener::bind(&paths.socket).map_err(io_err(&paths.socket))?;
+    created.socket = Some(paths.socket.clone());
     let mode = if opts.socket_group.is_some() {
         0o660
     } else {
@@ -220,6 +296,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         &workers,
     ))];
     let output_total = opts.worker_output_total;
+    tracing::debug!("starting the launcher (it starts and supervises the sandboxes)");
     let launcher = crate::sandbox::zygote::fork_launcher(&keep, move |req, ev| {
         launcher::serve(req, ev, workers, output_total)
     })
@@ -310,6 +387,10 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
             }
         })
         .map_err(|e| ControllerError::Setup(format!("engine thread: {e}")))?;
+
+    // Up: from here on what this start made is the controller's to keep.
+    created.keep();
+    tracing::debug!(socket = %paths.socket.display(), "controller ready");
 
     let policy = server::AccessPolicy {
         owner_uid: nix::unistd::geteuid().as_raw(),

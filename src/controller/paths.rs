@@ -1,7 +1,7 @@
 //! Where the controller keeps its socket, state and key by default: system directories
 //! for root, the user's runtime and state directories (XDG) otherwise.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The controller's files, resolved from flags and defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,8 +36,9 @@ pub fn default_socket() -> PathBuf {
     }
 }
 
-/// The default state directory: `/var/lib/hatchery` for root, `$XDG_STATE_HOME/hatchery`
-/// (or `~/.local/state/hatchery`) otherwise.
+/// The default state directory: `/var/lib/hatchery` for root; otherwise
+/// `$XDG_STATE_HOME/hatchery`, else `$HOME/.local/state/hatchery` (when `HOME` is an
+/// existing directory), else `/tmp/hatchery-UID/state` (checked before use).
 pub fn default_state_dir() -> PathBuf {
     if is_root() {
         return PathBuf::from("/var/lib/hatchery");
@@ -48,8 +49,70 @@ pub fn default_state_dir() -> PathBuf {
     if let Some(home) = env_dir("HOME").filter(|h| h.is_dir()) {
         return home.join(".local/state/hatchery");
     }
+    fallback_base().join("state")
+}
+
+/// The last resort for a user with neither `XDG_STATE_HOME` nor a home directory:
+/// `/tmp/hatchery-UID`. Anyone can create a name in `/tmp`, so before it is used it must
+/// be a directory (not a symlink) of this user's that no one else may write: see
+/// [`check_fallback_base`].
+pub fn fallback_base() -> PathBuf {
     let uid = nix::unistd::geteuid().as_raw();
-    PathBuf::from(format!("/tmp/hatchery-{uid}/state"))
+    PathBuf::from(format!("/tmp/hatchery-{uid}"))
+}
+
+/// Checks (and with `create`, makes, mode 0700) the fallback base when `path` lies in it;
+/// a path elsewhere is not this check's business. The refusal is one line saying what
+/// to do instead.
+pub fn check_fallback_base(path: &Path, create: bool) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let base = fallback_base();
+    if !path.starts_with(&base) {
+        return Ok(());
+    }
+    let advice =
+        "set XDG_STATE_HOME (or HOME to a directory of yours), or pass --state-dir and --socket";
+    let meta = match std::fs::symlink_metadata(&base) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
+            match std::fs::DirBuilder::new().mode(0o700).create(&base) {
+                Ok(()) => {}
+                // Someone made it meanwhile: judged below like any other.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(format!("cannot create {}: {e}; {advice}", base.display())),
+            }
+            std::fs::symlink_metadata(&base)
+                .map_err(|e| format!("cannot read {}: {e}; {advice}", base.display()))?
+        }
+        // Nothing there yet, and nothing to create (a client looking for a socket).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("cannot read {}: {e}; {advice}", base.display())),
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    let problem = if meta.file_type().is_symlink() {
+        Some("is a symbolic link".to_string())
+    } else if !meta.is_dir() {
+        Some("is not a directory".to_string())
+    } else if meta.uid() != me {
+        Some(format!(
+            "belongs to uid {}, not to this user ({me})",
+            meta.uid()
+        ))
+    } else if meta.mode() & 0o022 != 0 {
+        Some(format!(
+            "can be written by others (mode {:o})",
+            meta.mode() & 0o7777
+        ))
+    } else {
+        None
+    };
+    match problem {
+        Some(p) => Err(format!(
+            "{} {p}: someone else may have made it, so the controller's state and socket are not kept there; {advice}",
+            base.display()
+        )),
+        None => Ok(()),
+    }
 }
 
 impl ControllerPaths {

@@ -210,6 +210,9 @@ pub fn start(
     process::ensure_single_threaded().map_err(|e| SandboxError::Internal(e.to_string()))?;
     let started = Instant::now();
 
+    // Each step is logged at debug level (`-vv`, `HATCHERY_LOG=debug`) before it is taken,
+    // so that a refusal can be read against the last step shown.
+    tracing::debug!(name = %spec.cgroup_name, cgroup = %enforcement.cgroup, "creating the sandbox's cgroup");
     // The cgroup exists before the sandbox: on v2 the sandbox is born inside it.
     let cgroup = match cgroups {
         Some(m) if enforcement.cgroup != "none" => Some(
@@ -249,6 +252,11 @@ pub fn start(
         .unwrap_or_else(|| super::DEFAULT_PATH.to_string());
     // The bind sources: copied here, by descriptor, when this supervisor may copy host
     // mounts; otherwise the sandbox copies them itself (checked against the descriptors).
+    tracing::debug!(
+        exposures = spec.rootfs.exposures.len(),
+        rootless = spec.identity.rootless,
+        "preparing the exposed paths (idmapped where the filesystem allows)"
+    );
     let prepared = if spec.identity.rootless {
         for b in spec.rootfs.exposures.iter().filter(|b| b.idmapped) {
             enforcement.not_enforced.push(mounts::unmapped_note(
@@ -319,6 +327,14 @@ pub fn start(
         title: process::ProcTitle::current(),
     };
 
+    tracing::debug!(
+        net = spec.namespaces.net,
+        ipc = spec.namespaces.ipc,
+        uts = spec.namespaces.uts,
+        into_cgroup = into.is_some(),
+        host_uid = spec.identity.host_uid,
+        "creating the sandbox (user, mount and pid namespaces)"
+    );
     let mut born_inside = into.is_some();
     let mut attempt = clone3(
         flags
@@ -372,6 +388,7 @@ pub fn start(
         enforcement,
     };
     // From here on, dropping `sandbox` on an error path kills it and removes its cgroup.
+    tracing::debug!(pid = pid.as_raw(), "writing the sandbox's uid and gid maps");
     spec.identity
         .write_maps(pid.as_raw())
         .map_err(|e| SandboxError::Refused {
@@ -384,6 +401,7 @@ pub fn start(
         .map_err(|e| SandboxError::Internal(format!("sandbox went away during setup: {e}")))?;
     // While the sandbox builds its root on the other processor: the filters (compiled
     // here when they were not already).
+    tracing::debug!("compiling the seccomp filters (floor and profile)");
     let filters = spec.seccomp.compile()?;
     let mut sandbox = sandbox;
     sandbox.enforcement.record_filters(&filters);
@@ -393,6 +411,9 @@ pub fn start(
         }
     }
     // The sandbox may be gone already (a setup failure it reported): `wait` tells.
+    tracing::debug!(
+        "handing over the filters; the sandbox now joins its cgroup, sets its hostname and loopback, builds its root, drops capabilities, applies Landlock and seccomp, and runs the command"
+    );
     let _ = ToSandbox::CgroupReady.send(&sandbox.channel);
     let _ = channel::send_filters(
         &sandbox.channel,
@@ -801,11 +822,15 @@ impl Sandbox {
                 FromSandbox::ExecFailed { errno } => {
                     failure.get_or_insert(Failure::Exec { errno });
                 }
-                FromSandbox::Landlock { abi, status } => landlock = Some((abi, status)),
+                FromSandbox::Landlock { abi, status } => {
+                    tracing::debug!(abi, status = ?status, "the sandbox applied Landlock");
+                    landlock = Some((abi, status))
+                }
                 FromSandbox::Exited { status } => payload_status = Some(status),
             }
         }
         let mut cleanup_error = None;
+        tracing::debug!(failure = ?failure, timed_out, "the sandbox ended; reading usage and removing its cgroup");
         let usage = match self.cgroup.take() {
             Some(mut cg) => {
                 let usage = cg.usage();
