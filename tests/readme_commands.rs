@@ -83,10 +83,27 @@ enum Setup {
 
 // ---- extraction ----------------------------------------------------------------------
 
-/// The README's commands: transcripts (`$ ...`) and example lines (`hatchery ...`).
+/// The commands of the README and of every page under `docs/`.
 fn readme_commands() -> Vec<Found> {
-    let text = std::fs::read_to_string(repo().join("README.md"))
-        .unwrap_or_else(|e| panic!("README.md: {e}"));
+    let mut pages = vec!["README.md".to_string()];
+    let mut docs: Vec<String> = std::fs::read_dir(repo().join("docs"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".md"))
+                .map(|n| format!("docs/{n}"))
+                .collect()
+        })
+        .unwrap_or_default();
+    docs.sort();
+    pages.extend(docs);
+    pages.iter().flat_map(|p| page_commands(p)).collect()
+}
+
+/// One page's commands: transcripts (`$ ...`) and example lines (`hatchery ...`).
+fn page_commands(page: &str) -> Vec<Found> {
+    let text =
+        std::fs::read_to_string(repo().join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
     let lines: Vec<&str> = text.lines().collect();
     let mut out = Vec::new();
     let mut in_block = false;
@@ -111,7 +128,7 @@ fn readme_commands() -> Vec<Found> {
                     && !is_synopsis(&span)
                 {
                     out.push(Found {
-                        origin: format!("README.md:{}", i + 1),
+                        origin: format!("{page}:{}", i + 1),
                         command: span,
                         transcript: false,
                         expected: None,
@@ -123,7 +140,7 @@ fn readme_commands() -> Vec<Found> {
             i += 1;
             continue;
         }
-        let origin = format!("README.md:{}", i + 1);
+        let origin = format!("{page}:{}", i + 1);
         if let Some(first) = line.strip_prefix("$ ") {
             // A command, with its `\` continuations.
             let mut command = first.to_string();

@@ -29,7 +29,7 @@
 //!    executable; a SysV segment attached without `SHM_EXEC` can still be made executable
 //!    with mprotect(2), like anonymous memory — no file the loader could be given.
 //!
-//! What stays possible is listed in the README ("Executable allowlists and the output
+//! What stays possible is listed in docs/allowlists.md ("Executable allowlists and the output
 //! cap"): chiefly, ELF executables kept outside the executable directories (such as
 //! `/usr/lib/git-core/`) and in `--ro` paths can still be started through the loader, and
 //! an allowed interpreter runs whatever program it is given.
