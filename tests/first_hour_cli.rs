@@ -600,3 +600,82 @@ fn the_allow_exec_transcript_runs_from_the_shipped_examples() {
         stderr(&out)
     );
 }
+
+#[test]
+fn the_install_script_refuses_a_tree_others_can_write() {
+    // A prefix whose nearest existing directory is world-writable (/tmp itself): a planted
+    // symlink there would turn the install's writes into writes elsewhere.
+    let prefix = std::env::temp_dir().join(format!("hatchery-install-{}", std::process::id()));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install.sh");
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script)
+        .env("PREFIX", &prefix)
+        .env("HATCHERY_BIN", hatchery());
+    let out = run_with_timeout(&mut cmd, LIMIT);
+    assert_eq!(code(&out), 1, "{} {}", stdout(&out), stderr(&out));
+    assert!(
+        stderr(&out).contains("can be written by others"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!prefix.exists(), "nothing was installed");
+}
+
+#[test]
+fn a_client_whose_fallback_directory_does_not_exist_trusts_no_socket() {
+    if skip_unless_root("client without a fallback directory") {
+        return;
+    }
+    // No directory yet: another user could make one (with a controller of theirs in it)
+    // between a look and a connect by path, so the client refuses before connecting.
+    let uid = spare_uid();
+    let base = std::path::PathBuf::from(format!("/tmp/hatchery-{uid}"));
+    let _ = std::fs::remove_dir_all(&base);
+    for args in [vec!["ps"], vec!["kill-switch"], vec!["audit", "verify"]] {
+        let out = as_homeless(uid, &args);
+        assert_ne!(code(&out), 0, "{args:?}: {}", stdout(&out));
+        assert!(
+            stderr(&out).contains("no controller of this user's"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    assert!(!base.exists());
+}
+
+#[test]
+fn a_closed_stdout_does_not_cut_a_kill_short_or_hide_its_status() {
+    if skip_unless_root("kill into a closed pipe") {
+        return;
+    }
+    let c = TestController::start("", &[]);
+    let ids: Vec<String> = (0..3)
+        .map(|_| {
+            let out = c.cli(&["spawn", "--no-controller", "--", "sleep", "30"]);
+            assert_eq!(code(&out), 0, "{}", stderr(&out));
+            stdout(&out).trim().to_string()
+        })
+        .collect();
+    let mut args = vec!["kill"];
+    args.extend(ids.iter().map(String::as_str));
+    args.push("w-000000000000");
+    let out = with_closed_stdout(&args, Some(&c.socket));
+    // The unknown id fails the command; every known one was still killed.
+    assert_ne!(code(&out), 0, "{}", stderr(&out));
+    let start = std::time::Instant::now();
+    loop {
+        let ps = c.cli(&["ps", "--json"]);
+        let running: Vec<String> = serde_json::from_slice::<serde_json::Value>(&ps.stdout)
+            .ok()
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|w| w["worker_id"].as_str().map(str::to_string))
+            .collect();
+        if !ids.iter().any(|i| running.contains(i)) {
+            break;
+        }
+        assert!(start.elapsed() < LIMIT, "still running: {running:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -521,3 +521,31 @@ fn lint_findings_carry_severities_and_accepted_ones_do_not_fail() {
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("ptrace"), "{}", stderr(&o));
 }
+
+#[test]
+fn a_reviewer_can_ignore_what_a_profile_accepts_of_itself() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("sly.toml");
+    let compat = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/compat.toml"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&path, format!("{compat}\n[lint]\naccept = [\"ptrace\"]\n"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let p = path.to_string_lossy().to_string();
+    let own = hatchery_cmd(&["profile", "lint", &p]);
+    assert_eq!(code(&own), 0, "{} {}", stdout(&own), stderr(&own));
+    let reviewed = hatchery_cmd(&["profile", "lint", &p, "--ignore-profile-accept"]);
+    assert_eq!(
+        code(&reviewed),
+        1,
+        "{} {}",
+        stdout(&reviewed),
+        stderr(&reviewed)
+    );
+    assert!(
+        stdout(&reviewed).contains("[ptrace]"),
+        "{}",
+        stdout(&reviewed)
+    );
+}

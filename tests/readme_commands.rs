@@ -102,8 +102,7 @@ fn readme_commands() -> Vec<Found> {
 
 /// One page's commands: transcripts (`$ ...`) and example lines (`hatchery ...`).
 fn page_commands(page: &str) -> Vec<Found> {
-    let text =
-        std::fs::read_to_string(repo().join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
+    let text = std::fs::read_to_string(repo().join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
     let lines: Vec<&str> = text.lines().collect();
     let mut out = Vec::new();
     let mut in_block = false;

@@ -165,7 +165,7 @@ fn problem(e: &audit::AuditError) -> Problem {
 /// Why `audit verify` did not find the trail intact.
 enum Failure {
     Audit(audit::AuditError),
-    /// The key could not be loaded: nothing could be checked.
+    /// The key (or the state directory) could not be used: nothing could be checked.
     Key(anyhow::Error),
 }
 
@@ -176,6 +176,10 @@ impl From<audit::AuditError> for Failure {
 }
 
 fn check(a: &VerifyArgs, out: &mut Outcome) -> Result<(), Failure> {
+    // A trail in the /tmp fallback is read only from a directory of the caller's: another
+    // user's directory there could hold another user's trail and key.
+    paths::check_fallback_base(&out.state_dir, paths::BaseUse::Reach)
+        .map_err(|e| Failure::Key(anyhow::Error::msg(e)))?;
     // Whether a trail vanished needs no key: asked first, so a wiped key hides nothing.
     if let audit::TrailState::Vanished { evidence } =
         audit::trail_state(&out.state_dir, a.anchor.as_deref())?
@@ -241,11 +245,11 @@ fn verify(a: &VerifyArgs) -> i32 {
     }
     match result {
         Ok(()) => {
-            println!(
+            super::controller::outln(&format!(
                 "audit trail intact: {} entries, last hash {}",
                 out.entries.unwrap_or(0),
                 out.last_hash.as_deref().unwrap_or("")
-            );
+            ));
             if let Some(r) = out.anchor.as_ref().and_then(|a| a.report.as_ref()) {
                 let last = r
                     .last_anchored_seq
@@ -269,13 +273,13 @@ fn verify(a: &VerifyArgs) -> i32 {
                 } else {
                     format!("; {}", notes.join("; "))
                 };
-                println!(
+                super::controller::outln(&format!(
                     "matches the anchor {}: {} anchored heads checked{last}{notes}",
                     r.anchor, r.heads_checked
-                );
+                ));
             }
         }
-        Err(Failure::Audit(e)) if code == 1 => println!("{e}"),
+        Err(Failure::Audit(e)) if code == 1 => super::controller::outln(&e.to_string()),
         Err(Failure::Audit(e)) => error_line!("{e}"),
         Err(Failure::Key(e)) => error_line!("{e:#}"),
     }
@@ -284,6 +288,10 @@ fn verify(a: &VerifyArgs) -> i32 {
 
 fn tail(a: &TailArgs) -> i32 {
     let d = dir(&a.state);
+    if let Err(e) = paths::check_fallback_base(&d, paths::BaseUse::Reach) {
+        error_line!("{e}");
+        return 2;
+    }
     let mut shown = 0usize;
     loop {
         let entries = match audit::read_entries(&d) {
@@ -300,13 +308,17 @@ fn tail(a: &TailArgs) -> i32 {
         };
         for e in entries.iter().skip(from) {
             if a.json {
-                println!("{}", serde_json::to_string(e).unwrap_or_default());
+                super::controller::outln(&serde_json::to_string(e).unwrap_or_default());
             } else {
-                println!("{}", audit::describe(e));
+                super::controller::outln(&audit::describe(e));
             }
         }
         shown = entries.len().max(shown);
         if !a.follow {
+            return 0;
+        }
+        if super::stdout_gone() {
+            // Nobody reads any more: following on would print to no one, for ever.
             return 0;
         }
         std::thread::sleep(Duration::from_millis(300));

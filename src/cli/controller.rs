@@ -23,16 +23,22 @@ const START_WAIT: Duration = Duration::from_secs(60);
 /// How often `spawn` and `logs -f` ask again.
 const POLL: Duration = Duration::from_millis(100);
 
-/// Writes to stdout. A reader that has gone away (`| head -1`) ends the command quietly
-/// with status 0, as in every Unix tool; any other failure to write is an error (1).
+/// Writes to stdout. A reader that has gone away (`| head -1`) is quietly written to no
+/// more, as in every Unix tool; the command goes on and ends with its own status (a `kill`
+/// of several ids still kills them all, a failed `audit verify` still exits 1). Any other
+/// failure to write is an error (1).
 pub(super) fn out(text: &str) {
+    if super::stdout_gone() {
+        return;
+    }
     let mut stdout = std::io::stdout().lock();
     if let Err(e) = stdout
         .write_all(text.as_bytes())
         .and_then(|()| stdout.flush())
     {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(0);
+            super::mark_stdout_gone();
+            return;
         }
         eprintln!("hatchery: cannot write to stdout: {e}");
         std::process::exit(1);
@@ -74,7 +80,8 @@ impl SocketArg {
         let path = self.path();
         // A socket in the /tmp fallback is only trusted in a directory of the caller's: a
         // stranger's directory could hold a stranger's controller.
-        controller::paths::check_fallback_base(&path, false).map_err(anyhow::Error::msg)?;
+        controller::paths::check_fallback_base(&path, controller::paths::BaseUse::Reach)
+            .map_err(anyhow::Error::msg)?;
         let mut client = ApiClient::connect(&path)?;
         Ok(client.call(request, CALL_TIMEOUT)?)
     }
@@ -721,6 +728,9 @@ pub fn logs_main(args: LogsArgs) -> i32 {
             }) => {
                 let got = next_offset != offset;
                 out(&data);
+                if super::stdout_gone() {
+                    return 0;
+                }
                 offset = next_offset;
                 if got {
                     continue;

@@ -80,14 +80,32 @@ pub fn sandbox_exit_code(e: &hatchery::sandbox::SandboxError) -> i32 {
     }
 }
 
+/// Set once a write to stdout found its reader gone: nothing more is written there.
+static STDOUT_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether stdout's reader has gone (see [`controller::out`]).
+pub fn stdout_gone() -> bool {
+    STDOUT_GONE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub fn mark_stdout_gone() {
+    STDOUT_GONE.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Whether the error is a write to a stdout whose reader has gone (`| head -1`): a
-/// broken pipe, and stdout is the one broken (a controller that hung up on a client is
-/// an error to report, not a reason to end quietly).
+/// broken pipe, and stdout is the one broken. A broken pipe to the controller is an
+/// error to report, never a reason to end quietly, whatever stdout is doing.
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    }) && stdout_reader_gone()
+    let from_controller = e.chain().any(|c| {
+        c.downcast_ref::<hatchery::controller::client::ClientError>()
+            .is_some()
+    });
+    !from_controller
+        && e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        })
+        && stdout_reader_gone()
 }
 
 /// Whether stdout is a pipe or socket nobody reads any more (poll(2) reports an error or

@@ -160,6 +160,10 @@ pub struct LintArgs {
     /// the lint. A profile accepts its own with `[lint] accept = ["RULE"]`
     #[arg(long, value_name = "RULE")]
     pub accept: Vec<String>,
+    /// Review a profile you did not write: its own `[lint] accept` is ignored, so only
+    /// what you accept with --accept is waved through
+    #[arg(long)]
+    pub ignore_profile_accept: bool,
     /// The lowest severity that fails the lint (exit 1); findings below it are reported
     /// only
     #[arg(long, value_enum, value_name = "SEVERITY", default_value_t = FailOn::Info)]
@@ -747,7 +751,10 @@ fn lint_cmd(a: LintArgs) -> anyhow::Result<i32> {
             lint::rule_ids().join(", ")
         );
     }
-    let p = load(&a.profile)?;
+    let mut p = load(&a.profile)?;
+    if a.ignore_profile_accept {
+        p.lint.accept.clear();
+    }
     let mut findings = lint::lint(&p)?;
     lint::accept(&mut findings, &a.accept);
     let threshold = a.fail_on.severity();

@@ -887,20 +887,35 @@ pub fn on_usage_error(e: &mut clap::Error, raw: &[std::ffi::OsString]) {
     if sub != "run" || matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
         return;
     }
-    let value_of = |flag: &str| {
-        let mut found = None;
-        let inline = format!("{flag}=");
-        for (at, w) in options.iter().enumerate() {
-            if w == flag {
-                found = options.get(at.saturating_add(1)).cloned();
-            } else if let Some(v) = w.strip_prefix(&inline) {
-                found = Some(v.to_string());
-            }
-        }
-        found
+    // `--report` and `--profile` as clap reads them: a word that an option takes as its
+    // value (`--timeout --report=/etc/x`) is that option's value, never a report path,
+    // however it looks.
+    let run_cmd = <super::Cli as clap::CommandFactory>::command();
+    let takes_value = |long: &str| {
+        run_cmd
+            .find_subcommand("run")
+            .and_then(|c| c.get_arguments().find(|a| a.get_long() == Some(long)))
+            .is_some_and(|a| a.get_action().takes_values())
     };
-    let report = value_of("--report");
-    let profile = value_of("--profile").unwrap_or_else(|| "default".into());
+    let mut report = None;
+    let mut profile = None;
+    let mut words = options.iter();
+    while let Some(w) = words.next() {
+        let Some(long) = w.strip_prefix("--") else {
+            continue;
+        };
+        let (name, value) = match long.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None if takes_value(long) => (long, words.next().cloned()),
+            None => continue,
+        };
+        match name {
+            "report" => report = value,
+            "profile" => profile = value,
+            _ => {}
+        }
+    }
+    let profile = profile.unwrap_or_else(|| "default".into());
     let Some(path) = report else {
         return;
     };

@@ -220,11 +220,11 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     tracing::debug!(socket = %paths.socket.display(), "checking that the socket is free");
     check_socket_free(&paths.socket)?;
     for p in [&paths.state_dir, &paths.socket, &paths.key] {
-        paths::check_fallback_base(p, false).map_err(ControllerError::Setup)?;
+        paths::check_fallback_base(p, paths::BaseUse::Look).map_err(ControllerError::Setup)?;
     }
     let mut created = Created::before(paths);
     for p in [&paths.state_dir, &paths.socket] {
-        paths::check_fallback_base(p, true).map_err(ControllerError::Setup)?;
+        paths::check_fallback_base(p, paths::BaseUse::Create).map_err(ControllerError::Setup)?;
     }
     tracing::debug!(state_dir = %paths.state_dir.display(), "opening the state directory");
     let state = private_dir(&paths.state_dir).inspect_err(|_| {
@@ -237,7 +237,12 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     workers
         .set_mode(0o700)
         .map_err(io_err(&paths.state_dir.join("workers")))?;
-    let _lock = lock_state(&state)?;
+    // Another start that made the directory at the same moment may hold it: only the
+    // holder of the lock may call what is there its own (and remove it on failure).
+    let _lock = lock_state(&state).inspect_err(|_| {
+        created.state_dir = None;
+        created.key = None;
+    })?;
     let pid_file = paths.state_dir.join("controller.pid");
     let crashed_pid = state
         .read("controller.pid", 64)
@@ -252,6 +257,10 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     };
     tracing::debug!(key = %paths.key.display(), "loading the signing key (made on first start)");
     let (master, key_created) = Keyring::load_or_generate(&paths.key)?;
+    if !key_created {
+        // Not made by this start (another made it first): never this start's to remove.
+        created.key = None;
+    }
     let session = random_hex(8)?;
     let signer = ManifestSigner::new(master.session(&session)?);
     let audit_key = AuditKey::from_mac(master.derived_mac(audit::KEY_PURPOSE)?);

@@ -61,10 +61,22 @@ pub fn fallback_base() -> PathBuf {
     PathBuf::from(format!("/tmp/hatchery-{uid}"))
 }
 
-/// Checks (and with `create`, makes, mode 0700) the fallback base when `path` lies in it;
-/// a path elsewhere is not this check's business. The refusal is one line saying what
-/// to do instead.
-pub fn check_fallback_base(path: &Path, create: bool) -> Result<(), String> {
+/// What the caller is about to do with a path in the fallback base.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BaseUse {
+    /// Reach a controller (or its trail) there: the base must already be the caller's.
+    Reach,
+    /// Look before starting: an absent base is fine (it will be made).
+    Look,
+    /// Start there: make the base (mode 0700) when absent.
+    Create,
+}
+
+/// Checks (and for [`BaseUse::Create`], makes, mode 0700) the fallback base when `path`
+/// lies in it; a path elsewhere is not this check's business. The refusal is one line
+/// saying what to do instead.
+pub fn check_fallback_base(path: &Path, using: BaseUse) -> Result<(), String> {
+    let create = using == BaseUse::Create;
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let base = fallback_base();
     if !path.starts_with(&base) {
@@ -84,8 +96,18 @@ pub fn check_fallback_base(path: &Path, create: bool) -> Result<(), String> {
             std::fs::symlink_metadata(&base)
                 .map_err(|e| format!("cannot read {}: {e}; {advice}", base.display()))?
         }
-        // Nothing there yet, and nothing to create (a client looking for a socket).
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        // Nothing there yet, and nothing to create (a client looking for a socket): no
+        // controller of this user's runs. Said now, not left to the connect, because
+        // another user could make the directory between this look and a connect by path.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && using == BaseUse::Look => {
+            return Ok(());
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(format!(
+                "no controller of this user's: {} does not exist (start `hatchery controller` first, or {advice})",
+                base.display()
+            ));
+        }
         Err(e) => return Err(format!("cannot read {}: {e}; {advice}", base.display())),
     };
     let me = nix::unistd::geteuid().as_raw();
