@@ -16,11 +16,15 @@ use tokio::sync::oneshot;
 
 use crate::audit::{self, AuditLog, event};
 use crate::contract::approval::ApprovalVerdict;
-use crate::contract::{Decision, DenyReason, IssueError, ReplicationContract};
+use crate::contract::{Decision, DenyReason, RegistryView, ReplicationContract};
 use crate::manifest::{Lineage, Manifest, SpawnRequest, StateSnapshot, WorkerId};
 use crate::sandbox::handle::KillHandle;
 use crate::signing::ManifestSigner;
 
+use super::admission::{
+    self, Admission, AdmissionStore, Candidate, ChildDecision, ChildRequest, InMemoryStore,
+    Registration, Requester,
+};
 use super::audit_budget::AuditBudgets;
 use super::bounded;
 use super::input::Input;
@@ -96,6 +100,8 @@ pub struct Engine {
     signer: ManifestSigner,
     audit: AuditLog,
     registry: Registry,
+    /// What admission decides on (active workers, cooldowns, spawn history, kill switch).
+    store: InMemoryStore,
     /// Requests to the launcher, queued so that a launcher that stops reading never
     /// blocks this thread.
     launcher: Outbox,
@@ -173,25 +179,21 @@ fn new_worker_id() -> Result<WorkerId, String> {
     WorkerId::new(format!("w-{}", hex::encode(b))).map_err(|e| e.to_string())
 }
 
-/// What the controller refuses whatever the contract says. `allow_external` would put a
-/// worker in the host's network namespace — its loopback services, its interfaces, half
-/// of the host's network — which is no policy; egress through the supervisor does not
-/// exist yet, so it is refused rather than half-granted.
-fn unsupported(request: &SpawnRequest) -> Option<DenyReason> {
-    request
-        .resources
-        .network_policy
-        .allow_external
-        .then(|| {
-            DenyReason::InvalidRequest(crate::manifest::FieldError::new(
-                "resources.network_policy.allow_external",
-                "not available: a worker never shares the host's network (egress through the supervisor is not built yet); ask without --allow-external",
-            ))
-        })
-}
-
 fn deny_details(reason: &DenyReason) -> serde_json::Value {
     json!({ "reason": reason.to_string() })
+}
+
+/// The API's answer to a request to start a worker.
+fn api_answer(outcome: Admission) -> ApiResponse {
+    match outcome {
+        Admission::Started { worker_id, depth } => ApiResponse::Spawned { worker_id, depth },
+        Admission::Denied { event, reason } => ApiResponse::Denied { event, reason },
+        Admission::Failed(message) => ApiResponse::Error { message },
+        // A person's own request needs no other person (see `Requester::Person`).
+        Admission::Pending { approval_id, .. } => ApiResponse::Error {
+            message: format!("waiting for a decision on approval {approval_id}"),
+        },
+    }
 }
 
 impl Engine {
@@ -212,6 +214,7 @@ impl Engine {
             signer,
             audit,
             registry: Registry::default(),
+            store: InMemoryStore::default(),
             launcher,
             launcher_alive: true,
             rt,
@@ -265,7 +268,7 @@ impl Engine {
             if let Err(e) = self.audit.sync() {
                 // Without a durable trail no decision may take effect: stop everything.
                 tracing::error!(error = %e, "the audit trail cannot be written; engaging the kill switch");
-                self.registry.kill_switch = true;
+                self.store.set_kill_switch(true);
                 self.kill_all_directly();
                 let _ = self.send_launcher(&LauncherRequest::KillAll, None);
             }
@@ -469,7 +472,7 @@ impl Engine {
                     return;
                 }
                 self.shutting_down = true;
-                self.registry.kill_switch = true;
+                self.store.set_kill_switch(true);
                 self.kill_all_directly();
                 if self
                     .send_launcher(&LauncherRequest::Shutdown, None)
@@ -558,11 +561,11 @@ impl Engine {
         let actor = format!("uid:{uid}");
         match request {
             ApiRequest::Spawn { parent, request } => {
-                let resp = match parent {
+                let outcome = match parent {
                     None => self.spawn_root(*request, &actor),
                     Some(p) => self.spawn_child(&p, *request, &actor, None),
                 };
-                let _ = reply.send(resp);
+                let _ = reply.send(api_answer(outcome));
             }
             ApiRequest::Ps(_) => {
                 // Fresh usage if the launcher answers soon, else the last it gave: `ps`
@@ -617,7 +620,7 @@ impl Engine {
             }
             ApiRequest::KillSwitch { release: false } => {
                 let ids: Vec<WorkerId> = self.registry.active().map(|(id, _)| id.clone()).collect();
-                self.registry.kill_switch = true;
+                self.store.set_kill_switch(true);
                 // Durable before it takes effect.
                 self.record(
                     event::KILL_SWITCH_ENGAGED,
@@ -648,7 +651,7 @@ impl Engine {
                 self.wait_for(ids, WaitKind::KillSwitch, reply);
             }
             ApiRequest::KillSwitch { release: true } => {
-                self.registry.kill_switch = false;
+                self.store.set_kill_switch(false);
                 self.record(event::KILL_SWITCH_RELEASED, &actor, None, json!({}), true);
                 let _ = reply.send(ApiResponse::KillSwitch {
                     engaged: false,
@@ -717,9 +720,9 @@ impl Engine {
                 let _ = reply.send(ApiResponse::Status {
                     pid: std::process::id(),
                     session: self.cfg.session.clone(),
-                    kill_switch: self.registry.kill_switch,
+                    kill_switch: self.store.kill_switch_engaged(),
                     active: self.registry.active().count() as u64,
-                    lifetime_total: crate::contract::RegistryView::lifetime_total(&self.registry),
+                    lifetime_total: self.store.lifetime_total(),
                     audit_entries: self.audit.len(),
                 });
             }
@@ -835,7 +838,7 @@ impl Engine {
             .collect();
         ApiResponse::Workers {
             workers,
-            kill_switch: self.registry.kill_switch,
+            kill_switch: self.store.kill_switch_engaged(),
         }
     }
 
@@ -847,19 +850,19 @@ impl Engine {
         worker: Option<&WorkerId>,
         reason: &DenyReason,
         extra: serde_json::Value,
-    ) -> ApiResponse {
+    ) -> Admission {
         let mut details = deny_details(reason);
         if let (Some(obj), serde_json::Value::Object(more)) = (details.as_object_mut(), extra) {
             obj.extend(more);
         }
         self.record(reason.audit_event(), actor, worker, details, true);
-        ApiResponse::Denied {
+        Admission::Denied {
             event: reason.audit_event().to_string(),
             reason: reason.to_string(),
         }
     }
 
-    fn spawn_root(&mut self, mut request: SpawnRequest, actor: &str) -> ApiResponse {
+    fn spawn_root(&mut self, mut request: SpawnRequest, actor: &str) -> Admission {
         let now = now_s();
         // A root without a cap gets the controller's, in its signed manifest: its
         // children are then narrowed to it like to any other grant.
@@ -870,33 +873,25 @@ impl Engine {
         if let Err(e) = request.validate() {
             return self.deny(actor, None, &DenyReason::InvalidRequest(e), json!({}));
         }
-        if let Some(reason) = unsupported(&request) {
+        if let Some(reason) = admission::unsupported(&request) {
             return self.deny(actor, None, &reason, json!({ "parent": null }));
         }
         let id = match new_worker_id() {
             Ok(id) => id,
-            Err(message) => return ApiResponse::Error { message },
+            Err(message) => return Admission::Failed(message),
         };
         let validity = match self.contract.child_validity(now, None) {
             Ok(v) => v,
-            Err(e) => {
-                return ApiResponse::Error {
-                    message: e.to_string(),
-                };
-            }
+            Err(e) => return Admission::Failed(e.to_string()),
         };
         let manifest = match self
             .signer
             .issue(Lineage::root(id.clone()), request, validity)
         {
             Ok(m) => m,
-            Err(e) => {
-                return ApiResponse::Error {
-                    message: e.to_string(),
-                };
-            }
+            Err(e) => return Admission::Failed(e.to_string()),
         };
-        if let Decision::Deny(reason) = self.contract.admit(&manifest, &self.registry, now) {
+        if let Decision::Deny(reason) = self.contract.admit(&manifest, &self.store, now) {
             return self.deny(actor, None, &reason, json!({ "parent": null }));
         }
         self.record(
@@ -917,7 +912,7 @@ impl Engine {
         request: SpawnRequest,
         actor: &str,
         reason: Option<&str>,
-    ) -> ApiResponse {
+    ) -> Admission {
         let now = now_s();
         let parent_manifest = match self.registry.get(parent) {
             Some(w)
@@ -927,105 +922,68 @@ impl Engine {
                 w.manifest.clone()
             }
             Some(_) => {
-                return ApiResponse::Error {
-                    message: format!("worker {parent} is not running and registered"),
-                };
+                return Admission::Failed(format!("worker {parent} is not running and registered"));
             }
-            None => {
-                return ApiResponse::Error {
-                    message: format!("no worker {parent}"),
-                };
-            }
+            None => return Admission::Failed(format!("no worker {parent}")),
         };
-        let mut request = request;
-        // A child that names no output cap gets its parent's, as a root gets the
-        // controller's: leaving the cap out is not asking for more.
-        if request.resources.max_output_bytes.is_none() {
-            request.resources.max_output_bytes = parent_manifest.resources.max_output_bytes;
-        }
         let id = match new_worker_id() {
             Ok(id) => id,
-            Err(message) => return ApiResponse::Error { message },
+            Err(message) => return Admission::Failed(message),
         };
         let extra = json!({ "parent": parent.as_str(), "why": reason });
-        if let Some(r) = unsupported(&request) {
-            return self.deny(actor, Some(parent), &r, extra);
-        }
-        match self.contract.issue_child(
-            &self.signer,
-            &parent_manifest,
+        // A person asked through the API is the approver; a worker's own request goes
+        // through the approval rules.
+        let requester = match reason {
+            Some(_) => Requester::Parent,
+            None => Requester::Person,
+        };
+        let asked = ChildRequest {
+            parent: &parent_manifest,
             request,
-            id.clone(),
-            &self.registry,
-            now,
-        ) {
-            Ok(manifest) => {
-                let depth = manifest.depth.get();
-                // A manifest whose welcome would not fit a frame is refused here, before
-                // anything is recorded as allowed: a request that can never start is an
-                // invalid request (charged to its worker's audit budget), not a start
-                // that failed.
-                if let Err(message) = self.welcome_fits(&manifest) {
-                    return self.deny(
-                        actor,
-                        Some(parent),
-                        &DenyReason::InvalidRequest(crate::manifest::FieldError::new(
-                            "manifest", message,
-                        )),
-                        extra,
-                    );
-                }
-                // A person asked through the API is the approver; a worker's own request
-                // goes through the approval rules.
-                if reason.is_some() {
-                    let job = SpawnRequest {
-                        resources: manifest.resources,
-                        filesystem: manifest.filesystem.clone(),
-                        profile: manifest.profile.clone(),
-                        command: manifest.command.clone(),
-                        env: manifest.env.clone(),
-                        cwd: manifest.cwd.clone(),
-                        state_snapshot: manifest.state_snapshot.clone(),
-                    };
-                    match self
-                        .contract
-                        .approval
-                        .evaluate(&parent_manifest, &job, depth)
-                    {
-                        ApprovalVerdict::NotNeeded => {}
-                        ApprovalVerdict::AutoApproved { rule, reasons } => {
-                            self.record(
-                                event::APPROVAL_GRANTED,
-                                "controller",
-                                Some(&id),
-                                json!({ "auto_approve": rule, "rules": reasons, "parent": parent.as_str() }),
-                                true,
-                            );
-                        }
-                        ApprovalVerdict::Needed { reasons } => {
-                            return self.hold_for_approval(
-                                parent,
-                                manifest,
-                                reasons,
-                                reason.unwrap_or(""),
-                            );
-                        }
-                    }
-                }
+            child_id: id.clone(),
+            requester,
+        };
+        let (manifest, approval) =
+            match admission::decide_child(&self.contract, &self.signer, &self.store, asked, now) {
+                ChildDecision::Issued { manifest, approval } => (*manifest, approval),
+                ChildDecision::Denied(r) => return self.deny(actor, Some(parent), &r, extra),
+                ChildDecision::Failed(message) => return Admission::Failed(message),
+            };
+        let depth = manifest.depth.get();
+        // A manifest whose welcome would not fit a frame is refused here, before anything
+        // is recorded as allowed: a request that can never start is an invalid request
+        // (charged to its worker's audit budget), not a start that failed.
+        if let Err(message) = self.welcome_fits(&manifest) {
+            return self.deny(
+                actor,
+                Some(parent),
+                &DenyReason::InvalidRequest(crate::manifest::FieldError::new("manifest", message)),
+                extra,
+            );
+        }
+        match approval {
+            ApprovalVerdict::NotNeeded => {}
+            ApprovalVerdict::AutoApproved { rule, reasons } => {
                 self.record(
-                    event::REPLICATION_REQUESTED,
-                    actor,
+                    event::APPROVAL_GRANTED,
+                    "controller",
                     Some(&id),
-                    json!({ "parent": parent.as_str(), "depth": depth, "why": reason }),
+                    json!({ "auto_approve": rule, "rules": reasons, "parent": parent.as_str() }),
                     true,
                 );
-                self.launch(manifest, now)
             }
-            Err(IssueError::Denied(r)) => self.deny(actor, Some(parent), &r, extra),
-            Err(IssueError::Sign(e)) => ApiResponse::Error {
-                message: e.to_string(),
-            },
+            ApprovalVerdict::Needed { reasons } => {
+                return self.hold_for_approval(parent, manifest, reasons, reason.unwrap_or(""));
+            }
         }
+        self.record(
+            event::REPLICATION_REQUESTED,
+            actor,
+            Some(&id),
+            json!({ "parent": parent.as_str(), "depth": depth, "why": reason }),
+            true,
+        );
+        self.launch(manifest, now)
     }
 
     /// Queues an allowed request for a person: the child's manifest is issued and signed
@@ -1036,7 +994,7 @@ impl Engine {
         manifest: Manifest,
         rules: Vec<String>,
         why: &str,
-    ) -> ApiResponse {
+    ) -> Admission {
         let actor = format!("worker:{parent}");
         let child = manifest.worker_id.clone();
         let own = self
@@ -1067,7 +1025,7 @@ impl Engine {
                 json!({ "reason": reason, "why": why }),
                 true,
             );
-            return ApiResponse::Denied {
+            return Admission::Denied {
                 event: event::APPROVAL_DENIED.into(),
                 reason,
             };
@@ -1100,9 +1058,10 @@ impl Engine {
         if let Some(w) = self.registry.get_mut(parent) {
             w.awaiting_approval = true;
         }
-        ApiResponse::Denied {
-            event: "pending".into(),
-            reason: approval_id,
+        Admission::Pending {
+            approval_id,
+            child_id: child,
+            rules,
         }
     }
 
@@ -1179,19 +1138,14 @@ impl Engine {
         // same parent may have been approved meanwhile: the whole contract again, cooldown
         // and narrowing included, exactly as for a request that needs no person.
         let parent_manifest = self.registry.get(&parent).map(|w| w.manifest.clone());
-        let job = SpawnRequest {
-            resources: p.manifest.resources,
-            filesystem: p.manifest.filesystem.clone(),
-            profile: p.manifest.profile.clone(),
-            command: p.manifest.command.clone(),
-            env: p.manifest.env.clone(),
-            cwd: p.manifest.cwd.clone(),
-            state_snapshot: p.manifest.state_snapshot.clone(),
+        let candidate = match &parent_manifest {
+            Some(parent) => Candidate::Child {
+                parent,
+                manifest: &p.manifest,
+            },
+            None => Candidate::Root(&p.manifest),
         };
-        let recheck = match &parent_manifest {
-            Some(pm) => self.contract.can_spawn(pm, &job, &self.registry, now),
-            None => self.contract.admit(&p.manifest, &self.registry, now),
-        };
+        let recheck = candidate.check(&self.contract, &self.store, now);
         if let Decision::Deny(r) = recheck {
             self.record(
                 r.audit_event(),
@@ -1228,7 +1182,7 @@ impl Engine {
             true,
         );
         match self.launch(*p.manifest, now) {
-            ApiResponse::Spawned { worker_id, depth } => {
+            Admission::Started { worker_id, depth } => {
                 self.reply_worker(
                     &parent,
                     WorkerReply::Allowed {
@@ -1249,7 +1203,7 @@ impl Engine {
                         message: "approved, but the child could not be started".into(),
                     },
                 );
-                other
+                api_answer(other)
             }
         }
     }
@@ -1290,19 +1244,20 @@ impl Engine {
         }
     }
 
-    fn launch(&mut self, manifest: Manifest, now: u64) -> ApiResponse {
+    fn launch(&mut self, manifest: Manifest, now: u64) -> Admission {
         let id = manifest.worker_id.clone();
         let parent = manifest.parent_id.clone();
         match self.try_launch(manifest, now) {
-            Ok(resp) => resp,
+            Ok(depth) => Admission::Started {
+                worker_id: id,
+                depth,
+            },
             Err(message) => {
                 // The decision was taken: a start that failed still counts for the
                 // parent's cooldown, so failing starts cannot be repeated at will.
                 let actor = match &parent {
                     Some(p) => {
-                        if let Some(w) = self.registry.get_mut(p) {
-                            w.last_spawn_at = Some(now);
-                        }
+                        self.store.note_failed_start(p, now);
                         format!("worker:{p}")
                     }
                     None => "controller".to_string(),
@@ -1314,7 +1269,7 @@ impl Engine {
                     json!({ "error": message }),
                     true,
                 );
-                ApiResponse::Error { message }
+                Admission::Failed(message)
             }
         }
     }
@@ -1337,10 +1292,11 @@ impl Engine {
         Ok(welcome)
     }
 
-    fn try_launch(&mut self, manifest: Manifest, now: u64) -> Result<ApiResponse, String> {
+    /// Hands a worker to the launcher; its depth when it went.
+    fn try_launch(&mut self, manifest: Manifest, now: u64) -> Result<u32, String> {
         // The decision to start was recorded just before this; if that record could not be
         // made durable, the kill switch is on and the decision does not take effect.
-        if self.registry.kill_switch {
+        if self.store.kill_switch_engaged() {
             return Err("the kill switch is engaged (the audit trail could not be written, or an operator engaged it)".into());
         }
         let id = manifest.worker_id.clone();
@@ -1386,48 +1342,63 @@ impl Engine {
         // Every frame this worker will be sent must fit one: checked again here, where it
         // is made (a root worker's manifest comes this way without `spawn_child`).
         let welcome = self.welcome_fits(&manifest)?;
+        // The slot is taken (checked and counted in one step) before the worker goes out;
+        // one that does not reach the launcher gives it back.
+        let parent = manifest
+            .parent_id
+            .as_ref()
+            .and_then(|p| self.registry.get(p))
+            .map(|w| w.manifest.clone());
+        let candidate = match &parent {
+            Some(parent) => Candidate::Child {
+                parent,
+                manifest: &manifest,
+            },
+            None => Candidate::Root(&manifest),
+        };
+        admission::reserve(&mut self.store, &self.contract, &candidate, now)
+            .into_result()
+            .map_err(|r| match r {
+                DenyReason::KillSwitch => "the kill switch is engaged (the audit trail could not be written, or an operator engaged it)".to_string(),
+                r => format!("refused as it was about to start: {r}"),
+            })?;
         let fd = theirs.map(std::os::fd::OwnedFd::from);
-        self.send_launcher(
+        if let Err(e) = self.send_launcher(
             &LauncherRequest::Launch {
                 spec: Box::new(spec),
             },
             fd,
-        )
-        .map_err(|e| format!("cannot hand the worker to the launcher: {e}"))?;
+        ) {
+            self.store.cancel(&id, now);
+            return Err(format!("cannot hand the worker to the launcher: {e}"));
+        }
         let conn = ours
             .and_then(|s| server::attach_worker(&self.rt, id.clone(), s, self.inputs.clone()).ok());
         if let Some(tx) = &conn {
             let _ = tx.try_send(welcome);
         }
-        self.registry.insert(
-            WorkerRecord {
-                manifest,
-                state: if supervised {
-                    WorkerState::Starting
-                } else {
-                    WorkerState::Registered
-                },
-                pid: None,
-                cgroup: None,
-                started_at_ms: audit::now_ms(),
-                last_heartbeat_ms: None,
-                last_spawn_at: None,
-                children: Vec::new(),
-                conn,
-                ended_by: None,
-                final_usage: None,
-                exit: None,
-                unsupervised: !supervised,
-                awaiting_approval: false,
-                handle: None,
-                gone_unreported_since_ms: None,
+        self.registry.insert(WorkerRecord {
+            manifest,
+            state: if supervised {
+                WorkerState::Starting
+            } else {
+                WorkerState::Registered
             },
-            now,
-        );
-        Ok(ApiResponse::Spawned {
-            worker_id: id,
-            depth,
-        })
+            pid: None,
+            cgroup: None,
+            started_at_ms: audit::now_ms(),
+            last_heartbeat_ms: None,
+            children: Vec::new(),
+            conn,
+            ended_by: None,
+            final_usage: None,
+            exit: None,
+            unsupervised: !supervised,
+            awaiting_approval: false,
+            handle: None,
+            gone_unreported_since_ms: None,
+        });
+        Ok(depth)
     }
 
     // ------------------------------------------------------------- worker messages
@@ -1554,68 +1525,71 @@ impl Engine {
     fn register(&mut self, id: &WorkerId, presented: Manifest) {
         let actor = format!("worker:{id}");
         let now = now_s();
-        let issued = self.registry.get(id).map(|w| w.manifest.clone());
-        if issued.as_ref() != Some(&presented) {
-            // A validly signed manifest of another worker, or a forged one.
-            let verdict = self
-                .signer
-                .authenticate(&presented, now)
-                .err()
-                .map(|e| e.to_string());
-            self.record(
-                event::REJECT_MANIFEST_SIGNATURE,
-                &actor,
-                Some(id),
-                json!({ "why": "not the manifest this worker was issued", "verification": verdict }),
-                true,
-            );
-            self.reply_worker(
-                id,
-                WorkerReply::Error {
-                    message: "this is not the manifest this worker was issued".into(),
-                },
-            );
-            // Any refusal at registration ends the worker: a forger gets one try.
-            self.stop(id, "rejected at registration: not its manifest");
-            return;
-        }
-        if let Err(e) = self.signer.verify(&presented, now) {
-            self.record(
-                e.audit_event(),
-                &actor,
-                Some(id),
-                json!({ "check": e.check(), "error": e.to_string() }),
-                true,
-            );
-            self.reply_worker(
-                id,
-                WorkerReply::Error {
-                    message: e.to_string(),
-                },
-            );
-            self.stop(id, &format!("rejected at registration: {}", e.check()));
-            return;
-        }
-        if let Decision::Deny(reason) =
-            self.contract
-                .admit(&presented, &self.registry.excluding(id), now)
-        {
-            self.record(
-                reason.audit_event(),
-                &actor,
-                Some(id),
-                deny_details(&reason),
-                true,
-            );
-            self.reply_worker(
-                id,
-                WorkerReply::Denied {
-                    event: reason.audit_event().to_string(),
-                    reason: reason.to_string(),
-                },
-            );
-            self.stop(id, "rejected at registration");
-            return;
+        let issued = self.registry.get(id).map(|w| &w.manifest);
+        let verdict = admission::decide_registration(
+            &self.contract,
+            &mut self.signer,
+            &*self.store.excluding(id),
+            issued,
+            &presented,
+            now,
+        );
+        match verdict {
+            Registration::Accepted => {}
+            Registration::NotIssued { verification } => {
+                // A validly signed manifest of another worker, or a forged one.
+                self.record(
+                    event::REJECT_MANIFEST_SIGNATURE,
+                    &actor,
+                    Some(id),
+                    json!({ "why": "not the manifest this worker was issued", "verification": verification }),
+                    true,
+                );
+                self.reply_worker(
+                    id,
+                    WorkerReply::Error {
+                        message: "this is not the manifest this worker was issued".into(),
+                    },
+                );
+                // Any refusal at registration ends the worker: a forger gets one try.
+                self.stop(id, "rejected at registration: not its manifest");
+                return;
+            }
+            Registration::Unverified(e) => {
+                self.record(
+                    e.audit_event(),
+                    &actor,
+                    Some(id),
+                    json!({ "check": e.check(), "error": e.to_string() }),
+                    true,
+                );
+                self.reply_worker(
+                    id,
+                    WorkerReply::Error {
+                        message: e.to_string(),
+                    },
+                );
+                self.stop(id, &format!("rejected at registration: {}", e.check()));
+                return;
+            }
+            Registration::Denied(reason) => {
+                self.record(
+                    reason.audit_event(),
+                    &actor,
+                    Some(id),
+                    deny_details(&reason),
+                    true,
+                );
+                self.reply_worker(
+                    id,
+                    WorkerReply::Denied {
+                        event: reason.audit_event().to_string(),
+                        reason: reason.to_string(),
+                    },
+                );
+                self.stop(id, "rejected at registration");
+                return;
+            }
         }
         let depth = presented.depth.get();
         if let Some(w) = self.registry.get_mut(id) {
@@ -1677,30 +1651,21 @@ impl Engine {
             state_snapshot: snapshot,
         };
         let reply = match self.spawn_child(id, request, &actor, Some(&r.reason)) {
-            ApiResponse::Spawned { worker_id, depth } => WorkerReply::Allowed {
+            Admission::Started { worker_id, depth } => WorkerReply::Allowed {
                 child_id: worker_id,
                 depth,
             },
-            ApiResponse::Denied {
-                event,
-                reason: approval_id,
-            } if event == "pending" => {
-                let (child_id, reasons) = self
-                    .pending_approvals
-                    .get(&approval_id)
-                    .map(|p| (p.manifest.worker_id.clone(), p.rules.clone()))
-                    .unwrap_or_else(|| (id.clone(), Vec::new()));
-                WorkerReply::Pending {
-                    approval_id,
-                    child_id,
-                    reasons,
-                }
-            }
-            ApiResponse::Denied { event, reason } => WorkerReply::Denied { event, reason },
-            ApiResponse::Error { message } => WorkerReply::Error { message },
-            _ => WorkerReply::Error {
-                message: "unexpected result".into(),
+            Admission::Pending {
+                approval_id,
+                child_id,
+                rules,
+            } => WorkerReply::Pending {
+                approval_id,
+                child_id,
+                reasons: rules,
             },
+            Admission::Denied { event, reason } => WorkerReply::Denied { event, reason },
+            Admission::Failed(message) => WorkerReply::Error { message },
         };
         self.reply_worker(id, reply);
     }
@@ -1845,6 +1810,7 @@ impl Engine {
 
     fn exited(&mut self, id: &WorkerId, exit: ExitInfo) {
         self.registry.mark_exited(id, exit);
+        self.store.release(id);
         self.noisy.retain(|(w, _), _| w != id);
         if let Some(counts) = self.audit_budgets.remove(id) {
             self.record_suppressed(id, counts);
@@ -1940,7 +1906,7 @@ impl Engine {
         if let Err(e) = self.audit.sync() {
             // As for a decision's own sync: without a durable trail, nothing goes on.
             tracing::error!(error = %e, "the audit trail cannot be written; engaging the kill switch");
-            self.registry.kill_switch = true;
+            self.store.set_kill_switch(true);
             self.kill_all_directly();
             let _ = self.send_launcher(&LauncherRequest::KillAll, None);
         }
