@@ -1,10 +1,11 @@
 //! The controller's admission decisions, without effects: who may start, who may
-//! register. Each decision takes the state it needs (the contract, the
+//! register, who must go ([`reaping`]). Each decision takes the state it needs (the contract, the
 //! [`AdmissionStore`], a manifest or request) and the time, and returns what to do; the
 //! engine does it (records it in the audit trail, hands the worker to the launcher,
 //! replies). Nothing here does I/O or reads the clock, so every rule is tested without
 //! root or sockets (see `tests.rs`).
 
+pub mod reaping;
 mod store;
 
 pub use store::{AdmissionStore, InMemoryStore, Slot};
