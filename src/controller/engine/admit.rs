@@ -31,6 +31,15 @@ fn new_worker_id() -> Result<WorkerId, String> {
     WorkerId::new(format!("w-{}", hex::encode(b))).map_err(|e| e.to_string())
 }
 
+/// The worker's end and the controller's end of a worker's control socket.
+fn worker_socket() -> Result<(UnixStream, UnixStream), String> {
+    let (ours, theirs) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+    // What the kernel holds for a worker that does not read its replies is bounded too
+    // (with the reply queue, see `reply_worker`).
+    let _ = nix::sys::socket::setsockopt(&ours, nix::sys::socket::sockopt::SndBuf, &WORKER_SNDBUF);
+    Ok((ours, theirs))
+}
+
 pub(super) fn deny_details(reason: &DenyReason) -> serde_json::Value {
     json!({ "reason": reason.to_string() })
 }
@@ -239,6 +248,20 @@ impl Engine {
         Ok(welcome)
     }
 
+    /// The inside uid and gid the next worker's payload runs as: distinct per worker when
+    /// rootless with a subordinate range (and the worker writes no host path).
+    fn payload_ids(&mut self, manifest: &Manifest) -> Option<(u32, u32)> {
+        let slot = self.next_slot;
+        self.next_slot = self.next_slot.wrapping_add(1);
+        (self.cfg.distinct_ids > 1 && manifest.filesystem.read_write.is_empty()).then(|| {
+            let k = slot
+                .checked_rem(self.cfg.distinct_ids.saturating_sub(1))
+                .unwrap_or(0)
+                .saturating_add(1);
+            (k, k)
+        })
+    }
+
     /// Hands a worker to the launcher; its depth when it went.
     pub(super) fn try_launch(&mut self, manifest: Manifest, now: u64) -> Result<u32, String> {
         // The decision to start was recorded just before this; if that record could not be
@@ -250,32 +273,12 @@ impl Engine {
         let depth = manifest.depth.get();
         let supervised = manifest.resources.network_policy.allow_controller;
         let (ours, theirs) = if supervised {
-            match UnixStream::pair() {
-                Ok((a, b)) => {
-                    // What the kernel holds for a worker that does not read its replies
-                    // is bounded too (with the reply queue, see `reply_worker`).
-                    let _ = nix::sys::socket::setsockopt(
-                        &a,
-                        nix::sys::socket::sockopt::SndBuf,
-                        &WORKER_SNDBUF,
-                    );
-                    (Some(a), Some(b))
-                }
-                Err(e) => return Err(format!("socketpair: {e}")),
-            }
+            let (a, b) = worker_socket()?;
+            (Some(a), Some(b))
         } else {
             (None, None)
         };
-        let slot = self.next_slot;
-        self.next_slot = self.next_slot.wrapping_add(1);
-        let payload_ids = (self.cfg.distinct_ids > 1 && manifest.filesystem.read_write.is_empty())
-            .then(|| {
-                let k = slot
-                    .checked_rem(self.cfg.distinct_ids.saturating_sub(1))
-                    .unwrap_or(0)
-                    .saturating_add(1);
-                (k, k)
-            });
+        let payload_ids = self.payload_ids(&manifest);
         let spec = LaunchSpec::for_worker(
             &manifest,
             &WorkerPlacement {

@@ -154,6 +154,14 @@ impl Engine {
                 child_id: None,
             };
         }
+        self.approve(p, &actor)
+    }
+
+    /// Starts an approved child, if its parent still runs and the contract still allows it.
+    fn approve(&mut self, p: PendingApproval, actor: &str) -> ApiResponse {
+        let approval_id = p.approval_id.as_str();
+        let parent = p.requested_by.clone();
+        let child = p.manifest.worker_id.clone();
         let now = now_s();
         let parent_alive = self
             .registry
@@ -204,7 +212,7 @@ impl Engine {
         }
         self.record(
             event::APPROVAL_GRANTED,
-            &actor,
+            actor,
             Some(&child),
             json!({ "approval_id": approval_id }),
             true,

@@ -71,41 +71,7 @@ impl Engine {
                     );
                 }
             }
-            LauncherEvent::Started {
-                worker_id,
-                pid,
-                start_time,
-                cgroup,
-                enforcement,
-            } => {
-                let Ok(id) = WorkerId::new(worker_id) else {
-                    return;
-                };
-                let not_enforced = enforcement.get("not_enforced").cloned().unwrap_or_default();
-                let handle = start_time.and_then(|t| {
-                    KillHandle::open(pid, t, cgroup.as_deref())
-                        .inspect_err(|e| tracing::warn!(worker = %id, error = %e, "no handle on the sandbox; only the launcher can kill it"))
-                        .ok()
-                });
-                if let Some(w) = self.registry.get_mut(&id) {
-                    w.pid = Some(pid);
-                    w.cgroup = cgroup.clone();
-                    w.handle = handle;
-                    if w.state == WorkerState::Stopping {
-                        // Ended while its launch was on the way (a kill, the kill switch).
-                        if let Some(h) = &w.handle {
-                            h.kill();
-                        }
-                    }
-                }
-                self.record(
-                    event::WORKER_STARTED,
-                    "controller",
-                    Some(&id),
-                    json!({ "pid": pid, "cgroup": cgroup, "not_enforced": not_enforced }),
-                    false,
-                );
-            }
+            ev @ LauncherEvent::Started { .. } => self.started(ev),
             LauncherEvent::StartFailed { worker_id, error } => {
                 let Ok(id) = WorkerId::new(worker_id) else {
                     return;
@@ -128,54 +94,7 @@ impl Engine {
                     },
                 );
             }
-            LauncherEvent::Exited {
-                worker_id,
-                exit_code,
-                signal,
-                oom_killed,
-                timed_out,
-                wall_ms,
-                usage,
-                error,
-                output_bytes,
-                output_truncated,
-            } => {
-                let Ok(id) = WorkerId::new(worker_id) else {
-                    return;
-                };
-                if !self.registry.get(&id).is_some_and(|w| w.state.is_active()) {
-                    // The controller confirmed and recorded this exit itself already.
-                    tracing::info!(worker = %id, "the launcher reported an exit recorded already");
-                    return;
-                }
-                let ended_by = self.registry.get(&id).and_then(|w| w.ended_by.clone());
-                if let Some(w) = self.registry.get_mut(&id) {
-                    w.final_usage = Some(usage.clone());
-                }
-                self.record(
-                    event::WORKER_EXITED,
-                    "controller",
-                    Some(&id),
-                    json!({
-                        "exit_code": exit_code, "signal": signal, "oom_killed": oom_killed,
-                        "timed_out": timed_out, "wall_ms": wall_ms, "ended_by": ended_by,
-                        "cpu_usec": usage.cpu_usec, "memory_peak_bytes": usage.memory_peak_bytes,
-                        "error": error,
-                        "output_bytes": output_bytes, "output_truncated": output_truncated,
-                    }),
-                    false,
-                );
-                self.exited(
-                    &id,
-                    ExitInfo {
-                        exit_code,
-                        signal,
-                        oom_killed,
-                        timed_out,
-                        ended_by,
-                    },
-                );
-            }
+            ev @ LauncherEvent::Exited { .. } => self.exit_reported(ev),
             LauncherEvent::Refused { error } => {
                 // The engine checks what it sends; a refusal here is a defect to see.
                 tracing::error!(%error, "the launcher refused a request");
@@ -192,6 +111,101 @@ impl Engine {
                 self.answer_ps();
             }
         }
+    }
+
+    /// A worker's sandbox runs: its pid, cgroup and the controller's own handle on it.
+    fn started(&mut self, ev: LauncherEvent) {
+        let LauncherEvent::Started {
+            worker_id,
+            pid,
+            start_time,
+            cgroup,
+            enforcement,
+        } = ev
+        else {
+            return;
+        };
+        let Ok(id) = WorkerId::new(worker_id) else {
+            return;
+        };
+        let not_enforced = enforcement.get("not_enforced").cloned().unwrap_or_default();
+        let handle = start_time.and_then(|t| {
+            KillHandle::open(pid, t, cgroup.as_deref())
+                .inspect_err(|e| tracing::warn!(worker = %id, error = %e, "no handle on the sandbox; only the launcher can kill it"))
+                .ok()
+        });
+        if let Some(w) = self.registry.get_mut(&id) {
+            w.pid = Some(pid);
+            w.cgroup = cgroup.clone();
+            w.handle = handle;
+            if w.state == WorkerState::Stopping {
+                // Ended while its launch was on the way (a kill, the kill switch).
+                if let Some(h) = &w.handle {
+                    h.kill();
+                }
+            }
+        }
+        self.record(
+            event::WORKER_STARTED,
+            "controller",
+            Some(&id),
+            json!({ "pid": pid, "cgroup": cgroup, "not_enforced": not_enforced }),
+            false,
+        );
+    }
+
+    /// The launcher's report of an exit, with its accounting.
+    fn exit_reported(&mut self, ev: LauncherEvent) {
+        let LauncherEvent::Exited {
+            worker_id,
+            exit_code,
+            signal,
+            oom_killed,
+            timed_out,
+            wall_ms,
+            usage,
+            error,
+            output_bytes,
+            output_truncated,
+        } = ev
+        else {
+            return;
+        };
+        let Ok(id) = WorkerId::new(worker_id) else {
+            return;
+        };
+        if !self.registry.get(&id).is_some_and(|w| w.state.is_active()) {
+            // The controller confirmed and recorded this exit itself already.
+            tracing::info!(worker = %id, "the launcher reported an exit recorded already");
+            return;
+        }
+        let ended_by = self.registry.get(&id).and_then(|w| w.ended_by.clone());
+        if let Some(w) = self.registry.get_mut(&id) {
+            w.final_usage = Some(usage.clone());
+        }
+        self.record(
+            event::WORKER_EXITED,
+            "controller",
+            Some(&id),
+            json!({
+                "exit_code": exit_code, "signal": signal, "oom_killed": oom_killed,
+                "timed_out": timed_out, "wall_ms": wall_ms, "ended_by": ended_by,
+                "cpu_usec": usage.cpu_usec, "memory_peak_bytes": usage.memory_peak_bytes,
+                "error": error,
+                "output_bytes": output_bytes, "output_truncated": output_truncated,
+            }),
+            false,
+        );
+        self.exited(
+            &id,
+            ExitInfo {
+                exit_code,
+                signal,
+                oom_killed,
+                timed_out,
+                ended_by,
+            },
+        );
     }
 
     pub(super) fn exited(&mut self, id: &WorkerId, exit: ExitInfo) {

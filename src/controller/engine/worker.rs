@@ -32,32 +32,8 @@ impl Engine {
             return;
         }
         let actor = format!("worker:{id}");
-        // Identity is the connection: a claimed id must be the connection's own.
-        if let Some(claimed) = message.claimed_id() {
-            if claimed != id.as_str() {
-                let claimed = bounded::clip(claimed, 80);
-                // Recorded (and synced) once, then summarised: a worker repeating the
-                // attempt cannot grow the trail or its disk traffic at will.
-                if let Some(suppressed) = self.noisy_ok(&id, "impersonation") {
-                    self.record(
-                        event::IMPERSONATION_ATTEMPT,
-                        &actor,
-                        Some(&id),
-                        json!({ "claimed": claimed, "message": message.kind(), "suppressed_since_last": suppressed }),
-                        true,
-                    );
-                }
-                self.reply_worker(
-                    &id,
-                    WorkerReply::Error {
-                        message: format!("this connection is worker {id}, not {claimed}"),
-                    },
-                );
-                if matches!(message, WorkerMessage::Register(_)) {
-                    self.stop(&id, "rejected at registration: another worker's manifest");
-                }
-                return;
-            }
+        if self.rejects_claim(&id, &message) {
+            return;
         }
         let state = self.registry.get(&id).map(|w| w.state);
         match (message, state) {
@@ -135,6 +111,39 @@ impl Engine {
                 ));
             }
         }
+    }
+
+    /// Identity is the connection: a message claiming another worker's id is refused (and
+    /// recorded), and a registration with another's manifest ends the worker.
+    fn rejects_claim(&mut self, id: &WorkerId, message: &WorkerMessage) -> bool {
+        let actor = format!("worker:{id}");
+        if let Some(claimed) = message.claimed_id() {
+            if claimed != id.as_str() {
+                let claimed = bounded::clip(claimed, 80);
+                // Recorded (and synced) once, then summarised: a worker repeating the
+                // attempt cannot grow the trail or its disk traffic at will.
+                if let Some(suppressed) = self.noisy_ok(id, "impersonation") {
+                    self.record(
+                        event::IMPERSONATION_ATTEMPT,
+                        &actor,
+                        Some(id),
+                        json!({ "claimed": claimed, "message": message.kind(), "suppressed_since_last": suppressed }),
+                        true,
+                    );
+                }
+                self.reply_worker(
+                    id,
+                    WorkerReply::Error {
+                        message: format!("this connection is worker {id}, not {claimed}"),
+                    },
+                );
+                if matches!(message, WorkerMessage::Register(_)) {
+                    self.stop(id, "rejected at registration: another worker's manifest");
+                }
+                return true;
+            }
+        }
+        false
     }
 
     pub(super) fn register(&mut self, id: &WorkerId, presented: Manifest) {
