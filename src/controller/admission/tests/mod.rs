@@ -82,6 +82,11 @@ impl World {
         }
     }
 
+    /// A child of the root that must be allowed.
+    fn start(&mut self, id: &str, now: u64) -> Result<Manifest, String> {
+        self.spawn_from_root(id, now).map_err(|r| r.to_string())
+    }
+
     fn spawn_from_root(&mut self, id: &str, now: u64) -> Result<Manifest, DenyReason> {
         let root = self.root.clone();
         self.spawn(&root, id, now)
@@ -136,9 +141,7 @@ fn the_quota_counts_active_workers_and_frees_a_slot_on_release() -> TestResult {
         max_replicas: 2,
         ..contract()
     })?;
-    let a = w
-        .spawn_from_root("w-a", T0 + 1)
-        .map_err(|r| r.to_string())?;
+    let a = w.start("w-a", T0 + 1)?;
     assert_eq!(
         w.spawn_from_root("w-b", T0 + 2).err(),
         Some(DenyReason::Quota {
@@ -158,9 +161,7 @@ fn a_memory_budget_counts_active_workers_and_the_candidate() -> TestResult {
         name: "memory".into(),
         max_total_memory_mb: 4096 + 256,
     }))?;
-    let a = w
-        .spawn_from_root("w-a", T0 + 1)
-        .map_err(|r| r.to_string())?;
+    let a = w.start("w-a", T0 + 1)?;
     assert_eq!(fired(w.spawn_from_root("w-b", T0 + 2)), "memory");
     w.store.release(&a.worker_id);
     assert!(w.spawn_from_root("w-b", T0 + 3).is_ok());
@@ -174,8 +175,7 @@ fn a_cpu_budget_counts_active_workers_and_the_candidate() -> TestResult {
         name: "cpu".into(),
         max_total_cpus: 4.5,
     }))?;
-    w.spawn_from_root("w-a", T0 + 1)
-        .map_err(|r| r.to_string())?;
+    w.start("w-a", T0 + 1)?;
     assert_eq!(fired(w.spawn_from_root("w-b", T0 + 2)), "cpu");
     Ok(())
 }
@@ -186,9 +186,7 @@ fn a_child_beyond_max_depth_is_refused() -> TestResult {
         max_depth: 1,
         ..contract()
     })?;
-    let a = w
-        .spawn_from_root("w-a", T0 + 1)
-        .map_err(|r| r.to_string())?;
+    let a = w.start("w-a", T0 + 1)?;
     assert_eq!(
         w.spawn(&a, "w-aa", T0 + 2).err(),
         Some(DenyReason::Depth {
@@ -205,8 +203,7 @@ fn a_parent_waits_out_its_cooldown_even_after_a_failed_start() -> TestResult {
         cooldown_seconds: 10,
         ..contract()
     })?;
-    w.spawn_from_root("w-a", T0 + 1)
-        .map_err(|r| r.to_string())?;
+    w.start("w-a", T0 + 1)?;
     assert_eq!(
         w.spawn_from_root("w-b", T0 + 5).err(),
         Some(DenyReason::Cooldown {
@@ -232,8 +229,7 @@ fn a_spawn_rate_counts_starts_within_its_window() -> TestResult {
         max_spawns: 2,
         window_seconds: 60,
     }))?;
-    w.spawn_from_root("w-a", T0 + 1)
-        .map_err(|r| r.to_string())?;
+    w.start("w-a", T0 + 1)?;
     assert_eq!(fired(w.spawn_from_root("w-b", T0 + 2)), "rate");
     // Releasing does not forget a start; the window does.
     w.store.release(&worker("w-a"));
@@ -248,9 +244,7 @@ fn a_lifetime_total_is_not_freed_by_release() -> TestResult {
         name: "total".into(),
         max_workers: 2,
     }))?;
-    let a = w
-        .spawn_from_root("w-a", T0 + 1)
-        .map_err(|r| r.to_string())?;
+    let a = w.start("w-a", T0 + 1)?;
     w.store.release(&a.worker_id);
     assert_eq!(fired(w.spawn_from_root("w-b", T0 + 2)), "total");
     assert_eq!(w.store.lifetime_total(), 2);

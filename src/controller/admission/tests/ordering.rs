@@ -100,9 +100,7 @@ fn a_registering_worker_is_not_counted_against_itself() -> TestResult {
         max_replicas: 2,
         ..contract()
     })?;
-    let a = w
-        .spawn_from_root("w-a", T0 + 1)
-        .map_err(|r| r.to_string())?;
+    let a = w.start("w-a", T0 + 1)?;
     let view = w.store.excluding(&a.worker_id);
     assert_eq!(view.active_count(), 1);
     assert_eq!(view.lifetime_total(), 1);
@@ -115,12 +113,8 @@ fn a_registering_worker_is_not_counted_against_itself() -> TestResult {
 #[test]
 fn registration_refuses_another_manifest_a_replay_and_an_engaged_kill_switch() -> TestResult {
     let mut w = world(contract())?;
-    let a = w
-        .spawn_from_root("w-a", T0 + 1)
-        .map_err(|r| r.to_string())?;
-    let b = w
-        .spawn_from_root("w-b", T0 + 2)
-        .map_err(|r| r.to_string())?;
+    let a = w.start("w-a", T0 + 1)?;
+    let b = w.start("w-b", T0 + 2)?;
     let view = w.store.excluding(&a.worker_id);
     let r = decide_registration(&w.contract, &mut w.signer, &*view, Some(&a), &b, T0 + 3);
     assert!(matches!(r, Registration::NotIssued { .. }), "{r:?}");
