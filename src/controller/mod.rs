@@ -13,6 +13,7 @@
 //! and supervises the sandboxes. The launcher dies with the controller and every sandbox
 //! dies with the launcher, so no worker outlives its controller.
 
+pub mod admission;
 pub mod audit_budget;
 pub mod bounded;
 pub mod client;

@@ -1,12 +1,13 @@
-//! The controller's registry: every worker it launched, its lineage and state, and the
-//! counters the replication contract reads through [`RegistryView`].
+//! The controller's registry: every worker it launched, its lineage and state, its
+//! connection, pid and handle. What the replication contract counts (active workers and
+//! their limits, cooldowns, the spawn history, the kill switch) is kept apart, in the
+//! admission store (`super::admission`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 
 use tokio::sync::mpsc::Sender;
 
-use crate::contract::RegistryView;
 use crate::manifest::{Manifest, WorkerId};
 use crate::sandbox::handle::KillHandle;
 
@@ -14,9 +15,6 @@ use super::protocol::{ExitInfo, WorkerInfo, WorkerReply};
 
 /// Exited workers kept for `ps` after they are gone.
 const KEEP_EXITED: usize = 1000;
-/// Spawn times remembered for rate stop conditions (a window longer than this many spawns
-/// is counted as full).
-const KEEP_SPAWN_TIMES: usize = 100_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WorkerState {
@@ -51,8 +49,6 @@ pub struct WorkerRecord {
     pub cgroup: Option<PathBuf>,
     pub started_at_ms: u64,
     pub last_heartbeat_ms: Option<u64>,
-    /// When this worker last had a child issued (seconds), for cooldowns.
-    pub last_spawn_at: Option<u64>,
     pub children: Vec<WorkerId>,
     /// The worker's socket, while connected.
     pub conn: Option<Sender<WorkerReply>>,
@@ -75,9 +71,6 @@ pub struct WorkerRecord {
 pub struct Registry {
     workers: BTreeMap<WorkerId, WorkerRecord>,
     exited_order: VecDeque<WorkerId>,
-    spawn_times: VecDeque<u64>,
-    lifetime_total: u64,
-    pub kill_switch: bool,
 }
 
 impl Registry {
@@ -89,19 +82,13 @@ impl Registry {
         self.workers.get_mut(id)
     }
 
-    /// Adds a worker just issued a manifest; counts it in the spawn history.
-    pub fn insert(&mut self, record: WorkerRecord, now_s: u64) {
+    /// Adds a worker just handed to the launcher (and admitted in the admission store).
+    pub fn insert(&mut self, record: WorkerRecord) {
         if let Some(parent) = record.manifest.parent_id.clone() {
             if let Some(p) = self.workers.get_mut(&parent) {
                 p.children.push(record.manifest.worker_id.clone());
-                p.last_spawn_at = Some(now_s);
             }
         }
-        self.spawn_times.push_back(now_s);
-        while self.spawn_times.len() > KEEP_SPAWN_TIMES {
-            self.spawn_times.pop_front();
-        }
-        self.lifetime_total = self.lifetime_total.saturating_add(1);
         self.workers
             .insert(record.manifest.worker_id.clone(), record);
     }
@@ -181,91 +168,5 @@ impl Registry {
             usage: w.final_usage.clone(),
             exit: w.exit.clone(),
         }
-    }
-
-    /// A view that leaves one worker out (the one being admitted is not counted yet).
-    pub fn excluding<'a>(&'a self, id: &'a WorkerId) -> Excluding<'a> {
-        Excluding { registry: self, id }
-    }
-
-    fn totals(&self, skip: Option<&WorkerId>) -> (u64, u64, f64) {
-        let mut n = 0u64;
-        let mut mem = 0u64;
-        let mut cpu = 0f64;
-        for (id, w) in self.active() {
-            if Some(id) == skip {
-                continue;
-            }
-            n = n.saturating_add(1);
-            mem = mem.saturating_add(w.manifest.resources.memory_limit_mb.get());
-            cpu += w.manifest.resources.cpu_limit.get();
-        }
-        (n, mem, cpu)
-    }
-}
-
-impl RegistryView for Registry {
-    fn kill_switch_engaged(&self) -> bool {
-        self.kill_switch
-    }
-    fn active_count(&self) -> u64 {
-        self.totals(None).0
-    }
-    fn last_spawn_by(&self, parent: &WorkerId) -> Option<u64> {
-        self.workers.get(parent).and_then(|w| w.last_spawn_at)
-    }
-    fn total_memory_limit_mb(&self) -> u64 {
-        self.totals(None).1
-    }
-    fn total_cpu_limit(&self) -> f64 {
-        self.totals(None).2
-    }
-    fn spawns_since(&self, since: u64) -> u64 {
-        self.spawn_times
-            .iter()
-            .rev()
-            .take_while(|t| **t >= since)
-            .count() as u64
-    }
-    fn lifetime_total(&self) -> u64 {
-        self.lifetime_total
-    }
-}
-
-/// [`Registry`] without one worker.
-pub struct Excluding<'a> {
-    registry: &'a Registry,
-    id: &'a WorkerId,
-}
-
-impl RegistryView for Excluding<'_> {
-    fn kill_switch_engaged(&self) -> bool {
-        self.registry.kill_switch
-    }
-    fn active_count(&self) -> u64 {
-        self.registry.totals(Some(self.id)).0
-    }
-    fn last_spawn_by(&self, parent: &WorkerId) -> Option<u64> {
-        self.registry.last_spawn_by(parent)
-    }
-    fn total_memory_limit_mb(&self) -> u64 {
-        self.registry.totals(Some(self.id)).1
-    }
-    fn total_cpu_limit(&self) -> f64 {
-        self.registry.totals(Some(self.id)).2
-    }
-    fn spawns_since(&self, since: u64) -> u64 {
-        let own = self
-            .registry
-            .workers
-            .get(self.id)
-            .is_some_and(|w| w.manifest.issued_at.get() >= since);
-        self.registry
-            .spawns_since(since)
-            .saturating_sub(u64::from(own))
-    }
-    fn lifetime_total(&self) -> u64 {
-        let own = self.registry.workers.contains_key(self.id);
-        self.registry.lifetime_total.saturating_sub(u64::from(own))
     }
 }

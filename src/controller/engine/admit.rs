@@ -1,0 +1,353 @@
+//! Starting workers: a root for a person, a child for a person or its parent. The
+//! decisions are `admission`'s; this records them and carries them out (signing, the
+//! launcher, attaching the worker's socket).
+
+use std::os::unix::net::UnixStream;
+
+use serde_json::json;
+
+use crate::audit::{self, event};
+use crate::contract::approval::ApprovalVerdict;
+use crate::contract::{Decision, DenyReason, RegistryView};
+use crate::manifest::{Lineage, Manifest, SpawnRequest, WorkerId};
+
+use crate::controller::admission::{
+    self, Admission, AdmissionStore, Candidate, ChildDecision, ChildRequest, Requester,
+};
+use crate::controller::launch_protocol::WorkerPlacement;
+use crate::controller::launcher::{LaunchSpec, LauncherRequest};
+use crate::controller::protocol::{ApiResponse, WorkerReply};
+use crate::controller::registry::{WorkerRecord, WorkerState};
+use crate::controller::server;
+
+use super::{Engine, now_s};
+
+/// The controller's send buffer on a worker's socket (the kernel doubles it).
+const WORKER_SNDBUF: usize = 16 << 10;
+
+fn new_worker_id() -> Result<WorkerId, String> {
+    let mut b = [0u8; 6];
+    getrandom::fill(&mut b).map_err(|e| format!("random source: {e}"))?;
+    WorkerId::new(format!("w-{}", hex::encode(b))).map_err(|e| e.to_string())
+}
+
+/// The worker's end and the controller's end of a worker's control socket.
+fn worker_socket() -> Result<(UnixStream, UnixStream), String> {
+    let (ours, theirs) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+    // What the kernel holds for a worker that does not read its replies is bounded too
+    // (with the reply queue, see `reply_worker`).
+    let _ = nix::sys::socket::setsockopt(&ours, nix::sys::socket::sockopt::SndBuf, &WORKER_SNDBUF);
+    Ok((ours, theirs))
+}
+
+pub(super) fn deny_details(reason: &DenyReason) -> serde_json::Value {
+    json!({ "reason": reason.to_string() })
+}
+
+/// The API's answer to a request to start a worker.
+pub(super) fn api_answer(outcome: Admission) -> ApiResponse {
+    match outcome {
+        Admission::Started { worker_id, depth } => ApiResponse::Spawned { worker_id, depth },
+        Admission::Denied { event, reason } => ApiResponse::Denied { event, reason },
+        Admission::Failed(message) => ApiResponse::Error { message },
+        // A person's own request needs no other person (see `Requester::Person`).
+        Admission::Pending { approval_id, .. } => ApiResponse::Error {
+            message: format!("waiting for a decision on approval {approval_id}"),
+        },
+    }
+}
+
+impl Engine {
+    pub(super) fn deny(
+        &mut self,
+        actor: &str,
+        worker: Option<&WorkerId>,
+        reason: &DenyReason,
+        extra: serde_json::Value,
+    ) -> Admission {
+        let mut details = deny_details(reason);
+        if let (Some(obj), serde_json::Value::Object(more)) = (details.as_object_mut(), extra) {
+            obj.extend(more);
+        }
+        self.record(reason.audit_event(), actor, worker, details, true);
+        Admission::Denied {
+            event: reason.audit_event().to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    pub(super) fn spawn_root(&mut self, mut request: SpawnRequest, actor: &str) -> Admission {
+        let now = now_s();
+        // A root without a cap gets the controller's, in its signed manifest: its
+        // children are then narrowed to it like to any other grant.
+        if request.resources.max_output_bytes.is_none() {
+            request.resources.max_output_bytes =
+                crate::manifest::OutputBytes::new(self.cfg.worker_output_cap).ok();
+        }
+        if let Err(e) = request.validate() {
+            return self.deny(actor, None, &DenyReason::InvalidRequest(e), json!({}));
+        }
+        if let Some(reason) = admission::unsupported(&request) {
+            return self.deny(actor, None, &reason, json!({ "parent": null }));
+        }
+        let id = match new_worker_id() {
+            Ok(id) => id,
+            Err(message) => return Admission::Failed(message),
+        };
+        let validity = match self.contract.child_validity(now, None) {
+            Ok(v) => v,
+            Err(e) => return Admission::Failed(e.to_string()),
+        };
+        let manifest = match self
+            .signer
+            .issue(Lineage::root(id.clone()), request, validity)
+        {
+            Ok(m) => m,
+            Err(e) => return Admission::Failed(e.to_string()),
+        };
+        if let Decision::Deny(reason) = self.contract.admit(&manifest, &self.store, now) {
+            return self.deny(actor, None, &reason, json!({ "parent": null }));
+        }
+        self.record(
+            event::REPLICATION_REQUESTED,
+            actor,
+            Some(&id),
+            json!({ "parent": null, "depth": 0 }),
+            true,
+        );
+        self.launch(manifest, now)
+    }
+
+    /// Issues a child of `parent` (asked by a person through the API, or by the parent
+    /// itself through `replicate`) and launches it.
+    pub(super) fn spawn_child(
+        &mut self,
+        parent: &WorkerId,
+        request: SpawnRequest,
+        actor: &str,
+        reason: Option<&str>,
+    ) -> Admission {
+        let now = now_s();
+        let parent_manifest = match self.registry.get(parent) {
+            Some(w)
+                if w.state == WorkerState::Registered
+                    || (w.unsupervised && w.state.is_active()) =>
+            {
+                w.manifest.clone()
+            }
+            Some(_) => {
+                return Admission::Failed(format!("worker {parent} is not running and registered"));
+            }
+            None => return Admission::Failed(format!("no worker {parent}")),
+        };
+        let id = match new_worker_id() {
+            Ok(id) => id,
+            Err(message) => return Admission::Failed(message),
+        };
+        let extra = json!({ "parent": parent.as_str(), "why": reason });
+        // A person asked through the API is the approver; a worker's own request goes
+        // through the approval rules.
+        let requester = match reason {
+            Some(_) => Requester::Parent,
+            None => Requester::Person,
+        };
+        let asked = ChildRequest {
+            parent: &parent_manifest,
+            request,
+            child_id: id.clone(),
+            requester,
+        };
+        let (manifest, approval) =
+            match admission::decide_child(&self.contract, &self.signer, &self.store, asked, now) {
+                ChildDecision::Issued { manifest, approval } => (*manifest, approval),
+                ChildDecision::Denied(r) => return self.deny(actor, Some(parent), &r, extra),
+                ChildDecision::Failed(message) => return Admission::Failed(message),
+            };
+        let depth = manifest.depth.get();
+        // A manifest whose welcome would not fit a frame is refused here, before anything
+        // is recorded as allowed: a request that can never start is an invalid request
+        // (charged to its worker's audit budget), not a start that failed.
+        if let Err(message) = self.welcome_fits(&manifest) {
+            return self.deny(
+                actor,
+                Some(parent),
+                &DenyReason::InvalidRequest(crate::manifest::FieldError::new("manifest", message)),
+                extra,
+            );
+        }
+        match approval {
+            ApprovalVerdict::NotNeeded => {}
+            ApprovalVerdict::AutoApproved { rule, reasons } => {
+                self.record(
+                    event::APPROVAL_GRANTED,
+                    "controller",
+                    Some(&id),
+                    json!({ "auto_approve": rule, "rules": reasons, "parent": parent.as_str() }),
+                    true,
+                );
+            }
+            ApprovalVerdict::Needed { reasons } => {
+                return self.hold_for_approval(parent, manifest, reasons, reason.unwrap_or(""));
+            }
+        }
+        self.record(
+            event::REPLICATION_REQUESTED,
+            actor,
+            Some(&id),
+            json!({ "parent": parent.as_str(), "depth": depth, "why": reason }),
+            true,
+        );
+        self.launch(manifest, now)
+    }
+
+    pub(super) fn launch(&mut self, manifest: Manifest, now: u64) -> Admission {
+        let id = manifest.worker_id.clone();
+        let parent = manifest.parent_id.clone();
+        match self.try_launch(manifest, now) {
+            Ok(depth) => Admission::Started {
+                worker_id: id,
+                depth,
+            },
+            Err(message) => {
+                // The decision was taken: a start that failed still counts for the
+                // parent's cooldown, so failing starts cannot be repeated at will.
+                let actor = match &parent {
+                    Some(p) => {
+                        self.store.note_failed_start(p, now);
+                        format!("worker:{p}")
+                    }
+                    None => "controller".to_string(),
+                };
+                self.record(
+                    event::WORKER_START_FAILED,
+                    &actor,
+                    Some(&id),
+                    json!({ "error": message }),
+                    true,
+                );
+                Admission::Failed(message)
+            }
+        }
+    }
+
+    /// The welcome a worker with this manifest is sent, if it fits one frame.
+    pub(super) fn welcome_fits(&self, manifest: &Manifest) -> Result<WorkerReply, String> {
+        let welcome = WorkerReply::Welcome {
+            worker_id: manifest.worker_id.clone(),
+            manifest: Box::new(manifest.clone()),
+            heartbeat_interval_ms: u64::try_from(self.cfg.heartbeat_interval.as_millis())
+                .unwrap_or(u64::MAX),
+        };
+        let welcome_size = serde_json::to_vec(&welcome).map_or(usize::MAX, |v| v.len());
+        if welcome_size > super::super::wire::MAX_FRAME {
+            return Err(format!(
+                "the manifest makes a {welcome_size}-byte welcome; a worker could not receive it (frames are at most {} bytes): shorten the state snapshot, environment or command",
+                super::super::wire::MAX_FRAME
+            ));
+        }
+        Ok(welcome)
+    }
+
+    /// The inside uid and gid the next worker's payload runs as: distinct per worker when
+    /// rootless with a subordinate range (and the worker writes no host path).
+    fn payload_ids(&mut self, manifest: &Manifest) -> Option<(u32, u32)> {
+        let slot = self.next_slot;
+        self.next_slot = self.next_slot.wrapping_add(1);
+        (self.cfg.distinct_ids > 1 && manifest.filesystem.read_write.is_empty()).then(|| {
+            let k = slot
+                .checked_rem(self.cfg.distinct_ids.saturating_sub(1))
+                .unwrap_or(0)
+                .saturating_add(1);
+            (k, k)
+        })
+    }
+
+    /// Hands a worker to the launcher; its depth when it went.
+    pub(super) fn try_launch(&mut self, manifest: Manifest, now: u64) -> Result<u32, String> {
+        // The decision to start was recorded just before this; if that record could not be
+        // made durable, the kill switch is on and the decision does not take effect.
+        if self.store.kill_switch_engaged() {
+            return Err("the kill switch is engaged (the audit trail could not be written, or an operator engaged it)".into());
+        }
+        let id = manifest.worker_id.clone();
+        let depth = manifest.depth.get();
+        let supervised = manifest.resources.network_policy.allow_controller;
+        let (ours, theirs) = if supervised {
+            let (a, b) = worker_socket()?;
+            (Some(a), Some(b))
+        } else {
+            (None, None)
+        };
+        let payload_ids = self.payload_ids(&manifest);
+        let spec = LaunchSpec::for_worker(
+            &manifest,
+            &WorkerPlacement {
+                payload_ids,
+                allow_degraded: self.cfg.allow_degraded,
+                agent_binary: self.cfg.agent_binary.clone(),
+                cgroup_owner: &self.cfg.cgroup_owner,
+                default_output_cap: self.cfg.worker_output_cap,
+            },
+        );
+        // Every frame this worker will be sent must fit one: checked again here, where it
+        // is made (a root worker's manifest comes this way without `spawn_child`).
+        let welcome = self.welcome_fits(&manifest)?;
+        // The slot is taken (checked and counted in one step) before the worker goes out;
+        // one that does not reach the launcher gives it back.
+        let parent = manifest
+            .parent_id
+            .as_ref()
+            .and_then(|p| self.registry.get(p))
+            .map(|w| w.manifest.clone());
+        let candidate = match &parent {
+            Some(parent) => Candidate::Child {
+                parent,
+                manifest: &manifest,
+            },
+            None => Candidate::Root(&manifest),
+        };
+        admission::reserve(&mut self.store, &self.contract, &candidate, now)
+            .into_result()
+            .map_err(|r| match r {
+                DenyReason::KillSwitch => "the kill switch is engaged (the audit trail could not be written, or an operator engaged it)".to_string(),
+                r => format!("refused as it was about to start: {r}"),
+            })?;
+        let fd = theirs.map(std::os::fd::OwnedFd::from);
+        if let Err(e) = self.send_launcher(
+            &LauncherRequest::Launch {
+                spec: Box::new(spec),
+            },
+            fd,
+        ) {
+            self.store.cancel(&id, now);
+            return Err(format!("cannot hand the worker to the launcher: {e}"));
+        }
+        let conn = ours
+            .and_then(|s| server::attach_worker(&self.rt, id.clone(), s, self.inputs.clone()).ok());
+        if let Some(tx) = &conn {
+            let _ = tx.try_send(welcome);
+        }
+        self.registry.insert(WorkerRecord {
+            manifest,
+            state: if supervised {
+                WorkerState::Starting
+            } else {
+                WorkerState::Registered
+            },
+            pid: None,
+            cgroup: None,
+            started_at_ms: audit::now_ms(),
+            last_heartbeat_ms: None,
+            children: Vec::new(),
+            conn,
+            ended_by: None,
+            final_usage: None,
+            exit: None,
+            unsupervised: !supervised,
+            awaiting_approval: false,
+            handle: None,
+            gone_unreported_since_ms: None,
+        });
+        Ok(depth)
+    }
+}

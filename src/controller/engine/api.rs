@@ -1,0 +1,208 @@
+//! The API's requests: starting, listing, inspecting and reading the logs of workers,
+//! approvals and status (killing is in `kill`).
+
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::audit;
+use crate::contract::RegistryView;
+use crate::manifest::WorkerId;
+
+use crate::controller::input::Input;
+use crate::controller::launcher::{LauncherRequest, LiveUsage};
+use crate::controller::protocol::{ApiRequest, ApiResponse};
+
+use super::Engine;
+use super::admit::api_answer;
+
+/// The longest `ps` waits for the launcher's usage figures.
+const PS_WAIT: Duration = Duration::from_millis(40);
+
+/// Most log bytes one `logs` answer carries.
+const LOG_CHUNK: usize = 64 * 1024;
+
+/// Up to [`LOG_CHUNK`] bytes of a worker's log from `offset`, as text, and the offset after
+/// them. A character cut by the end of what is written so far is left for the next read
+/// (unless the worker has ended); bytes that are not UTF-8 are replaced.
+fn read_log(
+    state_dir: &std::path::Path,
+    id: &WorkerId,
+    offset: u64,
+    ended: bool,
+) -> Result<(String, u64), String> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = state_dir.join("workers").join(format!("{id}.log"));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path);
+    let mut file = match file {
+        Ok(f) => f,
+        // A worker that could not start may have no log.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((String::new(), offset)),
+        Err(e) => return Err(format!("cannot read the log {}: {e}", path.display())),
+    };
+    file.seek(SeekFrom::Start(offset))
+        .map_err(|e| format!("cannot read the log {}: {e}", path.display()))?;
+    let mut buf = Vec::with_capacity(LOG_CHUNK);
+    file.take(LOG_CHUNK as u64)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("cannot read the log {}: {e}", path.display()))?;
+    let used = match std::str::from_utf8(&buf) {
+        Ok(_) => buf.len(),
+        // Only the end is cut short: keep it for the next read.
+        Err(e) if e.error_len().is_none() && !ended => e.valid_up_to(),
+        Err(_) => buf.len(),
+    };
+    let text = String::from_utf8_lossy(buf.get(..used).unwrap_or_default()).into_owned();
+    Ok((text, offset.saturating_add(used as u64)))
+}
+
+impl Engine {
+    pub(super) fn api(
+        &mut self,
+        uid: u32,
+        request: ApiRequest,
+        reply: oneshot::Sender<ApiResponse>,
+    ) {
+        let actor = format!("uid:{uid}");
+        match request {
+            ApiRequest::Spawn { parent, request } => {
+                let outcome = match parent {
+                    None => self.spawn_root(*request, &actor),
+                    Some(p) => self.spawn_child(&p, *request, &actor, None),
+                };
+                let _ = reply.send(api_answer(outcome));
+            }
+            ApiRequest::Ps(_) => self.ps_request(reply),
+            ApiRequest::Kill {
+                worker_id,
+                recursive,
+            } => self.kill(&actor, &worker_id, recursive, reply),
+            ApiRequest::KillSwitch { release: false } => self.engage_kill_switch(&actor, reply),
+            ApiRequest::KillSwitch { release: true } => self.release_kill_switch(&actor, reply),
+            ApiRequest::Approvals(_) => {
+                let pending = self.pending_approvals.values().cloned().collect();
+                let _ = reply.send(ApiResponse::Approvals { pending });
+            }
+            ApiRequest::Approve { approval_id } => {
+                let _ = reply.send(self.decide(&approval_id, uid, None));
+            }
+            ApiRequest::Deny {
+                approval_id,
+                reason,
+            } => {
+                let _ = reply.send(self.decide(&approval_id, uid, Some(reason)));
+            }
+            ApiRequest::Inspect { worker_id } => {
+                let _ = reply.send(self.inspect(&worker_id));
+            }
+            ApiRequest::Logs { worker_id, offset } => {
+                let _ = reply.send(self.logs(&worker_id, offset));
+            }
+            ApiRequest::Status(_) => {
+                let _ = reply.send(ApiResponse::Status {
+                    pid: std::process::id(),
+                    session: self.cfg.session.clone(),
+                    kill_switch: self.store.kill_switch_engaged(),
+                    active: self.registry.active().count() as u64,
+                    lifetime_total: self.store.lifetime_total(),
+                    audit_entries: self.audit.len(),
+                });
+            }
+        }
+    }
+
+    /// Fresh usage if the launcher answers soon, else the last it gave: `ps` never waits
+    /// on the launcher for longer than PS_WAIT.
+    pub(super) fn ps_request(&mut self, reply: oneshot::Sender<ApiResponse>) {
+        if self.launcher_alive && self.send_launcher(&LauncherRequest::Usage, None).is_ok() {
+            if self.pending_ps.is_empty() {
+                let inputs = self.inputs.clone();
+                self.rt.spawn(async move {
+                    tokio::time::sleep(PS_WAIT).await;
+                    let _ = inputs.send(Input::PsDeadline);
+                });
+            }
+            self.pending_ps.push(reply);
+        } else {
+            let _ = reply.send(self.ps(&self.last_usage));
+        }
+    }
+
+    pub(super) fn inspect(&self, worker_id: &WorkerId) -> ApiResponse {
+        let now = audit::now_ms();
+        match self.registry.get(worker_id) {
+            Some(w) => {
+                let mut info = self.registry.info(worker_id, w, now);
+                if let Some((_, u)) = self
+                    .last_usage
+                    .iter()
+                    .find(|(u, _)| u == worker_id.as_str())
+                {
+                    info.usage = Some(u.clone());
+                }
+                ApiResponse::Worker {
+                    info: Box::new(info),
+                    manifest: Box::new(w.manifest.clone()),
+                }
+            }
+            None => ApiResponse::Error {
+                message: format!("no worker {worker_id} (`hatchery ps --all` lists them)"),
+            },
+        }
+    }
+
+    pub(super) fn logs(&self, worker_id: &WorkerId, offset: u64) -> ApiResponse {
+        match self.registry.get(worker_id) {
+            // Whether it ended is asked before the log is read: a log read after
+            // the end holds everything the worker wrote.
+            Some(w) => {
+                let ended = !w.state.is_active();
+                match read_log(&self.cfg.state_dir, worker_id, offset, ended) {
+                    Ok((data, next_offset)) => ApiResponse::Log {
+                        data,
+                        next_offset,
+                        ended,
+                    },
+                    Err(message) => ApiResponse::Error { message },
+                }
+            }
+            None => ApiResponse::Error {
+                message: format!("no worker {worker_id} (`hatchery ps --all` lists them)"),
+            },
+        }
+    }
+
+    /// Answers every waiting `ps` with the usage figures at hand.
+    pub(super) fn answer_ps(&mut self) {
+        if self.pending_ps.is_empty() {
+            return;
+        }
+        let resp = self.ps(&self.last_usage);
+        for reply in self.pending_ps.drain(..) {
+            let _ = reply.send(resp.clone());
+        }
+    }
+
+    pub(super) fn ps(&self, usage: &[(String, LiveUsage)]) -> ApiResponse {
+        let now = audit::now_ms();
+        let workers = self
+            .registry
+            .all()
+            .map(|(id, w)| {
+                let mut info = self.registry.info(id, w, now);
+                if let Some((_, u)) = usage.iter().find(|(u, _)| u == id.as_str()) {
+                    info.usage = Some(u.clone());
+                }
+                info
+            })
+            .collect();
+        ApiResponse::Workers {
+            workers,
+            kill_switch: self.store.kill_switch_engaged(),
+        }
+    }
+}

@@ -1,0 +1,387 @@
+//! The controller's engine. One thread owns the registry, the admission store, the signer,
+//! the contract and the audit trail, and handles one [`Input`] at a time: every decision is
+//! taken in a well-defined order and written to the audit trail (and synced, for security
+//! decisions) before it takes effect. The async side only moves bytes.
+//!
+//! The decisions themselves (admission, registration, reaping) are pure functions in
+//! `super::admission`; the files here carry them out: `admit` (starting workers),
+//! `approvals`, `worker` (worker messages), `api`, `kill` (kill and the kill switch),
+//! `launcher` (its reports and exits) and `tick` (periodic checks).
+
+mod admit;
+mod api;
+mod approvals;
+mod kill;
+mod launcher;
+mod tick;
+mod worker;
+
+use std::path::PathBuf;
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+
+use crate::audit::{self, AuditLog, event};
+use crate::contract::ReplicationContract;
+use crate::manifest::{Manifest, WorkerId};
+use crate::signing::ManifestSigner;
+
+use super::admission::{AdmissionStore, InMemoryStore};
+use super::audit_budget::AuditBudgets;
+use super::bounded;
+use super::input::Input;
+use super::launcher::{LauncherRequest, LiveUsage};
+use super::link::Outbox;
+use super::protocol::{ApiResponse, ExitInfo, PendingApproval, WorkerReply};
+use super::registry::Registry;
+use super::server;
+
+use kill::Waiter;
+
+/// An input handled for longer than this is logged.
+const SLOW_INPUT: Duration = Duration::from_millis(30);
+
+/// Fixed settings of one controller run.
+pub struct EngineConfig {
+    pub state_dir: PathBuf,
+    pub session: String,
+    pub heartbeat_timeout: Duration,
+    pub register_timeout: Duration,
+    pub heartbeat_interval: Duration,
+    pub allow_degraded: bool,
+    pub agent_binary: Option<PathBuf>,
+    /// Launcher pid and start time: the owner part of every worker cgroup's name.
+    pub cgroup_owner: String,
+    /// Inside ids available for distinct worker ids (rootless with a subordinate range).
+    pub distinct_ids: u32,
+    /// The launcher, killed if it does not stop within `SHUTDOWN_LIMIT` of being asked.
+    pub launcher_pid: nix::unistd::Pid,
+    /// A worker's output cap when its manifest sets none.
+    pub worker_output_cap: u64,
+}
+
+/// At most one rate_limited / protocol_violation entry per worker per this many ms.
+const NOISY_AUDIT_MS: u64 = 10_000;
+/// What an audit entry adds to its details when written (seq, time, hashes, MAC).
+const ENTRY_OVERHEAD: usize = 320;
+/// How long a stopping controller waits for its launcher before killing it.
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(5);
+
+pub struct Engine {
+    cfg: EngineConfig,
+    contract: ReplicationContract,
+    signer: ManifestSigner,
+    audit: AuditLog,
+    registry: Registry,
+    /// What admission decides on (active workers, cooldowns, spawn history, kill switch).
+    store: InMemoryStore,
+    /// Requests to the launcher, queued so that a launcher that stops reading never
+    /// blocks this thread.
+    launcher: Outbox,
+    launcher_alive: bool,
+    rt: Handle,
+    inputs: Sender<Input>,
+    pending_ps: Vec<oneshot::Sender<ApiResponse>>,
+    /// The launcher's last usage figures (what `ps` shows when it does not answer in time).
+    last_usage: Vec<(String, LiveUsage)>,
+    waiters: Vec<Waiter>,
+    shutdown_deadlines: Vec<(WorkerId, u64)>,
+    /// Per worker and kind of noisy entry: when the last was written, how many since.
+    noisy: std::collections::HashMap<(WorkerId, &'static str), (u64, u64)>,
+    /// How much of the trail each worker may still cause.
+    audit_budgets: AuditBudgets,
+    pending_approvals: std::collections::BTreeMap<String, PendingApproval>,
+    /// The uid allowed to decide approvals (the controller's own; root always may).
+    owner_uid: u32,
+    next_slot: u32,
+    shutting_down: bool,
+    /// When a stopping controller stops waiting for its launcher.
+    shutdown_deadline: Option<Instant>,
+    /// Set when the engine is done; the server stops.
+    pub finished: Option<oneshot::Sender<()>>,
+}
+
+pub fn now_s() -> u64 {
+    audit::now_ms() / 1000
+}
+
+impl Engine {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cfg: EngineConfig,
+        contract: ReplicationContract,
+        signer: ManifestSigner,
+        audit: AuditLog,
+        launcher: Outbox,
+        rt: Handle,
+        inputs: Sender<Input>,
+        finished: oneshot::Sender<()>,
+    ) -> Engine {
+        Engine {
+            cfg,
+            contract,
+            signer,
+            audit,
+            registry: Registry::default(),
+            store: InMemoryStore::default(),
+            launcher,
+            launcher_alive: true,
+            rt,
+            inputs,
+            pending_ps: Vec::new(),
+            last_usage: Vec::new(),
+            waiters: Vec::new(),
+            shutdown_deadlines: Vec::new(),
+            noisy: Default::default(),
+            audit_budgets: AuditBudgets::default(),
+            pending_approvals: Default::default(),
+            owner_uid: nix::unistd::geteuid().as_raw(),
+            next_slot: 0,
+            shutting_down: false,
+            shutdown_deadline: None,
+            finished: Some(finished),
+        }
+    }
+
+    /// Appends an entry; `sync` makes it durable before returning (security decisions).
+    fn record(
+        &mut self,
+        ev: &str,
+        actor: &str,
+        worker: Option<&WorkerId>,
+        details: serde_json::Value,
+        sync: bool,
+    ) {
+        // Whatever a worker put in them, entries stay small (see `bounded`), and a worker
+        // causes no more of them than its budget (see `audit_budget`).
+        let details = bounded::bound_json(details);
+        if let Some(cause) = actor
+            .strip_prefix("worker:")
+            .and_then(|w| WorkerId::new(w.to_string()).ok())
+            .filter(|w| self.speaks_for_live_worker(w))
+        {
+            let bytes = serde_json::to_string(&details)
+                .map_or(0, |d| d.len())
+                .saturating_add(ev.len())
+                .saturating_add(ENTRY_OVERHEAD);
+            if !self
+                .audit_budgets
+                .charge(&cause, ev, bytes as u64, audit::now_ms())
+            {
+                return;
+            }
+        }
+        self.audit
+            .append(ev, actor, worker.map(|w| w.as_str()), details);
+        if sync {
+            if let Err(e) = self.audit.sync() {
+                // Without a durable trail no decision may take effect: stop everything.
+                tracing::error!(error = %e, "the audit trail cannot be written; engaging the kill switch");
+                self.store.set_kill_switch(true);
+                self.kill_all_directly();
+                let _ = self.send_launcher(&LauncherRequest::KillAll, None);
+            }
+        }
+    }
+
+    /// Says how many entries a worker caused beyond its audit budget, by event.
+    fn record_suppressed(
+        &mut self,
+        id: &WorkerId,
+        counts: std::collections::BTreeMap<String, u64>,
+    ) {
+        let total: u64 = counts.values().fold(0, |a, n| a.saturating_add(*n));
+        self.record(
+            event::AUDIT_SUPPRESSED,
+            "controller",
+            Some(id),
+            json!({ "entries": total, "by_event": counts }),
+            false,
+        );
+    }
+
+    /// The manifest issued to `id` (for the fuzzing harness, which registers with it).
+    pub(crate) fn issued_manifest(&self, id: &WorkerId) -> Option<Manifest> {
+        self.registry.get(id).map(|w| w.manifest.clone())
+    }
+
+    /// Every worker the registry knows.
+    pub(crate) fn worker_ids(&self) -> Vec<WorkerId> {
+        self.registry.all().map(|(id, _)| id.clone()).collect()
+    }
+
+    /// Takes one input; queued launcher requests go out before and after it.
+    pub fn handle(&mut self, input: Input) {
+        let began = Instant::now();
+        let kind = input.kind();
+        self.flush_launcher();
+        self.dispatch(input);
+        self.flush_launcher();
+        // Everything waits while one input is handled: a slow one is worth seeing.
+        let took = began.elapsed();
+        if took > SLOW_INPUT {
+            tracing::warn!(
+                input = kind,
+                ms = took.as_millis() as u64,
+                "the engine was slow"
+            );
+        }
+    }
+
+    fn dispatch(&mut self, input: Input) {
+        match input {
+            Input::Api {
+                peer_uid,
+                request,
+                reply,
+            } => self.api(peer_uid, *request, reply),
+            Input::Worker { id, message, .. } => self.worker(id, message),
+            Input::WorkerProtocolError { id, error, .. } => {
+                if !self.speaks_for_live_worker(&id) {
+                    return;
+                }
+                // The parser's message may quote the input: keep a bounded part of it.
+                let error = bounded::clip(&error, 256);
+                if let Some(suppressed) = self.noisy_ok(&id, "protocol") {
+                    self.record(
+                        event::PROTOCOL_VIOLATION,
+                        &format!("worker:{id}"),
+                        Some(&id),
+                        json!({ "error": error, "suppressed_since_last": suppressed }),
+                        false,
+                    );
+                }
+                self.reply_worker(&id, WorkerReply::Error { message: error });
+            }
+            Input::WorkerRateLimited { id, dropped } => {
+                if !self.speaks_for_live_worker(&id) {
+                    return;
+                }
+                if self.noisy_ok(&id, "rate").is_some() {
+                    self.record(
+                        event::RATE_LIMITED,
+                        &format!("worker:{id}"),
+                        Some(&id),
+                        json!({ "dropped_messages": dropped }),
+                        false,
+                    );
+                }
+            }
+            Input::WorkerDisconnected { id } => {
+                if let Some(w) = self.registry.get_mut(&id) {
+                    w.conn = None;
+                }
+            }
+            Input::ClientRejected { uid, pid } => {
+                self.record(
+                    event::CLIENT_REJECTED,
+                    &format!("uid:{uid}"),
+                    None,
+                    json!({ "pid": pid }),
+                    false,
+                );
+            }
+            Input::Launcher(ev) => self.launcher_event(ev),
+            Input::LauncherGone => {
+                self.launcher_alive = false;
+                // Every sandbox died with the launcher (parent-death signals).
+                let ids: Vec<WorkerId> = self.registry.active().map(|(id, _)| id.clone()).collect();
+                for id in ids {
+                    self.exited(
+                        &id,
+                        ExitInfo {
+                            exit_code: 137,
+                            signal: Some(9),
+                            oom_killed: false,
+                            timed_out: false,
+                            ended_by: Some("launcher exited".into()),
+                        },
+                    );
+                }
+                if !self.shutting_down {
+                    tracing::error!("the launcher exited unexpectedly; stopping the controller");
+                }
+                self.finish();
+            }
+            Input::Tick => self.tick(),
+            Input::PsDeadline => self.answer_ps(),
+            Input::Shutdown => {
+                if self.shutting_down {
+                    return;
+                }
+                self.shutting_down = true;
+                self.store.set_kill_switch(true);
+                self.kill_all_directly();
+                if self
+                    .send_launcher(&LauncherRequest::Shutdown, None)
+                    .is_err()
+                {
+                    self.stop_launcher();
+                    self.finish();
+                } else {
+                    self.shutdown_deadline = Instant::now().checked_add(SHUTDOWN_LIMIT);
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        for reply in self.pending_ps.drain(..) {
+            let _ = reply.send(ApiResponse::Error {
+                message: "the controller is stopping".into(),
+            });
+        }
+        for w in self.waiters.drain(..) {
+            let _ = w.reply.send(ApiResponse::Error {
+                message: "the controller is stopping".into(),
+            });
+        }
+        let active = self.registry.active().count();
+        self.record(
+            event::CONTROLLER_STOPPED,
+            "controller",
+            None,
+            json!({ "session": self.cfg.session, "active_workers": active }),
+            true,
+        );
+        if let Some(done) = self.finished.take() {
+            let _ = done.send(());
+        }
+    }
+
+    /// Whether an entry of `kind` for worker `id` is due (the first, then at most one per
+    /// [`NOISY_AUDIT_MS`]), with how many were suppressed since the last one.
+    fn noisy_ok(&mut self, id: &WorkerId, kind: &'static str) -> Option<u64> {
+        let now = audit::now_ms();
+        let (last, suppressed) = self.noisy.entry((id.clone(), kind)).or_insert((0, 0));
+        if now.saturating_sub(*last) >= NOISY_AUDIT_MS {
+            *last = now;
+            Some(std::mem::take(suppressed))
+        } else {
+            *suppressed = suppressed.saturating_add(1);
+            None
+        }
+    }
+
+    /// Queues a reply for a worker. A worker whose queue is full does not read what it is
+    /// sent: it is disconnected and stopped (its replies would otherwise pile up in the
+    /// controller without bound).
+    fn reply_worker(&mut self, id: &WorkerId, reply: WorkerReply) {
+        let Some(conn) = self.registry.get(id).and_then(|w| w.conn.as_ref()) else {
+            return;
+        };
+        if let Err(tokio::sync::mpsc::error::TrySendError::Full(_)) = conn.try_send(reply) {
+            self.record(
+                event::PROTOCOL_VIOLATION,
+                &format!("worker:{id}"),
+                Some(id),
+                json!({ "error": format!("it did not read its replies ({} waiting)", server::REPLY_QUEUE) }),
+                true,
+            );
+            self.stop(id, "did not read its replies");
+        }
+    }
+}
