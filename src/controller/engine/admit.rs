@@ -299,12 +299,15 @@ impl Engine {
             .as_ref()
             .and_then(|p| self.registry.get(p))
             .map(|w| w.manifest.clone());
-        let candidate = match &parent {
-            Some(parent) => Candidate::Child {
+        let candidate = match (&parent, &manifest.parent_id) {
+            (Some(parent), _) => Candidate::Child {
                 parent,
                 manifest: &manifest,
             },
-            None => Candidate::Root(&manifest),
+            (None, None) => Candidate::Root(&manifest),
+            // A child whose parent is unknown here is never checked as a root (which would
+            // skip its cooldown and narrowing): it does not start.
+            (None, Some(p)) => return Err(format!("its parent {p} is no longer known here")),
         };
         admission::reserve(&mut self.store, &self.contract, &candidate, now)
             .into_result()

@@ -182,14 +182,21 @@ impl Engine {
         // same parent may have been approved meanwhile: the whole contract again, cooldown
         // and narrowing included, exactly as for a request that needs no person.
         let parent_manifest = self.registry.get(&parent).map(|w| w.manifest.clone());
-        let candidate = match &parent_manifest {
+        // A parent unknown here is never checked as a root (which would skip its
+        // cooldown and narrowing): the request is refused.
+        let recheck = match &parent_manifest {
             Some(parent) => Candidate::Child {
                 parent,
                 manifest: &p.manifest,
-            },
-            None => Candidate::Root(&p.manifest),
+            }
+            .check(&self.contract, &self.store, now),
+            None => Decision::Deny(crate::contract::DenyReason::InvalidRequest(
+                crate::manifest::FieldError::new(
+                    "parent",
+                    format!("{parent} is no longer known here"),
+                ),
+            )),
         };
-        let recheck = candidate.check(&self.contract, &self.store, now);
         if let Decision::Deny(r) = recheck {
             self.record(
                 r.audit_event(),
