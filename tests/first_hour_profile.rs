@@ -4,30 +4,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::files::{json, s, write};
 use common::{code, hatchery, hatchery_cmd, run_with_timeout, stderr, stdout};
-
-fn json(text: &str) -> serde_json::Value {
-    match serde_json::from_str(text) {
-        Ok(v) => v,
-        Err(e) => panic!("not JSON ({e}): {text}"),
-    }
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    if let Err(e) = std::fs::write(&p, text) {
-        panic!("write {}: {e}", p.display());
-    }
-    p
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap_or_default()
-}
 
 /// Landlock paths a command can run from, so a profile is not a `landlock-empty` finding.
 const RUNNABLE: &str = "[landlock]\nread = [\"/usr\", \"/etc\"]\nexecute = [\"/usr\"]\n";

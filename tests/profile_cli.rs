@@ -5,31 +5,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::files::{json, s, write};
 use common::{code, hatchery_cmd, stderr, stdout};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(name)
-}
-
-fn json(text: &str) -> serde_json::Value {
-    match serde_json::from_str(text) {
-        Ok(v) => v,
-        Err(e) => panic!("not JSON ({e}): {text}"),
-    }
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    if let Err(e) = std::fs::write(&p, text) {
-        panic!("write {}: {e}", p.display());
-    }
-    p
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap_or_default()
 }
 
 #[test]

@@ -5,6 +5,7 @@
 
 pub mod agents;
 pub mod controller;
+pub mod files;
 pub mod terminal;
 
 use std::path::{Path, PathBuf};
