@@ -168,3 +168,24 @@ fn walk(dir: &Path, depth: u32) -> std::io::Result<Vec<std::path::PathBuf>> {
     }
     Ok(out)
 }
+
+#[test]
+fn a_bad_env_argument_never_repeats_its_value() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let report = dir.path().join("r.json");
+    let out = hatchery_cmd(&[
+        "run",
+        "--report",
+        report.to_str().unwrap_or_default(),
+        "--env",
+        "BAD KEY=s3cr3t-value",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("BAD KEY"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("s3cr3t"), "{}", stderr(&out));
+    let written = std::fs::read_to_string(&report).unwrap_or_default();
+    assert!(written.contains("invalid variable name"), "{written}");
+    assert!(!written.contains("s3cr3t"), "{written}");
+}

@@ -94,22 +94,25 @@ pub fn parse_env(assignment: &str) -> Result<(String, String), SandboxError> {
     let (k, v) = assignment.split_once('=').ok_or_else(|| {
         SandboxError::Invalid(format!("--env {assignment:?}: expected KEY=VALUE or KEY"))
     })?;
-    check_env_key(assignment, k)?;
+    check_env_key(k)?;
     if v.contains('\0') {
+        // The value is not repeated: it may be a secret, and errors reach reports and logs.
         return Err(SandboxError::Invalid(format!(
-            "--env {assignment:?}: a value cannot contain a NUL byte"
+            "--env {k}=…: a value cannot contain a NUL byte"
         )));
     }
     Ok((k.to_string(), v.to_string()))
 }
 
-fn check_env_key(arg: &str, k: &str) -> Result<(), SandboxError> {
+/// Checks a variable name. The error names the name only, never the value that came with
+/// it: a value may be a secret, and errors reach reports and logs.
+fn check_env_key(k: &str) -> Result<(), SandboxError> {
     if k.is_empty()
         || k.bytes()
             .any(|b| b == 0 || b == b'=' || b.is_ascii_whitespace())
     {
         return Err(SandboxError::Invalid(format!(
-            "--env {arg:?}: invalid variable name (expected KEY=VALUE or KEY, without spaces)"
+            "--env {k:?}: invalid variable name (expected KEY=VALUE or KEY, without spaces)"
         )));
     }
     Ok(())
@@ -124,7 +127,7 @@ pub fn parse_env_arg(
     if arg.contains('=') {
         return parse_env(arg).map(Some);
     }
-    check_env_key(arg, arg)?;
+    check_env_key(arg)?;
     match lookup(arg) {
         None => Ok(None),
         Some(v) => {
