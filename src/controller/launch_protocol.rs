@@ -73,6 +73,9 @@ impl LaunchSpec {
             .env
             .iter()
             .filter_map(|a| crate::manifest::split_env(a))
+            // The controller's own variables are the controller's: a manifest's copy would
+            // come first and be the one a worker's getenv sees.
+            .filter(|(k, _)| !matches!(*k, "HATCHERY_WORKER_ID" | "HATCHERY_FD"))
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         env.push(("HATCHERY_WORKER_ID".into(), id.to_string()));
@@ -233,6 +236,30 @@ mod tests {
                 .iter()
                 .any(|(k, v)| k == "HATCHERY_WORKER_ID" && v == "w-root")
         );
+    }
+
+    #[test]
+    fn a_manifest_cannot_set_the_controllers_own_variables() {
+        let mut m = crate::manifest::tests::sample_manifest();
+        m.env = vec![
+            "HATCHERY_WORKER_ID=w-someoneelse".into(),
+            "HATCHERY_FD=7".into(),
+        ];
+        let spec = LaunchSpec::for_worker(&m, &place());
+        let ids: Vec<&str> = spec
+            .env
+            .iter()
+            .filter(|(k, _)| k == "HATCHERY_WORKER_ID")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(ids, vec!["w-root"]);
+        let fds: Vec<&str> = spec
+            .env
+            .iter()
+            .filter(|(k, _)| k == "HATCHERY_FD")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(fds, vec!["3"]);
     }
 
     #[test]
