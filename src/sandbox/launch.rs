@@ -157,6 +157,14 @@ fn cgroup_refused(e: super::cgroup::CgroupError) -> SandboxError {
     }
 }
 
+fn namespaces_refused(e: io::Error) -> SandboxError {
+    SandboxError::Refused {
+        what: "namespaces".into(),
+        why: format!("cannot create the sandbox's user, mount and pid namespaces: {e}"),
+        fix: "user namespaces may be disabled: check `sysctl user.max_user_namespaces` (and, for non-root users, kernel.unprivileged_userns_clone or kernel.apparmor_restrict_unprivileged_userns); `hatchery doctor` shows what this host allows".into(),
+    }
+}
+
 /// Starts `spec` in a new sandbox. `cgroups` is the host's backend, if any.
 pub fn start(
     spec: &SandboxSpec,
@@ -165,19 +173,9 @@ pub fn start(
 ) -> Result<Sandbox, SandboxError> {
     process::ensure_single_threaded().map_err(|e| SandboxError::Internal(e.to_string()))?;
     let started = Instant::now();
-
     // Each step is logged at debug level (`-vv`, `HATCHERY_LOG=debug`) before it is taken,
     // so that a refusal can be read against the last step shown.
-    tracing::debug!(name = %spec.cgroup_name, cgroup = %enforcement.cgroup, "creating the sandbox's cgroup");
-    // The cgroup exists before the sandbox: on v2 the sandbox is born inside it.
-    let cgroup = match cgroups {
-        Some(m) if enforcement.cgroup != "none" => Some(
-            m.create(&spec.cgroup_name, &enforcement.cgroup_limits)
-                .map_err(cgroup_refused)?,
-        ),
-        _ => None,
-    };
-    enforcement.cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
+    let cgroup = create_cgroup(spec, &mut enforcement, cgroups)?;
     let into = cgroup
         .as_ref()
         .and_then(|c| c.clone_into_fd())
@@ -187,58 +185,9 @@ pub fn start(
         Some(cg) if into.is_none() => cg.self_join_files().map_err(cgroup_refused)?,
         _ => Vec::new(),
     };
-
-    let mut fds = Vec::new();
-    match &spec.stdio {
-        Some(stdio) => {
-            for (i, fd) in stdio.iter().enumerate() {
-                fds.push((fd.as_raw_fd(), i as RawFd));
-            }
-        }
-        None => fds.extend([(0, 0), (1, 1), (2, 2)]),
-    }
-    for (fd, target) in &spec.pass_fds {
-        fds.push((fd.as_raw_fd(), *target));
-    }
-    let path_var = spec
-        .env
-        .iter()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.clone())
-        .unwrap_or_else(|| super::DEFAULT_PATH.to_string());
-    // The bind sources: copied here, by descriptor, when this supervisor may copy host
-    // mounts; otherwise the sandbox copies them itself (checked against the descriptors).
-    tracing::debug!(
-        exposures = spec.rootfs.exposures.len(),
-        rootless = spec.identity.rootless,
-        "preparing the exposed paths (idmapped where the filesystem allows)"
-    );
-    let prepared = if spec.identity.rootless {
-        for b in spec.rootfs.exposures.iter().filter(|b| b.idmapped) {
-            enforcement.not_enforced.push(mounts::unmapped_note(
-                b,
-                (spec.identity.host_uid, spec.identity.host_gid),
-            ));
-        }
-        mounts::PreparedTrees::default()
-    } else {
-        let prepared = mounts::prepare(
-            &spec.rootfs,
-            mounts::IdmapPlan {
-                sandbox: (spec.identity.host_uid, spec.identity.host_gid),
-                null: spec.null_ids,
-            },
-        )
-        .map_err(|e| SandboxError::Refused {
-            what: "the sandbox's filesystem".into(),
-            why: format!("{}: {}", e.step, io::Error::from_raw_os_error(e.errno)),
-            fix: "check that the path is still there and is a local filesystem".into(),
-        })?;
-        enforcement
-            .not_enforced
-            .extend(prepared.notes.iter().cloned());
-        prepared
-    };
+    let fds = payload_fds(spec);
+    let path_var = path_var(spec);
+    let prepared = prepare_trees(spec, &mut enforcement)?;
     let lease = spec
         .id_lease
         .as_ref()
@@ -295,13 +244,7 @@ pub fn start(
             contain(&ctx, sandbox_end)
         }
         Ok(Cloned::Parent { pid, pidfd }) => (pid, pidfd),
-        Err(e) => {
-            return Err(SandboxError::Refused {
-                what: "namespaces".into(),
-                why: format!("cannot create the sandbox's user, mount and pid namespaces: {e}"),
-                fix: "user namespaces may be disabled: check `sysctl user.max_user_namespaces` (and, for non-root users, kernel.unprivileged_userns_clone or kernel.apparmor_restrict_unprivileged_userns); `hatchery doctor` shows what this host allows".into(),
-            });
-        }
+        Err(e) => return Err(namespaces_refused(e)),
     };
     drop(sandbox_end);
     // The sandbox has its own copies.
@@ -318,6 +261,101 @@ pub fn start(
         enforcement,
     };
     // From here on, dropping `sandbox` on an error path kills it and removes its cgroup.
+    let attach = !born_inside && ctx.join_cgroup.is_empty();
+    hand_over(sandbox, spec, attach)
+}
+
+/// The sandbox's cgroup, created before the sandbox: on v2 the sandbox is born inside it.
+fn create_cgroup(
+    spec: &SandboxSpec,
+    enforcement: &mut Enforcement,
+    cgroups: Option<&dyn CgroupManager>,
+) -> Result<Option<Box<dyn SandboxCgroup>>, SandboxError> {
+    tracing::debug!(name = %spec.cgroup_name, cgroup = %enforcement.cgroup, "creating the sandbox's cgroup");
+    let cgroup = match cgroups {
+        Some(m) if enforcement.cgroup != "none" => Some(
+            m.create(&spec.cgroup_name, &enforcement.cgroup_limits)
+                .map_err(cgroup_refused)?,
+        ),
+        _ => None,
+    };
+    enforcement.cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
+    Ok(cgroup)
+}
+
+/// The payload's (source, target) descriptor pairs: stdio first, then the passed fds.
+fn payload_fds(spec: &SandboxSpec) -> Vec<(RawFd, RawFd)> {
+    let mut fds = Vec::new();
+    match &spec.stdio {
+        Some(stdio) => {
+            for (i, fd) in stdio.iter().enumerate() {
+                fds.push((fd.as_raw_fd(), i as RawFd));
+            }
+        }
+        None => fds.extend([(0, 0), (1, 1), (2, 2)]),
+    }
+    for (fd, target) in &spec.pass_fds {
+        fds.push((fd.as_raw_fd(), *target));
+    }
+    fds
+}
+
+/// The PATH the payload's command is searched in.
+fn path_var(spec: &SandboxSpec) -> String {
+    spec.env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| super::DEFAULT_PATH.to_string())
+}
+
+/// The bind sources: copied here, by descriptor, when this supervisor may copy host
+/// mounts; otherwise the sandbox copies them itself (checked against the descriptors).
+fn prepare_trees(
+    spec: &SandboxSpec,
+    enforcement: &mut Enforcement,
+) -> Result<mounts::PreparedTrees, SandboxError> {
+    tracing::debug!(
+        exposures = spec.rootfs.exposures.len(),
+        rootless = spec.identity.rootless,
+        "preparing the exposed paths (idmapped where the filesystem allows)"
+    );
+    if spec.identity.rootless {
+        for b in spec.rootfs.exposures.iter().filter(|b| b.idmapped) {
+            enforcement.not_enforced.push(mounts::unmapped_note(
+                b,
+                (spec.identity.host_uid, spec.identity.host_gid),
+            ));
+        }
+        return Ok(mounts::PreparedTrees::default());
+    }
+    let prepared = mounts::prepare(
+        &spec.rootfs,
+        mounts::IdmapPlan {
+            sandbox: (spec.identity.host_uid, spec.identity.host_gid),
+            null: spec.null_ids,
+        },
+    )
+    .map_err(|e| SandboxError::Refused {
+        what: "the sandbox's filesystem".into(),
+        why: format!("{}: {}", e.step, io::Error::from_raw_os_error(e.errno)),
+        fix: "check that the path is still there and is a local filesystem".into(),
+    })?;
+    enforcement
+        .not_enforced
+        .extend(prepared.notes.iter().cloned());
+    Ok(prepared)
+}
+
+/// The supervisor's side of the handshake with a cloned sandbox: its id maps, then (while
+/// it builds its root) the filters, its cgroup (`attach` where it was neither born inside
+/// nor moves itself in), and the go-ahead.
+fn hand_over(
+    mut sandbox: Sandbox,
+    spec: &SandboxSpec,
+    attach: bool,
+) -> Result<Sandbox, SandboxError> {
+    let pid = sandbox.pid;
     tracing::debug!(pid = pid.as_raw(), "writing the sandbox's uid and gid maps");
     spec.identity
         .write_maps(pid.as_raw())
@@ -333,9 +371,8 @@ pub fn start(
     // here when they were not already).
     tracing::debug!("compiling the seccomp filters (floor and profile)");
     let filters = spec.seccomp.compile()?;
-    let mut sandbox = sandbox;
     sandbox.enforcement.record_filters(&filters);
-    if !born_inside && ctx.join_cgroup.is_empty() {
+    if attach {
         if let Some(cg) = &sandbox.cgroup {
             cg.attach(pid.as_raw()).map_err(cgroup_refused)?;
         }
@@ -670,12 +707,7 @@ impl Sandbox {
                 break;
             }
         }
-        let status = loop {
-            match waitid(Id::PIDFd(self.pidfd.as_fd()), WaitPidFlag::WEXITED) {
-                Err(nix::errno::Errno::EINTR) => continue,
-                other => break other.ok(),
-            }
-        };
+        let status = self.reap_status();
         // Everything in the sandbox is gone now: what its pipes hold is all there is.
         let summary = output.map(|pump| {
             pump.drain(deadline);
@@ -684,6 +716,16 @@ impl Sandbox {
         let mut outcome = self.finish(status, timed_out);
         outcome.output = summary;
         outcome
+    }
+
+    /// Waits for pid 1 to end and collects its status (`None` if it cannot be had).
+    pub fn reap_status(&self) -> Option<WaitStatus> {
+        loop {
+            match waitid(Id::PIDFd(self.pidfd.as_fd()), WaitPidFlag::WEXITED) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                other => break other.ok(),
+            }
+        }
     }
 
     /// Collects the report of an ended sandbox and removes its cgroup.
@@ -788,5 +830,36 @@ mod tests {
         assert_eq!(decode_raw_status(3 << 8), (3, None));
         assert_eq!(decode_raw_status(libc::SIGKILL), (137, Some(9)));
         assert_eq!(decode_raw_status(libc::SIGSEGV | 0x80), (139, Some(11)));
+    }
+
+    #[test]
+    fn a_payload_that_never_ran_exits_125_for_setup_127_for_not_found_126_otherwise() {
+        let setup = Failure::Setup {
+            step: "working directory".into(),
+            errno: libc::ENOENT,
+            detail: String::new(),
+        };
+        assert_eq!(setup.exit_code(), 125);
+        assert_eq!(
+            Failure::Exec {
+                errno: libc::ENOENT
+            }
+            .exit_code(),
+            127
+        );
+        assert_eq!(
+            Failure::Exec {
+                errno: libc::ENOTDIR
+            }
+            .exit_code(),
+            127
+        );
+        assert_eq!(
+            Failure::Exec {
+                errno: libc::EACCES
+            }
+            .exit_code(),
+            126
+        );
     }
 }
