@@ -13,7 +13,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::wait::{Id, WaitPidFlag, waitid};
 
 use crate::paths::{Dir, check_host_path};
 use crate::profile::floor::Floor;
@@ -223,12 +222,7 @@ impl Launcher {
         let Some(mut r) = self.running.remove(id) else {
             return;
         };
-        let status = loop {
-            match waitid(Id::PIDFd(r.sandbox.pidfd()), WaitPidFlag::WEXITED) {
-                Err(nix::errno::Errno::EINTR) => continue,
-                other => break other.ok(),
-            }
-        };
+        let status = r.sandbox.reap_status();
         // A log file never makes the drain wait.
         let output = r.output.as_mut().map(|p| {
             p.drain(None);

@@ -1,7 +1,8 @@
 //! The launch pipeline: the supervisor's side (clone, id maps, cgroup, wait) and the
 //! ordered list of steps the sandbox performs on itself before its payload runs.
 //!
-//! Read [`contain`] and [`payload`] top to bottom for the whole security order:
+//! Read [`contain_steps`] and [`payload_steps`] top to bottom for the whole security order
+//! (every step fails with one [`Step`] error):
 //! identity → hostname → loopback → root filesystem → cgroup namespace → fork the
 //! payload; in the payload: session → descriptors → controlling terminal (the sandbox's
 //! own pty, when it has one) → cwd → rlimits → capabilities → no_new_privs → Landlock →
@@ -27,74 +28,19 @@ use super::channel::{self, FromSandbox, ToSandbox};
 use super::init;
 use super::landlock;
 use super::mounts;
+use super::namespaces::{self, Cloned};
 use super::net;
 use super::output::{OutputPump, OutputSummary};
 use super::process;
 use super::rlimits;
 use super::seccomp::LoadableFilter;
+use super::step::{Step, StepResult};
 use super::tty;
 use super::userns;
 use super::{Enforcement, SandboxError, SandboxSpec};
 
 /// Exit status pid 1 uses when setup failed (mirrors `run`'s 125).
 const SETUP_FAILED: i32 = 125;
-
-#[repr(C)]
-#[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
-}
-
-const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
-
-enum Cloned {
-    Child,
-    Parent { pid: Pid, pidfd: OwnedFd },
-}
-
-/// clone3 with fork semantics (no new stack): returns twice, like fork(2).
-fn clone3(flags: u64, cgroup_fd: Option<RawFd>) -> io::Result<Cloned> {
-    let mut pidfd: libc::c_int = -1;
-    let mut args = CloneArgs {
-        flags: flags | libc::CLONE_PIDFD as u64,
-        pidfd: &mut pidfd as *mut libc::c_int as u64,
-        exit_signal: libc::SIGCHLD as u64,
-        ..CloneArgs::default()
-    };
-    if let Some(fd) = cgroup_fd {
-        args.flags |= CLONE_INTO_CGROUP;
-        args.cgroup = fd as u64;
-    }
-    // SAFETY: clone3 without CLONE_VM and without a stack behaves like fork: the child gets
-    // a copy of this (single-threaded, checked by the caller) address space and continues
-    // on a copy of this stack. `args` and `pidfd` outlive the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &mut args as *mut CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
-    match rc {
-        -1 => Err(io::Error::last_os_error()),
-        0 => Ok(Cloned::Child),
-        pid => Ok(Cloned::Parent {
-            pid: Pid::from_raw(pid as i32),
-            // SAFETY: with CLONE_PIDFD the kernel stored a new descriptor in `pidfd`.
-            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
-        }),
-    }
-}
 
 /// Everything the sandbox side needs, converted before the clone so that the child only
 /// reads memory it was given.
@@ -155,6 +101,16 @@ pub enum Failure {
     },
 }
 
+impl Failure {
+    /// The exit status `run` reports for a payload that never ran.
+    pub fn exit_code(&self) -> i32 {
+        never_ran_code(match self {
+            Failure::Setup { .. } => None,
+            Failure::Exec { errno } => Some(*errno),
+        })
+    }
+}
+
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -201,6 +157,14 @@ fn cgroup_refused(e: super::cgroup::CgroupError) -> SandboxError {
     }
 }
 
+fn namespaces_refused(e: io::Error) -> SandboxError {
+    SandboxError::Refused {
+        what: "namespaces".into(),
+        why: format!("cannot create the sandbox's user, mount and pid namespaces: {e}"),
+        fix: "user namespaces may be disabled: check `sysctl user.max_user_namespaces` (and, for non-root users, kernel.unprivileged_userns_clone or kernel.apparmor_restrict_unprivileged_userns); `hatchery doctor` shows what this host allows".into(),
+    }
+}
+
 /// Starts `spec` in a new sandbox. `cgroups` is the host's backend, if any.
 pub fn start(
     spec: &SandboxSpec,
@@ -209,19 +173,9 @@ pub fn start(
 ) -> Result<Sandbox, SandboxError> {
     process::ensure_single_threaded().map_err(|e| SandboxError::Internal(e.to_string()))?;
     let started = Instant::now();
-
     // Each step is logged at debug level (`-vv`, `HATCHERY_LOG=debug`) before it is taken,
     // so that a refusal can be read against the last step shown.
-    tracing::debug!(name = %spec.cgroup_name, cgroup = %enforcement.cgroup, "creating the sandbox's cgroup");
-    // The cgroup exists before the sandbox: on v2 the sandbox is born inside it.
-    let cgroup = match cgroups {
-        Some(m) if enforcement.cgroup != "none" => Some(
-            m.create(&spec.cgroup_name, &enforcement.cgroup_limits)
-                .map_err(cgroup_refused)?,
-        ),
-        _ => None,
-    };
-    enforcement.cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
+    let cgroup = create_cgroup(spec, &mut enforcement, cgroups)?;
     let into = cgroup
         .as_ref()
         .and_then(|c| c.clone_into_fd())
@@ -231,58 +185,9 @@ pub fn start(
         Some(cg) if into.is_none() => cg.self_join_files().map_err(cgroup_refused)?,
         _ => Vec::new(),
     };
-
-    let mut fds = Vec::new();
-    match &spec.stdio {
-        Some(stdio) => {
-            for (i, fd) in stdio.iter().enumerate() {
-                fds.push((fd.as_raw_fd(), i as RawFd));
-            }
-        }
-        None => fds.extend([(0, 0), (1, 1), (2, 2)]),
-    }
-    for (fd, target) in &spec.pass_fds {
-        fds.push((fd.as_raw_fd(), *target));
-    }
-    let path_var = spec
-        .env
-        .iter()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.clone())
-        .unwrap_or_else(|| super::DEFAULT_PATH.to_string());
-    // The bind sources: copied here, by descriptor, when this supervisor may copy host
-    // mounts; otherwise the sandbox copies them itself (checked against the descriptors).
-    tracing::debug!(
-        exposures = spec.rootfs.exposures.len(),
-        rootless = spec.identity.rootless,
-        "preparing the exposed paths (idmapped where the filesystem allows)"
-    );
-    let prepared = if spec.identity.rootless {
-        for b in spec.rootfs.exposures.iter().filter(|b| b.idmapped) {
-            enforcement.not_enforced.push(mounts::unmapped_note(
-                b,
-                (spec.identity.host_uid, spec.identity.host_gid),
-            ));
-        }
-        mounts::PreparedTrees::default()
-    } else {
-        let prepared = mounts::prepare(
-            &spec.rootfs,
-            mounts::IdmapPlan {
-                sandbox: (spec.identity.host_uid, spec.identity.host_gid),
-                null: spec.null_ids,
-            },
-        )
-        .map_err(|e| SandboxError::Refused {
-            what: "the sandbox's filesystem".into(),
-            why: format!("{}: {}", e.step, io::Error::from_raw_os_error(e.errno)),
-            fix: "check that the path is still there and is a local filesystem".into(),
-        })?;
-        enforcement
-            .not_enforced
-            .extend(prepared.notes.iter().cloned());
-        prepared
-    };
+    let fds = payload_fds(spec);
+    let path_var = path_var(spec);
+    let prepared = prepare_trees(spec, &mut enforcement)?;
     let lease = spec
         .id_lease
         .as_ref()
@@ -292,16 +197,6 @@ pub fn start(
 
     let (supervisor_end, sandbox_end) =
         channel::pair().map_err(|e| SandboxError::Internal(format!("socketpair: {e}")))?;
-    let mut flags = (libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID) as u64;
-    if spec.namespaces.net {
-        flags |= libc::CLONE_NEWNET as u64;
-    }
-    if spec.namespaces.ipc {
-        flags |= libc::CLONE_NEWIPC as u64;
-    }
-    if spec.namespaces.uts {
-        flags |= libc::CLONE_NEWUTS as u64;
-    }
     // The user namespace is created by the sandbox's own host uid (see CreatorGuard).
     let creator = if spec.identity.rootless {
         None
@@ -335,23 +230,7 @@ pub fn start(
         host_uid = spec.identity.host_uid,
         "creating the sandbox (user, mount and pid namespaces)"
     );
-    let mut born_inside = into.is_some();
-    let mut attempt = clone3(
-        flags
-            | if born_inside && spec.namespaces.cgroup {
-                libc::CLONE_NEWCGROUP as u64
-            } else {
-                0
-            },
-        into,
-    );
-    if born_inside
-        && matches!(&attempt, Err(e) if e.raw_os_error() != Some(libc::EPERM) && e.raw_os_error() != Some(libc::ENOSPC))
-    {
-        // Kernels or setups without CLONE_INTO_CGROUP: attach after the clone instead.
-        born_inside = false;
-        attempt = clone3(flags, None);
-    }
+    let (attempt, born_inside) = namespaces::clone_sandbox(&spec.namespaces, into);
     if !matches!(attempt, Ok(Cloned::Child)) {
         drop(creator);
     }
@@ -365,13 +244,7 @@ pub fn start(
             contain(&ctx, sandbox_end)
         }
         Ok(Cloned::Parent { pid, pidfd }) => (pid, pidfd),
-        Err(e) => {
-            return Err(SandboxError::Refused {
-                what: "namespaces".into(),
-                why: format!("cannot create the sandbox's user, mount and pid namespaces: {e}"),
-                fix: "user namespaces may be disabled: check `sysctl user.max_user_namespaces` (and, for non-root users, kernel.unprivileged_userns_clone or kernel.apparmor_restrict_unprivileged_userns); `hatchery doctor` shows what this host allows".into(),
-            });
-        }
+        Err(e) => return Err(namespaces_refused(e)),
     };
     drop(sandbox_end);
     // The sandbox has its own copies.
@@ -388,6 +261,101 @@ pub fn start(
         enforcement,
     };
     // From here on, dropping `sandbox` on an error path kills it and removes its cgroup.
+    let attach = !born_inside && ctx.join_cgroup.is_empty();
+    hand_over(sandbox, spec, attach)
+}
+
+/// The sandbox's cgroup, created before the sandbox: on v2 the sandbox is born inside it.
+fn create_cgroup(
+    spec: &SandboxSpec,
+    enforcement: &mut Enforcement,
+    cgroups: Option<&dyn CgroupManager>,
+) -> Result<Option<Box<dyn SandboxCgroup>>, SandboxError> {
+    tracing::debug!(name = %spec.cgroup_name, cgroup = %enforcement.cgroup, "creating the sandbox's cgroup");
+    let cgroup = match cgroups {
+        Some(m) if enforcement.cgroup != "none" => Some(
+            m.create(&spec.cgroup_name, &enforcement.cgroup_limits)
+                .map_err(cgroup_refused)?,
+        ),
+        _ => None,
+    };
+    enforcement.cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
+    Ok(cgroup)
+}
+
+/// The payload's (source, target) descriptor pairs: stdio first, then the passed fds.
+fn payload_fds(spec: &SandboxSpec) -> Vec<(RawFd, RawFd)> {
+    let mut fds = Vec::new();
+    match &spec.stdio {
+        Some(stdio) => {
+            for (i, fd) in stdio.iter().enumerate() {
+                fds.push((fd.as_raw_fd(), i as RawFd));
+            }
+        }
+        None => fds.extend([(0, 0), (1, 1), (2, 2)]),
+    }
+    for (fd, target) in &spec.pass_fds {
+        fds.push((fd.as_raw_fd(), *target));
+    }
+    fds
+}
+
+/// The PATH the payload's command is searched in.
+fn path_var(spec: &SandboxSpec) -> String {
+    spec.env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| super::DEFAULT_PATH.to_string())
+}
+
+/// The bind sources: copied here, by descriptor, when this supervisor may copy host
+/// mounts; otherwise the sandbox copies them itself (checked against the descriptors).
+fn prepare_trees(
+    spec: &SandboxSpec,
+    enforcement: &mut Enforcement,
+) -> Result<mounts::PreparedTrees, SandboxError> {
+    tracing::debug!(
+        exposures = spec.rootfs.exposures.len(),
+        rootless = spec.identity.rootless,
+        "preparing the exposed paths (idmapped where the filesystem allows)"
+    );
+    if spec.identity.rootless {
+        for b in spec.rootfs.exposures.iter().filter(|b| b.idmapped) {
+            enforcement.not_enforced.push(mounts::unmapped_note(
+                b,
+                (spec.identity.host_uid, spec.identity.host_gid),
+            ));
+        }
+        return Ok(mounts::PreparedTrees::default());
+    }
+    let prepared = mounts::prepare(
+        &spec.rootfs,
+        mounts::IdmapPlan {
+            sandbox: (spec.identity.host_uid, spec.identity.host_gid),
+            null: spec.null_ids,
+        },
+    )
+    .map_err(|e| SandboxError::Refused {
+        what: "the sandbox's filesystem".into(),
+        why: format!("{}: {}", e.step, io::Error::from_raw_os_error(e.errno)),
+        fix: "check that the path is still there and is a local filesystem".into(),
+    })?;
+    enforcement
+        .not_enforced
+        .extend(prepared.notes.iter().cloned());
+    Ok(prepared)
+}
+
+/// The supervisor's side of the handshake with a cloned sandbox: its id maps, then (while
+/// it builds its root) the filters, its cgroup (`attach` where it was neither born inside
+/// nor moves itself in), and the go-ahead.
+fn hand_over(
+    mut sandbox: Sandbox,
+    spec: &SandboxSpec,
+    attach: bool,
+) -> Result<Sandbox, SandboxError> {
+    let pid = sandbox.pid;
     tracing::debug!(pid = pid.as_raw(), "writing the sandbox's uid and gid maps");
     spec.identity
         .write_maps(pid.as_raw())
@@ -403,9 +371,8 @@ pub fn start(
     // here when they were not already).
     tracing::debug!("compiling the seccomp filters (floor and profile)");
     let filters = spec.seccomp.compile()?;
-    let mut sandbox = sandbox;
     sandbox.enforcement.record_filters(&filters);
-    if !born_inside && ctx.join_cgroup.is_empty() {
+    if attach {
         if let Some(cg) = &sandbox.cgroup {
             cg.attach(pid.as_raw()).map_err(cgroup_refused)?;
         }
@@ -426,11 +393,17 @@ pub fn start(
 // ---------------------------------------------------------------------------------------
 // Inside the sandbox.
 
-fn step_err(step: &str, errno: i32) -> FromSandbox {
-    FromSandbox::SetupFailed {
-        step: step.to_string(),
-        errno,
-        detail: String::new(),
+/// Leaves quietly: the supervisor is gone or gave up on this sandbox, so there is no one
+/// to report to.
+fn supervisor_gone() -> ! {
+    // SAFETY: leave without running the supervisor's destructors in this copy of its memory.
+    unsafe { libc::_exit(SETUP_FAILED) }
+}
+
+/// Waits for the supervisor's go-ahead `msg`; leaves if it never comes.
+fn await_supervisor(msg: ToSandbox, chan: &OwnedFd) {
+    if ToSandbox::expect(msg, chan).is_err() {
+        supervisor_gone()
     }
 }
 
@@ -438,19 +411,19 @@ fn step_err(step: &str, errno: i32) -> FromSandbox {
 fn contain(ctx: &ChildContext<'_>, chan: OwnedFd) -> ! {
     let result =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| contain_steps(ctx, &chan)));
-    let msg = match result {
-        Ok(Err(msg)) => Some(msg),
+    let failed = match result {
+        Ok(Err(step)) => step,
         Ok(Ok(never)) => match never {},
-        Err(_) => Some(step_err("internal error", libc::EIO)),
+        Err(_) => Step::new("internal error", libc::EIO),
     };
-    if let Some(msg) = msg {
-        msg.send(&chan);
-    }
+    FromSandbox::from(failed).send(&chan);
     // SAFETY: leave without running the supervisor's destructors in this copy of its memory.
     unsafe { libc::_exit(SETUP_FAILED) }
 }
 
-fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, FromSandbox> {
+/// pid 1's part of the security order, one step a line; the payload's follows in
+/// [`payload_steps`].
+fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, Step> {
     let spec = ctx.spec;
     // pid 1 shows its own name, not the supervisor's command line and environment (the
     // payload can read /proc/1).
@@ -458,72 +431,89 @@ fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, F
         title.set("hatchery-init", true);
     }
     if let Some(bits) = ctx.securebits {
-        userns::restore_securebits(bits).map_err(|e| step_err("securebits", e as i32))?;
+        userns::restore_securebits(bits).step("securebits")?;
     }
     // Into the cgroup before anything is charged to another one.
-    for &fd in &ctx.join_cgroup {
-        // SAFETY: `fd` is this process's copy (made by the clone) of a `tasks` file the
-        // supervisor opened; nothing else in this process uses or closes it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        nix::unistd::write(&fd, b"0").map_err(|e| step_err("join the cgroup", e as i32))?;
-    }
+    join_cgroup(&ctx.join_cgroup)?;
     // If the supervisor dies from now on, so do we. (Before this point its death shows as
     // end-of-stream on the channel, below.)
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
-        .map_err(|e| step_err("parent death signal", e as i32))?;
-    if ToSandbox::expect(ToSandbox::IdentityReady, chan).is_err() {
-        // SAFETY: the supervisor is gone; leave quietly.
-        unsafe { libc::_exit(SETUP_FAILED) }
-    }
-    userns::assume_identity(&spec.identity).map_err(|e| step_err("identity", e as i32))?;
+    process::die_with_parent().step("parent death signal")?;
+    await_supervisor(ToSandbox::IdentityReady, chan);
+    userns::assume_identity(&spec.identity).step("identity")?;
     // Changing credentials cleared the parent-death signal: arm it again. (Should the
     // supervisor die in between, the next read from the channel ends us.)
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
-        .map_err(|e| step_err("parent death signal", e as i32))?;
+    process::die_with_parent().step("parent death signal")?;
     if spec.namespaces.uts {
-        nix::unistd::sethostname(&spec.hostname).map_err(|e| step_err("hostname", e as i32))?;
+        nix::unistd::sethostname(&spec.hostname).step("hostname")?;
     }
     if spec.namespaces.net {
-        net::loopback_up()
-            .map_err(|e| step_err("loopback", e.raw_os_error().unwrap_or(libc::EIO)))?;
+        net::loopback_up().step("loopback")?;
     }
-    let limits =
-        userns::KernelObjectLimits::open().map_err(|(what, e)| step_err(&what, e as i32))?;
-    mounts::build_root(&spec.rootfs, &ctx.trees).map_err(|e| step_err(&e.step, e.errno))?;
-    if ToSandbox::expect(ToSandbox::CgroupReady, chan).is_err() {
-        // SAFETY: the supervisor gave up on us; leave quietly.
-        unsafe { libc::_exit(SETUP_FAILED) }
-    }
+    let limits = userns::KernelObjectLimits::open()?;
+    mounts::build_root(&spec.rootfs, &ctx.trees)?;
+    await_supervisor(ToSandbox::CgroupReady, chan);
     if ctx.unshare_cgroup {
-        // Now that we are in our cgroup, it becomes the root of our cgroup view: the host's
-        // hierarchy (and a v1 `release_agent` in it, CVE-2022-0492) is out of sight.
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
-            .map_err(|e| step_err("cgroup namespace", e as i32))?;
+        namespaces::unshare_cgroup()?;
     }
     // Every namespace and mount of the sandbox's own exists now: no more for anyone in it.
-    limits
-        .apply()
-        .map_err(|(what, e)| step_err(&what, e as i32))?;
+    limits.apply()?;
     // The filters the payload loads last (the supervisor compiled them meanwhile).
     let Ok(filters) = channel::recv_filters(chan) else {
-        // SAFETY: the supervisor gave up on us; leave quietly.
-        unsafe { libc::_exit(SETUP_FAILED) }
+        supervisor_gone()
     };
     // Start from default dispositions (a launcher ignores termination signals), then
     // block what pid 1 collects with sigwaitinfo.
     process::reset_signals();
     init::block_signals();
     // SAFETY: this process is single-threaded (a clone of a single-threaded supervisor).
-    match unsafe { nix::unistd::fork() }.map_err(|e| step_err("fork the payload", e as i32))? {
+    match unsafe { nix::unistd::fork() }.step("fork the payload")? {
         ForkResult::Child => payload(ctx, chan, &filters),
-        ForkResult::Parent { child } => {
-            process::close_fds_from(0, &[chan.as_raw_fd()]);
-            // pid 1 keeps no privilege it does not need to reap and forward signals.
-            let _ = caps::drop_all(None);
-            let _ = caps::no_new_privs();
-            let _ = caps::not_dumpable();
-            init::reap_until_exit(child, chan.as_fd())
-        }
+        ForkResult::Parent { child } => reap(child, chan),
+    }
+}
+
+/// Moves pid 1 into its cgroup by writing `0` to the files the supervisor opened (where
+/// the sandbox was not born inside it).
+fn join_cgroup(files: &[RawFd]) -> Result<(), Step> {
+    for &fd in files {
+        // SAFETY: `fd` is this process's copy (made by the clone) of a `tasks` file the
+        // supervisor opened; nothing else in this process uses or closes it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        nix::unistd::write(&fd, b"0").step("join the cgroup")?;
+    }
+    Ok(())
+}
+
+/// pid 1 once the payload is forked: keeps no privilege it does not need to reap and
+/// forward signals.
+fn reap(payload: Pid, chan: &OwnedFd) -> ! {
+    process::close_fds_from(0, &[chan.as_raw_fd()]);
+    let _ = caps::drop_all(None);
+    let _ = caps::no_new_privs();
+    let _ = caps::not_dumpable();
+    init::reap_until_exit(payload, chan.as_fd())
+}
+
+/// Why the payload never ran: a set-up step failed, or execve did (with this errno).
+enum Stop {
+    Setup(Step),
+    Exec(i32),
+}
+
+impl From<Step> for Stop {
+    fn from(step: Step) -> Stop {
+        Stop::Setup(step)
+    }
+}
+
+/// The exit status of a payload that never ran (the command-line contract): 125 when the
+/// sandbox could not be set up, 127 when the command was not found, 126 when it was found
+/// but could not be run. `exec_errno` is execve's errno, `None` for a set-up failure.
+fn never_ran_code(exec_errno: Option<i32>) -> i32 {
+    match exec_errno {
+        None => SETUP_FAILED,
+        Some(libc::ENOENT | libc::ENOTDIR) => 127,
+        Some(_) => 126,
     }
 }
 
@@ -536,151 +526,85 @@ fn payload(
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         payload_steps(ctx, chan, filters)
     }));
-    let (msg, code) = match result {
-        Ok(Err((msg, code))) => (msg, code),
+    let stop = match result {
+        Ok(Err(stop)) => stop,
         Ok(Ok(never)) => match never {},
-        Err(_) => (step_err("internal error", libc::EIO), SETUP_FAILED),
+        Err(_) => Stop::Setup(Step::new("internal error", libc::EIO)),
+    };
+    let (msg, code) = match stop {
+        Stop::Setup(step) => (FromSandbox::from(step), never_ran_code(None)),
+        Stop::Exec(errno) => (
+            FromSandbox::ExecFailed { errno },
+            never_ran_code(Some(errno)),
+        ),
     };
     msg.send(chan);
     // SAFETY: leave without running destructors of the memory image we share.
     unsafe { libc::_exit(code) }
 }
 
+/// The payload's part of the security order, one step a line, ending in execve.
 fn payload_steps(
     ctx: &ChildContext<'_>,
     chan: &OwnedFd,
     (floor, filter): &(LoadableFilter, LoadableFilter),
-) -> Result<Infallible, (FromSandbox, i32)> {
+) -> Result<Infallible, Stop> {
     let spec = ctx.spec;
-    let fail = |step: &str, errno: i32| (step_err(step, errno), SETUP_FAILED);
     process::reset_signals();
     // A new session: no controlling terminal. The caller's terminal is never among the
     // descriptors below (`run` relays it through a pty of the sandbox's own), so TIOCSTI
     // and TIOCSCTTY can reach only the sandbox's own terminal (CVE-2017-5226).
-    nix::unistd::setsid().map_err(|e| fail("setsid", e as i32))?;
-
-    // Descriptors: stdio and passed fds at their numbers, nothing else survives exec
-    // except the channel (close-on-exec, kept to report an exec failure).
-    let chan_fd = chan.as_raw_fd();
-    let mut staged = Vec::new();
-    for (src, dst) in &ctx.fds {
-        // Move every source out of the way first so no target overwrites a later source.
-        // SAFETY: F_DUPFD_CLOEXEC on a descriptor number; a closed one fails with EBADF.
-        let hi = unsafe { libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 100) };
-        let hi = if hi >= 0 {
-            hi
-        } else if src == dst && *dst <= 2 {
-            // The caller's own stdio is closed: give the payload /dev/null there instead.
-            nix::fcntl::open(
-                "/dev/null",
-                nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
-                nix::sys::stat::Mode::empty(),
-            )
-            .map(|fd| {
-                let raw = fd.as_raw_fd();
-                std::mem::forget(fd);
-                raw
-            })
-            .map_err(|e| fail("open /dev/null for stdio", e as i32))?
-        } else {
-            return Err(fail(
-                "duplicate descriptors",
-                io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EBADF),
-            ));
-        };
-        staged.push((hi, *dst));
-    }
-    let mut keep: Vec<RawFd> = staged.iter().map(|(hi, _)| *hi).collect();
-    keep.push(chan_fd);
-    let moved_chan = if ctx.fds.iter().any(|(_, dst)| *dst == chan_fd) {
-        // SAFETY: F_DUPFD_CLOEXEC on the channel descriptor, which is open.
-        let fd = unsafe { libc::fcntl(chan_fd, libc::F_DUPFD_CLOEXEC, 100) };
-        if fd < 0 {
-            return Err(fail(
-                "move channel",
-                io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EBADF),
-            ));
-        }
-        fd
-    } else {
-        chan_fd
-    };
-    keep.push(moved_chan);
-    for (hi, dst) in &staged {
-        process::install_fd(*hi, *dst).map_err(|e| {
-            fail(
-                "install descriptors",
-                e.raw_os_error().unwrap_or(libc::EBADF),
-            )
-        })?;
-    }
-    let mut targets: Vec<RawFd> = staged.iter().map(|(_, d)| *d).collect();
-    targets.push(moved_chan);
-    process::close_fds_from(0, &targets);
-    // SAFETY: moved_chan is open (kept above) and from here on owned only by this borrow.
-    let chan = unsafe { BorrowedFd::borrow_raw(moved_chan) };
+    nix::unistd::setsid().step("setsid")?;
+    // Stdio and passed fds at their numbers; nothing else survives exec except the
+    // channel (close-on-exec, kept to report an exec failure).
+    let moved_chan = process::install_descriptors(&ctx.fds, chan)?;
     if spec.controlling_terminal {
         // The sandbox's own pty on fd 0: ^C and ^Z typed at the caller's keyboard become
         // signals here, and job control works inside, as under `docker run -it`.
-        tty::take_controlling_terminal(0).map_err(|errno| fail("controlling terminal", errno))?;
+        tty::take_controlling_terminal(0).step("controlling terminal")?;
     }
-
-    nix::unistd::chdir(&spec.cwd).map_err(|e| {
-        (
-            FromSandbox::SetupFailed {
-                step: "working directory".into(),
-                errno: e as i32,
-                detail: spec.cwd.display().to_string(),
-            },
-            SETUP_FAILED,
-        )
-    })?;
+    nix::unistd::chdir(&spec.cwd)
+        .step("working directory")
+        .map_err(|s| s.with_detail(spec.cwd.display().to_string()))?;
     rlimits::apply(&spec.rlimits)
         .and_then(|()| rlimits::apply(&ctx.fallback_rlimits))
-        .map_err(|(name, e)| fail(&format!("rlimit {name}"), e as i32))?;
+        .map_err(|(name, e)| Step::new(format!("rlimit {name}"), e as i32))?;
     caps::drop_all(Some(spec.identity.payload_ids))
-        .map_err(|e| fail(&format!("capabilities ({})", e.step), e.errno))?;
-    caps::no_new_privs().map_err(|e| fail(e.step, e.errno))?;
+        .map_err(|e| Step::new(format!("capabilities ({})", e.step), e.errno))?;
+    caps::no_new_privs().map_err(Step::from)?;
     // After the last credential change (which would clear it): die with pid 1.
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
-        .map_err(|e| fail("parent death signal", e as i32))?;
+    process::die_with_parent().step("parent death signal")?;
     if ctx.landlock {
-        let outcome = landlock::restrict(&spec.landlock).map_err(|detail| {
-            (
-                FromSandbox::SetupFailed {
-                    step: "landlock".into(),
-                    errno: libc::EPERM,
-                    detail,
-                },
-                SETUP_FAILED,
-            )
-        })?;
-        if outcome.status == "not_enforced" && !spec.allow_degraded {
-            return Err(fail("landlock (not enforced by this kernel)", libc::ENOSYS));
-        }
-        FromSandbox::Landlock {
-            abi: outcome.abi,
-            status: outcome.status.to_string(),
-        }
-        .send(chan);
+        restrict_filesystem(spec, moved_chan)?;
     }
     // The floor first: the profile's filter may not allow seccomp(2) itself.
-    floor
-        .load()
-        .map_err(|errno| fail("seccomp (floor)", errno))?;
+    floor.load().step("seccomp (floor)")?;
     // Last: from here on every syscall, execve included, goes through the filter.
-    filter.load().map_err(|errno| fail("seccomp", errno))?;
-    let errno = process::exec(&ctx.argv, &ctx.env, &ctx.path_var);
-    let code = if errno == libc::ENOENT || errno == libc::ENOTDIR {
-        127
-    } else {
-        126
-    };
-    Err((FromSandbox::ExecFailed { errno }, code))
+    filter.load().step("seccomp")?;
+    Err(Stop::Exec(process::exec(
+        &ctx.argv,
+        &ctx.env,
+        &ctx.path_var,
+    )))
+}
+
+/// Applies Landlock and tells the supervisor what the kernel enforced; a kernel that
+/// enforces nothing fails the run unless degraded runs are allowed.
+fn restrict_filesystem(spec: &SandboxSpec, chan: BorrowedFd<'_>) -> Result<(), Step> {
+    let outcome = landlock::restrict(&spec.landlock)
+        .map_err(|detail| Step::new("landlock", libc::EPERM).with_detail(detail))?;
+    if outcome.status == "not_enforced" && !spec.allow_degraded {
+        return Err(Step::new(
+            "landlock (not enforced by this kernel)",
+            libc::ENOSYS,
+        ));
+    }
+    FromSandbox::Landlock {
+        abi: outcome.abi,
+        status: outcome.status.to_string(),
+    }
+    .send(chan);
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -783,12 +707,7 @@ impl Sandbox {
                 break;
             }
         }
-        let status = loop {
-            match waitid(Id::PIDFd(self.pidfd.as_fd()), WaitPidFlag::WEXITED) {
-                Err(nix::errno::Errno::EINTR) => continue,
-                other => break other.ok(),
-            }
-        };
+        let status = self.reap_status();
         // Everything in the sandbox is gone now: what its pipes hold is all there is.
         let summary = output.map(|pump| {
             pump.drain(deadline);
@@ -797,6 +716,16 @@ impl Sandbox {
         let mut outcome = self.finish(status, timed_out);
         outcome.output = summary;
         outcome
+    }
+
+    /// Waits for pid 1 to end and collects its status (`None` if it cannot be had).
+    pub fn reap_status(&self) -> Option<WaitStatus> {
+        loop {
+            match waitid(Id::PIDFd(self.pidfd.as_fd()), WaitPidFlag::WEXITED) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                other => break other.ok(),
+            }
+        }
     }
 
     /// Collects the report of an ended sandbox and removes its cgroup.
@@ -852,16 +781,7 @@ impl Sandbox {
         let exit_code = if timed_out {
             124
         } else {
-            match &failure {
-                Some(Failure::Setup { .. }) => SETUP_FAILED,
-                Some(Failure::Exec { errno })
-                    if *errno == libc::ENOENT || *errno == libc::ENOTDIR =>
-                {
-                    127
-                }
-                Some(Failure::Exec { .. }) => 126,
-                None => code,
-            }
+            failure.as_ref().map_or(code, Failure::exit_code)
         };
         Outcome {
             exit_code,
@@ -910,5 +830,36 @@ mod tests {
         assert_eq!(decode_raw_status(3 << 8), (3, None));
         assert_eq!(decode_raw_status(libc::SIGKILL), (137, Some(9)));
         assert_eq!(decode_raw_status(libc::SIGSEGV | 0x80), (139, Some(11)));
+    }
+
+    #[test]
+    fn a_payload_that_never_ran_exits_125_for_setup_127_for_not_found_126_otherwise() {
+        let setup = Failure::Setup {
+            step: "working directory".into(),
+            errno: libc::ENOENT,
+            detail: String::new(),
+        };
+        assert_eq!(setup.exit_code(), 125);
+        assert_eq!(
+            Failure::Exec {
+                errno: libc::ENOENT
+            }
+            .exit_code(),
+            127
+        );
+        assert_eq!(
+            Failure::Exec {
+                errno: libc::ENOTDIR
+            }
+            .exit_code(),
+            127
+        );
+        assert_eq!(
+            Failure::Exec {
+                errno: libc::EACCES
+            }
+            .exit_code(),
+            126
+        );
     }
 }

@@ -3,9 +3,11 @@
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+
+use super::step::{Step, StepResult};
 
 /// Sends `sig` to the process behind `pidfd` (no pid-reuse race).
 pub fn pidfd_signal(pidfd: BorrowedFd<'_>, sig: Signal) -> io::Result<()> {
@@ -99,6 +101,84 @@ pub fn install_fd(src: RawFd, dst: RawFd) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Installs the payload's descriptors: each `(source, target)` of `fds` at its target
+/// number (not close-on-exec), a closed stdio source replaced by `/dev/null`, and every
+/// other descriptor closed except the channel `chan` (close-on-exec, kept to report an
+/// exec failure; moved out of the way first if a target takes its number). Returns the
+/// channel, wherever it now is.
+pub fn install_descriptors<'a>(
+    fds: &[(RawFd, RawFd)],
+    chan: &'a OwnedFd,
+) -> Result<BorrowedFd<'a>, Step> {
+    let chan_fd = chan.as_raw_fd();
+    let mut staged = Vec::new();
+    for (src, dst) in fds {
+        // Move every source out of the way first so no target overwrites a later source.
+        // SAFETY: F_DUPFD_CLOEXEC on a descriptor number; a closed one fails with EBADF.
+        let hi = unsafe { libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 100) };
+        let hi = if hi >= 0 {
+            hi
+        } else if src == dst && *dst <= 2 {
+            // The caller's own stdio is closed: give the payload /dev/null there instead.
+            nix::fcntl::open(
+                "/dev/null",
+                nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map(|fd| {
+                let raw = fd.as_raw_fd();
+                std::mem::forget(fd);
+                raw
+            })
+            .step("open /dev/null for stdio")?
+        } else {
+            return Err(Step::new("duplicate descriptors", last_errno_or_ebadf()));
+        };
+        staged.push((hi, *dst));
+    }
+    let moved_chan = if fds.iter().any(|(_, dst)| *dst == chan_fd) {
+        // SAFETY: F_DUPFD_CLOEXEC on the channel descriptor, which is open.
+        let fd = unsafe { libc::fcntl(chan_fd, libc::F_DUPFD_CLOEXEC, 100) };
+        if fd < 0 {
+            return Err(Step::new("move channel", last_errno_or_ebadf()));
+        }
+        fd
+    } else {
+        chan_fd
+    };
+    for (hi, dst) in &staged {
+        install_fd(*hi, *dst).map_err(|e| {
+            Step::new(
+                "install descriptors",
+                e.raw_os_error().unwrap_or(libc::EBADF),
+            )
+        })?;
+    }
+    let mut targets: Vec<RawFd> = staged.iter().map(|(_, d)| *d).collect();
+    targets.push(moved_chan);
+    close_fds_from(0, &targets);
+    // SAFETY: moved_chan is open (kept above) and from here on owned only by this borrow,
+    // which lives no longer than the channel it was made from.
+    Ok(unsafe { BorrowedFd::borrow_raw(moved_chan) })
+}
+
+fn last_errno_or_ebadf() -> i32 {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EBADF)
+}
+
+/// Arms SIGKILL as the calling process's parent-death signal. The one place it is set;
+/// each process that needs it, and when:
+/// - the launcher, right after its fork from the controller (it dies with the controller);
+/// - a sandbox's pid 1, once it is in its cgroup and again after it assumes its identity
+///   (changing credentials clears the signal), so that it dies with its supervisor;
+/// - the payload, after its last credential change (a fork clears the signal too), so
+///   that it dies with pid 1.
+pub fn die_with_parent() -> nix::Result<()> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
 }
 
 /// Unblocks every signal and restores default dispositions (the supervisor blocks some

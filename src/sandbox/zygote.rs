@@ -40,7 +40,7 @@ pub fn fork_launcher(
         ForkResult::Child => {
             drop(req_parent);
             drop(ev_parent);
-            let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+            let _ = process::die_with_parent();
             if nix::unistd::getppid() != parent {
                 // SAFETY: the controller died before the death signal was armed.
                 unsafe { libc::_exit(1) };
