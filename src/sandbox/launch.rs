@@ -523,8 +523,11 @@ fn payload(
     chan: &OwnedFd,
     filters: &(LoadableFilter, LoadableFilter),
 ) -> ! {
+    // Where a failure is reported: the channel's number, until the descriptors are
+    // installed and it may have been moved out of the way of one passed to the command.
+    let report_on = std::cell::Cell::new(chan.as_raw_fd());
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        payload_steps(ctx, chan, filters)
+        payload_steps(ctx, chan, &report_on, filters)
     }));
     let stop = match result {
         Ok(Err(stop)) => stop,
@@ -538,7 +541,10 @@ fn payload(
             never_ran_code(Some(errno)),
         ),
     };
-    msg.send(chan);
+    // SAFETY: `report_on` holds the channel's descriptor, open in this process (the
+    // original, or where `install_descriptors` moved it); it is only borrowed for the send.
+    let report = unsafe { BorrowedFd::borrow_raw(report_on.get()) };
+    msg.send(report);
     // SAFETY: leave without running destructors of the memory image we share.
     unsafe { libc::_exit(code) }
 }
@@ -547,6 +553,7 @@ fn payload(
 fn payload_steps(
     ctx: &ChildContext<'_>,
     chan: &OwnedFd,
+    report_on: &std::cell::Cell<RawFd>,
     (floor, filter): &(LoadableFilter, LoadableFilter),
 ) -> Result<Infallible, Stop> {
     let spec = ctx.spec;
@@ -558,6 +565,7 @@ fn payload_steps(
     // Stdio and passed fds at their numbers; nothing else survives exec except the
     // channel (close-on-exec, kept to report an exec failure).
     let moved_chan = process::install_descriptors(&ctx.fds, chan)?;
+    report_on.set(moved_chan.as_raw_fd());
     if spec.controlling_terminal {
         // The sandbox's own pty on fd 0: ^C and ^Z typed at the caller's keyboard become
         // signals here, and job control works inside, as under `docker run -it`.

@@ -26,6 +26,10 @@ pub struct Slot {
     pub cpu_limit: f64,
     /// When its manifest was issued (seconds since the epoch).
     pub issued_at: u64,
+    /// When it was counted as a spawn (set by `reserve`): what a re-check of the worker
+    /// itself subtracts, since an approved child is counted when it is approved, which can
+    /// be long after its manifest was issued.
+    pub reserved_at: u64,
 }
 
 impl Slot {
@@ -36,6 +40,7 @@ impl Slot {
             memory_limit_mb: manifest.resources.memory_limit_mb.get(),
             cpu_limit: manifest.resources.cpu_limit.get(),
             issued_at: manifest.issued_at.get(),
+            reserved_at: manifest.issued_at.get(),
         }
     }
 }
@@ -153,6 +158,8 @@ impl AdmissionStore for InMemoryStore {
             self.spawn_times.pop_front();
         }
         self.lifetime_total = self.lifetime_total.saturating_add(1);
+        let mut slot = slot;
+        slot.reserved_at = now;
         self.active.insert(slot.worker_id.clone(), slot);
         decision
     }
@@ -219,7 +226,7 @@ impl RegistryView for Excluding<'_> {
             .store
             .active
             .get(self.id)
-            .is_some_and(|s| s.issued_at >= since);
+            .is_some_and(|s| s.reserved_at >= since);
         self.store
             .spawns_since(since)
             .saturating_sub(u64::from(own))

@@ -132,3 +132,28 @@ fn registration_refuses_another_manifest_a_replay_and_an_engaged_kill_switch() -
     );
     Ok(())
 }
+
+#[test]
+fn a_worker_approved_long_after_it_was_issued_is_not_counted_against_itself() {
+    // An approved child is counted when it is approved (its reservation), which can be
+    // long after its manifest was issued: its own re-check subtracts that reservation.
+    let mut store = InMemoryStore::default();
+    let id = worker("w-late");
+    let slot = Slot {
+        worker_id: id.clone(),
+        parent_id: None,
+        memory_limit_mb: 64,
+        cpu_limit: 0.5,
+        issued_at: T0,
+        reserved_at: T0,
+    };
+    let allow = |_: &dyn RegistryView| Decision::Allow;
+    assert!(store.reserve(slot, T0 + 300, &allow).is_allowed());
+    assert_eq!(store.spawns_since(T0 + 240), 1);
+    let view = store.excluding(&id);
+    assert_eq!(
+        view.spawns_since(T0 + 240),
+        0,
+        "its own start is not another's"
+    );
+}
