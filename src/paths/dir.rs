@@ -71,9 +71,7 @@ pub fn open_nofollow(path: &Path, flags: OFlag) -> io::Result<OwnedFd> {
 }
 
 fn cwd() -> BorrowedFd<'static> {
-    // SAFETY: AT_FDCWD is a constant the *at calls read as "the current directory", never a
-    // descriptor that could be closed.
-    unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) }
+    nix::fcntl::AT_FDCWD
 }
 
 /// A name that is exactly one normal path component (no `/`, `.`, `..`, NUL, not empty).
