@@ -1,0 +1,288 @@
+use super::*;
+use std::io::{Read, Seek, Write};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn file_sink() -> Result<(std::fs::File, OwnedFd), Box<dyn std::error::Error>> {
+    let f = tempfile::tempfile()?;
+    let sink = OwnedFd::from(f.try_clone()?);
+    Ok((f, sink))
+}
+
+fn contents(mut f: &std::fs::File) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+    let mut out = Vec::new();
+    f.rewind()?;
+    f.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+#[test]
+fn output_under_the_cap_passes_whole_and_is_not_truncated() -> TestResult {
+    let (out, out_sink) = file_sink()?;
+    let (err, err_sink) = file_sink()?;
+    let (mut pump, [w_out, w_err]) = OutputPump::new(Some(100), out_sink, err_sink)?;
+    std::fs::File::from(w_out).write_all(b"hello\n")?;
+    std::fs::File::from(w_err).write_all(b"oops\n")?;
+    pump.drain(None);
+    assert!(pump.is_done());
+    assert_eq!(contents(&out)?, b"hello\n");
+    assert_eq!(contents(&err)?, b"oops\n");
+    assert_eq!(
+        pump.summary(),
+        OutputSummary {
+            bytes: 11,
+            truncated: false,
+            cap: Some(100),
+            pty: false
+        }
+    );
+    Ok(())
+}
+
+#[test]
+fn pumps_sharing_a_budget_keep_no_more_than_it_together() -> TestResult {
+    let budget: OutputBudget = std::rc::Rc::new(std::cell::Cell::new(10));
+    let (a_out, a_sink) = file_sink()?;
+    let (_a_err, a_err_sink) = file_sink()?;
+    let (b_out, b_sink) = file_sink()?;
+    let (_b_err, b_err_sink) = file_sink()?;
+    let (mut a, [wa, _wa_err]) = OutputPump::new(None, a_sink, a_err_sink)?;
+    let (mut b, [wb, _wb_err]) = OutputPump::new(Some(100), b_sink, b_err_sink)?;
+    a.share_budget(budget.clone());
+    b.share_budget(budget.clone());
+    std::fs::File::from(wa).write_all(b"1234567")?;
+    a.progress();
+    std::fs::File::from(wb).write_all(b"abcdefgh")?;
+    b.progress();
+    assert_eq!(contents(&a_out)?, b"1234567");
+    assert_eq!(
+        contents(&b_out)?,
+        b"abc",
+        "the rest of the shared budget, no more"
+    );
+    assert!(b.summary().truncated && !a.summary().truncated);
+    assert_eq!(budget.get(), 0);
+    Ok(())
+}
+
+#[test]
+fn exactly_the_cap_then_end_of_file_is_not_truncated() -> TestResult {
+    let (out, out_sink) = file_sink()?;
+    let (_err, err_sink) = file_sink()?;
+    let (mut pump, [w_out, w_err]) = OutputPump::new(Some(4), out_sink, err_sink)?;
+    drop(w_err);
+    std::fs::File::from(w_out).write_all(b"abcd")?;
+    pump.drain(None);
+    assert_eq!(contents(&out)?, b"abcd");
+    assert!(!pump.summary().truncated);
+    Ok(())
+}
+
+#[test]
+fn the_cap_counts_both_streams_and_closes_both_pipes() -> TestResult {
+    let (out, out_sink) = file_sink()?;
+    let (err, err_sink) = file_sink()?;
+    let (mut pump, [w_out, w_err]) = OutputPump::new(Some(10), out_sink, err_sink)?;
+    let mut w_out = std::fs::File::from(w_out);
+    let mut w_err = std::fs::File::from(w_err);
+    w_err.write_all(b"123456")?;
+    pump.progress();
+    w_out.write_all(b"abcdefgh")?;
+    pump.progress();
+    assert_eq!(contents(&err)?, b"123456");
+    assert_eq!(contents(&out)?, b"abcd");
+    assert!(pump.summary().truncated);
+    assert_eq!(pump.open_pipes(), 0, "both pipes are closed at the cap");
+    // The writers now get EPIPE (the test process ignores SIGPIPE, as Rust programs do).
+    match w_err.write_all(b"more") {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPIPE)),
+        Ok(()) => panic!("a write after the cap succeeded"),
+    }
+    assert_eq!(pump.summary().bytes, 10);
+    Ok(())
+}
+
+#[test]
+fn without_a_cap_everything_passes() -> TestResult {
+    let (out, out_sink) = file_sink()?;
+    let (_err, err_sink) = file_sink()?;
+    let (mut pump, [w_out, w_err]) = OutputPump::new(None, out_sink, err_sink)?;
+    drop(w_err);
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let writer = {
+        let data = data.clone();
+        std::thread::spawn(move || std::fs::File::from(w_out).write_all(&data))
+    };
+    while !pump.is_done() {
+        let mut fds = pump.poll_fds();
+        let _ = poll(&mut fds, PollTimeout::from(100u16));
+        drop(fds);
+        pump.progress();
+    }
+    match writer.join() {
+        Ok(r) => r?,
+        Err(_) => panic!("the writer thread panicked"),
+    }
+    assert_eq!(contents(&out)?, data);
+    assert_eq!(pump.summary().bytes, data.len() as u64);
+    Ok(())
+}
+
+#[test]
+fn a_destination_that_stops_reading_never_blocks_the_pump() -> TestResult {
+    // The destination is a pipe nobody reads: once it is full the pump must return
+    // from progress() instead of waiting in write(2).
+    let (dest_r, dest_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let (_err, err_sink) = file_sink()?;
+    let (mut pump, [w_out, w_err]) = OutputPump::new(None, dest_w, err_sink)?;
+    drop(w_err);
+    fcntl(&w_out, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    let mut w_out = std::fs::File::from(w_out);
+    let chunk = vec![b'x'; 64 << 10];
+    // Fill the payload pipe and the destination pipe; every call must return.
+    for _ in 0..8 {
+        let _ = w_out.write(&chunk);
+        pump.progress();
+    }
+    assert!(!pump.is_done());
+    assert!(
+        !pump.poll_fds().is_empty(),
+        "the pump waits for the destination"
+    );
+    let written = pump.summary().bytes;
+    assert!(written > 0, "some output reached the destination");
+    // Reading the destination makes room, and the pump continues.
+    let mut sink = std::fs::File::from(dest_r);
+    let mut buf = vec![0u8; 64 << 10];
+    let n = sink.read(&mut buf)?;
+    assert!(n > 0);
+    pump.progress();
+    assert!(pump.summary().bytes > written);
+    Ok(())
+}
+
+#[test]
+fn a_closed_destination_closes_its_pipe() -> TestResult {
+    let (dest_r, dest_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    drop(dest_r);
+    let (_err, err_sink) = file_sink()?;
+    let (mut pump, [w_out, w_err]) = OutputPump::new(None, dest_w, err_sink)?;
+    drop(w_err);
+    let mut w_out = std::fs::File::from(w_out);
+    w_out.write_all(b"nobody reads this")?;
+    pump.progress();
+    assert_eq!(pump.open_pipes(), 0);
+    match w_out.write_all(b"again") {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPIPE)),
+        Ok(()) => panic!("a write to a pipe whose destination is gone succeeded"),
+    }
+    Ok(())
+}
+
+/// Polls and moves bytes until `done` or 5 s.
+fn pump_until(pump: &mut OutputPump, mut done: impl FnMut(&OutputPump) -> bool) {
+    let start = Instant::now();
+    while !done(pump) && start.elapsed() < std::time::Duration::from_secs(5) {
+        let mut fds = pump.poll_fds();
+        let _ = poll(&mut fds, PollTimeout::from(20u8));
+        drop(fds);
+        pump.progress();
+    }
+}
+
+#[test]
+fn input_reaches_the_payload_and_its_end_is_end_of_file() -> TestResult {
+    let (src_r, src_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let mut pump = OutputPump::with_cap(Some(1));
+    let payload_stdin = pump.add_input(src_r)?;
+    std::fs::File::from(src_w).write_all(b"typed ahead, longer than the cap")?;
+    let mut got = Vec::new();
+    let mut payload_stdin = std::fs::File::from(payload_stdin);
+    pump_until(&mut pump, |p| p.streams.iter().all(|s| s.sink.is_none()));
+    payload_stdin.read_to_end(&mut got)?;
+    assert_eq!(got, b"typed ahead, longer than the cap");
+    assert_eq!(pump.summary().bytes, 0, "input is not counted");
+    assert!(!pump.summary().truncated);
+    Ok(())
+}
+
+#[test]
+fn a_payload_that_never_reads_its_input_never_blocks_the_pump() -> TestResult {
+    // An endless source (/dev/zero) and a payload that reads nothing: the input pipe
+    // fills, and every progress() call returns.
+    let zero = std::fs::File::open("/dev/zero")?;
+    let mut pump = OutputPump::with_cap(None);
+    let _payload_stdin = pump.add_input(OwnedFd::from(zero))?;
+    for _ in 0..64 {
+        pump.progress();
+    }
+    assert!(pump.streams.iter().any(Stream::has_pending));
+    Ok(())
+}
+
+#[test]
+fn the_sandbox_terminal_is_relayed_counted_and_hung_up_at_the_cap() -> TestResult {
+    // The caller's terminal is a pty of the test's; the pump gives the sandbox another.
+    let caller = tty::open_pty()?;
+    let raw = tty::RawMode::enter(caller.replica.as_fd())?;
+    let mut pump = OutputPump::with_cap(Some(10));
+    let replica = pump.add_terminal(caller.replica.as_fd(), raw.saved(), true)?;
+    // The payload's terminal raw too, to see the bytes as they pass.
+    let mut plain = raw.saved().clone();
+    nix::sys::termios::cfmakeraw(&mut plain);
+    tty::set_modes(&replica, &plain)?;
+    // Typed at the caller's terminal, read by the payload.
+    nix::unistd::write(&caller.master, b"ls\r")?;
+    pump_until(&mut pump, |_| {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int into a local that outlives the call.
+        unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&replica),
+                libc::FIONREAD,
+                &mut n,
+            )
+        };
+        n >= 3
+    });
+    fcntl(&replica, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    let mut buf = [0u8; 64];
+    let n = nix::unistd::read(&replica, &mut buf)?;
+    assert_eq!(buf.get(..n), Some(b"ls\r".as_slice()));
+    assert_eq!(pump.summary().bytes, 0, "input is not counted");
+    // Written by the payload, shown on the caller's terminal, up to the cap.
+    nix::unistd::write(&replica, b"0123456789abcdef")?;
+    pump_until(&mut pump, |p| p.summary().truncated);
+    let summary = pump.summary();
+    assert!(summary.truncated && summary.pty);
+    assert_eq!(summary.bytes, 10);
+    let mut shown = [0u8; 64];
+    let n = nix::unistd::read(&caller.master, &mut shown)?;
+    assert_eq!(shown.get(..n), Some(b"0123456789".as_slice()));
+    // The master is closed: the sandbox's terminal is hung up, its writes fail.
+    assert_eq!(
+        nix::unistd::write(&replica, b"more"),
+        Err(Errno::EIO),
+        "a write after the cap succeeded"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_terminal_destination_is_written_without_blocking_when_nobody_reads_it() -> TestResult {
+    let caller = tty::open_pty()?;
+    let (_err, err_sink) = file_sink()?;
+    let (mut pump, [w_out, w_err]) = OutputPump::new(None, caller.replica.try_clone()?, err_sink)?;
+    drop(w_err);
+    fcntl(&w_out, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    let mut w_out = std::fs::File::from(w_out);
+    let chunk = vec![b'x'; 64 << 10];
+    // Nobody reads the master: the terminal fills, and every call returns.
+    for _ in 0..16 {
+        let _ = w_out.write(&chunk);
+        pump.progress();
+    }
+    assert!(!pump.is_done());
+    assert!(pump.summary().bytes > 0);
+    Ok(())
+}
