@@ -137,11 +137,7 @@ pub fn fail_with(e: &anyhow::Error, code: i32) -> i32 {
 /// Ends a command on an error: one line on stderr and its exit status (see [`exit_code`]);
 /// a closed stdout ends quietly with 0, as in every Unix tool.
 pub fn fail(e: &anyhow::Error) -> i32 {
-    if is_broken_pipe(e) {
-        return exit::OK;
-    }
-    logging::error_line(&format!("{e:#}"));
-    exit_code(e)
+    fail_with(e, exit_code(e))
 }
 
 const ABOUT: &str = "Sandbox manager for self-replicating agent workers: signed manifests, a replication contract, kernel-enforced isolation";

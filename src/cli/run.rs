@@ -19,11 +19,6 @@ use hatchery::sandbox::{
 };
 use hatchery::units;
 
-/// Exit status when the sandbox could not be set up.
-pub const EXIT_SETUP: i32 = 125;
-/// Exit status for input refused before anything starts (clap's own code for usage errors).
-pub const EXIT_USAGE: i32 = 2;
-
 const RUN_EXAMPLES: &str = "\
 Exit status: the command's own; 128+N if killed by signal N; 137 OOM kill; 124 timeout;
 2 bad command line or input (nothing started); 125 the sandbox could not be set up;
@@ -510,7 +505,7 @@ pub fn main(args: RunArgs) -> i32 {
                 "--report {}: {e}; name a file in a directory that exists and that you may write (or - for standard output); nothing was run",
                 args.report.as_deref().unwrap_or(Path::new("")).display()
             );
-            return EXIT_USAGE;
+            return super::exit::USAGE;
         }
     };
     let requested = limits();
@@ -577,7 +572,7 @@ pub fn main(args: RunArgs) -> i32 {
                 "cannot write the report {}: {e} (the command's exit status was {code})",
                 target.describe()
             );
-            return EXIT_SETUP;
+            return super::exit::SETUP;
         }
     }
     code
@@ -928,7 +923,7 @@ pub fn on_usage_error(e: &mut clap::Error, raw: &[std::ffi::OsString]) {
         .to_string();
     let body = Report::refused(
         message,
-        EXIT_USAGE,
+        super::exit::USAGE,
         command.to_vec(),
         LimitsRequested {
             memory_bytes: None,

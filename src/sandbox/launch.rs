@@ -11,58 +11,50 @@
 //! Starting a sandbox is fork-like: it must happen in a single-threaded process (the
 //! `run` command, or the controller's launcher forked before its async runtime starts).
 
-use std::convert::Infallible;
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
-use nix::unistd::{ForkResult, Pid};
+use nix::unistd::Pid;
 
-use super::caps;
 use super::cgroup::{CgroupManager, SandboxCgroup, Usage};
 use super::channel::{self, FromSandbox, ToSandbox};
-use super::init;
-use super::landlock;
 use super::mounts;
 use super::namespaces::{self, Cloned};
-use super::net;
 use super::output::{OutputPump, OutputSummary};
 use super::process;
-use super::rlimits;
 use super::seccomp::LoadableFilter;
-use super::step::{Step, StepResult};
-use super::tty;
 use super::userns;
 use super::{Enforcement, SandboxError, SandboxSpec};
 
 /// Exit status pid 1 uses when setup failed (mirrors `run`'s 125).
-const SETUP_FAILED: i32 = 125;
+pub(super) const SETUP_FAILED: i32 = 125;
 
 /// Everything the sandbox side needs, converted before the clone so that the child only
 /// reads memory it was given.
-struct ChildContext<'a> {
-    spec: &'a SandboxSpec,
-    argv: Vec<CString>,
-    env: Vec<CString>,
-    path_var: String,
-    landlock: bool,
-    unshare_cgroup: bool,
+pub(super) struct ChildContext<'a> {
+    pub(super) spec: &'a SandboxSpec,
+    pub(super) argv: Vec<CString>,
+    pub(super) env: Vec<CString>,
+    pub(super) path_var: String,
+    pub(super) landlock: bool,
+    pub(super) unshare_cgroup: bool,
     /// The cgroup files the sandbox writes `0` to, first thing, to move itself in.
-    join_cgroup: Vec<RawFd>,
+    pub(super) join_cgroup: Vec<RawFd>,
     /// (source fd, target number) pairs for the payload, stdio included.
-    fds: Vec<(RawFd, RawFd)>,
+    pub(super) fds: Vec<(RawFd, RawFd)>,
     /// rlimits standing in for limits no cgroup enforces (degraded runs).
-    fallback_rlimits: Vec<crate::profile::Rlimit>,
+    pub(super) fallback_rlimits: Vec<crate::profile::Rlimit>,
     /// The supervisor's prepared copies of the bind sources (empty when unprivileged).
-    trees: Vec<RawFd>,
+    pub(super) trees: Vec<RawFd>,
     /// Securebits to restore first thing (the creator guard changed the inherited ones).
-    securebits: Option<libc::c_int>,
+    pub(super) securebits: Option<libc::c_int>,
     /// The supervisor's command line and environment areas, overwritten first thing.
-    title: Option<process::ProcTitle>,
+    pub(super) title: Option<process::ProcTitle>,
 }
 
 fn to_cstrings(items: impl Iterator<Item = String>) -> Result<Vec<CString>, SandboxError> {
@@ -104,7 +96,7 @@ pub enum Failure {
 impl Failure {
     /// The exit status `run` reports for a payload that never ran.
     pub fn exit_code(&self) -> i32 {
-        never_ran_code(match self {
+        inside::never_ran_code(match self {
             Failure::Setup { .. } => None,
             Failure::Exec { errno } => Some(*errno),
         })
@@ -241,7 +233,7 @@ pub fn start(
                 unshare_cgroup: ctx.unshare_cgroup && !born_inside,
                 ..ctx
             };
-            contain(&ctx, sandbox_end)
+            inside::contain(&ctx, sandbox_end)
         }
         Ok(Cloned::Parent { pid, pidfd }) => (pid, pidfd),
         Err(e) => return Err(namespaces_refused(e)),
@@ -390,230 +382,7 @@ fn hand_over(
     Ok(sandbox)
 }
 
-// ---------------------------------------------------------------------------------------
-// Inside the sandbox.
-
-/// Leaves quietly: the supervisor is gone or gave up on this sandbox, so there is no one
-/// to report to.
-fn supervisor_gone() -> ! {
-    // SAFETY: leave without running the supervisor's destructors in this copy of its memory.
-    unsafe { libc::_exit(SETUP_FAILED) }
-}
-
-/// Waits for the supervisor's go-ahead `msg`; leaves if it never comes.
-fn await_supervisor(msg: ToSandbox, chan: &OwnedFd) {
-    if ToSandbox::expect(msg, chan).is_err() {
-        supervisor_gone()
-    }
-}
-
-/// The sandbox's pid 1. Never returns: it becomes the reaper or exits.
-fn contain(ctx: &ChildContext<'_>, chan: OwnedFd) -> ! {
-    let result =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| contain_steps(ctx, &chan)));
-    let failed = match result {
-        Ok(Err(step)) => step,
-        Ok(Ok(never)) => match never {},
-        Err(_) => Step::new("internal error", libc::EIO),
-    };
-    FromSandbox::from(failed).send(&chan);
-    // SAFETY: leave without running the supervisor's destructors in this copy of its memory.
-    unsafe { libc::_exit(SETUP_FAILED) }
-}
-
-/// pid 1's part of the security order, one step a line; the payload's follows in
-/// [`payload_steps`].
-fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, Step> {
-    let spec = ctx.spec;
-    // pid 1 shows its own name, not the supervisor's command line and environment (the
-    // payload can read /proc/1).
-    if let Some(title) = ctx.title {
-        title.set("hatchery-init", true);
-    }
-    if let Some(bits) = ctx.securebits {
-        userns::restore_securebits(bits).step("securebits")?;
-    }
-    // Into the cgroup before anything is charged to another one.
-    join_cgroup(&ctx.join_cgroup)?;
-    // If the supervisor dies from now on, so do we. (Before this point its death shows as
-    // end-of-stream on the channel, below.)
-    process::die_with_parent().step("parent death signal")?;
-    await_supervisor(ToSandbox::IdentityReady, chan);
-    userns::assume_identity(&spec.identity).step("identity")?;
-    // Changing credentials cleared the parent-death signal: arm it again. (Should the
-    // supervisor die in between, the next read from the channel ends us.)
-    process::die_with_parent().step("parent death signal")?;
-    if spec.namespaces.uts {
-        nix::unistd::sethostname(&spec.hostname).step("hostname")?;
-    }
-    if spec.namespaces.net {
-        net::loopback_up().step("loopback")?;
-    }
-    let limits = userns::KernelObjectLimits::open()?;
-    mounts::build_root(&spec.rootfs, &ctx.trees)?;
-    await_supervisor(ToSandbox::CgroupReady, chan);
-    if ctx.unshare_cgroup {
-        namespaces::unshare_cgroup()?;
-    }
-    // Every namespace and mount of the sandbox's own exists now: no more for anyone in it.
-    limits.apply()?;
-    // The filters the payload loads last (the supervisor compiled them meanwhile).
-    let Ok(filters) = channel::recv_filters(chan) else {
-        supervisor_gone()
-    };
-    // Start from default dispositions (a launcher ignores termination signals), then
-    // block what pid 1 collects with sigwaitinfo.
-    process::reset_signals();
-    init::block_signals();
-    // SAFETY: this process is single-threaded (a clone of a single-threaded supervisor).
-    match unsafe { nix::unistd::fork() }.step("fork the payload")? {
-        ForkResult::Child => payload(ctx, chan, &filters),
-        ForkResult::Parent { child } => reap(child, chan),
-    }
-}
-
-/// Moves pid 1 into its cgroup by writing `0` to the files the supervisor opened (where
-/// the sandbox was not born inside it).
-fn join_cgroup(files: &[RawFd]) -> Result<(), Step> {
-    for &fd in files {
-        // SAFETY: `fd` is this process's copy (made by the clone) of a `tasks` file the
-        // supervisor opened; nothing else in this process uses or closes it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        nix::unistd::write(&fd, b"0").step("join the cgroup")?;
-    }
-    Ok(())
-}
-
-/// pid 1 once the payload is forked: keeps no privilege it does not need to reap and
-/// forward signals.
-fn reap(payload: Pid, chan: &OwnedFd) -> ! {
-    process::close_fds_from(0, &[chan.as_raw_fd()]);
-    let _ = caps::drop_all(None);
-    let _ = caps::no_new_privs();
-    let _ = caps::not_dumpable();
-    init::reap_until_exit(payload, chan.as_fd())
-}
-
-/// Why the payload never ran: a set-up step failed, or execve did (with this errno).
-enum Stop {
-    Setup(Step),
-    Exec(i32),
-}
-
-impl From<Step> for Stop {
-    fn from(step: Step) -> Stop {
-        Stop::Setup(step)
-    }
-}
-
-/// The exit status of a payload that never ran (the command-line contract): 125 when the
-/// sandbox could not be set up, 127 when the command was not found, 126 when it was found
-/// but could not be run. `exec_errno` is execve's errno, `None` for a set-up failure.
-fn never_ran_code(exec_errno: Option<i32>) -> i32 {
-    match exec_errno {
-        None => SETUP_FAILED,
-        Some(libc::ENOENT | libc::ENOTDIR) => 127,
-        Some(_) => 126,
-    }
-}
-
-/// The payload process: locks itself down and becomes the user's command.
-fn payload(
-    ctx: &ChildContext<'_>,
-    chan: &OwnedFd,
-    filters: &(LoadableFilter, LoadableFilter),
-) -> ! {
-    // Where a failure is reported: the channel's number, until the descriptors are
-    // installed and it may have been moved out of the way of one passed to the command.
-    let report_on = std::cell::Cell::new(chan.as_raw_fd());
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        payload_steps(ctx, chan, &report_on, filters)
-    }));
-    let stop = match result {
-        Ok(Err(stop)) => stop,
-        Ok(Ok(never)) => match never {},
-        Err(_) => Stop::Setup(Step::new("internal error", libc::EIO)),
-    };
-    let (msg, code) = match stop {
-        Stop::Setup(step) => (FromSandbox::from(step), never_ran_code(None)),
-        Stop::Exec(errno) => (
-            FromSandbox::ExecFailed { errno },
-            never_ran_code(Some(errno)),
-        ),
-    };
-    // SAFETY: `report_on` holds the channel's descriptor, open in this process (the
-    // original, or where `install_descriptors` moved it); it is only borrowed for the send.
-    let report = unsafe { BorrowedFd::borrow_raw(report_on.get()) };
-    msg.send(report);
-    // SAFETY: leave without running destructors of the memory image we share.
-    unsafe { libc::_exit(code) }
-}
-
-/// The payload's part of the security order, one step a line, ending in execve.
-fn payload_steps(
-    ctx: &ChildContext<'_>,
-    chan: &OwnedFd,
-    report_on: &std::cell::Cell<RawFd>,
-    (floor, filter): &(LoadableFilter, LoadableFilter),
-) -> Result<Infallible, Stop> {
-    let spec = ctx.spec;
-    process::reset_signals();
-    // A new session: no controlling terminal. The caller's terminal is never among the
-    // descriptors below (`run` relays it through a pty of the sandbox's own), so TIOCSTI
-    // and TIOCSCTTY can reach only the sandbox's own terminal (CVE-2017-5226).
-    nix::unistd::setsid().step("setsid")?;
-    // Stdio and passed fds at their numbers; nothing else survives exec except the
-    // channel (close-on-exec, kept to report an exec failure).
-    let moved_chan = process::install_descriptors(&ctx.fds, chan)?;
-    report_on.set(moved_chan.as_raw_fd());
-    if spec.controlling_terminal {
-        // The sandbox's own pty on fd 0: ^C and ^Z typed at the caller's keyboard become
-        // signals here, and job control works inside, as under `docker run -it`.
-        tty::take_controlling_terminal(0).step("controlling terminal")?;
-    }
-    nix::unistd::chdir(&spec.cwd)
-        .step("working directory")
-        .map_err(|s| s.with_detail(spec.cwd.display().to_string()))?;
-    rlimits::apply(&spec.rlimits)
-        .and_then(|()| rlimits::apply(&ctx.fallback_rlimits))
-        .map_err(|(name, e)| Step::new(format!("rlimit {name}"), e as i32))?;
-    caps::drop_all(Some(spec.identity.payload_ids))
-        .map_err(|e| Step::new(format!("capabilities ({})", e.step), e.errno))?;
-    caps::no_new_privs().map_err(Step::from)?;
-    // After the last credential change (which would clear it): die with pid 1.
-    process::die_with_parent().step("parent death signal")?;
-    if ctx.landlock {
-        restrict_filesystem(spec, moved_chan)?;
-    }
-    // The floor first: the profile's filter may not allow seccomp(2) itself.
-    floor.load().step("seccomp (floor)")?;
-    // Last: from here on every syscall, execve included, goes through the filter.
-    filter.load().step("seccomp")?;
-    Err(Stop::Exec(process::exec(
-        &ctx.argv,
-        &ctx.env,
-        &ctx.path_var,
-    )))
-}
-
-/// Applies Landlock and tells the supervisor what the kernel enforced; a kernel that
-/// enforces nothing fails the run unless degraded runs are allowed.
-fn restrict_filesystem(spec: &SandboxSpec, chan: BorrowedFd<'_>) -> Result<(), Step> {
-    let outcome = landlock::restrict(&spec.landlock)
-        .map_err(|detail| Step::new("landlock", libc::EPERM).with_detail(detail))?;
-    if outcome.status == "not_enforced" && !spec.allow_degraded {
-        return Err(Step::new(
-            "landlock (not enforced by this kernel)",
-            libc::ENOSYS,
-        ));
-    }
-    FromSandbox::Landlock {
-        abi: outcome.abi,
-        status: outcome.status.to_string(),
-    }
-    .send(chan);
-    Ok(())
-}
+mod inside;
 
 // ---------------------------------------------------------------------------------------
 // The supervisor's view of a running sandbox.
