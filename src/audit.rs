@@ -64,6 +64,8 @@ pub mod event {
     pub const WORKER_REGISTERED: &str = "worker_registered";
     pub const WORKER_STARTED: &str = "worker_started";
     pub const WORKER_START_FAILED: &str = "worker_start_failed";
+    pub const WORKER_REPORT: &str = "worker_report";
+    pub const WORKER_SHUTDOWN_REQUESTED: &str = "worker_shutdown_requested";
     pub const WORKER_EXITED: &str = "worker_exited";
     pub const WORKER_KILLED: &str = "worker_killed";
     pub const WORKER_EXPIRED: &str = "worker_expired";

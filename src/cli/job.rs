@@ -109,17 +109,10 @@ impl JobArgs {
     /// `--env` as `KEY=VALUE` strings: a bare `KEY` takes this process's value, and is
     /// left out (with a note) where it has none.
     pub fn environment(&self) -> anyhow::Result<Vec<String>> {
-        let mut out = Vec::new();
-        for arg in &self.env {
-            let found = hatchery::sandbox::spec::parse_env_arg(arg, |k| std::env::var_os(k))?;
-            match found {
-                Some((k, v)) => out.push(format!("{k}={v}")),
-                None => eprintln!(
-                    "hatchery: note: --env {arg}: not set here, so not set in the sandbox either"
-                ),
-            }
-        }
-        Ok(out)
+        Ok(super::run::env_args(&self.env)?
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect())
     }
 
     /// The request these flags describe, validated.

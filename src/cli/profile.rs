@@ -745,12 +745,7 @@ fn diff_cmd(a: DiffArgs) -> anyhow::Result<i32> {
 }
 
 fn lint_cmd(a: LintArgs) -> anyhow::Result<i32> {
-    if let Some(bad) = a.accept.iter().find(|id| lint::rule(id).is_none()) {
-        anyhow::bail!(
-            "--accept {bad:?}: no lint rule has that id (known: {})",
-            lint::rule_ids().join(", ")
-        );
-    }
+    lint::check_accepted_ids(&a.accept).map_err(|m| anyhow::anyhow!("--accept: {m}"))?;
     let mut p = load(&a.profile)?;
     if a.ignore_profile_accept {
         p.lint.accept.clear();

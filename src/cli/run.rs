@@ -597,6 +597,21 @@ fn allowed_executables(paths: &[PathBuf]) -> Result<Vec<PathBuf>, SandboxError> 
     Ok(out)
 }
 
+/// `--env` arguments as docker reads them: `KEY=VALUE`, or a bare `KEY` for this
+/// process's value, left out (with a note) where it has none. Shared by `run` and `spawn`.
+pub fn env_args(args: &[String]) -> Result<Vec<(String, String)>, SandboxError> {
+    let mut env = Vec::new();
+    for arg in args {
+        match spec::parse_env_arg(arg, |k| std::env::var_os(k))? {
+            Some(kv) => env.push(kv),
+            None => {
+                error_line!("note: --env {arg}: not set here, so not set in the sandbox either")
+            }
+        }
+    }
+    Ok(env)
+}
+
 /// A run that started, how it ended, and what to tell the caller about a failure.
 struct Ran {
     outcome: sandbox::Outcome,
@@ -683,15 +698,7 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
     profile
         .narrow_exec(&allowed_executables(&args.allow_exec)?)
         .map_err(|e| SandboxError::Invalid(format!("--allow-exec: {e}")))?;
-    let mut env = Vec::new();
-    for arg in &args.env {
-        match spec::parse_env_arg(arg, |k| std::env::var_os(k))? {
-            Some(kv) => env.push(kv),
-            None => {
-                error_line!("note: --env {arg}: not set here, so not set in the sandbox either")
-            }
-        }
-    }
+    let env = env_args(&args.env)?;
     let cwd = args
         .cwd
         .as_deref()

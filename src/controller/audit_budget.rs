@@ -29,7 +29,7 @@ const ESSENTIAL: &[&str] = &[
     event::WORKER_REGISTERED,
     event::REJECT_MANIFEST_SIGNATURE,
     event::AUDIT_SUPPRESSED,
-    "worker_shutdown_requested",
+    event::WORKER_SHUTDOWN_REQUESTED,
 ];
 
 struct Budget {

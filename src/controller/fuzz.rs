@@ -62,6 +62,7 @@ impl EngineHarness {
         let (done, _) = oneshot::channel();
         let cfg = EngineConfig {
             state_dir: state.to_path_buf(),
+            workers: None,
             session: "fuzz".into(),
             heartbeat_timeout: std::time::Duration::from_secs(30),
             register_timeout: std::time::Duration::from_secs(30),

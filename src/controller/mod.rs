@@ -301,6 +301,9 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
             .map_err(|e| io_err(&paths.socket)(e.into()))?;
     }
 
+    let engine_workers = workers
+        .try_clone()
+        .map_err(io_err(&paths.state_dir.join("workers")))?;
     // The launcher must be forked while this process has one thread: before the runtime.
     let keep = [std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(
         &workers,
@@ -357,6 +360,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     };
     let cfg = engine::EngineConfig {
         state_dir: paths.state_dir.clone(),
+        workers: Some(engine_workers),
         session,
         heartbeat_timeout: opts.heartbeat_timeout,
         register_timeout: opts.register_timeout,

@@ -180,7 +180,9 @@ pub fn attach_worker(
                         dropped = dropped.saturating_add(1);
                         if let Some(answer) = answer.upgrade() {
                             let _ = answer.try_send(WorkerReply::Error {
-                                message: "rate limited: message dropped (at most 20 a second, bursts of 40)".into(),
+                                message: format!(
+                                    "rate limited: message dropped (at most {WORKER_RATE} a second, bursts of {WORKER_BURST})"
+                                ),
                             });
                         }
                         if last_report.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {

@@ -34,7 +34,8 @@ pub enum Change {
 impl Change {
     /// How `b` compares with `a` for one call.
     pub fn of(a: KernelAction, b: KernelAction) -> Change {
-        match restrictiveness(b).cmp(&restrictiveness(a)) {
+        // The kernel's precedence: the lower value wins, so a lower `b` is stricter.
+        match a.precedence().cmp(&b.precedence()) {
             _ if a == b => Change::Same,
             std::cmp::Ordering::Greater => Change::Stricter,
             std::cmp::Ordering::Less => Change::Looser,
@@ -58,20 +59,6 @@ impl Change {
             Change::Looser => "looser",
             Change::Different => "different",
         }
-    }
-}
-
-/// The kernel's precedence of filter results: the higher one wins when filters disagree.
-fn restrictiveness(a: KernelAction) -> u8 {
-    match a {
-        KernelAction::KillProcess => 7,
-        KernelAction::KillThread => 6,
-        KernelAction::Trap(_) => 5,
-        KernelAction::Errno(_) => 4,
-        KernelAction::UserNotif => 3,
-        KernelAction::Trace(_) => 2,
-        KernelAction::Log => 1,
-        KernelAction::Allow => 0,
     }
 }
 

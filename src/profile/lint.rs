@@ -80,6 +80,18 @@ pub fn rule(id: &str) -> Option<Severity> {
 }
 
 /// Every rule id, in the order of [`RULES`].
+/// Refuses an id no rule has, naming the ones there are (for `[lint] accept` and
+/// `--accept` alike).
+pub fn check_accepted_ids(ids: &[String]) -> Result<(), String> {
+    match ids.iter().find(|id| rule(id).is_none()) {
+        Some(bad) => Err(format!(
+            "unknown lint rule {bad:?} (known: {})",
+            rule_ids().join(", ")
+        )),
+        None => Ok(()),
+    }
+}
+
 pub fn rule_ids() -> Vec<&'static str> {
     RULES.iter().map(|(id, _)| *id).collect()
 }

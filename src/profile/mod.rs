@@ -542,17 +542,7 @@ impl Profile {
             .map_err(|(key, m)| at(&["rlimits", key.as_str()], m))?;
         self.resolve_limits()
             .map_err(|(key, m)| at(&["limits", key], m))?;
-        for id in &self.lint.accept {
-            if lint::rule(id).is_none() {
-                return Err(at(
-                    &["lint", "accept"],
-                    format!(
-                        "unknown lint rule {id:?} (known: {})",
-                        lint::rule_ids().join(", ")
-                    ),
-                ));
-            }
-        }
+        lint::check_accepted_ids(&self.lint.accept).map_err(|m| at(&["lint", "accept"], m))?;
         self.seccomp.validate().map_err(|e| {
             let line = |rule: Option<usize>, name: Option<&str>, key: Option<&str>| {
                 source.and_then(|s| match rule {

@@ -478,12 +478,17 @@ struct ExpandedRule {
 }
 
 impl SeccompPolicy {
+    /// The key that sets the default: `default_errno` when given, else `default_action`.
+    fn default_key(&self) -> &'static str {
+        match self.default_errno {
+            Some(_) => "default_errno",
+            None => "default_action",
+        }
+    }
+
     pub fn default_action(&self) -> Result<Action, String> {
         action_of(self.default_action, self.default_errno.as_ref()).map_err(|e| {
-            let key = match self.default_errno {
-                Some(_) => "default_errno",
-                None => "default_action",
-            };
+            let key = self.default_key();
             format!("{key}: {e}")
         })
     }
@@ -519,10 +524,7 @@ impl SeccompPolicy {
     /// one of them, and the profile would no longer say what is enforced).
     pub fn validate(&self) -> Result<(), PolicyError> {
         self.default_action().map_err(|m| {
-            let key = match self.default_errno {
-                Some(_) => "default_errno",
-                None => "default_action",
-            };
+            let key = self.default_key();
             PolicyError::key(key, m)
         })?;
         self.bad_arch_action()

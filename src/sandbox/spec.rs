@@ -65,7 +65,9 @@ pub fn check_hostname(name: &str) -> Result<(), SandboxError> {
     if ok {
         Ok(())
     } else {
-        Err(SandboxError::Invalid(format!("{name:?}: {HOSTNAME_RULE}")))
+        Err(SandboxError::Invalid(format!(
+            "{name:?}: a hostname is 1 to 64 letters, digits, '-' and '.', starting with a letter or digit"
+        )))
     }
 }
 
@@ -79,8 +81,7 @@ pub fn check_rfc1123_hostname(name: &str) -> Result<(), SandboxError> {
             && b.last().is_some_and(u8::is_ascii_alphanumeric)
             && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-')
     };
-    check_hostname(name)?;
-    if name.split('.').all(label_ok) {
+    if check_hostname(name).is_ok() && name.split('.').all(label_ok) {
         Ok(())
     } else {
         Err(SandboxError::Invalid(format!("{name:?}: {HOSTNAME_RULE}")))

@@ -26,30 +26,28 @@ const LOG_CHUNK: usize = 64 * 1024;
 /// them. A character cut by the end of what is written so far is left for the next read
 /// (unless the worker has ended); bytes that are not UTF-8 are replaced.
 fn read_log(
-    state_dir: &std::path::Path,
+    workers: Option<&crate::paths::Dir>,
     id: &WorkerId,
     offset: u64,
     ended: bool,
 ) -> Result<(String, u64), String> {
     use std::io::{Read, Seek, SeekFrom};
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = state_dir.join("workers").join(format!("{id}.log"));
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(&path);
-    let mut file = match file {
-        Ok(f) => f,
+    let name = format!("{id}.log");
+    let path = format!("workers/{name}");
+    // Through the held directory: no symlink, FIFO or device stands in for a log.
+    let file = match workers.map(|w| w.open_read(&name)) {
+        Some(Ok(Some(f))) => f,
         // A worker that could not start may have no log.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((String::new(), offset)),
-        Err(e) => return Err(format!("cannot read the log {}: {e}", path.display())),
+        None | Some(Ok(None)) => return Ok((String::new(), offset)),
+        Some(Err(e)) => return Err(format!("cannot read the log {path}: {e}")),
     };
+    let mut file = file;
     file.seek(SeekFrom::Start(offset))
-        .map_err(|e| format!("cannot read the log {}: {e}", path.display()))?;
+        .map_err(|e| format!("cannot read the log {path}: {e}"))?;
     let mut buf = Vec::with_capacity(LOG_CHUNK);
     file.take(LOG_CHUNK as u64)
         .read_to_end(&mut buf)
-        .map_err(|e| format!("cannot read the log {}: {e}", path.display()))?;
+        .map_err(|e| format!("cannot read the log {path}: {e}"))?;
     let used = match std::str::from_utf8(&buf) {
         Ok(_) => buf.len(),
         // Only the end is cut short: keep it for the next read.
@@ -161,7 +159,7 @@ impl Engine {
             // the end holds everything the worker wrote.
             Some(w) => {
                 let ended = !w.state.is_active();
-                match read_log(&self.cfg.state_dir, worker_id, offset, ended) {
+                match read_log(self.cfg.workers.as_ref(), worker_id, offset, ended) {
                     Ok((data, next_offset)) => ApiResponse::Log {
                         data,
                         next_offset,

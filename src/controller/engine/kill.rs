@@ -12,7 +12,7 @@ use crate::manifest::WorkerId;
 
 use crate::controller::admission::AdmissionStore;
 use crate::controller::launcher::LauncherRequest;
-use crate::controller::protocol::{ApiResponse, ExitInfo};
+use crate::controller::protocol::ApiResponse;
 use crate::controller::registry::WorkerState;
 
 use super::Engine;
@@ -56,22 +56,12 @@ impl Engine {
             let Ok(id) = WorkerId::new(worker_id) else {
                 continue;
             };
-            self.record(
-                event::WORKER_START_FAILED,
-                "controller",
-                Some(&id),
-                json!({ "error": "its launch was cancelled before the launcher read it" }),
-                false,
-            );
-            self.exited(
+            // Not synced here: this runs when a sync has just failed (see `record`).
+            self.start_failed(
                 &id,
-                ExitInfo {
-                    exit_code: 125,
-                    signal: None,
-                    oom_killed: false,
-                    timed_out: false,
-                    ended_by: Some("the kill switch cancelled its launch".into()),
-                },
+                "its launch was cancelled before the launcher read it",
+                "the kill switch cancelled its launch".into(),
+                false,
             );
         }
     }

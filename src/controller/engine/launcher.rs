@@ -76,23 +76,7 @@ impl Engine {
                 let Ok(id) = WorkerId::new(worker_id) else {
                     return;
                 };
-                self.record(
-                    event::WORKER_START_FAILED,
-                    "controller",
-                    Some(&id),
-                    json!({ "error": error }),
-                    true,
-                );
-                self.exited(
-                    &id,
-                    ExitInfo {
-                        exit_code: 125,
-                        signal: None,
-                        oom_killed: false,
-                        timed_out: false,
-                        ended_by: Some(format!("could not start: {error}")),
-                    },
-                );
+                self.start_failed(&id, &error, format!("could not start: {error}"), true);
             }
             ev @ LauncherEvent::Exited { .. } => self.exit_reported(ev),
             LauncherEvent::Refused { error } => {
@@ -216,5 +200,35 @@ impl Engine {
             self.record_suppressed(id, counts);
         }
         self.settle_waiters();
+    }
+}
+
+impl Engine {
+    /// A worker that never started: recorded, and ended as `run` ends a sandbox that could
+    /// not be set up (125).
+    pub(super) fn start_failed(
+        &mut self,
+        id: &WorkerId,
+        error: &str,
+        ended_by: String,
+        sync: bool,
+    ) {
+        self.record(
+            event::WORKER_START_FAILED,
+            "controller",
+            Some(id),
+            json!({ "error": error }),
+            sync,
+        );
+        self.exited(
+            id,
+            ExitInfo {
+                exit_code: 125,
+                signal: None,
+                oom_killed: false,
+                timed_out: false,
+                ended_by: Some(ended_by),
+            },
+        );
     }
 }

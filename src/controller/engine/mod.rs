@@ -47,6 +47,9 @@ const SLOW_INPUT: Duration = Duration::from_millis(30);
 /// Fixed settings of one controller run.
 pub struct EngineConfig {
     pub state_dir: PathBuf,
+    /// The state directory's `workers/`, held: worker logs are read through it (a
+    /// worker's log is its output, so it is opened without following anything).
+    pub workers: Option<crate::paths::Dir>,
     pub session: String,
     pub heartbeat_timeout: Duration,
     pub register_timeout: Duration,

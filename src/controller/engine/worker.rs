@@ -83,7 +83,7 @@ impl Engine {
                     return;
                 }
                 self.record(
-                    "worker_report",
+                    event::WORKER_REPORT,
                     &actor,
                     Some(&id),
                     json!({ "result": bounded::clip(&result, bounded::MAX_TEXT) }),
@@ -98,7 +98,7 @@ impl Engine {
                     return;
                 }
                 self.record(
-                    "worker_shutdown_requested",
+                    event::WORKER_SHUTDOWN_REQUESTED,
                     &actor,
                     Some(&id),
                     json!({}),

@@ -269,6 +269,14 @@ fn hostnames_the_kernel_or_a_terminal_would_choke_on_are_refused() {
     ] {
         assert!(check_rfc1123_hostname(bad).is_err(), "{bad:?}");
     }
+    // Worker ids become hostnames under the looser rule: 64 characters, '-' anywhere after
+    // the first.
+    for good in [&"x".repeat(64)[..], "x-", "a..b"] {
+        assert!(check_hostname(good).is_ok(), "{good}");
+    }
+    for bad in ["", "-x", "a b", "é", &"x".repeat(65)[..]] {
+        assert!(check_hostname(bad).is_err(), "{bad:?}");
+    }
 }
 
 #[test]
