@@ -9,6 +9,7 @@ use std::io::Write;
 use clap::Args;
 use serde::Serialize;
 
+use hatchery::sandbox::preflight::fix;
 use hatchery::sandbox::{self, Host};
 
 #[derive(Args, Debug)]
@@ -160,9 +161,17 @@ fn diagnose() -> Diagnosis {
                         "NOT limitable"
                     },
                 ),
-                (!missing.is_empty())
-                    .then(|| format!("enable the {} controller(s)", missing.join(", "))),
+                if !missing.is_empty() {
+                    Some(format!("enable the {} controller(s)", missing.join(", ")))
+                } else if !c.swap_off && c.memory {
+                    Some(fix::SWAP.into())
+                } else {
+                    None
+                },
             ));
+            if c.memory && !c.swap_off {
+                degraded.push("--memory (the host has swap but no swap accounting)".into());
+            }
             for m in missing {
                 degraded.push(format!("--{}", if m == "cpu" { "cpus" } else { m }));
             }
@@ -174,9 +183,9 @@ fn diagnose() -> Diagnosis {
                 false,
                 format!("no limits possible: {why}"),
                 Some(if rootless {
-                    "run inside a delegated cgroup v2 scope: systemd-run --user --scope -p Delegate=yes hatchery run ...".into()
+                    fix::delegated_scope("run")
                 } else {
-                    "mount the memory, cpu and pids controllers (cgroup v2 recommended)".into()
+                    fix::CGROUP_CONTROLLERS.into()
                 }),
             ));
             degraded.push(
@@ -204,9 +213,7 @@ fn diagnose() -> Diagnosis {
             ),
             None => "not available".into(),
         },
-        host.landlock_abi
-            .is_none()
-            .then(|| "boot a 5.13+ kernel with landlock in the lsm= list".into()),
+        host.landlock_abi.is_none().then(|| fix::LANDLOCK.into()),
     ));
     if host.landlock_abi.is_none() {
         degraded.push("Landlock filesystem rules".into());
@@ -219,7 +226,7 @@ fn diagnose() -> Diagnosis {
         } else {
             "not available".into()
         },
-        (!host.seccomp).then(|| "use a kernel with CONFIG_SECCOMP_FILTER".into()),
+        (!host.seccomp).then(|| fix::SECCOMP.into()),
     ));
     if !host.seccomp {
         degraded.push("seccomp".into());

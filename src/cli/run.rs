@@ -767,30 +767,29 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
         }
     }
     tracing::debug!("checking that every requested limit and protection can be enforced");
-    let mut enforcement = sandbox::preflight(&spec, &host)?;
-    if let Some(allow) = &enforcement.exec_allowlist {
+    let plan = sandbox::preflight(&spec, &host, sandbox::Asker::Run)?;
+    if let Some(allow) = &plan.exec_allowlist {
         for note in &allow.notes {
             error_line!("note: {note}");
         }
     }
-    if args.allow_degraded && !with_report && !enforcement.not_enforced.is_empty() {
+    if args.allow_degraded && !with_report && !plan.not_enforced.is_empty() {
         error_line!(
             "warning: --allow-degraded: not enforced here: {} (--report FILE records what was)",
-            enforcement.not_enforced.join("; ")
+            plan.not_enforced.join("; ")
         );
     }
-    // From here until `run` returns, a terminal on stdin is in raw mode (`plan.raw`).
+    // From here until `run` returns, a terminal on stdin is in raw mode (`stdio.raw`).
     tracing::debug!("planning stdin, stdout and stderr");
-    let mut plan = plan_stdio(args.max_output).map_err(|e| {
+    let mut stdio = plan_stdio(args.max_output).map_err(|e| {
         SandboxError::Internal(format!(
             "cannot set up the relay of stdin, stdout and stderr: {e}"
         ))
     })?;
-    spec.stdio = plan.fds.take();
-    spec.controlling_terminal = plan.controlling_terminal;
-    enforcement.stdio = Some(plan.report.clone());
+    spec.stdio = stdio.fds.take();
+    spec.controlling_terminal = stdio.controlling_terminal;
     let signals = forwarded_signals();
-    let result = sandbox::start(&spec, enforcement, host.cgroups.as_deref()).map(|sb| {
+    let result = sandbox::start(&spec, &plan, host.cgroups.as_deref()).map(|sb| {
         tracing::debug!(
             pid = sb.pid(),
             "the sandbox is running; waiting for it to end"
@@ -798,9 +797,10 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
         // Only the sandbox may hold the pipes' write ends and the pty's replica, or they
         // never reach end-of-file.
         spec.stdio = None;
-        let enforcement = sb.enforcement.clone();
+        let mut enforcement = sb.enforcement.clone();
+        enforcement.stdio = Some(stdio.report.clone());
         (
-            sb.wait(timeout, signals.as_ref(), plan.pump.as_mut()),
+            sb.wait(timeout, signals.as_ref(), stdio.pump.as_mut()),
             enforcement,
         )
     });
@@ -808,7 +808,7 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
         m.release();
     }
     // The caller's terminal is given back its modes before anything more is printed.
-    drop(plan.raw.take());
+    drop(stdio.raw.take());
     let (outcome, enforcement) = result?;
     let hint = match &outcome.failure {
         Some(sandbox::Failure::Exec { errno }) if *errno == libc::ENOENT => {

@@ -28,9 +28,6 @@ use super::wire::{self, FrameError};
 /// Where the hatchery binary appears inside workers (for `hatchery agent`).
 pub const AGENT_BIN_DIR: &str = "/run/hatchery/bin";
 
-/// What replaces `run`'s hint in a worker's refusal: degrading is the controller's flag.
-const CONTROLLER_DEGRADE_HINT: &str = "or start the controller with --allow-degraded to start workers without it (worker_started lists what was not enforced)";
-
 struct Running {
     sandbox: Sandbox,
     deadline: Option<Instant>,
@@ -109,14 +106,7 @@ impl Launcher {
             }
             Err(error) => self.emit(&LauncherEvent::StartFailed {
                 worker_id: id,
-                // Whether a worker may start degraded, and in which cgroup, is the
-                // controller's matter, not the spawner's: name the controller.
-                error: error
-                    .replace(sandbox::DEGRADE_HINT, CONTROLLER_DEGRADE_HINT)
-                    .replace(
-                        "Delegate=yes hatchery run ...",
-                        "Delegate=yes hatchery controller ...",
-                    ),
+                error,
             }),
         }
     }
@@ -205,8 +195,10 @@ impl Launcher {
         if let Some(sock) = socket {
             spec.pass_fds.push((sock, 3));
         }
-        let enforcement = sandbox::preflight(&spec, &self.host).map_err(|e| e.to_string())?;
-        let sb = sandbox::start(&spec, enforcement, self.host.cgroups.as_deref())
+        // Refusals name the controller's own way to go on degraded, not the spawner's.
+        let plan = sandbox::preflight(&spec, &self.host, sandbox::Asker::Controller)
+            .map_err(|e| e.to_string())?;
+        let sb = sandbox::start(&spec, &plan, self.host.cgroups.as_deref())
             .map_err(|e| e.to_string())?;
         // `spec` (and with it the pipes' write ends) is dropped on return: only the
         // sandbox holds them from here on.

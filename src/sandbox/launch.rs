@@ -26,6 +26,7 @@ use super::channel::{self, FromSandbox, ToSandbox};
 use super::mounts;
 use super::namespaces::{self, Cloned};
 use super::output::{OutputPump, OutputSummary};
+use super::preflight::{CgroupPlan, LandlockPlan, Plan, SeccompPlan};
 use super::process;
 use super::seccomp::LoadableFilter;
 use super::userns;
@@ -157,17 +158,20 @@ fn namespaces_refused(e: io::Error) -> SandboxError {
     }
 }
 
-/// Starts `spec` in a new sandbox. `cgroups` is the host's backend, if any.
+/// Starts `spec` in a new sandbox as `plan` (its [`super::preflight`]) says. `cgroups` is
+/// the host's backend, if any.
 pub fn start(
     spec: &SandboxSpec,
-    mut enforcement: Enforcement,
+    plan: &Plan,
     cgroups: Option<&dyn CgroupManager>,
 ) -> Result<Sandbox, SandboxError> {
     process::ensure_single_threaded().map_err(|e| SandboxError::Internal(e.to_string()))?;
     let started = Instant::now();
+    let mut enforcement = plan.enforcement(spec);
     // Each step is logged at debug level (`-vv`, `HATCHERY_LOG=debug`) before it is taken,
     // so that a refusal can be read against the last step shown.
-    let cgroup = create_cgroup(spec, &mut enforcement, cgroups)?;
+    let cgroup = create_cgroup(spec, plan.cgroup, cgroups)?;
+    enforcement.cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
     let into = cgroup
         .as_ref()
         .and_then(|c| c.clone_into_fd())
@@ -204,11 +208,11 @@ pub fn start(
         argv: to_cstrings(spec.argv.iter().cloned())?,
         env: to_cstrings(spec.env.iter().map(|(k, v)| format!("{k}={v}")))?,
         path_var,
-        landlock: enforcement.landlock_abi.is_some(),
+        landlock: matches!(plan.landlock, LandlockPlan::Rules { .. }),
         unshare_cgroup: spec.namespaces.cgroup,
         join_cgroup: join_files.iter().map(|f| f.as_raw_fd()).collect(),
         fds,
-        fallback_rlimits: enforcement.fallback_rlimits.clone(),
+        fallback_rlimits: plan.fallback_rlimits.clone(),
         trees: prepared.raw(),
         securebits: creator.as_ref().map(|c| c.original_securebits()),
         title: process::ProcTitle::current(),
@@ -254,25 +258,22 @@ pub fn start(
     };
     // From here on, dropping `sandbox` on an error path kills it and removes its cgroup.
     let attach = !born_inside && ctx.join_cgroup.is_empty();
-    hand_over(sandbox, spec, attach)
+    hand_over(sandbox, spec, plan.seccomp, attach)
 }
 
 /// The sandbox's cgroup, created before the sandbox: on v2 the sandbox is born inside it.
 fn create_cgroup(
     spec: &SandboxSpec,
-    enforcement: &mut Enforcement,
+    plan: CgroupPlan,
     cgroups: Option<&dyn CgroupManager>,
 ) -> Result<Option<Box<dyn SandboxCgroup>>, SandboxError> {
-    tracing::debug!(name = %spec.cgroup_name, cgroup = %enforcement.cgroup, "creating the sandbox's cgroup");
-    let cgroup = match cgroups {
-        Some(m) if enforcement.cgroup != "none" => Some(
-            m.create(&spec.cgroup_name, &enforcement.cgroup_limits)
-                .map_err(cgroup_refused)?,
-        ),
-        _ => None,
+    let (Some(m), CgroupPlan::Limits { version, limits }) = (cgroups, plan) else {
+        return Ok(None);
     };
-    enforcement.cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
-    Ok(cgroup)
+    tracing::debug!(name = %spec.cgroup_name, cgroup = %version, "creating the sandbox's cgroup");
+    m.create(&spec.cgroup_name, &limits)
+        .map(Some)
+        .map_err(cgroup_refused)
 }
 
 /// The payload's (source, target) descriptor pairs: stdio first, then the passed fds.
@@ -345,6 +346,7 @@ fn prepare_trees(
 fn hand_over(
     mut sandbox: Sandbox,
     spec: &SandboxSpec,
+    seccomp: SeccompPlan,
     attach: bool,
 ) -> Result<Sandbox, SandboxError> {
     let pid = sandbox.pid;
@@ -363,7 +365,7 @@ fn hand_over(
     // here when they were not already).
     tracing::debug!("compiling the seccomp filters (floor and profile)");
     let filters = spec.seccomp.compile()?;
-    sandbox.enforcement.record_filters(&filters);
+    seccomp.record(&filters, &mut sandbox.enforcement);
     if attach {
         if let Some(cg) = &sandbox.cgroup {
             cg.attach(pid.as_raw()).map_err(cgroup_refused)?;

@@ -220,7 +220,7 @@ fn an_allowlist_without_landlock_fails_closed_unless_degraded()
         seccomp: true,
     };
     let spec = build(request(&["python3"]), &p, None)?;
-    match super::super::preflight(&spec, &host) {
+    match super::super::preflight(&spec, &host, super::super::Asker::Run) {
         Err(SandboxError::Refused { what, .. }) => {
             assert!(what.contains("allowlist"), "{what}")
         }
@@ -230,7 +230,7 @@ fn an_allowlist_without_landlock_fails_closed_unless_degraded()
     let mut r = request(&["python3"]);
     r.allow_degraded = true;
     let spec = build(r, &p, None)?;
-    let e = super::super::preflight(&spec, &host)?;
+    let e = super::super::preflight(&spec, &host, super::super::Asker::Run)?;
     assert!(
         e.not_enforced
             .iter()
@@ -291,8 +291,9 @@ fn floor_rules_libseccomp_cannot_compile_are_reported_as_not_enforced()
         seccomp: true,
     };
     let mut filters = spec.seccomp.compile()?;
-    let mut e = super::super::preflight(&spec, &host)?;
-    e.record_filters(&filters);
+    let plan = super::super::preflight(&spec, &host, super::super::Asker::Run)?;
+    let mut e = plan.enforcement(&spec);
+    plan.seccomp.record(&filters, &mut e);
     assert!(
         !e.not_enforced
             .iter()
@@ -306,8 +307,9 @@ fn floor_rules_libseccomp_cannot_compile_are_reported_as_not_enforced()
         e.seccomp_floor
     );
     filters.floor_notes = vec!["fchmodat2 unknown".into()];
-    let mut e = super::super::preflight(&spec, &host)?;
-    e.record_filters(&filters);
+    let plan = super::super::preflight(&spec, &host, super::super::Asker::Run)?;
+    let mut e = plan.enforcement(&spec);
+    plan.seccomp.record(&filters, &mut e);
     assert!(
         e.not_enforced
             .contains(&"seccomp floor: fchmodat2 unknown".to_string()),
