@@ -21,7 +21,8 @@ use crate::contract::ReplicationContract;
 use crate::manifest::{SpawnRequest, WorkerId};
 use crate::signing::{Keyring, ManifestSigner};
 
-use super::engine::{Engine, EngineConfig};
+use super::admission::InMemoryStore;
+use super::engine::{Engine, EngineConfig, HostEffects};
 use super::input::Input;
 use super::launcher::LauncherEvent;
 use super::link::{Inbox, Outbox};
@@ -71,18 +72,21 @@ impl EngineHarness {
             agent_binary: None,
             cgroup_owner: "fuzz".into(),
             distinct_ids: 1,
-            // No launcher process: nothing to kill (pid 0 would be this process group).
-            launcher_pid: nix::unistd::Pid::from_raw(i32::MAX),
             worker_output_cap: 1 << 20,
         };
         let engine = Engine::new(
             cfg,
             contract,
             ManifestSigner::new(keyring),
-            audit,
-            Outbox::new(ours).map_err(|e| e.to_string())?,
-            rt.handle().clone(),
-            tx,
+            Box::new(audit),
+            Box::new(InMemoryStore::default()),
+            Box::new(HostEffects::new(
+                Outbox::new(ours).map_err(|e| e.to_string())?,
+                // No launcher process: nothing to kill (pid 0 would be this process group).
+                nix::unistd::Pid::from_raw(i32::MAX),
+                rt.handle().clone(),
+                tx,
+            )),
             done,
         );
         let mut h = EngineHarness {

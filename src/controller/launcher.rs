@@ -12,14 +12,14 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::poll::{PollFd, PollFlags};
 
 use crate::paths::{Dir, check_host_path};
 use crate::profile::floor::Floor;
 use crate::profile::{Profile, SeccompProgram};
 use crate::sandbox::cgroup::Limits;
 use crate::sandbox::output::{OutputBudget, OutputPump};
-use crate::sandbox::{self, Exposure, Host, RunRequest, Sandbox, spec};
+use crate::sandbox::{self, Exposure, Host, RunRequest, Sandbox, spec, wait};
 
 pub use super::launch_protocol::{LaunchSpec, LauncherEvent, LauncherRequest, LiveUsage};
 use super::link::{Inbox, Incoming};
@@ -309,15 +309,6 @@ pub fn serve(requests: UnixStream, events: UnixStream, workers: Dir, output_tota
             .filter(|r| !r.timed_out)
             .filter_map(|r| r.deadline)
             .min();
-        let timeout = match next {
-            Some(d) => PollTimeout::try_from(
-                d.saturating_duration_since(now)
-                    .as_millis()
-                    .clamp(1, 60_000) as i32,
-            )
-            .unwrap_or(PollTimeout::NONE),
-            None => PollTimeout::NONE,
-        };
         let ids: Vec<String> = l.running.keys().cloned().collect();
         let (request_ready, exited) = {
             let mut fds = Vec::with_capacity(ids.len().saturating_add(1));
@@ -335,12 +326,12 @@ pub fn serve(requests: UnixStream, events: UnixStream, workers: Dir, output_tota
                     fds.extend(p.poll_fds());
                 }
             }
-            match poll(&mut fds, timeout) {
+            match wait::poll_until(&mut fds, next, Some(Duration::from_secs(60))) {
+                Ok(0) => continue,
                 Ok(_) => {}
-                Err(nix::errno::Errno::EINTR) => continue,
                 Err(_) => break,
             }
-            let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+            let ready = wait::is_ready;
             let offset = usize::from(!shutting_down);
             let request_ready = !shutting_down && fds.first().is_some_and(ready);
             let exited: Vec<String> = ids

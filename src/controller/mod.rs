@@ -369,7 +369,6 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         agent_binary,
         cgroup_owner: format!("{}-{}", launcher.pid, launcher_start),
         distinct_ids,
-        launcher_pid: launcher.pid,
         worker_output_cap: opts.worker_output_cap,
     };
 
@@ -383,11 +382,15 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         cfg,
         contract,
         signer,
-        audit,
-        link::Outbox::new(launcher.requests)
-            .map_err(|e| ControllerError::Setup(format!("the launcher's socket: {e}")))?,
-        rt.handle().clone(),
-        tx.clone(),
+        Box::new(audit),
+        Box::new(admission::InMemoryStore::default()),
+        Box::new(engine::HostEffects::new(
+            link::Outbox::new(launcher.requests)
+                .map_err(|e| ControllerError::Setup(format!("the launcher's socket: {e}")))?,
+            launcher.pid,
+            rt.handle().clone(),
+            tx.clone(),
+        )),
         done_tx,
     );
     let engine_thread = std::thread::Builder::new()
@@ -443,7 +446,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     drop(tx);
     rt.shutdown_timeout(Duration::from_millis(200));
     let _ = engine_thread.join();
-    let status = nix::sys::wait::waitpid(launcher.pid, None);
+    let status = crate::sandbox::wait::reap_child(launcher.pid);
     if !matches!(status, Ok(nix::sys::wait::WaitStatus::Exited(_, 0))) {
         // Killed (it did not stop when asked) or crashed: its sandboxes are gone with it,
         // their cgroups are not; remove them as its successor would.

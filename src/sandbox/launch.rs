@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use nix::sys::signalfd::SignalFd;
-use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 
 use super::cgroup::{CgroupManager, SandboxCgroup, Usage};
@@ -30,6 +30,7 @@ use super::preflight::{CgroupPlan, LandlockPlan, Plan, SeccompPlan};
 use super::process;
 use super::seccomp::LoadableFilter;
 use super::userns;
+use super::wait;
 use super::{Enforcement, SandboxError, SandboxSpec};
 
 /// Exit status pid 1 uses when setup failed (mirrors `run`'s 125).
@@ -432,19 +433,15 @@ impl Sandbox {
         signals: Option<&SignalFd>,
         mut output: Option<&mut OutputPump>,
     ) -> Outcome {
-        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        use nix::poll::{PollFd, PollFlags};
         let deadline = timeout.map(|t| self.started + t);
         let mut timed_out = false;
         loop {
-            let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if remaining == Some(Duration::ZERO) {
+            if deadline.is_some_and(|d| d <= Instant::now()) {
                 timed_out = true;
                 self.kill();
                 break;
             }
-            let ms = remaining
-                .map(|r| r.as_millis().clamp(1, i32::MAX as u128) as i32)
-                .unwrap_or(-1);
             let (exited, signalled) = {
                 let mut fds = vec![PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
                 if let Some(s) = signals {
@@ -453,15 +450,12 @@ impl Sandbox {
                 if let Some(pump) = output.as_deref() {
                     fds.extend(pump.poll_fds());
                 }
-                let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::NONE);
-                match poll(&mut fds, timeout) {
+                match wait::poll_until(&mut fds, deadline, None) {
                     Ok(0) => continue,
                     Ok(_) => {}
-                    Err(nix::errno::Errno::EINTR) => continue,
                     Err(_) => break,
                 }
-                let ready =
-                    |f: Option<&PollFd>| f.and_then(|f| f.revents()).is_some_and(|r| !r.is_empty());
+                let ready = |f: Option<&PollFd>| f.is_some_and(wait::is_ready);
                 (ready(fds.first()), signals.is_some() && ready(fds.get(1)))
             };
             if signalled {
@@ -499,12 +493,7 @@ impl Sandbox {
 
     /// Waits for pid 1 to end and collects its status (`None` if it cannot be had).
     pub fn reap_status(&self) -> Option<WaitStatus> {
-        loop {
-            match waitid(Id::PIDFd(self.pidfd.as_fd()), WaitPidFlag::WEXITED) {
-                Err(nix::errno::Errno::EINTR) => continue,
-                other => break other.ok(),
-            }
-        }
+        wait::reap_pidfd(self.pidfd.as_fd())
     }
 
     /// Collects the report of an ended sandbox and removes its cgroup.
@@ -593,7 +582,7 @@ impl Drop for Sandbox {
         }
         // A sandbox handle dropped without `finish` (an error path): leave nothing behind.
         let _ = process::pidfd_signal(self.pidfd.as_fd(), Signal::SIGKILL);
-        let _ = waitid(Id::PIDFd(self.pidfd.as_fd()), WaitPidFlag::WEXITED);
+        let _ = self.reap_status();
         if let Some(mut cg) = self.cgroup.take() {
             let _ = cg.destroy();
         }

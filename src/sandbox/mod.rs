@@ -34,6 +34,7 @@ pub mod spec;
 pub mod step;
 pub mod tty;
 pub mod userns;
+pub mod wait;
 pub mod zygote;
 
 use std::collections::BTreeMap;

@@ -393,24 +393,15 @@ impl OutputPump {
             if self.is_done() {
                 return;
             }
-            let ms = match deadline {
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return;
-                    }
-                    left.as_millis().clamp(1, i32::MAX as u128) as i32
-                }
-                None => -1,
-            };
+            if deadline.is_some_and(|d| d <= Instant::now()) {
+                return;
+            }
             let mut fds = self.poll_fds();
             if fds.is_empty() {
                 continue;
             }
-            let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::NONE);
-            match poll(&mut fds, timeout) {
-                Ok(_) | Err(Errno::EINTR) => {}
-                Err(_) => return,
+            if super::wait::poll_until(&mut fds, deadline, None).is_err() {
+                return;
             }
         }
     }

@@ -242,7 +242,7 @@ pub fn idmap_userns(uid_maps: &[IdMapping], gid_maps: &[IdMapping]) -> io::Resul
                 Ok(OwnedFd::from(ns))
             })();
             drop(done_w);
-            while let Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(child, None) {}
+            let _ = super::wait::reap_child(child);
             result
         }
     }
@@ -466,8 +466,7 @@ pub fn probe() -> Result<(), String> {
             // SAFETY: leave the child without running the parent's destructors.
             unsafe { libc::_exit(if ok { 0 } else { 1 }) }
         }
-        Ok(nix::unistd::ForkResult::Parent { child }) => match nix::sys::wait::waitpid(child, None)
-        {
+        Ok(nix::unistd::ForkResult::Parent { child }) => match super::wait::reap_child(child) {
             Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Ok(()),
             Ok(_) => Err("unshare(CLONE_NEWUSER) is refused for this user".into()),
             Err(e) => Err(e.to_string()),

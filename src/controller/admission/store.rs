@@ -48,7 +48,7 @@ impl Slot {
 /// The state admission decides on: active workers and their limits, when each parent
 /// last started a child (cooldowns), the spawn history (rate and lifetime stop
 /// conditions) and the kill switch.
-pub trait AdmissionStore: RegistryView {
+pub trait AdmissionStore: RegistryView + Send {
     /// Runs `check` over the store and, when it allows, counts `slot` as active, records
     /// the spawn (history, lifetime total, its parent's cooldown) — in one step: nothing
     /// changes the store between the check and the write. A refusal changes nothing.

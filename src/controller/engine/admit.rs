@@ -6,21 +6,20 @@ use std::os::unix::net::UnixStream;
 
 use serde_json::json;
 
-use crate::audit::{self, event};
+use crate::audit::event;
 use crate::contract::approval::ApprovalVerdict;
-use crate::contract::{Decision, DenyReason, RegistryView};
+use crate::contract::{Decision, DenyReason};
 use crate::manifest::{Lineage, Manifest, SpawnRequest, WorkerId};
 
 use crate::controller::admission::{
-    self, Admission, AdmissionStore, Candidate, ChildDecision, ChildRequest, Requester,
+    self, Admission, Candidate, ChildDecision, ChildRequest, Requester,
 };
 use crate::controller::launch_protocol::WorkerPlacement;
 use crate::controller::launcher::{LaunchSpec, LauncherRequest};
 use crate::controller::protocol::{ApiResponse, WorkerReply};
 use crate::controller::registry::{WorkerRecord, WorkerState};
-use crate::controller::server;
 
-use super::{Engine, now_s};
+use super::Engine;
 
 /// The controller's send buffer on a worker's socket (the kernel doubles it).
 const WORKER_SNDBUF: usize = 16 << 10;
@@ -77,7 +76,7 @@ impl Engine {
     }
 
     pub(super) fn spawn_root(&mut self, mut request: SpawnRequest, actor: &str) -> Admission {
-        let now = now_s();
+        let now = self.now_s();
         // A root without a cap gets the controller's, in its signed manifest: its
         // children are then narrowed to it like to any other grant.
         if request.resources.max_output_bytes.is_none() {
@@ -105,7 +104,7 @@ impl Engine {
             Ok(m) => m,
             Err(e) => return Admission::Failed(e.to_string()),
         };
-        if let Decision::Deny(reason) = self.contract.admit(&manifest, &self.store, now) {
+        if let Decision::Deny(reason) = self.contract.admit(&manifest, &*self.store, now) {
             return self.deny(actor, None, &reason, json!({ "parent": null }));
         }
         self.record(
@@ -127,7 +126,7 @@ impl Engine {
         actor: &str,
         reason: Option<&str>,
     ) -> Admission {
-        let now = now_s();
+        let now = self.now_s();
         let parent_manifest = match self.registry.get(parent) {
             Some(w)
                 if w.state == WorkerState::Registered
@@ -158,7 +157,7 @@ impl Engine {
             requester,
         };
         let (manifest, approval) =
-            match admission::decide_child(&self.contract, &self.signer, &self.store, asked, now) {
+            match admission::decide_child(&self.contract, &self.signer, &*self.store, asked, now) {
                 ChildDecision::Issued { manifest, approval } => (*manifest, approval),
                 ChildDecision::Denied(r) => return self.deny(actor, Some(parent), &r, extra),
                 ChildDecision::Failed(message) => return Admission::Failed(message),
@@ -309,7 +308,7 @@ impl Engine {
             // skip its cooldown and narrowing): it does not start.
             (None, Some(p)) => return Err(format!("its parent {p} is no longer known here")),
         };
-        admission::reserve(&mut self.store, &self.contract, &candidate, now)
+        admission::reserve(&mut *self.store, &self.contract, &candidate, now)
             .into_result()
             .map_err(|r| match r {
                 DenyReason::KillSwitch => "the kill switch is engaged (the audit trail could not be written, or an operator engaged it)".to_string(),
@@ -325,8 +324,7 @@ impl Engine {
             self.store.cancel(&id, now);
             return Err(format!("cannot hand the worker to the launcher: {e}"));
         }
-        let conn = ours
-            .and_then(|s| server::attach_worker(&self.rt, id.clone(), s, self.inputs.clone()).ok());
+        let conn = ours.and_then(|s| self.effects.attach_worker(id.clone(), s));
         if let Some(tx) = &conn {
             let _ = tx.try_send(welcome);
         }
@@ -339,7 +337,7 @@ impl Engine {
             },
             pid: None,
             cgroup: None,
-            started_at_ms: audit::now_ms(),
+            started_at_ms: self.effects.now_ms(),
             last_heartbeat_ms: None,
             children: Vec::new(),
             conn,

@@ -5,8 +5,6 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::audit;
-use crate::contract::RegistryView;
 use crate::manifest::WorkerId;
 
 use crate::controller::input::Input;
@@ -107,7 +105,7 @@ impl Engine {
                     kill_switch: self.store.kill_switch_engaged(),
                     active: self.registry.active().count() as u64,
                     lifetime_total: self.store.lifetime_total(),
-                    audit_entries: self.audit.len(),
+                    audit_entries: self.audit.entries(),
                 });
             }
         }
@@ -118,11 +116,7 @@ impl Engine {
     pub(super) fn ps_request(&mut self, reply: oneshot::Sender<ApiResponse>) {
         if self.launcher_alive && self.send_launcher(&LauncherRequest::Usage, None).is_ok() {
             if self.pending_ps.is_empty() {
-                let inputs = self.inputs.clone();
-                self.rt.spawn(async move {
-                    tokio::time::sleep(PS_WAIT).await;
-                    let _ = inputs.send(Input::PsDeadline);
-                });
+                self.effects.wake_after(PS_WAIT, Input::PsDeadline);
             }
             self.pending_ps.push(reply);
         } else {
@@ -131,7 +125,7 @@ impl Engine {
     }
 
     pub(super) fn inspect(&self, worker_id: &WorkerId) -> ApiResponse {
-        let now = audit::now_ms();
+        let now = self.effects.now_ms();
         match self.registry.get(worker_id) {
             Some(w) => {
                 let mut info = self.registry.info(worker_id, w, now);
@@ -186,7 +180,7 @@ impl Engine {
     }
 
     pub(super) fn ps(&self, usage: &[(String, LiveUsage)]) -> ApiResponse {
-        let now = audit::now_ms();
+        let now = self.effects.now_ms();
         let workers = self
             .registry
             .all()

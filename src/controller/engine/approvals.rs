@@ -4,7 +4,7 @@
 use serde_json::json;
 use sha2::Digest;
 
-use crate::audit::{self, event};
+use crate::audit::event;
 use crate::contract::Decision;
 use crate::manifest::{Manifest, WorkerId};
 
@@ -13,8 +13,8 @@ use crate::controller::bounded;
 use crate::controller::protocol::{ApiResponse, PendingApproval, WorkerReply};
 use crate::controller::registry::WorkerState;
 
+use super::Engine;
 use super::admit::api_answer;
-use super::{Engine, now_s};
 
 impl Engine {
     /// Queues an allowed request for a person: the child's manifest is issued and signed
@@ -63,7 +63,7 @@ impl Engine {
         }
         let digest = sha2::Sha256::digest(manifest.signature.as_bytes());
         let approval_id = format!("a-{}", hex::encode(digest.get(..6).unwrap_or_default()));
-        let now_ms = audit::now_ms();
+        let now_ms = self.effects.now_ms();
         let pending = PendingApproval {
             approval_id: approval_id.clone(),
             requested_at_ms: now_ms,
@@ -131,7 +131,7 @@ impl Engine {
         let child = p.manifest.worker_id.clone();
         if let Some(w) = self.registry.get_mut(&parent) {
             w.awaiting_approval = false;
-            w.last_heartbeat_ms = Some(audit::now_ms());
+            w.last_heartbeat_ms = Some(self.effects.now_ms());
         }
         if let Some(reason) = deny_reason {
             self.record(
@@ -162,7 +162,7 @@ impl Engine {
         let approval_id = p.approval_id.as_str();
         let parent = p.requested_by.clone();
         let child = p.manifest.worker_id.clone();
-        let now = now_s();
+        let now = self.now_s();
         let parent_alive = self
             .registry
             .get(&parent)
@@ -189,7 +189,7 @@ impl Engine {
                 parent,
                 manifest: &p.manifest,
             }
-            .check(&self.contract, &self.store, now),
+            .check(&self.contract, &*self.store, now),
             None => Decision::Deny(crate::contract::DenyReason::InvalidRequest(
                 crate::manifest::FieldError::new(
                     "parent",

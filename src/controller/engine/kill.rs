@@ -10,7 +10,6 @@ use tokio::sync::oneshot;
 use crate::audit::event;
 use crate::manifest::WorkerId;
 
-use crate::controller::admission::AdmissionStore;
 use crate::controller::launcher::LauncherRequest;
 use crate::controller::protocol::ApiResponse;
 use crate::controller::registry::WorkerState;
@@ -52,7 +51,7 @@ impl Engine {
                 h.kill();
             }
         }
-        for worker_id in self.launcher.cancel_launches() {
+        for worker_id in self.effects.cancel_launches() {
             let Ok(id) = WorkerId::new(worker_id) else {
                 continue;
             };
@@ -185,7 +184,7 @@ impl Engine {
             killed: ids,
             kind,
             reply,
-            started: Instant::now(),
+            started: self.effects.instant(),
         };
         self.waiters.push(waiter);
         self.settle_waiters();

@@ -7,7 +7,6 @@ use crate::audit::event;
 use crate::manifest::WorkerId;
 use crate::sandbox::handle::KillHandle;
 
-use crate::controller::admission::AdmissionStore;
 use crate::controller::launcher::{LauncherEvent, LauncherRequest};
 use crate::controller::link::LinkError;
 use crate::controller::protocol::ExitInfo;
@@ -26,7 +25,7 @@ impl Engine {
         if !self.launcher_alive {
             return Err("the launcher is not running".into());
         }
-        match self.launcher.push(req, fd) {
+        match self.effects.push_launcher(req, fd) {
             Ok(()) => Ok(()),
             Err(LinkError::Gone(e)) => {
                 tracing::error!(error = %e, "the launcher is gone");
@@ -40,7 +39,7 @@ impl Engine {
     /// Writes what the launcher will take of the queued requests.
     pub(super) fn flush_launcher(&mut self) {
         if self.launcher_alive {
-            if let Err(LinkError::Gone(e)) = self.launcher.flush() {
+            if let Err(LinkError::Gone(e)) = self.effects.flush_launcher() {
                 tracing::error!(error = %e, "the launcher is gone");
                 self.launcher_alive = false;
             }
@@ -54,7 +53,7 @@ impl Engine {
         if self.launcher_alive {
             tracing::error!("the launcher did not stop; killing it");
         }
-        let _ = nix::sys::signal::kill(self.cfg.launcher_pid, nix::sys::signal::Signal::SIGKILL);
+        self.effects.kill_launcher();
         self.launcher_alive = false;
     }
 

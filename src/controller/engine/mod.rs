@@ -6,39 +6,41 @@
 //! The decisions themselves (admission, registration, reaping) are pure functions in
 //! `super::admission`; the files here carry them out: `admit` (starting workers),
 //! `approvals`, `worker` (worker messages), `api`, `kill` (kill and the kill switch),
-//! `launcher` (its reports and exits) and `tick` (periodic checks).
+//! `launcher` (its reports and exits) and `tick` (periodic checks). Everything they do
+//! outside the engine's memory goes through `effects` (the clock, the launcher, worker
+//! connections, timers, the audit trail) and the admission store, so the unit tests
+//! drive the whole engine with fakes of both.
 
 mod admit;
 mod api;
 mod approvals;
+mod effects;
 mod kill;
 mod launcher;
 mod tick;
 mod worker;
 
 use std::path::PathBuf;
-use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
-use crate::audit::{self, AuditLog, event};
+use crate::audit::event;
 use crate::contract::ReplicationContract;
 use crate::manifest::{Manifest, WorkerId};
 use crate::signing::ManifestSigner;
 
-use super::admission::{AdmissionStore, InMemoryStore};
+use super::admission::AdmissionStore;
 use super::audit_budget::AuditBudgets;
 use super::bounded;
 use super::input::Input;
 use super::launcher::{LauncherRequest, LiveUsage};
-use super::link::Outbox;
 use super::protocol::{ApiResponse, ExitInfo, PendingApproval, WorkerReply};
 use super::registry::Registry;
 use super::server;
 
+pub use effects::{Effects, HostEffects, Trail};
 use kill::Waiter;
 
 /// An input handled for longer than this is logged.
@@ -60,8 +62,6 @@ pub struct EngineConfig {
     pub cgroup_owner: String,
     /// Inside ids available for distinct worker ids (rootless with a subordinate range).
     pub distinct_ids: u32,
-    /// The launcher, killed if it does not stop within `SHUTDOWN_LIMIT` of being asked.
-    pub launcher_pid: nix::unistd::Pid,
     /// A worker's output cap when its manifest sets none.
     pub worker_output_cap: u64,
 }
@@ -77,16 +77,14 @@ pub struct Engine {
     cfg: EngineConfig,
     contract: ReplicationContract,
     signer: ManifestSigner,
-    audit: AuditLog,
+    audit: Box<dyn Trail>,
     registry: Registry,
     /// What admission decides on (active workers, cooldowns, spawn history, kill switch).
-    store: InMemoryStore,
-    /// Requests to the launcher, queued so that a launcher that stops reading never
-    /// blocks this thread.
-    launcher: Outbox,
+    store: Box<dyn AdmissionStore>,
+    /// The clock, the launcher (requests queued, so that a launcher that stops reading
+    /// never blocks this thread), worker connections and timers.
+    effects: Box<dyn Effects>,
     launcher_alive: bool,
-    rt: Handle,
-    inputs: Sender<Input>,
     pending_ps: Vec<oneshot::Sender<ApiResponse>>,
     /// The launcher's last usage figures (what `ps` shows when it does not answer in time).
     last_usage: Vec<(String, LiveUsage)>,
@@ -107,20 +105,16 @@ pub struct Engine {
     pub finished: Option<oneshot::Sender<()>>,
 }
 
-pub fn now_s() -> u64 {
-    audit::now_ms() / 1000
-}
-
 impl Engine {
-    #[allow(clippy::too_many_arguments)]
+    /// An engine deciding with `contract` on `store`, signing with `signer`, recording
+    /// in `audit` and acting through `effects`; `finished` fires when it is done.
     pub fn new(
         cfg: EngineConfig,
         contract: ReplicationContract,
         signer: ManifestSigner,
-        audit: AuditLog,
-        launcher: Outbox,
-        rt: Handle,
-        inputs: Sender<Input>,
+        audit: Box<dyn Trail>,
+        store: Box<dyn AdmissionStore>,
+        effects: Box<dyn Effects>,
         finished: oneshot::Sender<()>,
     ) -> Engine {
         Engine {
@@ -129,11 +123,9 @@ impl Engine {
             signer,
             audit,
             registry: Registry::default(),
-            store: InMemoryStore::default(),
-            launcher,
+            store,
+            effects,
             launcher_alive: true,
-            rt,
-            inputs,
             pending_ps: Vec::new(),
             last_usage: Vec::new(),
             waiters: Vec::new(),
@@ -147,6 +139,11 @@ impl Engine {
             shutdown_deadline: None,
             finished: Some(finished),
         }
+    }
+
+    /// The engine's clock in seconds (what the contract's cooldowns and budgets count).
+    fn now_s(&self) -> u64 {
+        self.effects.now_ms() / 1000
     }
 
     /// Appends an entry; `sync` makes it durable before returning (security decisions).
@@ -172,7 +169,7 @@ impl Engine {
                 .saturating_add(ENTRY_OVERHEAD);
             if !self
                 .audit_budgets
-                .charge(&cause, ev, bytes as u64, audit::now_ms())
+                .charge(&cause, ev, bytes as u64, self.effects.now_ms())
             {
                 return;
             }
@@ -325,7 +322,7 @@ impl Engine {
                     self.stop_launcher();
                     self.finish();
                 } else {
-                    self.shutdown_deadline = Instant::now().checked_add(SHUTDOWN_LIMIT);
+                    self.shutdown_deadline = self.effects.instant().checked_add(SHUTDOWN_LIMIT);
                 }
             }
         }
@@ -358,7 +355,7 @@ impl Engine {
     /// Whether an entry of `kind` for worker `id` is due (the first, then at most one per
     /// [`NOISY_AUDIT_MS`]), with how many were suppressed since the last one.
     fn noisy_ok(&mut self, id: &WorkerId, kind: &'static str) -> Option<u64> {
-        let now = audit::now_ms();
+        let now = self.effects.now_ms();
         let (last, suppressed) = self.noisy.entry((id.clone(), kind)).or_insert((0, 0));
         if now.saturating_sub(*last) >= NOISY_AUDIT_MS {
             *last = now;
@@ -388,3 +385,6 @@ impl Engine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

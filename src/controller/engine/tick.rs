@@ -1,15 +1,12 @@
 //! The periodic check: reaping the silent and the expired (decided by
 //! `admission::reaping`), shutdown and timeout deadlines, exits the launcher did not report.
 
-use std::time::Instant;
-
 use serde_json::json;
 
-use crate::audit::{self, event};
+use crate::audit::event;
 use crate::manifest::WorkerId;
 use crate::sandbox::handle::KillHandle;
 
-use crate::controller::admission::AdmissionStore;
 use crate::controller::admission::reaping::{self, Patience, Phase, Reap, Vitals};
 use crate::controller::launcher::LauncherRequest;
 use crate::controller::protocol::ExitInfo;
@@ -44,7 +41,7 @@ fn vitals(w: &WorkerRecord) -> Vitals<'_> {
 
 impl Engine {
     pub(super) fn tick(&mut self) {
-        let now_ms = audit::now_ms();
+        let now_ms = self.effects.now_ms();
         let patience = Patience {
             heartbeat_timeout_ms: self.cfg.heartbeat_timeout.as_millis() as u64,
             register_timeout_ms: self.cfg.register_timeout.as_millis() as u64,
@@ -107,7 +104,10 @@ impl Engine {
         for (id, counts) in self.audit_budgets.due(now_ms) {
             self.record_suppressed(&id, counts);
         }
-        if self.shutdown_deadline.is_some_and(|d| Instant::now() >= d) {
+        if self
+            .shutdown_deadline
+            .is_some_and(|d| self.effects.instant() >= d)
+        {
             self.shutdown_deadline = None;
             self.stop_launcher();
             self.finish();

@@ -3,16 +3,16 @@
 
 use serde_json::json;
 
-use crate::audit::{self, event};
+use crate::audit::event;
 use crate::manifest::{Manifest, SpawnRequest, StateSnapshot, WorkerId};
 
-use crate::controller::admission::{self, Admission, AdmissionStore, Registration};
+use crate::controller::admission::{self, Admission, Registration};
 use crate::controller::bounded;
 use crate::controller::protocol::{MAX_TEXT_BYTES, ReplicateMsg, WorkerMessage, WorkerReply};
 use crate::controller::registry::WorkerState;
 
+use super::Engine;
 use super::admit::deny_details;
-use super::{Engine, now_s};
 
 /// Grace after a worker's own `shutdown` before it is killed.
 const SHUTDOWN_GRACE_MS: u64 = 5000;
@@ -66,7 +66,7 @@ impl Engine {
             }
             (WorkerMessage::Heartbeat(_), _) => {
                 if let Some(w) = self.registry.get_mut(&id) {
-                    w.last_heartbeat_ms = Some(audit::now_ms());
+                    w.last_heartbeat_ms = Some(self.effects.now_ms());
                 }
                 self.reply_worker(&id, WorkerReply::Ok);
             }
@@ -107,7 +107,7 @@ impl Engine {
                 self.reply_worker(&id, WorkerReply::Ok);
                 self.shutdown_deadlines.push((
                     id.clone(),
-                    audit::now_ms().saturating_add(SHUTDOWN_GRACE_MS),
+                    self.effects.now_ms().saturating_add(SHUTDOWN_GRACE_MS),
                 ));
             }
         }
@@ -148,7 +148,7 @@ impl Engine {
 
     pub(super) fn register(&mut self, id: &WorkerId, presented: Manifest) {
         let actor = format!("worker:{id}");
-        let now = now_s();
+        let now = self.now_s();
         let issued = self.registry.get(id).map(|w| &w.manifest);
         let verdict = admission::decide_registration(
             &self.contract,
@@ -218,7 +218,7 @@ impl Engine {
         let depth = presented.depth.get();
         if let Some(w) = self.registry.get_mut(id) {
             w.state = WorkerState::Registered;
-            w.last_heartbeat_ms = Some(audit::now_ms());
+            w.last_heartbeat_ms = Some(self.effects.now_ms());
         }
         self.record(
             event::WORKER_REGISTERED,

@@ -1,0 +1,353 @@
+//! The engine driven through its seams: a clock the test moves, a launcher that only
+//! records what it is asked, and a trail whose sync can be made to fail. No root, no
+//! sockets to a real launcher, no sandboxes.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::oneshot;
+
+use super::*;
+use crate::audit::AuditError;
+use crate::controller::admission::InMemoryStore;
+use crate::controller::launcher::{LauncherEvent, LiveUsage};
+use crate::controller::link::LinkError;
+use crate::controller::protocol::ApiRequest;
+use crate::manifest::SpawnRequest;
+use crate::signing::Keyring;
+
+/// One thing the engine did to the world, in the order it did it.
+#[derive(Debug, Clone, PartialEq)]
+enum Did {
+    Append(String),
+    Sync,
+    Launch(String),
+    Kill(String),
+    KillAll,
+    Usage,
+    Shutdown,
+    Wake(Duration, &'static str),
+}
+
+#[derive(Default)]
+struct World {
+    did: Mutex<Vec<Did>>,
+    clock_ms: AtomicU64,
+    sync_fails: AtomicBool,
+}
+
+impl World {
+    fn push(&self, d: Did) {
+        self.did
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(d);
+    }
+
+    fn did(&self) -> Vec<Did> {
+        self.did
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn advance(&self, by: Duration) {
+        self.clock_ms.fetch_add(
+            u64::try_from(by.as_millis()).unwrap_or(u64::MAX),
+            Ordering::SeqCst,
+        );
+    }
+}
+
+struct FakeEffects(Arc<World>, Instant);
+
+impl Effects for FakeEffects {
+    fn now_ms(&self) -> u64 {
+        self.0.clock_ms.load(Ordering::SeqCst)
+    }
+
+    fn instant(&self) -> Instant {
+        self.1
+            .checked_add(Duration::from_millis(self.now_ms()))
+            .unwrap_or(self.1)
+    }
+
+    fn push_launcher(
+        &mut self,
+        req: &LauncherRequest,
+        _fd: Option<std::os::fd::OwnedFd>,
+    ) -> std::result::Result<(), LinkError> {
+        self.0.push(match req {
+            LauncherRequest::Launch { spec } => Did::Launch(spec.worker_id.clone()),
+            LauncherRequest::Kill { worker_id } => Did::Kill(worker_id.clone()),
+            LauncherRequest::KillAll => Did::KillAll,
+            LauncherRequest::Usage => Did::Usage,
+            LauncherRequest::Shutdown => Did::Shutdown,
+        });
+        Ok(())
+    }
+
+    fn flush_launcher(&mut self) -> std::result::Result<(), LinkError> {
+        Ok(())
+    }
+
+    fn cancel_launches(&mut self) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn kill_launcher(&mut self) {}
+
+    fn attach_worker(
+        &self,
+        _id: WorkerId,
+        _sock: std::os::unix::net::UnixStream,
+    ) -> Option<tokio::sync::mpsc::Sender<WorkerReply>> {
+        None
+    }
+
+    fn wake_after(&self, delay: Duration, input: Input) {
+        self.0.push(Did::Wake(delay, input.kind()));
+    }
+}
+
+struct FakeTrail(Arc<World>, u64);
+
+impl Trail for FakeTrail {
+    fn append(&mut self, event: &str, _: &str, _: Option<&str>, _: serde_json::Value) {
+        self.1 = self.1.saturating_add(1);
+        self.0.push(Did::Append(event.to_string()));
+    }
+
+    fn sync(&mut self) -> std::result::Result<(), AuditError> {
+        if self.0.sync_fails.load(Ordering::SeqCst) {
+            return Err(AuditError::Io {
+                path: PathBuf::from("audit.jsonl"),
+                source: std::io::Error::other("no space left"),
+            });
+        }
+        self.0.push(Did::Sync);
+        Ok(())
+    }
+
+    fn entries(&self) -> u64 {
+        self.1
+    }
+}
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn engine(contract: &str) -> Result<(Engine, Arc<World>)> {
+    let world = Arc::new(World::default());
+    world.clock_ms.store(1_700_000_000_000, Ordering::SeqCst);
+    let cfg = EngineConfig {
+        state_dir: PathBuf::from("/nonexistent"),
+        workers: None,
+        session: "test".into(),
+        heartbeat_timeout: Duration::from_secs(30),
+        register_timeout: Duration::from_secs(10),
+        heartbeat_interval: Duration::from_secs(5),
+        allow_degraded: false,
+        agent_binary: None,
+        cgroup_owner: "test".into(),
+        distinct_ids: 1,
+        worker_output_cap: 1 << 20,
+    };
+    let (done, _) = oneshot::channel();
+    let e = Engine::new(
+        cfg,
+        ReplicationContract::from_toml(contract, "test")?,
+        ManifestSigner::new(Keyring::generate()?),
+        Box::new(FakeTrail(world.clone(), 0)),
+        Box::new(InMemoryStore::default()),
+        Box::new(FakeEffects(world.clone(), Instant::now())),
+        done,
+    );
+    Ok((e, world))
+}
+
+const CONTRACT: &str =
+    "max_depth = 3\nmax_replicas = 2\ncooldown_seconds = 0\nexpiration_seconds = 3600\n";
+
+fn spawn_request() -> Result<SpawnRequest> {
+    Ok(SpawnRequest::from_json(
+        br#"{"resources":{"cpu_limit":0.5,"memory_limit_mb":128,"pids_limit":32,"timeout_ms":60000,"network_policy":{"allow_controller":true,"allow_external":false}},"filesystem":{"read_only":[],"read_write":[]},"profile":"default","command":["true"],"env":[],"cwd":null,"state_snapshot":""}"#,
+    )?)
+}
+
+/// Sends one API request and returns the reply, if the engine gave one at once.
+fn api(e: &mut Engine, request: ApiRequest) -> Option<ApiResponse> {
+    let (reply, mut rx) = oneshot::channel();
+    e.handle(Input::Api {
+        peer_uid: 0,
+        request: Box::new(request),
+        reply,
+    });
+    rx.try_recv().ok()
+}
+
+fn spawn(e: &mut Engine) -> Result<Option<ApiResponse>> {
+    Ok(api(
+        e,
+        ApiRequest::Spawn {
+            parent: None,
+            request: Box::new(spawn_request()?),
+        },
+    ))
+}
+
+fn spawned(r: Option<ApiResponse>) -> WorkerId {
+    match r {
+        Some(ApiResponse::Spawned { worker_id, .. }) => worker_id,
+        other => panic!("not spawned: {other:?}"),
+    }
+}
+
+fn exited(e: &mut Engine, id: &WorkerId) {
+    e.handle(Input::Launcher(LauncherEvent::Exited {
+        worker_id: id.to_string(),
+        exit_code: 0,
+        signal: None,
+        oom_killed: false,
+        timed_out: false,
+        wall_ms: 1,
+        usage: LiveUsage::default(),
+        error: None,
+        output_bytes: None,
+        output_truncated: false,
+    }));
+}
+
+#[test]
+fn a_spawn_is_durable_in_the_trail_before_the_launcher_is_asked() -> Result {
+    let (mut e, world) = engine(CONTRACT)?;
+    let id = spawned(spawn(&mut e)?);
+    let did = world.did();
+    let requested = did
+        .iter()
+        .position(|d| *d == Did::Append(event::REPLICATION_REQUESTED.into()));
+    let launched = did.iter().position(|d| *d == Did::Launch(id.to_string()));
+    let (Some(requested), Some(launched)) = (requested, launched) else {
+        panic!("no decision or no launch: {did:?}");
+    };
+    assert!(
+        did.get(requested..launched)
+            .is_some_and(|between| between.contains(&Did::Sync)),
+        "the decision was not synced before the launch: {did:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_quota_counts_workers_until_the_launcher_reports_their_exit() -> Result {
+    let (mut e, world) = engine(CONTRACT)?;
+    let first = spawned(spawn(&mut e)?);
+    spawned(spawn(&mut e)?);
+    match spawn(&mut e)? {
+        Some(ApiResponse::Denied { event: ev, .. }) => assert_eq!(ev, event::DENY_QUOTA),
+        other => panic!("a third worker with max_replicas = 2: {other:?}"),
+    }
+    assert_eq!(
+        world
+            .did()
+            .iter()
+            .filter(|d| matches!(d, Did::Launch(_)))
+            .count(),
+        2
+    );
+    exited(&mut e, &first);
+    spawned(spawn(&mut e)?);
+    Ok(())
+}
+
+#[test]
+fn a_trail_that_cannot_be_synced_stops_everything_and_decides_nothing() -> Result {
+    let (mut e, world) = engine(CONTRACT)?;
+    world.sync_fails.store(true, Ordering::SeqCst);
+    let reply = spawn(&mut e)?;
+    assert!(
+        !matches!(reply, Some(ApiResponse::Spawned { .. })),
+        "a decision that is not durable took effect: {reply:?}"
+    );
+    let did = world.did();
+    assert!(!did.iter().any(|d| matches!(d, Did::Launch(_))), "{did:?}");
+    assert!(did.contains(&Did::KillAll), "{did:?}");
+    assert!(e.store.kill_switch_engaged());
+    world.sync_fails.store(false, Ordering::SeqCst);
+    match spawn(&mut e)? {
+        Some(ApiResponse::Denied { event: ev, .. }) => assert_eq!(ev, event::DENY_KILL_SWITCH),
+        other => panic!("the kill switch did not hold: {other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn a_worker_that_never_registers_is_reaped_when_the_clock_says_so() -> Result {
+    let (mut e, world) = engine(CONTRACT)?;
+    let id = spawned(spawn(&mut e)?);
+    e.handle(Input::Tick);
+    assert!(
+        !world.did().contains(&Did::Kill(id.to_string())),
+        "reaped too early"
+    );
+    world.advance(Duration::from_secs(11));
+    e.handle(Input::Tick);
+    let did = world.did();
+    assert!(
+        did.contains(&Did::Append(event::REAP_STALE.into())),
+        "{did:?}"
+    );
+    assert!(did.contains(&Did::Kill(id.to_string())), "{did:?}");
+    Ok(())
+}
+
+#[test]
+fn the_kill_switch_answers_once_every_worker_has_exited() -> Result {
+    let (mut e, world) = engine(CONTRACT)?;
+    let a = spawned(spawn(&mut e)?);
+    let b = spawned(spawn(&mut e)?);
+    let (reply, mut rx) = oneshot::channel();
+    e.handle(Input::Api {
+        peer_uid: 0,
+        request: Box::new(ApiRequest::KillSwitch { release: false }),
+        reply,
+    });
+    assert!(world.did().contains(&Did::KillAll));
+    assert!(rx.try_recv().is_err(), "answered before the exits");
+    exited(&mut e, &a);
+    assert!(
+        rx.try_recv().is_err(),
+        "answered with a worker still running"
+    );
+    exited(&mut e, &b);
+    match rx.try_recv() {
+        Ok(ApiResponse::KillSwitch {
+            engaged: true,
+            killed: 2,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn ps_waits_for_the_launcher_only_until_its_timer() -> Result {
+    let (mut e, world) = engine(CONTRACT)?;
+    spawned(spawn(&mut e)?);
+    let (reply, mut rx) = oneshot::channel();
+    e.handle(Input::Api {
+        peer_uid: 0,
+        request: Box::new(ApiRequest::Ps(Default::default())),
+        reply,
+    });
+    let did = world.did();
+    assert!(did.contains(&Did::Usage), "{did:?}");
+    assert!(
+        did.iter().any(|d| matches!(d, Did::Wake(_, _))),
+        "no timer: {did:?}"
+    );
+    assert!(rx.try_recv().is_err());
+    e.handle(Input::PsDeadline);
+    assert!(matches!(rx.try_recv(), Ok(ApiResponse::Workers { .. })));
+    Ok(())
+}
