@@ -454,35 +454,35 @@ fn plan_cgroup(
 /// A limit no cgroup can enforce here, run degraded: what setrlimit(2) can stand in for
 /// it, recorded as exactly that, and the rest reported as not enforced.
 fn degrade_limit(name: &'static str, why: &str, spec: &SandboxSpec, plan: &mut Plan) {
-    match (name, spec.limits.memory, spec.limits.pids) {
-        ("memory", Some(bytes), _) => {
-            plan.fallback_rlimits.push(Rlimit {
-                resource: RlimitResource::As,
-                soft: bytes,
-                hard: bytes,
-            });
-            plan.limits.insert("memory", "RLIMIT_AS per process (degraded: caps address space, not resident memory; /tmp and the sum over processes are not limited)".into());
+    let (resource, value, how, instead) = match (name, spec.limits.memory, spec.limits.pids) {
+        ("memory", Some(bytes), _) => (
+            RlimitResource::As,
+            bytes,
+            "RLIMIT_AS per process (degraded: caps address space, not resident memory; /tmp and the sum over processes are not limited)",
+            "only RLIMIT_AS per process applies",
+        ),
+        // Counted per uid in the sandbox's user namespace; pid 1 is one of them.
+        ("pids", _, Some(n)) => (
+            RlimitResource::Nproc,
+            n.saturating_add(1),
+            "RLIMIT_NPROC of the sandbox's uid in its user namespace (degraded: counts tasks of that uid only)",
+            "RLIMIT_NPROC applies instead",
+        ),
+        _ => {
             plan.not_enforced.push(format!(
-                "memory limit as a cgroup limit: {why}; only RLIMIT_AS per process applies"
+                "{name} limit: {why} (no rlimit can stand in for it)"
             ));
+            return;
         }
-        ("pids", _, Some(n)) => {
-            // Counted per uid in the sandbox's user namespace; pid 1 is one of them.
-            let n = n.saturating_add(1);
-            plan.fallback_rlimits.push(Rlimit {
-                resource: RlimitResource::Nproc,
-                soft: n,
-                hard: n,
-            });
-            plan.limits.insert("pids", "RLIMIT_NPROC of the sandbox's uid in its user namespace (degraded: counts tasks of that uid only)".into());
-            plan.not_enforced.push(format!(
-                "pids limit as a cgroup limit: {why}; RLIMIT_NPROC applies instead"
-            ));
-        }
-        _ => plan.not_enforced.push(format!(
-            "{name} limit: {why} (no rlimit can stand in for it)"
-        )),
-    }
+    };
+    plan.fallback_rlimits.push(Rlimit {
+        resource,
+        soft: value,
+        hard: value,
+    });
+    plan.limits.insert(name, how.into());
+    plan.not_enforced
+        .push(format!("{name} limit as a cgroup limit: {why}; {instead}"));
 }
 
 #[cfg(test)]
