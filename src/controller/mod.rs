@@ -28,10 +28,9 @@ pub mod paths;
 pub mod protocol;
 pub mod registry;
 pub mod server;
+mod setup;
 pub mod wire;
 
-use std::fs::File;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -42,6 +41,7 @@ use crate::audit::{self, AuditKey, AuditLog};
 use crate::contract::ReplicationContract;
 use crate::paths::Dir;
 use crate::signing::{Keyring, ManifestSigner};
+use setup::{Created, HeldState, bind_socket, check_socket_free, hold_state_dir};
 
 pub use paths::ControllerPaths;
 
@@ -92,116 +92,6 @@ pub struct ControllerOptions {
     pub worker_output_total: u64,
 }
 
-/// Creates `dir` (and parents), opens it (no symlink on the way) and makes it private to
-/// the caller; a directory someone else owns is refused.
-fn private_dir(dir: &Path) -> Result<Dir, ControllerError> {
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let held = Dir::open(dir).map_err(io_err(dir))?;
-    let owner = held.stat().map_err(io_err(dir))?.st_uid;
-    let me = nix::unistd::geteuid().as_raw();
-    if owner != me {
-        return Err(ControllerError::Setup(format!(
-            "{} belongs to uid {owner}, not to this user ({me}): refusing to keep state there; use another --state-dir",
-            dir.display()
-        )));
-    }
-    held.set_mode(0o700).map_err(io_err(dir))?;
-    Ok(held)
-}
-
-/// Takes the state directory's lock (held until the returned guard is dropped or the
-/// process exits): one controller per state directory.
-fn lock_state(dir: &Dir) -> Result<nix::fcntl::Flock<File>, ControllerError> {
-    let path = dir.path().join("controller.lock");
-    let file = File::from(
-        dir.open_lock("controller.lock", 0o600)
-            .map_err(io_err(&path))?,
-    );
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
-        ControllerError::Setup(format!(
-            "another controller is using {} ({e}); stop it first or use another --state-dir",
-            dir.path().display()
-        ))
-    })
-}
-
-/// Removes a socket left by a dead controller; refuses if one is still answering, and
-/// never removes anything that is not a socket.
-fn clear_stale_socket(path: &Path) -> Result<bool, ControllerError> {
-    if !check_socket_free(path)? {
-        return Ok(false);
-    }
-    std::fs::remove_file(path).map_err(io_err(path))?;
-    Ok(true)
-}
-
-/// Refuses a socket path that is taken (a controller answers there, or it is not a
-/// socket); true when a dead controller's socket is left there.
-fn check_socket_free(path: &Path) -> Result<bool, ControllerError> {
-    use std::os::unix::fs::FileTypeExt;
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(io_err(path)(e)),
-    };
-    if !meta.file_type().is_socket() {
-        return Err(ControllerError::Setup(format!(
-            "{} exists and is not a socket: refusing to replace it; remove it or choose another --socket",
-            path.display()
-        )));
-    }
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        return Err(ControllerError::Setup(format!(
-            "a controller is already listening on {}",
-            path.display()
-        )));
-    }
-    Ok(true)
-}
-
-/// What a start that fails leaves behind: nothing. Holds the state directory and key
-/// this start created, and removes them when dropped before [`Created::keep`].
-struct Created {
-    state_dir: Option<PathBuf>,
-    key: Option<PathBuf>,
-    socket: Option<PathBuf>,
-}
-
-impl Created {
-    /// Notes what does not exist yet (and so would be this start's to remove).
-    fn before(paths: &ControllerPaths) -> Created {
-        let absent = |p: &Path| matches!(std::fs::symlink_metadata(p), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
-        let state_dir = absent(&paths.state_dir).then(|| paths.state_dir.clone());
-        let key = absent(&paths.key).then(|| paths.key.clone());
-        Created {
-            state_dir,
-            key,
-            socket: None,
-        }
-    }
-
-    fn keep(mut self) {
-        self.state_dir = None;
-        self.key = None;
-        self.socket = None;
-    }
-}
-
-impl Drop for Created {
-    fn drop(&mut self) {
-        if let Some(socket) = self.socket.take() {
-            let _ = std::fs::remove_file(socket);
-        }
-        if let Some(key) = self.key.take() {
-            let _ = std::fs::remove_file(key);
-        }
-        // Made by this start with mode 0700: nothing in it is anyone else's.
-        if let Some(dir) = self.state_dir.take() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
-
 fn random_hex(bytes: usize) -> Result<String, ControllerError> {
     let mut b = vec![0u8; bytes];
     getrandom::fill(&mut b).map_err(|e| ControllerError::Setup(format!("random source: {e}")))?;
@@ -209,10 +99,76 @@ fn random_hex(bytes: usize) -> Result<String, ControllerError> {
 }
 
 /// Runs a controller in the foreground until SIGINT or SIGTERM.
+///
+/// Its steps, in an order that matters: check everything that can be checked before
+/// anything is created; hold the state directory; open the audit trail under this start's
+/// key; bind the socket; fork the launcher while the process is single-threaded; record
+/// the start; run the engine and serve until it has finished; then stop in turn.
 pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     let paths = &opts.paths;
     // Everything that can be checked is checked before anything is created: a controller
     // that does not start leaves no state directory, key or socket behind.
+    let contract = check_before_creating(&opts)?;
+    let mut created = Created::before(paths);
+    let HeldState {
+        dir: state,
+        workers,
+        lock: _lock,
+        crashed_pid,
+    } = hold_state_dir(paths, &mut created)?;
+    let mut session = open_trail(&opts, &state, &mut created)?;
+    let (listener, stale_socket) = bind_socket(&opts, &mut created)?;
+    let Launcher {
+        process: launcher,
+        engine_workers,
+        cgroup_owner,
+    } = start_launcher(paths, workers, opts.worker_output_total)?;
+    let pid_file = paths.state_dir.join("controller.pid");
+    state
+        .write_atomically(
+            "controller.pid",
+            format!("{}\n", std::process::id()).as_bytes(),
+            0o600,
+        )
+        .map_err(io_err(&pid_file))?;
+    record_start(&opts, &mut session, crashed_pid, stale_socket)?;
+    let cfg = engine_config(&opts, session.id, engine_workers, cgroup_owner);
+    let engine = start_engine(
+        cfg,
+        contract,
+        session.signer,
+        session.audit,
+        launcher.requests,
+        launcher.pid,
+    )?;
+
+    // Up: from here on what this start made is the controller's to keep.
+    created.keep();
+    tracing::debug!(socket = %paths.socket.display(), "controller ready");
+
+    let policy = server::AccessPolicy {
+        owner_uid: nix::unistd::geteuid().as_raw(),
+        group: opts.socket_group,
+    };
+    let served = serve(
+        listener,
+        launcher.events,
+        policy,
+        &engine.tx,
+        engine.done,
+        &paths.socket,
+    );
+    let result = engine.rt.block_on(served);
+    stop(engine.rt, engine.tx, engine.thread, launcher.pid);
+    let _ = std::fs::remove_file(&paths.socket);
+    let _ = state.remove("controller.pid");
+    result
+}
+
+/// Checks what can be checked before anything is created: the contract parses, the
+/// socket is free, and no path falls back to a base someone else could own.
+fn check_before_creating(opts: &ControllerOptions) -> Result<ReplicationContract, ControllerError> {
+    let paths = &opts.paths;
     tracing::debug!(contract = ?opts.contract, "checking the replication contract");
     let contract = match &opts.contract {
         Some(path) => ReplicationContract::from_file(path)?,
@@ -223,37 +179,29 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     for p in [&paths.state_dir, &paths.socket, &paths.key] {
         paths::check_fallback_base(p, paths::BaseUse::Look).map_err(ControllerError::Setup)?;
     }
-    let mut created = Created::before(paths);
-    for p in [&paths.state_dir, &paths.socket] {
-        paths::check_fallback_base(p, paths::BaseUse::Create).map_err(ControllerError::Setup)?;
-    }
-    tracing::debug!(state_dir = %paths.state_dir.display(), "opening the state directory");
-    let state = private_dir(&paths.state_dir).inspect_err(|_| {
-        // Not proven this user's: nothing there is removed.
-        created.state_dir = None;
-    })?;
-    let workers = state
-        .subdir("workers", 0o700)
-        .map_err(io_err(&paths.state_dir))?;
-    workers
-        .set_mode(0o700)
-        .map_err(io_err(&paths.state_dir.join("workers")))?;
-    // Another start that made the directory at the same moment may hold it: only the
-    // holder of the lock may call what is there its own (and remove it on failure).
-    let _lock = lock_state(&state).inspect_err(|_| {
-        created.state_dir = None;
-        created.key = None;
-    })?;
-    let pid_file = paths.state_dir.join("controller.pid");
-    let crashed_pid = state
-        .read("controller.pid", 64)
-        .map_err(io_err(&pid_file))?
-        .map(|b| String::from_utf8_lossy(&b).trim().to_string());
+    Ok(contract)
+}
 
+/// This run's session: its id, the manifest signer keyed for it, and the audit trail.
+struct Session {
+    id: String,
+    signer: ManifestSigner,
+    audit: AuditLog,
+    key_created: bool,
+}
+
+/// Opens the audit anchor, loads (or makes) the signing key, and opens the audit trail
+/// under a new session; the key is left to `created` only with the trail made with it.
+fn open_trail(
+    opts: &ControllerOptions,
+    state: &Dir,
+    created: &mut Created,
+) -> Result<Session, ControllerError> {
+    let paths = &opts.paths;
     // Opened before the key is made: an anchor that cannot be used is refused before
     // anything in the state directory changes.
     let anchor = match &opts.audit_anchor {
-        Some(target) => Some(audit::Anchor::open(target, &state)?),
+        Some(target) => Some(audit::Anchor::open(target, state)?),
         None => None,
     };
     tracing::debug!(key = %paths.key.display(), "loading the signing key (made on first start)");
@@ -262,17 +210,17 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         // Not made by this start (another made it first): never this start's to remove.
         created.key = None;
     }
-    let session = random_hex(8)?;
-    let signer = ManifestSigner::new(master.session(&session)?);
+    let id = random_hex(8)?;
+    let signer = ManifestSigner::new(master.session(&id)?);
     let audit_key = AuditKey::from_mac(master.derived_mac(audit::KEY_PURPOSE)?);
-    let mut audit = AuditLog::start(
+    let audit = AuditLog::start(
         &paths.state_dir,
         audit_key,
         audit::Start {
             new_trail: opts.new_audit_trail,
             key_created,
             anchor,
-            session: session.clone(),
+            session: id.clone(),
         },
     )?;
     // The trail now names this key: a key is removed after a failed start only with the
@@ -280,73 +228,87 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     if created.state_dir.is_none() {
         created.key = None;
     }
+    Ok(Session {
+        id,
+        signer,
+        audit,
+        key_created,
+    })
+}
 
-    if let Some(parent) = paths.socket.parent() {
-        std::fs::create_dir_all(parent).map_err(io_err(parent))?;
-    }
-    let stale_socket = clear_stale_socket(&paths.socket)?;
-    tracing::debug!(socket = %paths.socket.display(), "binding the API socket");
-    let listener =
-        std::os::unix::net::UnixListener::bind(&paths.socket).map_err(io_err(&paths.socket))?;
-    created.socket = Some(paths.socket.clone());
-    let mode = if opts.socket_group.is_some() {
-        0o660
-    } else {
-        0o600
-    };
-    std::fs::set_permissions(&paths.socket, std::fs::Permissions::from_mode(mode))
-        .map_err(io_err(&paths.socket))?;
-    if let Some(gid) = opts.socket_group {
-        nix::unistd::chown(&paths.socket, None, Some(nix::unistd::Gid::from_raw(gid)))
-            .map_err(|e| io_err(&paths.socket)(e.into()))?;
-    }
+/// The launcher as the controller knows it.
+struct Launcher {
+    process: crate::sandbox::zygote::LauncherProcess,
+    /// The engine's own handle on `workers/` (worker logs are read through it).
+    engine_workers: Dir,
+    /// The launcher's pid and start time: the owner part of every worker cgroup's name.
+    cgroup_owner: String,
+}
 
+/// Forks the launcher, which starts and supervises the sandboxes. It must be forked while
+/// this process has one thread: before the runtime and the engine thread.
+fn start_launcher(
+    paths: &ControllerPaths,
+    workers: Dir,
+    output_total: u64,
+) -> Result<Launcher, ControllerError> {
     let engine_workers = workers
         .try_clone()
         .map_err(io_err(&paths.state_dir.join("workers")))?;
-    // The launcher must be forked while this process has one thread: before the runtime.
     let keep = [std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(
         &workers,
     ))];
-    let output_total = opts.worker_output_total;
     tracing::debug!("starting the launcher (it starts and supervises the sandboxes)");
-    let launcher = crate::sandbox::zygote::fork_launcher(&keep, move |req, ev| {
+    let process = crate::sandbox::zygote::fork_launcher(&keep, move |req, ev| {
         launcher::serve(req, ev, workers, output_total)
     })
     .map_err(|e| ControllerError::Setup(format!("cannot start the launcher: {e}")))?;
     let launcher_start =
-        crate::sandbox::cgroup::process_start_time(launcher.pid.as_raw() as u32).unwrap_or(0);
-    let cleanup = |state: &Dir, socket: &Path| {
-        let _ = std::fs::remove_file(socket);
-        let _ = state.remove("controller.pid");
-    };
-    state
-        .write_atomically(
-            "controller.pid",
-            format!("{}\n", std::process::id()).as_bytes(),
-            0o600,
-        )
-        .map_err(io_err(&pid_file))?;
+        crate::sandbox::cgroup::process_start_time(process.pid.as_raw() as u32).unwrap_or(0);
+    Ok(Launcher {
+        cgroup_owner: format!("{}-{}", process.pid, launcher_start),
+        process,
+        engine_workers,
+    })
+}
 
-    audit.record(
+/// Records the start in the audit trail, and the recovery from a controller that did not
+/// stop cleanly (its pid file or socket left behind).
+fn record_start(
+    opts: &ControllerOptions,
+    session: &mut Session,
+    crashed_pid: Option<String>,
+    stale_socket: bool,
+) -> Result<(), ControllerError> {
+    session.audit.record(
         audit::event::CONTROLLER_STARTED,
         "controller",
         None,
         json!({
-            "pid": std::process::id(), "session": session, "key_created": key_created,
-            "contract": opts.contract, "socket": paths.socket,
+            "pid": std::process::id(), "session": session.id, "key_created": session.key_created,
+            "contract": opts.contract, "socket": opts.paths.socket,
             "audit_anchor": opts.audit_anchor.as_ref().map(|a| a.to_string()),
         }),
     )?;
     if crashed_pid.is_some() || stale_socket {
-        audit.record(
+        session.audit.record(
             audit::event::CRASH_RECOVERED,
             "controller",
             None,
             json!({ "previous_pid": crashed_pid, "stale_socket_removed": stale_socket }),
         )?;
     }
+    Ok(())
+}
 
+/// The engine's fixed settings: the options, this session, the launcher's identity, the
+/// agent binary workers may run, and how many distinct ids workers can be given.
+fn engine_config(
+    opts: &ControllerOptions,
+    session: String,
+    engine_workers: Dir,
+    cgroup_owner: String,
+) -> engine::EngineConfig {
     let agent_binary = std::env::current_exe()
         .ok()
         .and_then(|p| std::fs::canonicalize(p).ok())
@@ -358,8 +320,8 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
             .mapped_ids()
             .min(65536)
     };
-    let cfg = engine::EngineConfig {
-        state_dir: paths.state_dir.clone(),
+    engine::EngineConfig {
+        state_dir: opts.paths.state_dir.clone(),
         workers: Some(engine_workers),
         session,
         heartbeat_timeout: opts.heartbeat_timeout,
@@ -367,11 +329,33 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         heartbeat_interval: opts.heartbeat_interval,
         allow_degraded: opts.allow_degraded,
         agent_binary,
-        cgroup_owner: format!("{}-{}", launcher.pid, launcher_start),
+        cgroup_owner,
         distinct_ids,
         worker_output_cap: opts.worker_output_cap,
-    };
+    }
+}
 
+/// The engine on its own thread, and the runtime the sockets are served on.
+struct RunningEngine {
+    rt: tokio::runtime::Runtime,
+    /// The engine's inputs: clients, the launcher's events, the ticker, the signals.
+    tx: mpsc::Sender<input::Input>,
+    /// Fires when the engine has finished (everything stopped).
+    done: tokio::sync::oneshot::Receiver<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// Builds the async runtime and starts the engine on its own thread, where it decides
+/// one input at a time until it has finished; it reaches the launcher, the clock and its
+/// timers through [`engine::HostEffects`].
+fn start_engine(
+    cfg: engine::EngineConfig,
+    contract: ReplicationContract,
+    signer: ManifestSigner,
+    audit: AuditLog,
+    launcher_requests: std::os::unix::net::UnixStream,
+    launcher_pid: nix::unistd::Pid,
+) -> Result<RunningEngine, ControllerError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -385,15 +369,15 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         Box::new(audit),
         Box::new(admission::InMemoryStore::default()),
         Box::new(engine::HostEffects::new(
-            link::Outbox::new(launcher.requests)
+            link::Outbox::new(launcher_requests)
                 .map_err(|e| ControllerError::Setup(format!("the launcher's socket: {e}")))?,
-            launcher.pid,
+            launcher_pid,
             rt.handle().clone(),
             tx.clone(),
         )),
         done_tx,
     );
-    let engine_thread = std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("hatchery-engine".into())
         .spawn(move || {
             while let Ok(input) = rx.recv() {
@@ -404,49 +388,62 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
             }
         })
         .map_err(|e| ControllerError::Setup(format!("engine thread: {e}")))?;
+    Ok(RunningEngine {
+        rt,
+        tx,
+        done: done_rx,
+        thread,
+    })
+}
 
-    // Up: from here on what this start made is the controller's to keep.
-    created.keep();
-    tracing::debug!(socket = %paths.socket.display(), "controller ready");
-
-    let policy = server::AccessPolicy {
-        owner_uid: nix::unistd::geteuid().as_raw(),
-        group: opts.socket_group,
-    };
-    let result = rt.block_on(async {
-        listener
-            .set_nonblocking(true)
-            .map_err(io_err(&paths.socket))?;
-        let listener =
-            tokio::net::UnixListener::from_std(listener).map_err(io_err(&paths.socket))?;
-        launcher
-            .events
-            .set_nonblocking(true)
-            .map_err(|e| ControllerError::Setup(e.to_string()))?;
-        let events = tokio::net::UnixStream::from_std(launcher.events)
-            .map_err(|e| ControllerError::Setup(e.to_string()))?;
-        tokio::spawn(server::accept_clients(listener, policy, tx.clone()));
-        tokio::spawn(server::relay_launcher(events, tx.clone()));
-        tokio::spawn(server::ticker(tx.clone(), Duration::from_millis(250)));
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| ControllerError::Setup(e.to_string()))?;
-        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-            .map_err(|e| ControllerError::Setup(e.to_string()))?;
-        let shutdown_tx = tx.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            let _ = shutdown_tx.send(input::Input::Shutdown);
-        });
-        let _ = done_rx.await;
-        Ok::<(), ControllerError>(())
+/// Serves until the engine has finished: clients on the API socket, the launcher's
+/// events, a ticker, and SIGTERM or SIGINT, which ask the engine to shut down.
+async fn serve(
+    listener: std::os::unix::net::UnixListener,
+    events: std::os::unix::net::UnixStream,
+    policy: server::AccessPolicy,
+    tx: &mpsc::Sender<input::Input>,
+    done: tokio::sync::oneshot::Receiver<()>,
+    socket: &Path,
+) -> Result<(), ControllerError> {
+    listener.set_nonblocking(true).map_err(io_err(socket))?;
+    let listener = tokio::net::UnixListener::from_std(listener).map_err(io_err(socket))?;
+    events
+        .set_nonblocking(true)
+        .map_err(|e| ControllerError::Setup(e.to_string()))?;
+    let events = tokio::net::UnixStream::from_std(events)
+        .map_err(|e| ControllerError::Setup(e.to_string()))?;
+    tokio::spawn(server::accept_clients(listener, policy, tx.clone()));
+    tokio::spawn(server::relay_launcher(events, tx.clone()));
+    tokio::spawn(server::ticker(tx.clone(), Duration::from_millis(250)));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| ControllerError::Setup(e.to_string()))?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| ControllerError::Setup(e.to_string()))?;
+    let shutdown_tx = tx.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        let _ = shutdown_tx.send(input::Input::Shutdown);
     });
+    let _ = done.await;
+    Ok(())
+}
+
+/// Stops in turn: the runtime's tasks, the engine thread once its inputs are closed, then
+/// the launcher, whose cgroups are removed here if it did not exit cleanly.
+fn stop(
+    rt: tokio::runtime::Runtime,
+    tx: mpsc::Sender<input::Input>,
+    thread: std::thread::JoinHandle<()>,
+    launcher_pid: nix::unistd::Pid,
+) {
     drop(tx);
     rt.shutdown_timeout(Duration::from_millis(200));
-    let _ = engine_thread.join();
-    let status = crate::sandbox::wait::reap_child(launcher.pid);
+    let _ = thread.join();
+    let status = crate::sandbox::wait::reap_child(launcher_pid);
     if !matches!(status, Ok(nix::sys::wait::WaitStatus::Exited(_, 0))) {
         // Killed (it did not stop when asked) or crashed: its sandboxes are gone with it,
         // their cgroups are not; remove them as its successor would.
@@ -455,6 +452,4 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
             tracing::info!(count = swept.len(), "removed the launcher's cgroups");
         }
     }
-    cleanup(&state, &paths.socket);
-    result
 }
