@@ -345,43 +345,7 @@ pub fn resolve(
             listed.len()
         ));
     }
-    let mounts: Vec<&Bind> = system.iter().chain(exposures.iter()).collect();
-    let writable_devs: Vec<u64> = exposures
-        .iter()
-        .filter(|b| b.writable)
-        .map(|b| b.host.dev)
-        .collect();
-    let exposed = |host: &HostPath| {
-        containing(&host.path, &mounts).is_some_and(|b| exposures.iter().any(|x| x == b))
-    };
-    let check_inside = |host: &HostPath| -> Result<(), String> {
-        let p = &host.path;
-        match containing(p, &mounts) {
-            None => Err(format!(
-                "{}: not inside the sandbox; expose its directory with --ro (or allow a program under /usr)",
-                p.display()
-            )),
-            Some(b) if b.writable => Err(format!(
-                "{}: the sandbox may rewrite it (it is beneath --rw {}); expose it read-only",
-                p.display(),
-                b.target.display()
-            )),
-            Some(_) => {
-                // The checked object itself, through its descriptor.
-                let st = nix::sys::stat::fstat(host.fd())
-                    .map_err(|e| format!("{}: {e}", p.display()))?;
-                if st.st_nlink > 1 && st.st_uid != 0 && writable_devs.contains(&st.st_dev) {
-                    return Err(format!(
-                        "{}: has {} hard links on the filesystem of an --rw path, through which the sandbox could rewrite it",
-                        p.display(),
-                        st.st_nlink
-                    ));
-                }
-                Ok(())
-            }
-        }
-    };
-
+    let view = SandboxView::new(system, exposures);
     let mut out = ExecAllowlist::default();
     let mut listed_hosts = Vec::with_capacity(listed.len());
     for path in listed {
@@ -389,9 +353,9 @@ pub fn resolve(
         if out.files.contains(&host.path) {
             return Err(format!("{} is listed twice", host.path.display()));
         }
-        check_inside(&host)?;
+        view.check_inside(&host)?;
         out.files.push(host.path.clone());
-        if exposed(&host) {
+        if view.exposed(&host) {
             out.pinned.push(host.clone());
         }
         listed_hosts.push(host);
@@ -408,46 +372,120 @@ pub fn resolve(
         match inspect(&host)? {
             Program::Elf {
                 interpreter: Some(interp),
-            } => {
-                let real = std::fs::canonicalize(&interp).map_err(|e| {
-                    format!(
-                        "{}: its ELF interpreter {}: {e}",
-                        file.display(),
-                        interp.display()
-                    )
-                })?;
-                let host = check_exec_path(&real)
-                    .map_err(|e| format!("{}: its ELF interpreter {e}", file.display()))?;
-                check_inside(&host)
-                    .map_err(|e| format!("{}: its ELF interpreter {e}", file.display()))?;
-                if !out.loaders.contains(&host.path) && !out.files.contains(&host.path) {
-                    out.loaders.push(host.path.clone());
-                    if exposed(&host) {
-                        out.pinned.push(host);
-                    }
-                }
-            }
+            } => add_loader(&file, &interp, &view, &mut out)?,
             Program::Script { interpreter } if out.files.contains(&file) => {
-                // A relative interpreter is found from the working directory at run time;
-                // it cannot be matched here, and is only reported.
-                let real = if interpreter.is_absolute() {
-                    std::fs::canonicalize(&interpreter).unwrap_or(interpreter.clone())
-                } else {
-                    interpreter.clone()
-                };
-                if !out.files.contains(&real) {
-                    out.notes.push(format!(
-                        "{} starts with #!{}, which is not allowed: running it fails with EACCES (allow {} too)",
-                        file.display(),
-                        interpreter.display(),
-                        real.display()
-                    ));
-                }
+                note_unlisted_interpreter(&file, &interpreter, &mut out)
             }
             Program::Elf { interpreter: None } | Program::Script { .. } | Program::Other => {}
         }
     }
     Ok(out)
+}
+
+/// The sandbox's mounts as the allowlist sees them: where a host file lands inside, and
+/// whether the sandbox could rewrite it there.
+struct SandboxView<'a> {
+    /// System binds and exposures together.
+    mounts: Vec<&'a Bind>,
+    exposures: &'a [Bind],
+    /// The filesystems of `--rw` paths.
+    writable_devs: Vec<u64>,
+}
+
+impl<'a> SandboxView<'a> {
+    fn new(system: &'a [Bind], exposures: &'a [Bind]) -> SandboxView<'a> {
+        SandboxView {
+            mounts: system.iter().chain(exposures.iter()).collect(),
+            exposures,
+            writable_devs: exposures
+                .iter()
+                .filter(|b| b.writable)
+                .map(|b| b.host.dev)
+                .collect(),
+        }
+    }
+
+    /// Whether the file lands in an exposed path (rather than a system mount).
+    fn exposed(&self, host: &HostPath) -> bool {
+        containing(&host.path, &self.mounts).is_some_and(|b| self.exposures.iter().any(|x| x == b))
+    }
+
+    /// Refuses a file that is not inside the sandbox, or that the sandbox could rewrite:
+    /// beneath an `--rw` path, or hard-linked from the filesystem of one and not root's.
+    fn check_inside(&self, host: &HostPath) -> Result<(), String> {
+        let p = &host.path;
+        match containing(p, &self.mounts) {
+            None => Err(format!(
+                "{}: not inside the sandbox; expose its directory with --ro (or allow a program under /usr)",
+                p.display()
+            )),
+            Some(b) if b.writable => Err(format!(
+                "{}: the sandbox may rewrite it (it is beneath --rw {}); expose it read-only",
+                p.display(),
+                b.target.display()
+            )),
+            Some(_) => {
+                // The checked object itself, through its descriptor.
+                let st = nix::sys::stat::fstat(host.fd())
+                    .map_err(|e| format!("{}: {e}", p.display()))?;
+                if st.st_nlink > 1 && st.st_uid != 0 && self.writable_devs.contains(&st.st_dev) {
+                    return Err(format!(
+                        "{}: has {} hard links on the filesystem of an --rw path, through which the sandbox could rewrite it",
+                        p.display(),
+                        st.st_nlink
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Adds the ELF interpreter `interp` that `file` names to the loaders, checked like a
+/// listed file (a loader the sandbox could rewrite would run in place of every program).
+fn add_loader(
+    file: &Path,
+    interp: &Path,
+    view: &SandboxView,
+    out: &mut ExecAllowlist,
+) -> Result<(), String> {
+    let real = std::fs::canonicalize(interp).map_err(|e| {
+        format!(
+            "{}: its ELF interpreter {}: {e}",
+            file.display(),
+            interp.display()
+        )
+    })?;
+    let host = check_exec_path(&real)
+        .map_err(|e| format!("{}: its ELF interpreter {e}", file.display()))?;
+    view.check_inside(&host)
+        .map_err(|e| format!("{}: its ELF interpreter {e}", file.display()))?;
+    if !out.loaders.contains(&host.path) && !out.files.contains(&host.path) {
+        out.loaders.push(host.path.clone());
+        if view.exposed(&host) {
+            out.pinned.push(host);
+        }
+    }
+    Ok(())
+}
+
+/// Notes a listed script whose `#!` interpreter is not listed: running it fails with
+/// EACCES. A relative interpreter is found from the working directory at run time; it
+/// cannot be matched here, and is only reported.
+fn note_unlisted_interpreter(file: &Path, interpreter: &Path, out: &mut ExecAllowlist) {
+    let real = if interpreter.is_absolute() {
+        std::fs::canonicalize(interpreter).unwrap_or(interpreter.to_path_buf())
+    } else {
+        interpreter.to_path_buf()
+    };
+    if !out.files.contains(&real) {
+        out.notes.push(format!(
+            "{} starts with #!{}, which is not allowed: running it fails with EACCES (allow {} too)",
+            file.display(),
+            interpreter.display(),
+            real.display()
+        ));
+    }
 }
 
 /// Rewrites read (or write) rules so that none covers a directory of executables: a rule on

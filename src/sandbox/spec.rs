@@ -182,12 +182,79 @@ pub fn build_compiled(
     build_with(req, profile, SeccompSource::Compiled(filters), caller_cwd)
 }
 
+/// Builds the spec in the order its parts depend on one another: the request is checked
+/// first; the binds (the caller's exposures, then the host's system directories) decide
+/// the Landlock rules, which an executable allowlist then narrows; the working directory,
+/// environment and limits follow; a host identity is leased last, after every check but
+/// the payload ids' (which need the mapped range that identity gives).
 fn build_with(
     req: RunRequest,
     profile: &Profile,
     seccomp: SeccompSource,
     caller_cwd: Option<&Path>,
 ) -> Result<SandboxSpec, SandboxError> {
+    check_request(&req)?;
+    let mut exposures = exposure_binds(&req)?;
+    let (system, links, top_dirs) = system_binds(profile);
+    let mut landlock = landlock_rules(profile, &top_dirs, &exposures);
+    let exec_allowlist = match &profile.landlock.allow_exec {
+        None => None,
+        Some(listed) => {
+            let allow = exec::resolve(listed, &system, &exposures)
+                .map_err(|e| SandboxError::Invalid(format!("executable allowlist: {e}")))?;
+            restrict_exec(&allow, &mut landlock, &mut exposures);
+            Some(allow)
+        }
+    };
+    let cwd = working_dir(&req, caller_cwd, &exposures)?;
+    let env = environment(&req.env);
+    let limits = limits(&req, profile)?;
+    let rlimits = profile
+        .rlimits()
+        .map_err(|e| SandboxError::Invalid(e.to_string()))?;
+    let ids = identity(&req)?;
+    Ok(SandboxSpec {
+        argv: req.command,
+        env,
+        cwd,
+        rootfs: RootfsPlan {
+            system,
+            links,
+            exposures,
+            tmp_size: profile.mounts.tmp_size_bytes(),
+            dev_shm: profile.mounts.dev_shm,
+            noexec_tmp: exec_allowlist.is_some(),
+            proc_view: super::procfs::ProcView::new(limits.memory),
+        },
+        landlock,
+        landlock_min_abi: profile.landlock.min_abi,
+        rlimits,
+        seccomp,
+        profile_name: profile.name.clone(),
+        profile_sha256: profile.sha256.clone(),
+        limits,
+        namespaces: profile.namespaces.clone(),
+        identity: ids.identity,
+        id_lease: ids.lease,
+        null_ids: ids.null_ids,
+        hostname: if req.hostname.is_empty() {
+            "hatchery".into()
+        } else {
+            req.hostname
+        },
+        stdio: None,
+        controlling_terminal: false,
+        pass_fds: Vec::new(),
+        cgroup_name: req.cgroup_name,
+        allow_degraded: req.allow_degraded,
+        exec_allowlist,
+    })
+}
+
+/// Refuses a request that cannot run whatever the profile: no command, a command line
+/// over [`MAX_ARGV_BYTES`], a hostname sethostname(2) would refuse, or root as the
+/// sandbox's host identity.
+fn check_request(req: &RunRequest) -> Result<(), SandboxError> {
     let invalid = SandboxError::Invalid;
     if req.command.is_empty() || req.command[0].is_empty() {
         return Err(invalid(
@@ -205,8 +272,13 @@ fn build_with(
             "the sandbox's host uid/gid must not be 0 (root)".into(),
         ));
     }
+    Ok(())
+}
 
-    // Exposures: unique targets, none inside what hatchery provides itself.
+/// The caller's exposures and the supervisor's extra binds, parents before children:
+/// unique targets, none inside what hatchery provides itself.
+fn exposure_binds(req: &RunRequest) -> Result<Vec<Bind>, SandboxError> {
+    let invalid = SandboxError::Invalid;
     let mut seen = BTreeSet::new();
     let mut exposures = Vec::new();
     for x in &req.exposures {
@@ -244,7 +316,13 @@ fn build_with(
     }
     // Parents are mounted before children.
     exposures.sort_by_key(|b| b.target.components().count());
+    Ok(exposures)
+}
 
+/// The system directories bound read-only: the profile's, and the host root's top-level
+/// directories that follow `/usr`; with the links to recreate (those not bound as
+/// directories) and the top-level directories themselves.
+fn system_binds(profile: &Profile) -> (Vec<Bind>, Vec<(PathBuf, PathBuf)>, Vec<PathBuf>) {
     let (links, top_dirs) = mounts::host_top_level();
     let mut system = Vec::new();
     for dir in profile.mounts.system.iter().chain(top_dirs.iter()) {
@@ -266,7 +344,12 @@ fn build_with(
         .into_iter()
         .filter(|(link, _)| !system.iter().any(|b| b.target == *link))
         .collect();
+    (system, links, top_dirs)
+}
 
+/// The profile's Landlock rules, plus read and execute on the top-level system
+/// directories and on every exposure, and write on the writable ones.
+fn landlock_rules(profile: &Profile, top_dirs: &[PathBuf], exposures: &[Bind]) -> LandlockRules {
     let mut landlock = LandlockRules {
         read: profile.landlock.read.clone(),
         write: profile.landlock.write.clone(),
@@ -276,31 +359,30 @@ fn build_with(
         list: vec![PathBuf::from("/")],
         deny_tcp: profile.landlock.deny_tcp,
     };
-    for d in &top_dirs {
+    for d in top_dirs {
         landlock.read.push(d.clone());
         landlock.execute.push(d.clone());
     }
-    for x in &exposures {
+    for x in exposures {
         landlock.read.push(x.target.clone());
         landlock.execute.push(x.target.clone());
         if x.writable {
             landlock.write.push(x.target.clone());
         }
     }
+    landlock
+}
 
-    let exec_allowlist = match &profile.landlock.allow_exec {
-        None => None,
-        Some(listed) => {
-            let allow = exec::resolve(listed, &system, &exposures)
-                .map_err(|e| invalid(format!("executable allowlist: {e}")))?;
-            restrict_exec(&allow, &mut landlock, &mut exposures);
-            Some(allow)
-        }
-    };
-
-    let cwd = match &req.cwd {
+/// The working directory inside: `--cwd` when given; else where the caller stands, when
+/// an exposed directory holds it; else `/`.
+fn working_dir(
+    req: &RunRequest,
+    caller_cwd: Option<&Path>,
+    exposures: &[Bind],
+) -> Result<PathBuf, SandboxError> {
+    Ok(match &req.cwd {
         Some(c) => {
-            check_absolute_clean(c).map_err(|e| invalid(format!("--cwd {e}")))?;
+            check_absolute_clean(c).map_err(|e| SandboxError::Invalid(format!("--cwd {e}")))?;
             c.clone()
         }
         None => caller_cwd
@@ -311,8 +393,12 @@ fn build_with(
             })
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("/")),
-    };
+    })
+}
 
+/// The payload's environment: a fixed `PATH` and `HOME`, the caller's `TERM`, then the
+/// request's variables (each replacing one of the same name).
+fn environment(requested: &[(String, String)]) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = vec![
         ("PATH".into(), DEFAULT_PATH.into()),
         ("HOME".into(), "/tmp".into()),
@@ -320,23 +406,40 @@ fn build_with(
     if let Ok(term) = std::env::var("TERM") {
         env.push(("TERM".into(), term));
     }
-    for (k, v) in &req.env {
+    for (k, v) in requested {
         env.retain(|(ek, _)| ek != k);
         env.push((k.clone(), v.clone()));
     }
+    env
+}
 
+/// The request's cgroup limits, each falling back to the profile's default.
+fn limits(req: &RunRequest, profile: &Profile) -> Result<Limits, SandboxError> {
     let defaults = profile
         .default_limits()
-        .map_err(|e| invalid(e.to_string()))?;
-    let limits = Limits {
+        .map_err(|e| SandboxError::Invalid(e.to_string()))?;
+    Ok(Limits {
         memory: req.limits.memory.or(defaults.memory),
         cpus: req.limits.cpus.or(defaults.cpus),
         pids: req.limits.pids.or(defaults.pids),
-    };
-    let rlimits = profile.rlimits().map_err(|e| invalid(e.to_string()))?;
-    // A privileged supervisor gives each sandbox a host identity of its own (see idpool).
+    })
+}
+
+/// Who the sandbox is on the host and inside.
+struct Ids {
+    identity: Identity,
+    /// The host identity leased for this sandbox alone (a privileged supervisor's).
+    lease: Option<idpool::IdLease>,
+    /// The ids nothing is mapped to (see [`IdRanges::null_ids`]).
+    null_ids: (u32, u32),
+}
+
+/// The sandbox's identity. A privileged supervisor gives each sandbox a host identity of
+/// its own (see idpool) unless the request names one; the payload's inside ids must be
+/// within the mapped range.
+fn identity(req: &RunRequest) -> Result<Ids, SandboxError> {
     let ranges = IdRanges::configured();
-    let id_lease = match req.host_ids {
+    let lease = match req.host_ids {
         None if nix::unistd::geteuid().is_root() => {
             Some(idpool::lease(&ranges).map_err(|e| SandboxError::Refused {
                 what: "a host identity for the sandbox".into(),
@@ -346,51 +449,20 @@ fn build_with(
         }
         _ => None,
     };
-    let host_ids = req.host_ids.or(id_lease.as_ref().map(|l| (l.uid, l.gid)));
+    let host_ids = req.host_ids.or(lease.as_ref().map(|l| (l.uid, l.gid)));
     let mut identity = Identity::for_caller(host_ids);
     if let Some(ids) = req.payload_ids {
         if ids.0 >= identity.mapped_ids() || ids.1 >= identity.mapped_ids() {
-            return Err(invalid(format!(
+            return Err(SandboxError::Invalid(format!(
                 "payload ids {ids:?} are outside the mapped range"
             )));
         }
         identity.payload_ids = ids;
     }
-    Ok(SandboxSpec {
-        argv: req.command,
-        env,
-        cwd,
-        rootfs: RootfsPlan {
-            system,
-            links,
-            exposures,
-            tmp_size: profile.mounts.tmp_size_bytes(),
-            dev_shm: profile.mounts.dev_shm,
-            noexec_tmp: exec_allowlist.is_some(),
-            proc_view: super::procfs::ProcView::new(limits.memory),
-        },
-        landlock,
-        landlock_min_abi: profile.landlock.min_abi,
-        rlimits,
-        seccomp,
-        profile_name: profile.name.clone(),
-        profile_sha256: profile.sha256.clone(),
-        limits,
-        namespaces: profile.namespaces.clone(),
+    Ok(Ids {
         identity,
-        id_lease,
+        lease,
         null_ids: ranges.null_ids(),
-        hostname: if req.hostname.is_empty() {
-            "hatchery".into()
-        } else {
-            req.hostname
-        },
-        stdio: None,
-        controlling_terminal: false,
-        pass_fds: Vec::new(),
-        cgroup_name: req.cgroup_name,
-        allow_degraded: req.allow_degraded,
-        exec_allowlist,
     })
 }
 
