@@ -115,167 +115,234 @@ struct State {
 
 /// Every path through `program` for the syscall and architecture in `base` (whose
 /// argument fields are ignored), restricted to the arguments in `within`.
+///
+/// Depth first: one state is followed until its path ends, and the other side of every
+/// jump that splits the arguments waits on a stack until then.
 pub fn explore(
     program: &SeccompProgram,
     base: &SeccompData,
     within: &ArgSpace,
 ) -> Result<Vec<Path>, ExploreError> {
-    let insns: Vec<BpfInstruction> = program.instructions().collect();
-    let mut out = Vec::new();
-    let mut stack = vec![State {
-        pc: 0,
-        a: Value::Const(0),
-        x: Value::Const(0),
-        mem: [Value::Const(0); 16],
-        space: within.clone(),
-    }];
-    while let Some(mut s) = stack.pop() {
+    let mut explorer = Explorer {
+        program,
+        insns: program.instructions().collect(),
+        base,
+        paths: Vec::new(),
+        pending: vec![State {
+            pc: 0,
+            a: Value::Const(0),
+            x: Value::Const(0),
+            mem: [Value::Const(0); 16],
+            space: within.clone(),
+        }],
+    };
+    while let Some(s) = explorer.pending.pop() {
+        explorer.follow(s)?;
+    }
+    Ok(explorer.paths)
+}
+
+/// One exploration under way: the filter, the ends reached, and the states waiting to be
+/// followed (the untaken sides of splits).
+struct Explorer<'a> {
+    program: &'a SeccompProgram,
+    insns: Vec<BpfInstruction>,
+    base: &'a SeccompData,
+    paths: Vec<Path>,
+    pending: Vec<State>,
+}
+
+/// Where a state goes after one instruction.
+enum Flow {
+    /// On to the next instruction.
+    Next,
+    /// A jump set the program counter.
+    Jumped,
+    /// A return ended the path.
+    Ended,
+}
+
+impl Explorer<'_> {
+    /// Runs one state until its path ends, queueing the other side of every split.
+    fn follow(&mut self, mut s: State) -> Result<(), ExploreError> {
         loop {
-            let pc = s.pc;
-            let Some(i) = insns.get(pc).copied() else {
+            let Some(i) = self.insns.get(s.pc).copied() else {
                 return Err(BpfError::FellOffTheEnd.into());
             };
-            let code = i.code;
-            let bad = BpfError::BadOpcode { pc, code };
-            let mem_slot = |k: u32| -> Result<usize, ExploreError> {
-                if (k as usize) < 16 {
-                    Ok(k as usize)
-                } else {
-                    Err(BpfError::BadMemory { pc, k }.into())
-                }
-            };
-            match code & 0x07 {
-                bpf::BPF_LD | bpf::BPF_LDX => {
-                    let v = match code & !0x07 {
-                        c if c == bpf::BPF_W | bpf::BPF_ABS && code & 0x07 == bpf::BPF_LD => {
-                            load(base, i.k).ok_or(BpfError::BadLoad { pc, k: i.k })?
-                        }
-                        c if c == bpf::BPF_W | bpf::BPF_LEN => Value::Const(bpf::SECCOMP_DATA_LEN),
-                        c if c == bpf::BPF_IMM => Value::Const(i.k),
-                        c if c == bpf::BPF_MEM => s.mem[mem_slot(i.k)?],
-                        _ => return Err(bad.into()),
-                    };
-                    if code & 0x07 == bpf::BPF_LD {
-                        s.a = v;
-                    } else {
-                        s.x = v;
-                    }
-                }
-                bpf::BPF_ST | bpf::BPF_STX => {
-                    if code & !0x07 != 0 {
-                        return Err(bad.into());
-                    }
-                    let slot = mem_slot(i.k)?;
-                    s.mem[slot] = if code & 0x07 == bpf::BPF_ST { s.a } else { s.x };
-                }
-                bpf::BPF_ALU => {
-                    let b = if code & bpf::BPF_X != 0 {
-                        s.x
-                    } else {
-                        Value::Const(i.k)
-                    };
-                    s.a = match (s.a, b, code & 0xf0) {
-                        (Value::Const(a), Value::Const(b), op) => {
-                            Value::Const(bpf::alu(op, a, b, pc)?)
-                        }
-                        (Value::Sym { word, mask }, Value::Const(k), 0x50)
-                        | (Value::Const(k), Value::Sym { word, mask }, 0x50) => Value::Sym {
-                            word,
-                            mask: mask & k,
-                        },
-                        _ => return Err(ExploreError::Opaque { pc }),
-                    };
-                }
-                bpf::BPF_JMP => {
-                    let op = code & 0xf0;
-                    if op == bpf::BPF_JA {
-                        if code & bpf::BPF_X != 0 {
-                            return Err(bad.into());
-                        }
-                        s.pc = bpf::jump_target(pc, i.k, insns.len())?;
-                        continue;
-                    }
-                    let b = if code & bpf::BPF_X != 0 {
-                        s.x
-                    } else {
-                        Value::Const(i.k)
-                    };
-                    let t = bpf::jump_target(pc, u32::from(i.jt), insns.len())?;
-                    let f = bpf::jump_target(pc, u32::from(i.jf), insns.len())?;
-                    match (s.a, b) {
-                        (Value::Const(a), Value::Const(b)) => {
-                            let taken = bpf::jump_taken(op, a, b).ok_or(bad)?;
-                            s.pc = if taken { t } else { f };
-                        }
-                        (Value::Sym { word, mask }, Value::Const(k)) => {
-                            let taken = match op {
-                                bpf::BPF_JEQ => Constraint::new(mask.into(), Rel::Eq, k.into()),
-                                bpf::BPF_JGT => Constraint::new(mask.into(), Rel::Gt, k.into()),
-                                bpf::BPF_JGE => Constraint::new(mask.into(), Rel::Ge, k.into()),
-                                bpf::BPF_JSET => {
-                                    Constraint::new(u64::from(mask & k), Rel::AnySet, 0)
-                                }
-                                _ => return Err(bad.into()),
-                            };
-                            let mut other = s.clone();
-                            let can_take = s.space.restrict(word, taken);
-                            let can_skip = other.space.restrict(word, taken.negated());
-                            match (can_take, can_skip) {
-                                (true, true) => {
-                                    other.pc = f;
-                                    stack.push(other);
-                                    s.pc = t;
-                                }
-                                (true, false) => s.pc = t,
-                                (false, true) => {
-                                    s = other;
-                                    s.pc = f;
-                                }
-                                // Only when the space itself is empty or undecidable.
-                                (false, false) => return Err(ExploreError::Opaque { pc }),
-                            }
-                        }
-                        _ => return Err(ExploreError::Opaque { pc }),
-                    }
-                    continue;
-                }
-                bpf::BPF_RET => {
-                    let ret = match (code & 0x18, s.a) {
-                        (bpf::BPF_K, _) => i.k,
-                        (bpf::BPF_A, Value::Const(a)) => a,
-                        (bpf::BPF_A, _) => return Err(ExploreError::Opaque { pc }),
-                        _ => return Err(bad.into()),
-                    };
-                    let witness = s.space.witness().ok_or(ExploreError::Opaque { pc })?;
-                    let data = SeccompData {
-                        args: witness,
-                        ..*base
-                    };
-                    let got = bpf::run(program, &data)?;
-                    if got != ret {
-                        return Err(ExploreError::Unconfirmed { expected: ret, got });
-                    }
-                    out.push(Path {
-                        space: s.space,
-                        ret,
-                        action: KernelAction::from_ret(ret),
-                        witness,
-                    });
-                    if out.len() > MAX_LEAVES {
-                        return Err(ExploreError::TooManyPaths);
-                    }
-                    break;
-                }
-                _ => match code & 0xf8 {
-                    bpf::BPF_TAX => s.x = s.a,
-                    bpf::BPF_TXA => s.a = s.x,
-                    _ => return Err(bad.into()),
-                },
+            match self.step(&mut s, i)? {
+                Flow::Next => s.pc += 1,
+                Flow::Jumped => {}
+                Flow::Ended => return Ok(()),
             }
-            s.pc += 1;
         }
     }
-    Ok(out)
+
+    /// Runs one instruction on a state, as the kernel's interpreter would, with the
+    /// argument words symbolic.
+    fn step(&mut self, s: &mut State, i: BpfInstruction) -> Result<Flow, ExploreError> {
+        let pc = s.pc;
+        let code = i.code;
+        let bad = BpfError::BadOpcode { pc, code };
+        match code & 0x07 {
+            bpf::BPF_LD | bpf::BPF_LDX => {
+                let v = match code & !0x07 {
+                    c if c == bpf::BPF_W | bpf::BPF_ABS && code & 0x07 == bpf::BPF_LD => {
+                        load(self.base, i.k).ok_or(BpfError::BadLoad { pc, k: i.k })?
+                    }
+                    c if c == bpf::BPF_W | bpf::BPF_LEN => Value::Const(bpf::SECCOMP_DATA_LEN),
+                    c if c == bpf::BPF_IMM => Value::Const(i.k),
+                    c if c == bpf::BPF_MEM => s.mem[mem_slot(pc, i.k)?],
+                    _ => return Err(bad.into()),
+                };
+                if code & 0x07 == bpf::BPF_LD {
+                    s.a = v;
+                } else {
+                    s.x = v;
+                }
+            }
+            bpf::BPF_ST | bpf::BPF_STX => {
+                if code & !0x07 != 0 {
+                    return Err(bad.into());
+                }
+                let slot = mem_slot(pc, i.k)?;
+                s.mem[slot] = if code & 0x07 == bpf::BPF_ST { s.a } else { s.x };
+            }
+            bpf::BPF_ALU => s.a = alu(s, i, pc)?,
+            bpf::BPF_JMP => {
+                self.jump(s, i)?;
+                return Ok(Flow::Jumped);
+            }
+            bpf::BPF_RET => {
+                self.end(s, i)?;
+                return Ok(Flow::Ended);
+            }
+            _ => match code & 0xf8 {
+                bpf::BPF_TAX => s.x = s.a,
+                bpf::BPF_TXA => s.a = s.x,
+                _ => return Err(bad.into()),
+            },
+        }
+        Ok(Flow::Next)
+    }
+
+    /// A jump. On constants it goes one way; on an argument word it splits the state in
+    /// two, each side keeping the comparison it took, and drops a side no argument takes.
+    fn jump(&mut self, s: &mut State, i: BpfInstruction) -> Result<(), ExploreError> {
+        let pc = s.pc;
+        let code = i.code;
+        let bad = BpfError::BadOpcode { pc, code };
+        let len = self.insns.len();
+        let op = code & 0xf0;
+        if op == bpf::BPF_JA {
+            if code & bpf::BPF_X != 0 {
+                return Err(bad.into());
+            }
+            s.pc = bpf::jump_target(pc, i.k, len)?;
+            return Ok(());
+        }
+        let b = if code & bpf::BPF_X != 0 {
+            s.x
+        } else {
+            Value::Const(i.k)
+        };
+        let t = bpf::jump_target(pc, u32::from(i.jt), len)?;
+        let f = bpf::jump_target(pc, u32::from(i.jf), len)?;
+        match (s.a, b) {
+            (Value::Const(a), Value::Const(b)) => {
+                let taken = bpf::jump_taken(op, a, b).ok_or(bad)?;
+                s.pc = if taken { t } else { f };
+            }
+            (Value::Sym { word, mask }, Value::Const(k)) => {
+                let taken = match op {
+                    bpf::BPF_JEQ => Constraint::new(mask.into(), Rel::Eq, k.into()),
+                    bpf::BPF_JGT => Constraint::new(mask.into(), Rel::Gt, k.into()),
+                    bpf::BPF_JGE => Constraint::new(mask.into(), Rel::Ge, k.into()),
+                    bpf::BPF_JSET => Constraint::new(u64::from(mask & k), Rel::AnySet, 0),
+                    _ => return Err(bad.into()),
+                };
+                let mut other = s.clone();
+                let can_take = s.space.restrict(word, taken);
+                let can_skip = other.space.restrict(word, taken.negated());
+                match (can_take, can_skip) {
+                    (true, true) => {
+                        other.pc = f;
+                        self.pending.push(other);
+                        s.pc = t;
+                    }
+                    (true, false) => s.pc = t,
+                    (false, true) => {
+                        *s = other;
+                        s.pc = f;
+                    }
+                    // Only when the space itself is empty or undecidable.
+                    (false, false) => return Err(ExploreError::Opaque { pc }),
+                }
+            }
+            _ => return Err(ExploreError::Opaque { pc }),
+        }
+        Ok(())
+    }
+
+    /// A return: the end of a path, confirmed by running the real interpreter on the
+    /// smallest argument vector that takes it.
+    fn end(&mut self, s: &mut State, i: BpfInstruction) -> Result<(), ExploreError> {
+        let pc = s.pc;
+        let code = i.code;
+        let ret = match (code & 0x18, s.a) {
+            (bpf::BPF_K, _) => i.k,
+            (bpf::BPF_A, Value::Const(a)) => a,
+            (bpf::BPF_A, _) => return Err(ExploreError::Opaque { pc }),
+            _ => return Err(BpfError::BadOpcode { pc, code }.into()),
+        };
+        let witness = s.space.witness().ok_or(ExploreError::Opaque { pc })?;
+        let data = SeccompData {
+            args: witness,
+            ..*self.base
+        };
+        let got = bpf::run(self.program, &data)?;
+        if got != ret {
+            return Err(ExploreError::Unconfirmed { expected: ret, got });
+        }
+        self.paths.push(Path {
+            space: std::mem::take(&mut s.space),
+            ret,
+            action: KernelAction::from_ret(ret),
+            witness,
+        });
+        if self.paths.len() > MAX_LEAVES {
+            return Err(ExploreError::TooManyPaths);
+        }
+        Ok(())
+    }
+}
+
+/// The scratch memory slot `k` names, or the error the kernel's checker would give.
+fn mem_slot(pc: usize, k: u32) -> Result<usize, ExploreError> {
+    if (k as usize) < 16 {
+        Ok(k as usize)
+    } else {
+        Err(BpfError::BadMemory { pc, k }.into())
+    }
+}
+
+/// An ALU instruction on the accumulator: computed on constants; on an argument word only
+/// an AND with a constant is followed (it narrows the word's mask).
+fn alu(s: &State, i: BpfInstruction, pc: usize) -> Result<Value, ExploreError> {
+    let code = i.code;
+    let b = if code & bpf::BPF_X != 0 {
+        s.x
+    } else {
+        Value::Const(i.k)
+    };
+    Ok(match (s.a, b, code & 0xf0) {
+        (Value::Const(a), Value::Const(b), op) => Value::Const(bpf::alu(op, a, b, pc)?),
+        (Value::Sym { word, mask }, Value::Const(k), 0x50)
+        | (Value::Const(k), Value::Sym { word, mask }, 0x50) => Value::Sym {
+            word,
+            mask: mask & k,
+        },
+        _ => return Err(ExploreError::Opaque { pc }),
+    })
 }
 
 fn load(base: &SeccompData, k: u32) -> Option<Value> {

@@ -10,12 +10,12 @@
 use libseccomp::ScmpArch;
 use serde::{Deserialize, Serialize};
 
-use super::abi::{Abi, parse_arch};
-use super::seccomp::{
-    Action, ActionKind, ArgCondition, CompareOp, ErrnoValue, SeccompPolicy, SyscallRule, ValueSpec,
-    expand_conditions,
-};
+use super::abi::Abi;
+use super::seccomp::{Action, CompareOp, Comparison, SeccompPolicy, expand_conditions};
 use super::{MAX_PROFILE_BYTES, Profile, ProfileError};
+
+mod import;
+pub use import::import;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
@@ -209,99 +209,6 @@ fn oci_arch_name(arch: ScmpArch) -> Option<&'static str> {
     })
 }
 
-/// A value as profiles write it: small numbers as numbers, large ones as hex strings
-/// (TOML integers stop at 2^63).
-fn value_spec(v: u64) -> ValueSpec {
-    if v < 0x1_0000 {
-        ValueSpec::Number(v)
-    } else {
-        ValueSpec::Expr(format!("{v:#x}"))
-    }
-}
-
-fn errno_of(
-    action: OciAction,
-    errno_ret: Option<u32>,
-    default_errno: i32,
-) -> Result<Option<ErrnoValue>, String> {
-    match (action, errno_ret) {
-        (OciAction::SCMP_ACT_ERRNO, Some(e)) if (1..=4095).contains(&e) => {
-            Ok(Some(ErrnoValue::Number(e as i32)))
-        }
-        (OciAction::SCMP_ACT_ERRNO, Some(e)) => {
-            Err(format!("errnoRet {e} is out of range (1..4095)"))
-        }
-        (OciAction::SCMP_ACT_ERRNO, None) => Ok(Some(ErrnoValue::Number(default_errno))),
-        _ => Ok(None),
-    }
-}
-
-/// Maps an OCI action; kill-thread becomes kill-process (stricter) and actions that need a
-/// tracer or a notification listener, which a hatchery sandbox never has, become what the
-/// kernel answers without one: ENOSYS.
-fn action_of(a: OciAction, notes: &mut Vec<String>, place: &str) -> ActionKind {
-    match a {
-        OciAction::SCMP_ACT_ALLOW => ActionKind::Allow,
-        OciAction::SCMP_ACT_ERRNO => ActionKind::Errno,
-        OciAction::SCMP_ACT_KILL_PROCESS => ActionKind::Kill,
-        OciAction::SCMP_ACT_KILL | OciAction::SCMP_ACT_KILL_THREAD => {
-            notes.push(format!(
-                "{place}: kill-thread is enforced as kill-process (stricter: no half-dead process)"
-            ));
-            ActionKind::Kill
-        }
-        OciAction::SCMP_ACT_TRAP => ActionKind::Trap,
-        OciAction::SCMP_ACT_LOG => ActionKind::Log,
-        OciAction::SCMP_ACT_TRACE | OciAction::SCMP_ACT_NOTIFY => {
-            notes.push(format!(
-                "{place}: {a:?} needs a tracer or listener, which a sandbox never has; enforced as errno ENOSYS, what the kernel answers without one"
-            ));
-            ActionKind::Errno
-        }
-    }
-}
-
-fn condition_of(arg: &OciArg, place: &str) -> Result<Option<ArgCondition>, String> {
-    if arg.index > 5 {
-        return Err(format!(
-            "{place}: argument index {} out of range (0..5)",
-            arg.index
-        ));
-    }
-    let index = arg.index as u8;
-    let simple = |op| ArgCondition {
-        index,
-        op,
-        value: Some(value_spec(arg.value)),
-        mask: None,
-    };
-    Ok(Some(match arg.op {
-        OciOp::SCMP_CMP_EQ => simple(CompareOp::Eq),
-        OciOp::SCMP_CMP_NE => simple(CompareOp::Ne),
-        OciOp::SCMP_CMP_LT => simple(CompareOp::Lt),
-        OciOp::SCMP_CMP_LE => simple(CompareOp::Le),
-        OciOp::SCMP_CMP_GT => simple(CompareOp::Gt),
-        OciOp::SCMP_CMP_GE => simple(CompareOp::Ge),
-        OciOp::SCMP_CMP_MASKED_EQ => {
-            // OCI: value is the mask, valueTwo the datum.
-            if arg.value_two & !arg.value != 0 {
-                return Ok(None);
-            }
-            ArgCondition {
-                index,
-                op: CompareOp::MaskedEq,
-                value: Some(value_spec(arg.value_two)),
-                mask: Some(value_spec(arg.value)),
-            }
-        }
-    }))
-}
-
-/// Whether an action lets the syscall run.
-fn permits(kind: ActionKind) -> bool {
-    matches!(kind, ActionKind::Allow | ActionKind::Log)
-}
-
 /// Parses OCI JSON, bounded in size, with errors naming line and column.
 pub fn parse(text: &str, origin: &str) -> Result<OciProfile, OciError> {
     if text.len() > MAX_PROFILE_BYTES {
@@ -317,267 +224,6 @@ pub fn parse(text: &str, origin: &str) -> Result<OciProfile, OciError> {
         origin: origin.to_string(),
         message: format!("line {}, column {}: {e}", e.line(), e.column()),
     })
-}
-
-/// Resolves an OCI profile for a worker without capabilities on this machine.
-pub fn import(oci: &OciProfile, opts: &ImportOptions) -> Result<Imported, OciError> {
-    let origin = opts.source.clone();
-    let unsupported = |message: String| OciError::Unsupported {
-        origin: origin.clone(),
-        message,
-    };
-    let mut notes = Vec::new();
-    let runnable = Abi::runnable();
-
-    // Architectures: the OCI list, or Docker's map entry for this machine.
-    let listed: Vec<String> = match (&oci.architectures, &oci.arch_map) {
-        (Some(_), Some(_)) => {
-            return Err(unsupported(
-                "both architectures and archMap are given; use one".into(),
-            ));
-        }
-        (Some(list), None) => list.clone(),
-        (None, Some(map)) => {
-            let native = Abi::native();
-            match map
-                .iter()
-                .find(|m| parse_arch(&m.architecture).ok().and_then(Abi::from_scmp) == Some(native))
-            {
-                Some(m) => std::iter::once(m.architecture.clone())
-                    .chain(m.sub_architectures.clone().unwrap_or_default())
-                    .collect(),
-                None => {
-                    notes.push(format!(
-                        "archMap has no entry for {native}; only the native ABI is accepted"
-                    ));
-                    Vec::new()
-                }
-            }
-        }
-        (None, None) => Vec::new(),
-    };
-    let mut architectures = vec!["native".to_string()];
-    for name in &listed {
-        match parse_arch(name).ok().and_then(Abi::from_scmp) {
-            Some(abi) if runnable.contains(&abi) => {
-                if abi != Abi::native() && !architectures.iter().any(|a| a == abi.name()) {
-                    architectures.push(abi.name().to_string());
-                }
-            }
-            _ => notes.push(format!(
-                "architecture {name} skipped: its syscalls cannot reach this machine's kernel"
-            )),
-        }
-    }
-    let abis: Vec<Abi> = architectures
-        .iter()
-        .filter_map(|a| Abi::parse(a).ok())
-        .collect();
-
-    if !oci.flags.is_empty() {
-        notes.push(format!(
-            "flags {:?} ignored: hatchery loads its filter without flags",
-            oci.flags
-        ));
-    }
-    if oci.listener_path.is_some() {
-        notes.push("listenerPath ignored: a sandbox has no notification listener".into());
-    }
-
-    let default_kind = action_of(oci.default_action, &mut notes, "defaultAction");
-    let default_errno_num = match oci.default_errno_ret {
-        Some(e) if (1..=4095).contains(&e) => e as i32,
-        Some(e) => {
-            return Err(unsupported(format!(
-                "defaultErrnoRet {e} is out of range (1..4095)"
-            )));
-        }
-        None if matches!(
-            oci.default_action,
-            OciAction::SCMP_ACT_TRACE | OciAction::SCMP_ACT_NOTIFY
-        ) =>
-        {
-            libc::ENOSYS
-        }
-        None => libc::EPERM,
-    };
-    let default_errno =
-        (default_kind == ActionKind::Errno).then_some(ErrnoValue::Number(default_errno_num));
-    let default_action = super::seccomp::action_of(default_kind, default_errno.as_ref())
-        .map_err(|e| unsupported(format!("defaultAction: {e}")))?;
-
-    let goarch = native_goarch();
-    let mut rules: Vec<SyscallRule> = Vec::new();
-    let mut rule_origin: Vec<usize> = Vec::new();
-    for (i, sc) in oci.syscalls.iter().enumerate() {
-        let mut names = sc.names.clone();
-        if let Some(n) = &sc.name {
-            names.push(n.clone());
-        }
-        let place = format!(
-            "syscalls[{i}] ({})",
-            names.first().map(String::as_str).unwrap_or("no names")
-        );
-        if names.is_empty() {
-            return Err(unsupported(format!("{place}: no syscall names")));
-        }
-        let inc = sc.includes.clone().unwrap_or_default();
-        let exc = sc.excludes.clone().unwrap_or_default();
-        if !inc.caps.is_empty() {
-            notes.push(format!(
-                "{place}: skipped, it applies only with {} (a worker has no capabilities)",
-                inc.caps.join(", ")
-            ));
-            continue;
-        }
-        if !inc.arches.is_empty() && !inc.arches.iter().any(|a| a == goarch) {
-            continue;
-        }
-        if exc.arches.iter().any(|a| a == goarch) {
-            continue;
-        }
-        if let Some(min) = &inc.min_kernel {
-            let min =
-                KernelVersion::parse(min).map_err(|e| unsupported(format!("{place}: {e}")))?;
-            if opts.kernel < min {
-                notes.push(format!(
-                    "{place}: skipped, it needs kernel {min} and the import is for {}",
-                    opts.kernel
-                ));
-                continue;
-            }
-        }
-        if exc.min_kernel.is_some() {
-            return Err(unsupported(format!(
-                "{place}: excludes.minKernel is not a Docker condition"
-            )));
-        }
-        let kind = action_of(sc.action, &mut notes, &place);
-        let errno = errno_of(sc.action, sc.errno_ret, default_errno_num)
-            .map_err(|e| unsupported(format!("{place}: {e}")))?;
-        let action = super::seccomp::action_of(kind, errno.as_ref())
-            .map_err(|e| unsupported(format!("{place}: {e}")))?;
-        if action == default_action {
-            // libseccomp refuses such rules and runtimes skip them: they change nothing.
-            continue;
-        }
-
-        // Names: those this libseccomp does not know, or that no accepted ABI has.
-        let mut kept = Vec::new();
-        let mut unknown = Vec::new();
-        let mut absent = Vec::new();
-        for n in &names {
-            if super::seccomp::resolve_syscall(n).is_err() {
-                unknown.push(n.clone());
-            } else if abis.iter().all(|a| a.syscall_nr(n).is_none()) {
-                absent.push(n.clone());
-            } else if !kept.contains(n) {
-                kept.push(n.clone());
-            }
-        }
-        if !unknown.is_empty() {
-            if permits(default_kind) && !permits(kind) {
-                return Err(unsupported(format!(
-                    "{place}: this system's libseccomp does not know {}; the rule denies them and the default allows, so leaving them out would let them through",
-                    unknown.join(", ")
-                )));
-            }
-            notes.push(format!(
-                "{place}: unknown to this system's libseccomp, left to the default action ({}): {}",
-                default_action,
-                unknown.join(", ")
-            ));
-        }
-        if !absent.is_empty() {
-            notes.push(format!(
-                "{place}: not syscalls of the accepted ABIs ({}), left out: {}",
-                abis.iter().map(|a| a.name()).collect::<Vec<_>>().join(", "),
-                absent.join(", ")
-            ));
-        }
-        if kept.is_empty() {
-            continue;
-        }
-
-        let mut conditions = Vec::new();
-        for arg in &sc.args {
-            match condition_of(arg, &place).map_err(unsupported)? {
-                Some(c) => conditions.push(c),
-                None => {
-                    notes.push(format!(
-                        "{place}: a masked comparison with bits outside its mask can never match; the rule is left out"
-                    ));
-                    conditions.clear();
-                    kept.clear();
-                    break;
-                }
-            }
-        }
-        if kept.is_empty() {
-            continue;
-        }
-        let mut per_index = [0usize; 6];
-        for c in &conditions {
-            per_index[usize::from(c.index)] += 1;
-        }
-        // runc adds each condition as a rule of its own when one argument has several:
-        // they are alternatives, not all required.
-        let groups: Vec<Vec<ArgCondition>> = if per_index.iter().any(|n| *n > 1) {
-            notes.push(format!(
-                "{place}: several conditions on one argument are alternatives (as runc applies them): one rule each"
-            ));
-            conditions.into_iter().map(|c| vec![c]).collect()
-        } else {
-            vec![conditions]
-        };
-        for args in groups {
-            rules.push(SyscallRule {
-                action: kind,
-                errno: errno.clone(),
-                syscalls: kept.clone(),
-                args,
-                reason: sc.comment.clone().unwrap_or_default(),
-            });
-            rule_origin.push(i);
-        }
-    }
-
-    let seccomp = SeccompPolicy {
-        default_action: default_kind,
-        default_errno,
-        architectures,
-        bad_arch_action: ActionKind::Kill,
-        rules,
-    };
-    if let Err(e) = seccomp.validate() {
-        let entry = |r: Option<usize>| {
-            r.and_then(|r| rule_origin.get(r))
-                .map(|i| format!("syscalls[{i}]"))
-        };
-        let message = match (entry(e.rule), entry(e.other)) {
-            (Some(a), Some(b)) => format!("{a} and {b}: {}", e.message),
-            (Some(a), None) => format!("{a}: {}", e.message),
-            _ => e.message.clone(),
-        };
-        return Err(unsupported(message));
-    }
-    let base = Profile::resolve("default")?;
-    let mut profile = Profile {
-        name: opts.name.clone(),
-        description: format!(
-            "Imported from {} for a worker without capabilities on {} (kernel {})",
-            opts.source,
-            Abi::native(),
-            opts.kernel
-        ),
-        seccomp,
-        ..base
-    };
-    profile.origin = format!("import:{}", opts.source);
-    let text = to_toml(&profile, &notes)?;
-    profile.sha256 = super::sha256_hex(text.as_bytes());
-    profile.check()?;
-    Ok(Imported { profile, notes })
 }
 
 /// The profile as a TOML file, the import notes as comments at the top.
@@ -598,18 +244,40 @@ pub fn to_toml(profile: &Profile, notes: &[String]) -> Result<String, ProfileErr
     Ok(out)
 }
 
+/// An action as OCI JSON writes it, with its errno.
+fn oci_action(a: Action) -> (OciAction, Option<u32>) {
+    match a {
+        Action::Allow => (OciAction::SCMP_ACT_ALLOW, None),
+        Action::Errno(e) => (OciAction::SCMP_ACT_ERRNO, Some(e as u32)),
+        Action::Kill => (OciAction::SCMP_ACT_KILL_PROCESS, None),
+        Action::Log => (OciAction::SCMP_ACT_LOG, None),
+        Action::Trap => (OciAction::SCMP_ACT_TRAP, None),
+    }
+}
+
+/// One comparison as OCI JSON writes it (a masked one: the mask in `value`, the datum in
+/// `valueTwo`).
+fn oci_arg(c: Comparison) -> OciArg {
+    let (op, value, value_two) = match c.op {
+        CompareOp::Eq => (OciOp::SCMP_CMP_EQ, c.value, 0),
+        CompareOp::Ne => (OciOp::SCMP_CMP_NE, c.value, 0),
+        CompareOp::Lt => (OciOp::SCMP_CMP_LT, c.value, 0),
+        CompareOp::Le => (OciOp::SCMP_CMP_LE, c.value, 0),
+        CompareOp::Gt => (OciOp::SCMP_CMP_GT, c.value, 0),
+        CompareOp::Ge => (OciOp::SCMP_CMP_GE, c.value, 0),
+        CompareOp::MaskedEq | CompareOp::AnyBits => (OciOp::SCMP_CMP_MASKED_EQ, c.mask, c.value),
+    };
+    OciArg {
+        index: c.index,
+        value,
+        value_two,
+        op,
+    }
+}
+
 /// The profile's seccomp policy as OCI JSON, and what the format cannot say.
 pub fn export(policy: &SeccompPolicy) -> Result<(OciProfile, Vec<String>), String> {
     let mut notes = Vec::new();
-    let oci_action = |a: Action| -> (OciAction, Option<u32>) {
-        match a {
-            Action::Allow => (OciAction::SCMP_ACT_ALLOW, None),
-            Action::Errno(e) => (OciAction::SCMP_ACT_ERRNO, Some(e as u32)),
-            Action::Kill => (OciAction::SCMP_ACT_KILL_PROCESS, None),
-            Action::Log => (OciAction::SCMP_ACT_LOG, None),
-            Action::Trap => (OciAction::SCMP_ACT_TRAP, None),
-        }
-    };
     let (default_action, default_errno_ret) = oci_action(policy.default_action()?);
     if policy.bad_arch_action()? != Action::Kill {
         notes.push(format!(
@@ -631,30 +299,7 @@ pub fn export(policy: &SeccompPolicy) -> Result<(OciProfile, Vec<String>), Strin
         // "Any of these bits" is one masked comparison per bit, each its own entry.
         let variants: Vec<Vec<OciArg>> = expand_conditions(&rule.args)?
             .into_iter()
-            .map(|alternative| {
-                alternative
-                    .into_iter()
-                    .map(|c| {
-                        let (op, value, value_two) = match c.op {
-                            CompareOp::Eq => (OciOp::SCMP_CMP_EQ, c.value, 0),
-                            CompareOp::Ne => (OciOp::SCMP_CMP_NE, c.value, 0),
-                            CompareOp::Lt => (OciOp::SCMP_CMP_LT, c.value, 0),
-                            CompareOp::Le => (OciOp::SCMP_CMP_LE, c.value, 0),
-                            CompareOp::Gt => (OciOp::SCMP_CMP_GT, c.value, 0),
-                            CompareOp::Ge => (OciOp::SCMP_CMP_GE, c.value, 0),
-                            CompareOp::MaskedEq | CompareOp::AnyBits => {
-                                (OciOp::SCMP_CMP_MASKED_EQ, c.mask, c.value)
-                            }
-                        };
-                        OciArg {
-                            index: c.index,
-                            value,
-                            value_two,
-                            op,
-                        }
-                    })
-                    .collect()
-            })
+            .map(|alternative| alternative.into_iter().map(oci_arg).collect())
             .collect();
         for args in variants {
             syscalls.push(OciSyscall {
