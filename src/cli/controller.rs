@@ -582,17 +582,21 @@ pub fn inspect_main(args: InspectArgs) -> i32 {
         out_json(&serde_json::json!({ "worker": info, "manifest": manifest }));
         return 0;
     }
-    let r = &manifest.resources;
-    let fs = &manifest.filesystem;
-    let paths = |v: &[hatchery::manifest::ExposedPath]| {
-        if v.is_empty() {
-            "-".to_string()
-        } else {
-            v.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(" ")
-        }
-    };
-    let usage = info.usage.as_ref();
-    let mut lines = vec![
+    let mut lines = worker_lines(&info);
+    lines.extend(manifest_lines(&manifest));
+    lines.extend(run_lines(&info));
+    lines.push(format!(
+        "expires:     {}",
+        hatchery::audit::format_time(manifest.expires_at.get().saturating_mul(1000))
+    ));
+    lines.push(format!("log:         hatchery logs {}", info.worker_id));
+    outln(&lines.join("\n"));
+    0
+}
+
+/// `inspect`'s lines on the worker itself: its id, lineage, state, pid and start.
+fn worker_lines(info: &WorkerInfo) -> Vec<String> {
+    vec![
         format!("worker:      {}", info.worker_id),
         format!(
             "lineage:     depth {}, parent {}, children {}",
@@ -608,7 +612,7 @@ pub fn inspect_main(args: InspectArgs) -> i32 {
                     .join(" ")
             }
         ),
-        format!("state:       {}", state(&info)),
+        format!("state:       {}", state(info)),
         format!(
             "pid:         {}",
             info.pid
@@ -619,6 +623,22 @@ pub fn inspect_main(args: InspectArgs) -> i32 {
             "started:     {}",
             hatchery::audit::format_time(info.started_at_ms)
         ),
+    ]
+}
+
+/// `inspect`'s lines on what the signed manifest grants: the command, profile, limits,
+/// network and filesystem.
+fn manifest_lines(manifest: &Manifest) -> Vec<String> {
+    let r = &manifest.resources;
+    let fs = &manifest.filesystem;
+    let paths = |v: &[hatchery::manifest::ExposedPath]| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            v.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(" ")
+        }
+    };
+    let mut lines = vec![
         format!(
             "command:     {}",
             serde_json::to_string(&manifest.command).unwrap_or_default()
@@ -659,7 +679,14 @@ pub fn inspect_main(args: InspectArgs) -> i32 {
                 .join(" ")
         ));
     }
-    lines.push(format!(
+    lines
+}
+
+/// `inspect`'s lines on how the worker runs or ran: its usage, last heartbeat, and how
+/// and why it ended.
+fn run_lines(info: &WorkerInfo) -> Vec<String> {
+    let usage = info.usage.as_ref();
+    let mut lines = vec![format!(
         "usage:       memory peak {}, cpu {}, tasks peak {}",
         human_bytes(usage.and_then(|u| u.memory_peak_bytes)),
         usage
@@ -670,7 +697,7 @@ pub fn inspect_main(args: InspectArgs) -> i32 {
             .and_then(|u| u.pids_peak)
             .map(|p| p.to_string())
             .unwrap_or_else(|| "-".into())
-    ));
+    )];
     if let Some(hb) = info.last_heartbeat_ms_ago {
         lines.push(format!("heartbeat:   {} ms ago", hb));
     }
@@ -690,13 +717,7 @@ pub fn inspect_main(args: InspectArgs) -> i32 {
             e.ended_by.as_deref().unwrap_or("its own exit")
         ));
     }
-    lines.push(format!(
-        "expires:     {}",
-        hatchery::audit::format_time(manifest.expires_at.get().saturating_mul(1000))
-    ));
-    lines.push(format!("log:         hatchery logs {}", info.worker_id));
-    outln(&lines.join("\n"));
-    0
+    lines
 }
 
 #[derive(Args, Debug)]

@@ -9,6 +9,7 @@ use std::io::Write;
 use clap::Args;
 use serde::Serialize;
 
+use hatchery::sandbox::cgroup::CgroupManager;
 use hatchery::sandbox::preflight::fix;
 use hatchery::sandbox::{self, Host};
 
@@ -92,15 +93,37 @@ fn kernel_release() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// Runs every check in the order they are reported, collecting what `run` would have to
+/// degrade along the way.
 fn diagnose() -> Diagnosis {
     let host = Host::detect();
     let uid = nix::unistd::geteuid().as_raw();
     let rootless = uid != 0;
-    let mut checks = Vec::new();
     let mut degraded = Vec::new();
+    let mut checks = vec![user_namespaces()];
+    if rootless {
+        checks.push(id_mapping(uid));
+    }
+    checks.push(match &host.cgroups {
+        Some(m) => cgroup_limits(m.as_ref(), &mut degraded),
+        None => no_cgroups(&host, rootless, &mut degraded),
+    });
+    checks.push(landlock(&host, &mut degraded));
+    checks.push(seccomp(&host, &mut degraded));
+    Diagnosis {
+        status: checks.iter().map(|c| c.status).max().unwrap_or(Status::Ok),
+        kernel: kernel_release(),
+        uid,
+        rootless,
+        checks,
+        degraded,
+    }
+}
 
+/// Whether the sandbox can have its namespaces (user, pid, mount, net, ipc, uts, cgroup).
+fn user_namespaces() -> Check {
     let userns = sandbox::userns::probe();
-    checks.push(Check::new(
+    Check::new(
         "user namespaces",
         userns.is_ok(),
         match &userns {
@@ -110,91 +133,103 @@ fn diagnose() -> Diagnosis {
         userns.err().map(|_| {
             "sysctl -w user.max_user_namespaces=15000; for non-root also kernel.unprivileged_userns_clone=1 and kernel.apparmor_restrict_unprivileged_userns=0".to_string()
         }),
-    ));
+    )
+}
 
-    if rootless {
-        let ranges = sandbox::userns::subordinate_ranges(uid);
-        checks.push(Check {
-            name: "id mapping",
-            status: if ranges.is_some() { Status::Ok } else { Status::Warn },
-            ok: true,
-            detail: match &ranges {
-                Some((u, g, _, _)) => format!(
-                    "your uid as inside root, plus subordinate uids {}..{} / gids {}..{} via newuidmap/newgidmap (distinct ids for workers)",
-                    u.start,
-                    u.start.saturating_add(u.count - 1),
-                    g.start,
-                    g.start.saturating_add(g.count - 1)
-                ),
-                None => "your uid only (no /etc/subuid range or no newuidmap): every sandbox runs as you, setgroups denied".into(),
+/// Which ids a rootless sandbox can map: subordinate ranges give workers distinct ids;
+/// without them every sandbox runs as the caller (a warning, not a failure).
+fn id_mapping(uid: u32) -> Check {
+    let ranges = sandbox::userns::subordinate_ranges(uid);
+    Check {
+        name: "id mapping",
+        status: if ranges.is_some() { Status::Ok } else { Status::Warn },
+        ok: true,
+        detail: match &ranges {
+            Some((u, g, _, _)) => format!(
+                "your uid as inside root, plus subordinate uids {}..{} / gids {}..{} via newuidmap/newgidmap (distinct ids for workers)",
+                u.start,
+                u.start.saturating_add(u.count - 1),
+                g.start,
+                g.start.saturating_add(g.count - 1)
+            ),
+            None => "your uid only (no /etc/subuid range or no newuidmap): every sandbox runs as you, setgroups denied".into(),
+        },
+        fix: ranges.is_none().then(|| "optional: install uidmap and add a range for your user to /etc/subuid and /etc/subgid".into()),
+    }
+}
+
+/// Which limit controllers the cgroups here have, and whether memory limits hold with
+/// swap; each missing one is a limit `run` would have to degrade.
+fn cgroup_limits(m: &dyn CgroupManager, degraded: &mut Vec<String>) -> Check {
+    let c = m.controllers();
+    let mut have = Vec::new();
+    let mut missing = Vec::new();
+    for (name, ok) in [("memory", c.memory), ("cpu", c.cpu), ("pids", c.pids)] {
+        if ok {
+            have.push(name)
+        } else {
+            missing.push(name)
+        }
+    }
+    let check = Check::new(
+        "cgroups",
+        missing.is_empty(),
+        format!(
+            "{} at {}: {} (swap {})",
+            m.version(),
+            m.base().display(),
+            if have.is_empty() {
+                "no limit controllers".to_string()
+            } else {
+                have.join(", ")
             },
-            fix: ranges.is_none().then(|| "optional: install uidmap and add a range for your user to /etc/subuid and /etc/subgid".into()),
-        });
+            if c.swap_off {
+                "held at zero or absent"
+            } else {
+                "NOT limitable"
+            },
+        ),
+        if !missing.is_empty() {
+            Some(format!("enable the {} controller(s)", missing.join(", ")))
+        } else if !c.swap_off && c.memory {
+            Some(fix::SWAP.into())
+        } else {
+            None
+        },
+    );
+    if c.memory && !c.swap_off {
+        degraded.push("--memory (the host has swap but no swap accounting)".into());
     }
-    match &host.cgroups {
-        Some(m) => {
-            let c = m.controllers();
-            let mut have = Vec::new();
-            let mut missing = Vec::new();
-            for (name, ok) in [("memory", c.memory), ("cpu", c.cpu), ("pids", c.pids)] {
-                if ok {
-                    have.push(name)
-                } else {
-                    missing.push(name)
-                }
-            }
-            checks.push(Check::new(
-                "cgroups",
-                missing.is_empty(),
-                format!(
-                    "{} at {}: {} (swap {})",
-                    m.version(),
-                    m.base().display(),
-                    if have.is_empty() {
-                        "no limit controllers".to_string()
-                    } else {
-                        have.join(", ")
-                    },
-                    if c.swap_off {
-                        "held at zero or absent"
-                    } else {
-                        "NOT limitable"
-                    },
-                ),
-                if !missing.is_empty() {
-                    Some(format!("enable the {} controller(s)", missing.join(", ")))
-                } else if !c.swap_off && c.memory {
-                    Some(fix::SWAP.into())
-                } else {
-                    None
-                },
-            ));
-            if c.memory && !c.swap_off {
-                degraded.push("--memory (the host has swap but no swap accounting)".into());
-            }
-            for m in missing {
-                degraded.push(format!("--{}", if m == "cpu" { "cpus" } else { m }));
-            }
-        }
-        None => {
-            let why = host.cgroup_problem.clone().unwrap_or_default();
-            checks.push(Check::new(
-                "cgroups",
-                false,
-                format!("no limits possible: {why}"),
-                Some(if rootless {
-                    fix::delegated_scope("run")
-                } else {
-                    fix::CGROUP_CONTROLLERS.into()
-                }),
-            ));
-            degraded.push(
-                "--memory, --cpus, --pids (no cgroups; with --allow-degraded, --memory becomes RLIMIT_AS per process, --pids RLIMIT_NPROC, --cpus is not enforced)".into(),
-            );
-        }
+    for m in missing {
+        degraded.push(format!("--{}", if m == "cpu" { "cpus" } else { m }));
     }
+    check
+}
 
-    checks.push(Check::new(
+/// No usable cgroups: no limit can be enforced, and how the fallbacks stand in.
+fn no_cgroups(host: &Host, rootless: bool, degraded: &mut Vec<String>) -> Check {
+    let why = host.cgroup_problem.clone().unwrap_or_default();
+    degraded.push(
+        "--memory, --cpus, --pids (no cgroups; with --allow-degraded, --memory becomes RLIMIT_AS per process, --pids RLIMIT_NPROC, --cpus is not enforced)".into(),
+    );
+    Check::new(
+        "cgroups",
+        false,
+        format!("no limits possible: {why}"),
+        Some(if rootless {
+            fix::delegated_scope("run")
+        } else {
+            fix::CGROUP_CONTROLLERS.into()
+        }),
+    )
+}
+
+/// Which Landlock ABI the kernel offers, and so which rules the sandbox gets.
+fn landlock(host: &Host, degraded: &mut Vec<String>) -> Check {
+    if host.landlock_abi.is_none() {
+        degraded.push("Landlock filesystem rules".into());
+    }
+    Check::new(
         "landlock",
         host.landlock_abi.is_some(),
         match host.landlock_abi {
@@ -214,11 +249,15 @@ fn diagnose() -> Diagnosis {
             None => "not available".into(),
         },
         host.landlock_abi.is_none().then(|| fix::LANDLOCK.into()),
-    ));
-    if host.landlock_abi.is_none() {
-        degraded.push("Landlock filesystem rules".into());
+    )
+}
+
+/// Whether seccomp filters can be loaded.
+fn seccomp(host: &Host, degraded: &mut Vec<String>) -> Check {
+    if !host.seccomp {
+        degraded.push("seccomp".into());
     }
-    checks.push(Check::new(
+    Check::new(
         "seccomp",
         host.seccomp,
         if host.seccomp {
@@ -227,18 +266,7 @@ fn diagnose() -> Diagnosis {
             "not available".into()
         },
         (!host.seccomp).then(|| fix::SECCOMP.into()),
-    ));
-    if !host.seccomp {
-        degraded.push("seccomp".into());
-    }
-    Diagnosis {
-        status: checks.iter().map(|c| c.status).max().unwrap_or(Status::Ok),
-        kernel: kernel_release(),
-        uid,
-        rootless,
-        checks,
-        degraded,
-    }
+    )
 }
 
 pub fn main(args: DoctorArgs) -> i32 {

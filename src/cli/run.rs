@@ -1,11 +1,9 @@
 //! `hatchery run`: one command in a new sandbox, supervised until it ends.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
-use nix::fcntl::{FcntlArg, fcntl};
 use nix::sys::signal::{SigSet, SigmaskHow};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
@@ -13,11 +11,11 @@ use hatchery::paths::{OutputTarget, absolutize, check_host_path};
 use hatchery::profile::Profile;
 use hatchery::report::{LimitsRequested, Report};
 use hatchery::sandbox::cgroup::{Limits, unique_name};
-use hatchery::sandbox::output::OutputPump;
-use hatchery::sandbox::{
-    self, Exposure, Host, RunRequest, SandboxError, StdioEnforcement, spec, tty,
-};
+use hatchery::sandbox::{self, Exposure, Host, RunRequest, SandboxError, spec};
 use hatchery::units;
+
+mod stdio;
+use stdio::plan_stdio;
 
 const RUN_EXAMPLES: &str = "\
 Exit status: the command's own; 128+N if killed by signal N; 137 OOM kill; 124 timeout;
@@ -252,225 +250,6 @@ fn access_warning(x: &sandbox::mounts::Bind, rootless: bool) -> Option<String> {
     ))
 }
 
-/// One of the caller's standard descriptors, as found.
-struct CallerFd {
-    /// A duplicate; `None` when the descriptor is closed.
-    fd: Option<OwnedFd>,
-    /// `S_IFMT` bits.
-    kind: u32,
-    rdev: u64,
-    /// Opened for reading only, and not a socket (a socket is always both ways).
-    read_only: bool,
-    terminal: bool,
-}
-
-impl CallerFd {
-    fn inspect(fd: BorrowedFd<'_>) -> CallerFd {
-        let closed = CallerFd {
-            fd: None,
-            kind: 0,
-            rdev: 0,
-            read_only: true,
-            terminal: false,
-        };
-        let Ok(st) = nix::sys::stat::fstat(fd) else {
-            return closed;
-        };
-        let Ok(fd) = fd.try_clone_to_owned() else {
-            return closed;
-        };
-        let kind = st.st_mode & libc::S_IFMT;
-        let read_only = kind != libc::S_IFSOCK
-            && fcntl(&fd, FcntlArg::F_GETFL).is_ok_and(|f| f & libc::O_ACCMODE == libc::O_RDONLY);
-        CallerFd {
-            terminal: tty::is_terminal(fd.as_fd()),
-            fd: Some(fd),
-            kind,
-            rdev: st.st_rdev,
-            read_only,
-        }
-    }
-
-    fn is_dev_null(&self) -> bool {
-        self.kind == libc::S_IFCHR && self.rdev == libc::makedev(1, 3)
-    }
-
-    /// What it is, for the report.
-    fn what(&self) -> &'static str {
-        match self.kind {
-            _ if self.fd.is_none() => "closed",
-            _ if self.terminal => "terminal",
-            _ if self.is_dev_null() => "/dev/null",
-            libc::S_IFREG => "file",
-            libc::S_IFIFO => "pipe",
-            libc::S_IFSOCK => "socket",
-            libc::S_IFCHR => "character device",
-            libc::S_IFDIR => "directory",
-            _ => "descriptor",
-        }
-    }
-
-    /// How it is open, for a stdin that is not passed: "read-write file".
-    fn access(&self) -> String {
-        let access = match &self.fd {
-            Some(fd) if self.kind != libc::S_IFSOCK => {
-                match fcntl(fd, FcntlArg::F_GETFL).map(|f| f & libc::O_ACCMODE) {
-                    Ok(libc::O_WRONLY) => "write-only ",
-                    _ => "read-write ",
-                }
-            }
-            _ => "",
-        };
-        format!("{access}{}", self.what())
-    }
-}
-
-/// What the payload gets for stdin, stdout and stderr, and what relays them.
-struct StdioPlan {
-    /// `None`: the caller's own descriptors, inherited (nothing to relay).
-    fds: Option<[OwnedFd; 3]>,
-    pump: Option<OutputPump>,
-    /// The caller's terminal in raw mode while a pty relays it; dropping it restores it.
-    raw: Option<tty::RawMode>,
-    controlling_terminal: bool,
-    report: StdioEnforcement,
-}
-
-fn dev_null(write: bool) -> std::io::Result<OwnedFd> {
-    Ok(OwnedFd::from(
-        std::fs::OpenOptions::new()
-            .read(!write)
-            .write(write)
-            .open("/dev/null")?,
-    ))
-}
-
-/// Decides what the payload gets instead of the caller's stdin, stdout and stderr. The
-/// sandbox never holds a descriptor of the caller's terminal (CVE-2017-5226: TIOCSTI
-/// types into it; writes to it pass no cap), nor any descriptor through which it could
-/// write to the caller but its own stdout and stderr:
-///
-/// - stdin a terminal: a new pty of the sandbox's own, relayed both ways, with the
-///   caller's terminal in raw mode (in a background job: output only, modes untouched); it
-///   is the payload's stdout and stderr too where those are the same terminal, and its
-///   controlling terminal;
-/// - stdin open for writing (read-write or write-only file, socket, read-write pipe or
-///   device): a pipe the supervisor feeds. A read-write `/dev/null` (what service
-///   managers give) is opened again read-only instead: it has no state to differ in.
-///   Other files are not reopened: a new open file description would have an offset of
-///   its own, and a socket cannot be reopened;
-/// - stdout or stderr a terminal (another one, or stdin is not one): a pipe to it;
-/// - with `--max-output`, stdout and stderr not relayed otherwise: pipes, counted.
-///
-/// Everything else — a read-only stdin (file, pipe, `/dev/null`), stdout and stderr
-/// without a cap — is passed as it is, at no cost.
-fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
-    let [stdin, stdout, stderr] = [
-        CallerFd::inspect(std::io::stdin().as_fd()),
-        CallerFd::inspect(std::io::stdout().as_fd()),
-        CallerFd::inspect(std::io::stderr().as_fd()),
-    ];
-    let stdin_passed = !stdin.terminal && stdin.read_only;
-    let outs_passed = cap.is_none() && !stdout.terminal && !stderr.terminal;
-    let passed = |c: &CallerFd| match c.fd {
-        Some(_) => format!("passed ({})", c.what()),
-        None => "closed (the command gets /dev/null)".to_string(),
-    };
-    let passed_stdin = |c: &CallerFd| match c.what() {
-        w @ ("file" | "character device") => format!("passed (read-only {w})"),
-        _ => passed(c),
-    };
-    if stdin_passed && outs_passed {
-        return Ok(StdioPlan {
-            fds: None,
-            pump: None,
-            raw: None,
-            controlling_terminal: false,
-            report: StdioEnforcement {
-                stdin: passed_stdin(&stdin),
-                stdout: passed(&stdout),
-                stderr: passed(&stderr),
-            },
-        });
-    }
-    let mut pump = OutputPump::with_cap(cap);
-    let mut raw = None;
-    let mut replica = None;
-    let (stdin_fd, stdin_report) = match stdin.fd.as_ref() {
-        None => (dev_null(false)?, passed(&stdin)),
-        Some(fd) if stdin.terminal => {
-            // A background job (`hatchery run ... &`) must neither change the terminal's
-            // modes nor read it: the kernel would stop it (SIGTTOU, SIGTTIN), and a
-            // stopped supervisor enforces no timeout. It gives the sandbox its terminal
-            // all the same, without input.
-            let foreground =
-                nix::unistd::tcgetpgrp(fd).map_or(true, |group| group == nix::unistd::getpgrp());
-            let no_terminal = |e: std::io::Error| {
-                std::io::Error::other(format!(
-                    "stdin is a terminal, and the sandbox gets a terminal of its own instead, which failed: {e}; redirect stdin (< /dev/null) to run without one"
-                ))
-            };
-            let r = if foreground {
-                let mode = tty::RawMode::enter(fd.as_fd()).map_err(no_terminal)?;
-                let r = pump.add_terminal(fd.as_fd(), mode.saved(), true);
-                raw = Some(mode);
-                r
-            } else {
-                let modes = nix::sys::termios::tcgetattr(fd).map_err(std::io::Error::from);
-                modes.and_then(|m| pump.add_terminal(fd.as_fd(), &m, false))
-            }
-            .map_err(no_terminal)?;
-            let own = r.try_clone()?;
-            replica = Some(r);
-            let how = if foreground {
-                "pty relay"
-            } else {
-                "pty relay (background job: output only)"
-            };
-            (own, how.to_string())
-        }
-        Some(fd) if stdin.read_only => (fd.try_clone()?, passed_stdin(&stdin)),
-        Some(_) if stdin.is_dev_null() => (
-            dev_null(false)?,
-            "passed (/dev/null, opened again read-only)".to_string(),
-        ),
-        Some(fd) => (
-            pump.add_input(fd.try_clone()?)?,
-            format!("pipe relay ({})", stdin.access()),
-        ),
-    };
-    let mut out = |c: &CallerFd| -> std::io::Result<(OwnedFd, String)> {
-        match (c.fd.as_ref(), replica.as_ref()) {
-            (None, _) => Ok((dev_null(true)?, passed(c))),
-            (Some(_), Some(r)) if c.terminal && c.kind == stdin.kind && c.rdev == stdin.rdev => {
-                Ok((r.try_clone()?, "pty relay".to_string()))
-            }
-            (Some(fd), _) if c.terminal => Ok((
-                pump.add_output(fd.try_clone()?)?,
-                "pipe relay (terminal)".to_string(),
-            )),
-            (Some(fd), _) if cap.is_some() => Ok((
-                pump.add_output(fd.try_clone()?)?,
-                "pipe relay (--max-output)".to_string(),
-            )),
-            (Some(fd), _) => Ok((fd.try_clone()?, passed(c))),
-        }
-    };
-    let (stdout_fd, stdout_report) = out(&stdout)?;
-    let (stderr_fd, stderr_report) = out(&stderr)?;
-    Ok(StdioPlan {
-        fds: Some([stdin_fd, stdout_fd, stderr_fd]),
-        controlling_terminal: replica.is_some(),
-        pump: if pump.is_empty() { None } else { Some(pump) },
-        raw,
-        report: StdioEnforcement {
-            stdin: stdin_report,
-            stdout: stdout_report,
-            stderr: stderr_report,
-        },
-    })
-}
-
 /// Blocks the signals `run` forwards and returns a signalfd that delivers them.
 fn forwarded_signals() -> Option<SignalFd> {
     let mut set = SigSet::empty();
@@ -515,43 +294,7 @@ pub fn main(args: RunArgs) -> i32 {
             enforcement,
             hint,
         }) => {
-            let hint = hint.map(|h| format!("; {h}")).unwrap_or_default();
-            if let Some(f) = &outcome.failure {
-                match f {
-                    sandbox::Failure::Exec { errno } => {
-                        let allowlist = if *errno == libc::EACCES
-                            && enforcement.exec_allowlist.is_some()
-                        {
-                            " (an executable allowlist is in force: only the files in the report's enforcement.exec_allowlist may run)"
-                        } else {
-                            ""
-                        };
-                        error_line!(
-                            "cannot execute {}: {f}{allowlist}{hint}",
-                            command.first().map(String::as_str).unwrap_or("")
-                        );
-                    }
-                    sandbox::Failure::Setup { .. } => error_line!("{f}{hint}"),
-                }
-            } else if outcome.timed_out {
-                error_line!("timed out; the sandbox was killed");
-            } else if outcome.oom_killed {
-                error_line!("out of memory; the sandbox was killed by the OOM killer");
-            }
-            if let Some(o) = outcome.output.filter(|o| o.truncated) {
-                let how = if o.pty {
-                    "the sandbox's terminal was hung up (SIGHUP, then EIO on every write; EPIPE on a pipe)"
-                } else {
-                    "later writes failed with EPIPE"
-                };
-                error_line!(
-                    "output cut at {} bytes (--max-output); {how}",
-                    o.cap.unwrap_or(o.bytes)
-                );
-            }
-            if let Some(err) = &outcome.cleanup_error {
-                error_line!("warning: cleanup incomplete: {err}");
-            }
+            tell_outcome(&outcome, &enforcement, hint, &command);
             let code = outcome.exit_code;
             (code, Report::new(&outcome, enforcement, command, requested))
         }
@@ -576,6 +319,52 @@ pub fn main(args: RunArgs) -> i32 {
         }
     }
     code
+}
+
+/// Tells the caller, on stderr, why a run that started did not end as the command would
+/// have: a failure to start it (with `hint`), the timeout, the OOM killer, the output
+/// cap, and a cleanup that did not finish.
+fn tell_outcome(
+    outcome: &sandbox::Outcome,
+    enforcement: &sandbox::Enforcement,
+    hint: Option<String>,
+    command: &[String],
+) {
+    let hint = hint.map(|h| format!("; {h}")).unwrap_or_default();
+    if let Some(f) = &outcome.failure {
+        match f {
+            sandbox::Failure::Exec { errno } => {
+                let allowlist = if *errno == libc::EACCES && enforcement.exec_allowlist.is_some() {
+                    " (an executable allowlist is in force: only the files in the report's enforcement.exec_allowlist may run)"
+                } else {
+                    ""
+                };
+                error_line!(
+                    "cannot execute {}: {f}{allowlist}{hint}",
+                    command.first().map(String::as_str).unwrap_or("")
+                );
+            }
+            sandbox::Failure::Setup { .. } => error_line!("{f}{hint}"),
+        }
+    } else if outcome.timed_out {
+        error_line!("timed out; the sandbox was killed");
+    } else if outcome.oom_killed {
+        error_line!("out of memory; the sandbox was killed by the OOM killer");
+    }
+    if let Some(o) = outcome.output.filter(|o| o.truncated) {
+        let how = if o.pty {
+            "the sandbox's terminal was hung up (SIGHUP, then EIO on every write; EPIPE on a pipe)"
+        } else {
+            "later writes failed with EPIPE"
+        };
+        error_line!(
+            "output cut at {} bytes (--max-output); {how}",
+            o.cap.unwrap_or(o.bytes)
+        );
+    }
+    if let Some(err) = &outcome.cleanup_error {
+        error_line!("warning: cleanup incomplete: {err}");
+    }
 }
 
 /// Checks `--allow-exec` files on the host, so that a mistake is reported with the flag
@@ -690,14 +479,12 @@ fn command_hint(
     ))
 }
 
+/// Runs the command as `args` ask: the request is checked, the profile read and narrowed,
+/// the spec built (with warnings about what the sandbox will not see), the host's
+/// enforcement checked against it, and only then the sandbox started and supervised.
 fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
     check_request(&args)?;
-    tracing::debug!(profile = %args.profile, "loading the profile");
-    let mut profile =
-        Profile::resolve(&args.profile).map_err(|e| SandboxError::Invalid(e.to_string()))?;
-    profile
-        .narrow_exec(&allowed_executables(&args.allow_exec)?)
-        .map_err(|e| SandboxError::Invalid(format!("--allow-exec: {e}")))?;
+    let profile = load_profile(&args)?;
     let env = env_args(&args.env)?;
     let cwd = args
         .cwd
@@ -730,42 +517,8 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
     tracing::debug!("building the sandbox's specification");
     let caller_cwd = std::env::current_dir().ok().filter(|p| p.is_absolute());
     let mut spec = spec::build(request, &profile, caller_cwd.as_deref())?;
-    for x in spec.rootfs.exposures.iter() {
-        if let Some(w) = access_warning(x, spec.identity.rootless) {
-            error_line!("warning: {w}");
-        }
-    }
-    // Where the command starts is not where the caller stands, and the command names
-    // something there: say so before it fails on it.
-    if let Some(here) = caller_cwd
-        .as_deref()
-        .filter(|h| cwd.is_none() && spec.cwd.as_path() != *h && !visible_inside(&spec, h))
-    {
-        let named_here = spec
-            .argv
-            .iter()
-            .filter(|a| !a.starts_with('/') && !a.starts_with('-') && !a.is_empty())
-            .find(|a| here.join(a).symlink_metadata().is_ok());
-        if let Some(name) = named_here {
-            error_line!(
-                "note: {name} is in the current directory {}, which is not exposed in the sandbox (the command starts in /); add --ro-cwd to expose it read-only and start there",
-                here.display()
-            );
-        }
-    }
-    let host = Host::detect();
-    tracing::debug!(
-        cgroups = host.cgroups.is_some(),
-        cgroup_problem = host.cgroup_problem.as_deref().unwrap_or(""),
-        landlock_abi = host.landlock_abi,
-        seccomp = host.seccomp,
-        "detected what this host can enforce"
-    );
-    if let Some(m) = &host.cgroups {
-        for stale in m.sweep_stale() {
-            tracing::info!(path = %stale.display(), "removed a cgroup left by a hatchery process that no longer exists");
-        }
-    }
+    warn_unseen(&spec, caller_cwd.as_deref(), cwd.is_none());
+    let host = detect_host();
     tracing::debug!("checking that every requested limit and protection can be enforced");
     let plan = sandbox::preflight(&spec, &host, sandbox::Asker::Run)?;
     if let Some(allow) = &plan.exec_allowlist {
@@ -779,9 +532,86 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
             plan.not_enforced.join("; ")
         );
     }
+    let (outcome, enforcement) = supervise(&mut spec, &plan, &host, timeout, args.max_output)?;
+    let hint = failure_hint(&outcome, &spec, cwd);
+    Ok(Ran {
+        outcome,
+        enforcement,
+        hint,
+    })
+}
+
+/// The profile `--profile` names, narrowed to the `--allow-exec` files.
+fn load_profile(args: &RunArgs) -> Result<Profile, SandboxError> {
+    tracing::debug!(profile = %args.profile, "loading the profile");
+    let mut profile =
+        Profile::resolve(&args.profile).map_err(|e| SandboxError::Invalid(e.to_string()))?;
+    profile
+        .narrow_exec(&allowed_executables(&args.allow_exec)?)
+        .map_err(|e| SandboxError::Invalid(format!("--allow-exec: {e}")))?;
+    Ok(profile)
+}
+
+/// Warns, before anything starts, about what the sandbox will not see: an exposure the
+/// sandbox's identity cannot use, and a name in the command that is in the current
+/// directory when the command starts elsewhere (`no_cwd`: no `--cwd` was given).
+fn warn_unseen(spec: &sandbox::SandboxSpec, caller_cwd: Option<&Path>, no_cwd: bool) {
+    for x in spec.rootfs.exposures.iter() {
+        if let Some(w) = access_warning(x, spec.identity.rootless) {
+            error_line!("warning: {w}");
+        }
+    }
+    // Where the command starts is not where the caller stands, and the command names
+    // something there: say so before it fails on it.
+    if let Some(here) =
+        caller_cwd.filter(|h| no_cwd && spec.cwd.as_path() != *h && !visible_inside(spec, h))
+    {
+        let named_here = spec
+            .argv
+            .iter()
+            .filter(|a| !a.starts_with('/') && !a.starts_with('-') && !a.is_empty())
+            .find(|a| here.join(a).symlink_metadata().is_ok());
+        if let Some(name) = named_here {
+            error_line!(
+                "note: {name} is in the current directory {}, which is not exposed in the sandbox (the command starts in /); add --ro-cwd to expose it read-only and start there",
+                here.display()
+            );
+        }
+    }
+}
+
+/// What this host can enforce; cgroups left by hatchery processes that no longer exist
+/// are removed on the way.
+fn detect_host() -> Host {
+    let host = Host::detect();
+    tracing::debug!(
+        cgroups = host.cgroups.is_some(),
+        cgroup_problem = host.cgroup_problem.as_deref().unwrap_or(""),
+        landlock_abi = host.landlock_abi,
+        seccomp = host.seccomp,
+        "detected what this host can enforce"
+    );
+    if let Some(m) = &host.cgroups {
+        for stale in m.sweep_stale() {
+            tracing::info!(path = %stale.display(), "removed a cgroup left by a hatchery process that no longer exists");
+        }
+    }
+    host
+}
+
+/// Starts the sandbox with stdin, stdout and stderr relayed as planned, and waits for it
+/// to end (forwarding signals, within `timeout`). The caller's terminal is in raw mode
+/// only meanwhile: it gets its modes back before this returns.
+fn supervise(
+    spec: &mut sandbox::SandboxSpec,
+    plan: &sandbox::Plan,
+    host: &Host,
+    timeout: Option<Duration>,
+    max_output: Option<u64>,
+) -> Result<(sandbox::Outcome, sandbox::Enforcement), SandboxError> {
     // From here until `run` returns, a terminal on stdin is in raw mode (`stdio.raw`).
     tracing::debug!("planning stdin, stdout and stderr");
-    let mut stdio = plan_stdio(args.max_output).map_err(|e| {
+    let mut stdio = plan_stdio(max_output).map_err(|e| {
         SandboxError::Internal(format!(
             "cannot set up the relay of stdin, stdout and stderr: {e}"
         ))
@@ -789,7 +619,7 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
     spec.stdio = stdio.fds.take();
     spec.controlling_terminal = stdio.controlling_terminal;
     let signals = forwarded_signals();
-    let result = sandbox::start(&spec, &plan, host.cgroups.as_deref()).map(|sb| {
+    let result = sandbox::start(spec, plan, host.cgroups.as_deref()).map(|sb| {
         tracing::debug!(
             pid = sb.pid(),
             "the sandbox is running; waiting for it to end"
@@ -809,10 +639,19 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
     }
     // The caller's terminal is given back its modes before anything more is printed.
     drop(stdio.raw.take());
-    let (outcome, enforcement) = result?;
-    let hint = match &outcome.failure {
+    result
+}
+
+/// What to do about a failure that looks like a path not exposed: a command, or the
+/// `--cwd`, that exists on the host but not in the sandbox.
+fn failure_hint(
+    outcome: &sandbox::Outcome,
+    spec: &sandbox::SandboxSpec,
+    cwd: Option<PathBuf>,
+) -> Option<String> {
+    match &outcome.failure {
         Some(sandbox::Failure::Exec { errno }) if *errno == libc::ENOENT => {
-            command_hint(&spec, std::env::var_os("PATH").as_deref())
+            command_hint(spec, std::env::var_os("PATH").as_deref())
         }
         Some(sandbox::Failure::Setup { errno, step, .. })
             if *errno == libc::ENOENT && step == "working directory" =>
@@ -826,12 +665,7 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
             })
         }
         _ => None,
-    };
-    Ok(Ran {
-        outcome,
-        enforcement,
-        hint,
-    })
+    }
 }
 
 /// Called with a command line clap refused: for `run` and `spawn`, a stray word before

@@ -1,0 +1,254 @@
+//! What `run`'s payload gets for stdin, stdout and stderr in place of the caller's, and
+//! what relays them: the caller's descriptors as found, and the plan made from them.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use nix::fcntl::{FcntlArg, fcntl};
+
+use hatchery::sandbox::output::OutputPump;
+use hatchery::sandbox::{StdioEnforcement, tty};
+
+/// One of the caller's standard descriptors, as found.
+struct CallerFd {
+    /// A duplicate; `None` when the descriptor is closed.
+    fd: Option<OwnedFd>,
+    /// `S_IFMT` bits.
+    kind: u32,
+    rdev: u64,
+    /// Opened for reading only, and not a socket (a socket is always both ways).
+    read_only: bool,
+    terminal: bool,
+}
+
+impl CallerFd {
+    fn inspect(fd: BorrowedFd<'_>) -> CallerFd {
+        let closed = CallerFd {
+            fd: None,
+            kind: 0,
+            rdev: 0,
+            read_only: true,
+            terminal: false,
+        };
+        let Ok(st) = nix::sys::stat::fstat(fd) else {
+            return closed;
+        };
+        let Ok(fd) = fd.try_clone_to_owned() else {
+            return closed;
+        };
+        let kind = st.st_mode & libc::S_IFMT;
+        let read_only = kind != libc::S_IFSOCK
+            && fcntl(&fd, FcntlArg::F_GETFL).is_ok_and(|f| f & libc::O_ACCMODE == libc::O_RDONLY);
+        CallerFd {
+            terminal: tty::is_terminal(fd.as_fd()),
+            fd: Some(fd),
+            kind,
+            rdev: st.st_rdev,
+            read_only,
+        }
+    }
+
+    fn is_dev_null(&self) -> bool {
+        self.kind == libc::S_IFCHR && self.rdev == libc::makedev(1, 3)
+    }
+
+    /// What it is, for the report.
+    fn what(&self) -> &'static str {
+        match self.kind {
+            _ if self.fd.is_none() => "closed",
+            _ if self.terminal => "terminal",
+            _ if self.is_dev_null() => "/dev/null",
+            libc::S_IFREG => "file",
+            libc::S_IFIFO => "pipe",
+            libc::S_IFSOCK => "socket",
+            libc::S_IFCHR => "character device",
+            libc::S_IFDIR => "directory",
+            _ => "descriptor",
+        }
+    }
+
+    /// How it is open, for a stdin that is not passed: "read-write file".
+    fn access(&self) -> String {
+        let access = match &self.fd {
+            Some(fd) if self.kind != libc::S_IFSOCK => {
+                match fcntl(fd, FcntlArg::F_GETFL).map(|f| f & libc::O_ACCMODE) {
+                    Ok(libc::O_WRONLY) => "write-only ",
+                    _ => "read-write ",
+                }
+            }
+            _ => "",
+        };
+        format!("{access}{}", self.what())
+    }
+}
+
+/// What the payload gets for stdin, stdout and stderr, and what relays them.
+pub(super) struct StdioPlan {
+    /// `None`: the caller's own descriptors, inherited (nothing to relay).
+    pub(super) fds: Option<[OwnedFd; 3]>,
+    pub(super) pump: Option<OutputPump>,
+    /// The caller's terminal in raw mode while a pty relays it; dropping it restores it.
+    pub(super) raw: Option<tty::RawMode>,
+    pub(super) controlling_terminal: bool,
+    pub(super) report: StdioEnforcement,
+}
+
+fn dev_null(write: bool) -> std::io::Result<OwnedFd> {
+    Ok(OwnedFd::from(
+        std::fs::OpenOptions::new()
+            .read(!write)
+            .write(write)
+            .open("/dev/null")?,
+    ))
+}
+
+/// Decides what the payload gets instead of the caller's stdin, stdout and stderr. The
+/// sandbox never holds a descriptor of the caller's terminal (CVE-2017-5226: TIOCSTI
+/// types into it; writes to it pass no cap), nor any descriptor through which it could
+/// write to the caller but its own stdout and stderr:
+///
+/// - stdin a terminal: a new pty of the sandbox's own, relayed both ways, with the
+///   caller's terminal in raw mode (in a background job: output only, modes untouched); it
+///   is the payload's stdout and stderr too where those are the same terminal, and its
+///   controlling terminal;
+/// - stdin open for writing (read-write or write-only file, socket, read-write pipe or
+///   device): a pipe the supervisor feeds. A read-write `/dev/null` (what service
+///   managers give) is opened again read-only instead: it has no state to differ in.
+///   Other files are not reopened: a new open file description would have an offset of
+///   its own, and a socket cannot be reopened;
+/// - stdout or stderr a terminal (another one, or stdin is not one): a pipe to it;
+/// - with `--max-output`, stdout and stderr not relayed otherwise: pipes, counted.
+///
+/// Everything else — a read-only stdin (file, pipe, `/dev/null`), stdout and stderr
+/// without a cap — is passed as it is, at no cost.
+pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
+    let [stdin, stdout, stderr] = [
+        CallerFd::inspect(std::io::stdin().as_fd()),
+        CallerFd::inspect(std::io::stdout().as_fd()),
+        CallerFd::inspect(std::io::stderr().as_fd()),
+    ];
+    let stdin_passed = !stdin.terminal && stdin.read_only;
+    let outs_passed = cap.is_none() && !stdout.terminal && !stderr.terminal;
+    let passed = |c: &CallerFd| match c.fd {
+        Some(_) => format!("passed ({})", c.what()),
+        None => "closed (the command gets /dev/null)".to_string(),
+    };
+    let passed_stdin = |c: &CallerFd| match c.what() {
+        w @ ("file" | "character device") => format!("passed (read-only {w})"),
+        _ => passed(c),
+    };
+    if stdin_passed && outs_passed {
+        return Ok(StdioPlan {
+            fds: None,
+            pump: None,
+            raw: None,
+            controlling_terminal: false,
+            report: StdioEnforcement {
+                stdin: passed_stdin(&stdin),
+                stdout: passed(&stdout),
+                stderr: passed(&stderr),
+            },
+        });
+    }
+    let mut pump = OutputPump::with_cap(cap);
+    let mut raw = None;
+    let mut replica = None;
+    let (stdin_fd, stdin_report) = match stdin.fd.as_ref() {
+        None => (dev_null(false)?, passed(&stdin)),
+        Some(fd) if stdin.terminal => {
+            let pty = terminal_stdin(fd, &mut pump)?;
+            replica = Some(pty.replica);
+            raw = pty.raw;
+            (pty.stdin, pty.report)
+        }
+        Some(fd) if stdin.read_only => (fd.try_clone()?, passed_stdin(&stdin)),
+        Some(_) if stdin.is_dev_null() => (
+            dev_null(false)?,
+            "passed (/dev/null, opened again read-only)".to_string(),
+        ),
+        Some(fd) => (
+            pump.add_input(fd.try_clone()?)?,
+            format!("pipe relay ({})", stdin.access()),
+        ),
+    };
+    let mut out = |c: &CallerFd| -> std::io::Result<(OwnedFd, String)> {
+        match (c.fd.as_ref(), replica.as_ref()) {
+            (None, _) => Ok((dev_null(true)?, passed(c))),
+            (Some(_), Some(r)) if c.terminal && c.kind == stdin.kind && c.rdev == stdin.rdev => {
+                Ok((r.try_clone()?, "pty relay".to_string()))
+            }
+            (Some(fd), _) if c.terminal => Ok((
+                pump.add_output(fd.try_clone()?)?,
+                "pipe relay (terminal)".to_string(),
+            )),
+            (Some(fd), _) if cap.is_some() => Ok((
+                pump.add_output(fd.try_clone()?)?,
+                "pipe relay (--max-output)".to_string(),
+            )),
+            (Some(fd), _) => Ok((fd.try_clone()?, passed(c))),
+        }
+    };
+    let (stdout_fd, stdout_report) = out(&stdout)?;
+    let (stderr_fd, stderr_report) = out(&stderr)?;
+    Ok(StdioPlan {
+        fds: Some([stdin_fd, stdout_fd, stderr_fd]),
+        controlling_terminal: replica.is_some(),
+        pump: if pump.is_empty() { None } else { Some(pump) },
+        raw,
+        report: StdioEnforcement {
+            stdin: stdin_report,
+            stdout: stdout_report,
+            stderr: stderr_report,
+        },
+    })
+}
+
+/// The payload's side of a pty relaying the caller's terminal.
+struct PtyStdin {
+    /// The payload's stdin.
+    stdin: OwnedFd,
+    /// The pty's replica: also the payload's stdout and stderr where those are the same
+    /// terminal, and its controlling terminal.
+    replica: OwnedFd,
+    /// The caller's terminal in raw mode (in the foreground only).
+    raw: Option<tty::RawMode>,
+    report: String,
+}
+
+/// A terminal on stdin: a pty of the sandbox's own, relayed both ways with the caller's
+/// terminal in raw mode; in a background job, output only and the modes untouched.
+fn terminal_stdin(fd: &OwnedFd, pump: &mut OutputPump) -> std::io::Result<PtyStdin> {
+    // A background job (`hatchery run ... &`) must neither change the terminal's
+    // modes nor read it: the kernel would stop it (SIGTTOU, SIGTTIN), and a
+    // stopped supervisor enforces no timeout. It gives the sandbox its terminal
+    // all the same, without input.
+    let foreground =
+        nix::unistd::tcgetpgrp(fd).map_or(true, |group| group == nix::unistd::getpgrp());
+    let no_terminal = |e: std::io::Error| {
+        std::io::Error::other(format!(
+            "stdin is a terminal, and the sandbox gets a terminal of its own instead, which failed: {e}; redirect stdin (< /dev/null) to run without one"
+        ))
+    };
+    let mut raw = None;
+    let r = if foreground {
+        let mode = tty::RawMode::enter(fd.as_fd()).map_err(no_terminal)?;
+        let r = pump.add_terminal(fd.as_fd(), mode.saved(), true);
+        raw = Some(mode);
+        r
+    } else {
+        let modes = nix::sys::termios::tcgetattr(fd).map_err(std::io::Error::from);
+        modes.and_then(|m| pump.add_terminal(fd.as_fd(), &m, false))
+    }
+    .map_err(no_terminal)?;
+    let own = r.try_clone()?;
+    let how = if foreground {
+        "pty relay"
+    } else {
+        "pty relay (background job: output only)"
+    };
+    Ok(PtyStdin {
+        stdin: own,
+        replica: r,
+        raw,
+        report: how.to_string(),
+    })
+}
