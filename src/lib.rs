@@ -10,6 +10,7 @@
 pub mod audit;
 pub mod contract;
 pub mod controller;
+pub mod egress;
 pub mod keyfile;
 pub mod manifest;
 pub mod paths;
