@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fails if hatchery left anything behind on this machine: cgroups, processes, mounts or
-# temporary files.
+# Fails if hatchery left anything behind on this machine: cgroups, processes, mounts,
+# the egress tests' network namespaces or temporary files.
 set -uo pipefail
 bad=0
 cg=$(find /sys/fs/cgroup -maxdepth 6 -type d -name 'hatchery-*' 2>/dev/null)
@@ -9,6 +9,8 @@ ps=$(pgrep -a -f 'hatchery (run|controller|spawn|agent)' 2>/dev/null | grep -v -
 if [ -n "$ps" ]; then echo "leftover processes:"; echo "$ps"; bad=1; fi
 mnt=$(grep -c hatchery /proc/self/mountinfo 2>/dev/null)
 if [ "${mnt:-0}" != 0 ]; then echo "leftover mounts:"; grep hatchery /proc/self/mountinfo; bad=1; fi
+ns=$(ip netns list 2>/dev/null | grep -E '^hb[ci]-')
+if [ -n "$ns" ]; then echo "leftover test network namespaces (tests/common/egress_bed.rs):"; echo "$ns"; bad=1; fi
 tmp=$(find /run/hatchery /var/lib/hatchery -name '.*.tmp-*' 2>/dev/null)
 if [ -n "$tmp" ]; then echo "leftover temporary files:"; echo "$tmp"; bad=1; fi
 [ $bad = 0 ] && echo "nothing left behind"

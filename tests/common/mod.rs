@@ -5,6 +5,7 @@
 
 pub mod agents;
 pub mod controller;
+pub mod egress_bed;
 pub mod files;
 pub mod terminal;
 
