@@ -8,6 +8,7 @@
 //! binary.
 
 pub mod audit;
+pub mod broker;
 pub mod contract;
 pub mod controller;
 pub mod egress;

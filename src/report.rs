@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use crate::broker::{EgressEntry, Summary};
 use crate::paths::OutputTarget;
 use crate::sandbox::{Enforcement, Outcome};
 
@@ -45,6 +46,15 @@ pub struct Report {
     pub enforcement: Enforcement,
     /// Why the command did not run (setup or exec failure), if it did not.
     pub error: Option<String>,
+    /// Every DNS answer and connection through the egress broker (`--allow-host`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Vec<EgressEntry>>,
+    /// Entries past the broker's limit, counted only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_dropped: Option<u64>,
+    /// Lookups the broker made with the host's resolver (`--resolve` names are not).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_upstream_lookups: Option<u64>,
 }
 
 impl Report {
@@ -86,7 +96,20 @@ impl Report {
             limits,
             enforcement,
             error: outcome.failure.as_ref().map(|f| f.to_string()),
+            egress: None,
+            egress_dropped: None,
+            egress_upstream_lookups: None,
         }
+    }
+
+    /// Adds what the egress broker recorded.
+    pub fn with_egress(mut self, summary: Option<Summary>) -> Report {
+        if let Some(s) = summary {
+            self.egress = Some(s.entries);
+            self.egress_dropped = Some(s.dropped);
+            self.egress_upstream_lookups = Some(s.lookups);
+        }
+        self
     }
 
     /// The report of a run that never started: the request was refused (exit status 2) or
@@ -118,6 +141,9 @@ impl Report {
             limits,
             enforcement: Enforcement::default(),
             error: Some(error),
+            egress: None,
+            egress_dropped: None,
+            egress_upstream_lookups: None,
         }
     }
 

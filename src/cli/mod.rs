@@ -14,6 +14,7 @@ pub mod approvals;
 pub mod audit;
 pub mod controller;
 pub mod doctor;
+pub mod egress;
 pub mod job;
 pub mod logging;
 pub mod manifest;

@@ -52,6 +52,8 @@ pub struct RunArgs {
     /// output_truncated
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = units::parse_output_cap)]
     pub max_output: Option<u64>,
+    #[command(flatten)]
+    pub egress: super::egress::EgressArgs,
     /// Expose a host path read-only at the same path (repeatable; a relative path is taken
     /// from the current directory)
     #[arg(long = "ro", value_name = "PATH")]
@@ -293,10 +295,12 @@ pub fn main(args: RunArgs) -> i32 {
             outcome,
             enforcement,
             hint,
+            egress,
         }) => {
             tell_outcome(&outcome, &enforcement, hint, &command);
             let code = outcome.exit_code;
-            (code, Report::new(&outcome, enforcement, command, requested))
+            let report = Report::new(&outcome, enforcement, command, requested).with_egress(egress);
+            (code, report)
         }
         Err(e) => {
             super::logging::error_line(&e.to_string());
@@ -405,6 +409,8 @@ pub fn env_args(args: &[String]) -> Result<Vec<(String, String)>, SandboxError> 
 struct Ran {
     outcome: sandbox::Outcome,
     enforcement: sandbox::Enforcement,
+    /// What the egress broker recorded, when there was one.
+    egress: Option<hatchery::broker::Summary>,
     /// What to do about a failure that looks like a path not exposed.
     hint: Option<String>,
 }
@@ -493,6 +499,7 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
         .transpose()
         .map_err(|e| SandboxError::Invalid(format!("--cwd {e}")))?;
     let exposures = exposures(&args)?;
+    let egress = args.egress.plan()?;
     let request = RunRequest {
         command: args.command,
         env,
@@ -509,6 +516,7 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
         cgroup_name: unique_name("run"),
         extra_binds: Vec::new(),
         payload_ids: None,
+        egress_ports: egress.as_ref().map(|e| e.ports()),
     };
     let timeout = args.timeout.or(profile
         .default_limits()
@@ -532,12 +540,14 @@ fn run(args: RunArgs, with_report: bool) -> Result<Ran, SandboxError> {
             plan.not_enforced.join("; ")
         );
     }
-    let (outcome, enforcement) = supervise(&mut spec, &plan, &host, timeout, args.max_output)?;
+    let (outcome, enforcement, egress) =
+        supervise(&mut spec, &plan, &host, timeout, args.max_output, egress)?;
     let hint = failure_hint(&outcome, &spec, cwd);
     Ok(Ran {
         outcome,
         enforcement,
         hint,
+        egress,
     })
 }
 
@@ -599,6 +609,13 @@ fn detect_host() -> Host {
     host
 }
 
+/// How a supervised sandbox ended, what was enforced, and what its broker recorded.
+type Supervised = (
+    sandbox::Outcome,
+    sandbox::Enforcement,
+    Option<hatchery::broker::Summary>,
+);
+
 /// Starts the sandbox with stdin, stdout and stderr relayed as planned, and waits for it
 /// to end (forwarding signals, within `timeout`). The caller's terminal is in raw mode
 /// only meanwhile: it gets its modes back before this returns.
@@ -608,7 +625,8 @@ fn supervise(
     host: &Host,
     timeout: Option<Duration>,
     max_output: Option<u64>,
-) -> Result<(sandbox::Outcome, sandbox::Enforcement), SandboxError> {
+    egress: Option<super::egress::EgressPlan>,
+) -> Result<Supervised, SandboxError> {
     // From here until `run` returns, a terminal on stdin is in raw mode (`stdio.raw`).
     tracing::debug!("planning stdin, stdout and stderr");
     let mut stdio = plan_stdio(max_output).map_err(|e| {
@@ -619,7 +637,13 @@ fn supervise(
     spec.stdio = stdio.fds.take();
     spec.controlling_terminal = stdio.controlling_terminal;
     let signals = forwarded_signals();
-    let result = sandbox::start(spec, plan, host.cgroups.as_deref()).map(|sb| {
+    let started = sandbox::start(spec, plan, host.cgroups.as_deref()).and_then(|mut sb| {
+        // The broker, forked while this process is still single-threaded, holds the
+        // sandbox's listeners from here on.
+        let broker = egress.map(|e| e.start(&mut sb)).transpose()?;
+        Ok((sb, broker))
+    });
+    let result = started.map(|(sb, broker)| {
         tracing::debug!(
             pid = sb.pid(),
             "the sandbox is running; waiting for it to end"
@@ -629,10 +653,10 @@ fn supervise(
         spec.stdio = None;
         let mut enforcement = sb.enforcement.clone();
         enforcement.stdio = Some(stdio.report.clone());
-        (
-            sb.wait(timeout, signals.as_ref(), stdio.pump.as_mut()),
-            enforcement,
-        )
+        let outcome = sb.wait(timeout, signals.as_ref(), stdio.pump.as_mut());
+        // The sandbox is gone: its connections go with the broker.
+        let egress = broker.and_then(super::egress::RunningBroker::stop);
+        (outcome, enforcement, egress)
     });
     if let Some(m) = &host.cgroups {
         m.release();

@@ -166,6 +166,7 @@ impl Launcher {
             cgroup_name: ls.cgroup_name.clone(),
             extra_binds,
             payload_ids: ls.payload_ids,
+            egress_ports: None,
         };
         let floor = if profile.landlock.allow_exec.is_some() {
             &floor_allowlist

@@ -152,6 +152,14 @@ pub(crate) fn cidr_contains(network: IpAddr, prefix: u8, addr: IpAddr) -> bool {
     }
 }
 
+/// The last address of `network/prefix`.
+fn cidr_last(network: IpAddr, prefix: u8) -> IpAddr {
+    match network {
+        IpAddr::V4(n) => IpAddr::V4((u32::from(n) | !mask_v4(prefix)).into()),
+        IpAddr::V6(n) => IpAddr::V6((u128::from(n) | !mask_v6(prefix)).into()),
+    }
+}
+
 fn max_prefix(addr: IpAddr) -> u8 {
     match addr {
         IpAddr::V4(_) => 32,
@@ -435,6 +443,27 @@ impl AllowList {
     /// True when an address or CIDR entry allows `addr` on `port`.
     pub fn allows_addr(&self, addr: IpAddr, port: u16) -> bool {
         self.0.iter().any(|e| e.matches_addr(addr, port))
+    }
+
+    /// True when an entry names the special (non-public) address `addr` on `port` on
+    /// purpose: the address itself, or a CIDR lying wholly in one special range
+    /// (`10.0.0.0/8`, `127.0.0.0/8`). A broad CIDR that merely contains it
+    /// (`0.0.0.0/0`) does not: it would open loopback and the metadata service to every
+    /// name that resolves there.
+    pub fn names_special_addr(&self, addr: IpAddr, port: u16) -> bool {
+        self.0.iter().any(|e| {
+            e.port == port
+                && match e.host {
+                    HostPattern::Addr(a) => a.to_canonical() == addr.to_canonical(),
+                    HostPattern::Cidr(net, prefix) => {
+                        e.matches_addr(addr, port)
+                            && super::special_range(net).is_some()
+                            && super::special_range(net)
+                                == super::special_range(cidr_last(net, prefix))
+                    }
+                    _ => false,
+                }
+        })
     }
 
     /// Every port some entry allows: one transparent listener each.

@@ -25,8 +25,13 @@ const MAX_REASON: usize = 200;
 /// as IPv4); [`Destination::from_host`](super::Destination::from_host) tells which.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProxyRequest {
-    /// `CONNECT host:port`: a tunnel; the bytes after the head belong to the tunnel.
-    Connect { host: String, port: u16 },
+    /// `CONNECT host:port`: a tunnel; the bytes after the head's `consumed` belong to the
+    /// tunnel.
+    Connect {
+        host: String,
+        port: u16,
+        consumed: usize,
+    },
     /// A plain-HTTP request through the proxy: `head` is the request rewritten for the
     /// origin server (origin-form target, `Connection: close`, no proxy headers);
     /// `consumed` is the length of the head as received, after which the body follows
@@ -85,7 +90,11 @@ pub fn proxy_request(buf: &[u8]) -> Result<Option<ProxyRequest>, EgressError> {
     let target = req.path.unwrap_or_default();
     if method.eq_ignore_ascii_case("CONNECT") {
         let (host, port) = authority(target, None)?;
-        return Ok(Some(ProxyRequest::Connect { host, port }));
+        return Ok(Some(ProxyRequest::Connect {
+            host,
+            port,
+            consumed,
+        }));
     }
     let (host, port, origin) = absolute_http_uri(target)?;
     let mut host_seen = false;
@@ -346,11 +355,14 @@ mod tests {
             ("[::ffff:198.51.100.7]:443", "198.51.100.7", 443),
         ] {
             let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+            let mut with_early = req.clone().into_bytes();
+            with_early.extend_from_slice(b"\x16\x03\x01");
             assert_eq!(
-                proxy_request(req.as_bytes()).unwrap(),
+                proxy_request(&with_early).unwrap(),
                 Some(ProxyRequest::Connect {
                     host: host.into(),
-                    port
+                    port,
+                    consumed: req.len(),
                 }),
                 "{target}"
             );

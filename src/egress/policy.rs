@@ -171,6 +171,11 @@ pub fn check(
             if !allow.allows_addr(addr, port) {
                 return Err(Denial::NotAllowed);
             }
+            if let Some(why) = special_range(addr) {
+                if !allow.names_special_addr(addr, port) {
+                    return Err(Denial::SpecialAddress(why, addr));
+                }
+            }
             Ok(vec![SocketAddr::new(addr, port)])
         }
         Destination::Name(name) => {
@@ -187,7 +192,7 @@ pub fn check(
                 let addr = addr.to_canonical();
                 // Pool addresses are loopback, so a resolver cannot hand one out either.
                 match special_range(addr) {
-                    Some(why) if !allow.allows_addr(addr, port) => {
+                    Some(why) if !allow.names_special_addr(addr, port) => {
                         first_dropped.get_or_insert((why, addr));
                     }
                     _ => {
@@ -482,5 +487,35 @@ mod tests {
                 "{err}"
             );
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod broad_cidr_tests {
+    use super::*;
+
+    fn list(entries: &[&str]) -> AllowList {
+        AllowList::new(entries.iter().map(|e| e.parse().unwrap()).collect()).unwrap()
+    }
+
+    #[test]
+    fn a_cidr_spanning_ranges_opens_no_special_address() {
+        let mut table = Resolution::new();
+        table.insert("inside.test", IpAddr::from([127, 0, 0, 1]));
+        let mut never = |_: &str| Err::<Vec<IpAddr>, String>("no lookups here".into());
+        let broad = list(&["0.0.0.0/0:443", "inside.test:443"]);
+        let loopback = Destination::Addr(IpAddr::from([127, 0, 0, 1]));
+        assert!(matches!(
+            check(&broad, &table, &loopback, 443, &mut never),
+            Err(Denial::SpecialAddress("loopback", _))
+        ));
+        let name = Destination::Name("inside.test".into());
+        assert!(check(&broad, &table, &name, 443, &mut never).is_err());
+        let public = Destination::Addr(IpAddr::from([198, 51, 100, 7]));
+        assert!(check(&broad, &table, &public, 443, &mut never).is_ok());
+        let narrow = list(&["127.0.0.0/8:443", "inside.test:443"]);
+        assert!(check(&narrow, &table, &loopback, 443, &mut never).is_ok());
+        assert!(check(&narrow, &table, &name, 443, &mut never).is_ok());
     }
 }

@@ -11,6 +11,13 @@ pub struct PrivError {
     pub errno: i32,
 }
 
+impl std::fmt::Display for PrivError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let e = std::io::Error::from_raw_os_error(self.errno);
+        write!(f, "{}: {e}", self.step)
+    }
+}
+
 fn last_cap() -> u32 {
     std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()

@@ -7,7 +7,7 @@
 //! The socket is close-on-exec: a successful `execve` in the payload closes its copy.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, recv, socketpair};
 
@@ -112,6 +112,89 @@ impl ToSandbox {
 
 /// Tag of the message carrying the sandbox's filters.
 const FILTERS_TAG: u8 = 3;
+/// Tag of the message carrying the egress listeners (distinct from every [`FromSandbox`]
+/// tag, so that the supervisor can tell the two apart).
+const LISTENERS_TAG: u8 = 0x10;
+/// Most listeners one sandbox hands out (the stub's two, the proxy, one per port).
+pub const MAX_LISTENERS: usize = 72;
+
+/// Sends the egress listeners (SCM_RIGHTS) to the supervisor, from pid 1.
+pub fn send_listeners(fd: impl AsFd, listeners: &[OwnedFd]) -> io::Result<()> {
+    use nix::sys::socket::{ControlMessage, sendmsg};
+    if listeners.len() > MAX_LISTENERS {
+        return Err(io::Error::from_raw_os_error(libc::E2BIG));
+    }
+    let raw: Vec<RawFd> = listeners.iter().map(|l| l.as_raw_fd()).collect();
+    let iov = [io::IoSlice::new(&[LISTENERS_TAG])];
+    loop {
+        match sendmsg::<()>(
+            fd.as_fd().as_raw_fd(),
+            &iov,
+            &[ControlMessage::ScmRights(&raw)],
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// What came first from a sandbox expected to hand over its egress listeners.
+pub enum Handover {
+    Listeners(Vec<OwnedFd>),
+    /// Another message (a setup failure): the sandbox is not going to send them.
+    Message(FromSandbox),
+    /// The sandbox closed its end.
+    Closed,
+}
+
+/// Receives the egress listeners sent by [`send_listeners`], or what came instead.
+pub fn recv_listeners(fd: impl AsFd) -> io::Result<Handover> {
+    use nix::sys::socket::{ControlMessageOwned, recvmsg};
+    use std::os::fd::FromRawFd;
+    let mut buf = [0u8; MAX_MESSAGE];
+    let mut space = nix::cmsg_space!([RawFd; MAX_LISTENERS]);
+    let mut iov = [io::IoSliceMut::new(&mut buf)];
+    let (n, fds) = loop {
+        match recvmsg::<()>(
+            fd.as_fd().as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                for c in msg.cmsgs()? {
+                    if let ControlMessageOwned::ScmRights(received) = c {
+                        for raw in received {
+                            // SAFETY: SCM_RIGHTS installed these descriptors in this
+                            // process for us; nothing else owns them.
+                            fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
+                        }
+                    }
+                }
+                break (msg.bytes, fds);
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let bytes = buf.get(..n).unwrap_or_default();
+    match bytes {
+        [] => Ok(Handover::Closed),
+        [LISTENERS_TAG] => Ok(Handover::Listeners(fds)),
+        other => FromSandbox::decode(other)
+            .map(Handover::Message)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "malformed message from the sandbox",
+                )
+            }),
+    }
+}
 
 /// Sends the sandbox its seccomp filters, the floor's first (one packet).
 pub fn send_filters(

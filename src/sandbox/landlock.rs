@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd,
-    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath,
+    PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 
 /// The highest ABI whose rights hatchery asks for: filesystem (with truncate and device
@@ -27,8 +27,10 @@ pub struct LandlockRules {
     /// Directories that may be listed but whose files are not thereby readable (the new
     /// root, which holds nothing but hatchery's own mount points).
     pub list: Vec<PathBuf>,
-    /// Refuse TCP bind and connect altogether (ABI 4), loopback included.
+    /// Refuse TCP bind and connect altogether (ABI 4), loopback included...
     pub deny_tcp: bool,
+    /// ...except connecting to these ports (the egress broker's listeners).
+    pub tcp_connect_ports: Vec<u16>,
 }
 
 /// The Landlock ABI that restricts TCP bind and connect.
@@ -130,6 +132,13 @@ pub fn restrict(rules: &LandlockRules) -> Result<LandlockOutcome, String> {
             ruleset = ruleset
                 .add_rule(PathBeneath::new(fd, rights))
                 .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    if rules.deny_tcp {
+        for &port in &rules.tcp_connect_ports {
+            ruleset = ruleset
+                .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
+                .map_err(|e| format!("TCP port {port}: {e}"))?;
         }
     }
     let status = ruleset.restrict_self().map_err(|e| e.to_string())?;

@@ -80,6 +80,10 @@ pub struct Sandbox {
     /// The host ids stay the sandbox's until it has ended.
     _lease: Option<super::idpool::IdLease>,
     pub enforcement: Enforcement,
+    /// The egress listeners pid 1 handed over, until the broker takes them.
+    egress: Vec<OwnedFd>,
+    /// A message that came while the supervisor waited for the listeners.
+    early: Option<FromSandbox>,
 }
 
 /// Why the payload never ran.
@@ -256,6 +260,8 @@ pub fn start(
         finished: false,
         _lease: lease,
         enforcement,
+        egress: Vec::new(),
+        early: None,
     };
     // From here on, dropping `sandbox` on an error path kills it and removes its cgroup.
     let attach = !born_inside && ctx.join_cgroup.is_empty();
@@ -382,7 +388,35 @@ fn hand_over(
         &LoadableFilter::new(&filters.floor),
         &LoadableFilter::new(&filters.profile),
     );
+    if let Some(ports) = &spec.egress_ports {
+        receive_listeners(&mut sandbox, ports.len())?;
+    }
     Ok(sandbox)
+}
+
+/// Takes the egress listeners pid 1 sends once it has its identity, or keeps what came
+/// instead (its setup failed: [`Sandbox::finish`] reports it).
+fn receive_listeners(sandbox: &mut Sandbox, ports: usize) -> Result<(), SandboxError> {
+    tracing::debug!("receiving the egress listeners");
+    match channel::recv_listeners(&sandbox.channel) {
+        Ok(channel::Handover::Listeners(fds)) if fds.len() == ports.saturating_add(3) => {
+            sandbox.egress = fds;
+            Ok(())
+        }
+        Ok(channel::Handover::Listeners(fds)) => Err(SandboxError::Internal(format!(
+            "the sandbox handed over {} egress listeners, not {}",
+            fds.len(),
+            ports.saturating_add(3)
+        ))),
+        Ok(channel::Handover::Message(m)) => {
+            sandbox.early = Some(m);
+            Ok(())
+        }
+        Ok(channel::Handover::Closed) => Ok(()),
+        Err(e) => Err(SandboxError::Internal(format!(
+            "egress listeners from the sandbox: {e}"
+        ))),
+    }
 }
 
 mod inside;
@@ -398,6 +432,12 @@ impl Sandbox {
 
     pub fn pidfd(&self) -> BorrowedFd<'_> {
         self.pidfd.as_fd()
+    }
+
+    /// The egress listeners (DNS UDP, DNS TCP, proxy, then one per port), for the broker;
+    /// empty without egress, or once taken.
+    pub fn take_egress_listeners(&mut self) -> Vec<OwnedFd> {
+        std::mem::take(&mut self.egress)
     }
 
     pub fn cgroup_path(&self) -> Option<std::path::PathBuf> {
@@ -503,7 +543,10 @@ impl Sandbox {
         let mut failure = None;
         let mut landlock = None;
         let mut payload_status = None;
-        while let Ok(Some(msg)) = FromSandbox::recv(&self.channel) {
+        // What came while the supervisor waited for the egress listeners, then the rest.
+        let early = self.early.take();
+        let rest = std::iter::from_fn(|| FromSandbox::recv(&self.channel).ok().flatten());
+        for msg in early.into_iter().chain(rest) {
             match msg {
                 FromSandbox::SetupFailed {
                     step,

@@ -13,6 +13,7 @@
 pub mod caps;
 pub mod cgroup;
 pub mod channel;
+pub mod confine;
 pub mod exec;
 pub mod filter_cache;
 pub mod handle;
@@ -89,6 +90,9 @@ pub struct SandboxSpec {
     /// The executable allowlist, when there is one (its Landlock rules and mounts are
     /// already in `landlock` and `rootfs`).
     pub exec_allowlist: Option<exec::ExecAllowlist>,
+    /// Egress through a broker: the transparent listeners' ports (see
+    /// [`net::egress_listeners`]); `None`, no network beyond `lo`.
+    pub egress_ports: Option<Vec<u16>>,
 }
 
 /// A sandbox's two seccomp filters, compiled: the floor's, loaded first under every

@@ -10,6 +10,7 @@
 //! symlinks. Then the old root is detached: nothing else of the host remains reachable.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::paths::HostPath;
@@ -82,6 +83,9 @@ pub struct RootfsPlan {
     pub proc_view: super::procfs::ProcView,
     /// Mount `/tmp` and `/dev/shm` noexec (under an executable allowlist).
     pub noexec_tmp: bool,
+    /// What the sandbox's `/etc/resolv.conf` says instead of the host's (egress: the
+    /// broker's DNS stub).
+    pub resolv_conf: Option<String>,
 }
 
 /// Device nodes bound from the host into `/dev`.
@@ -298,6 +302,10 @@ pub fn build_root(plan: &RootfsPlan, prepared: &[RawFd]) -> Result<(), MountErro
             .map_err(fail(format!("link {}", link.display())))?;
     }
 
+    if let Some(text) = &plan.resolv_conf {
+        place_resolv_conf(&root, text)?;
+    }
+
     // 3. Private /tmp.
     mount_point(&root, Path::new("/tmp"), true)?;
     mount_tmpfs(
@@ -342,6 +350,79 @@ pub fn build_root(plan: &RootfsPlan, prepared: &[RawFd]) -> Result<(), MountErro
     )
     .map_err(fail("read-only root"))?;
     Ok(())
+}
+
+/// The sandbox's own `/etc/resolv.conf` (egress: it names the broker's stub), in place of
+/// the host's bound `/etc`'s: bound over the host's file, read-only; where the host's is a
+/// symlink (systemd-resolved's stub file, say), written where the link points, in the new
+/// root (created without following any link, so it cannot land outside it). Without a
+/// host file at all, resolvers already ask 127.0.0.1.
+fn place_resolv_conf(root: &OwnedFd, text: &str) -> Result<(), MountError> {
+    use std::io::Write;
+    let name = Path::new("/etc/resolv.conf");
+    let staged = stage_path(name);
+    let step = "the sandbox's /etc/resolv.conf";
+    let write = |at: &Path| -> Result<(), MountError> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(at)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .map_err(fail(step))
+    };
+    let meta = match std::fs::symlink_metadata(&staged) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(fail(step)(e)),
+    };
+    if meta.file_type().is_symlink() {
+        let link = std::fs::read_link(&staged).map_err(fail(step))?;
+        let target = lexical_join(Path::new("/etc"), &link);
+        drop(mount_point(root, &target, false)?);
+        return write(&stage_path(&target));
+    }
+    let temp = Path::new("/.resolv.conf");
+    drop(mount_point(root, temp, false)?);
+    write(&stage_path(temp))?;
+    mount(
+        Some(&stage_path(temp)),
+        &staged,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(nix_fail(step))?;
+    set_attrs(
+        libc::AT_FDCWD,
+        Some(&staged),
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+        false,
+    )
+    .map_err(fail(step))?;
+    // The mount holds the file now; the root keeps no trace of it.
+    std::fs::remove_file(stage_path(temp)).map_err(fail(step))
+}
+
+/// `link` read from a symlink in `dir`, as an absolute path with `.` and `..` applied by
+/// name (never above `/`).
+fn lexical_join(dir: &Path, link: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = if link.is_absolute() {
+        PathBuf::from("/")
+    } else {
+        dir.to_path_buf()
+    };
+    for c in link.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(n) => out.push(n),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
 }
 
 /// Mount flags of the writable tmpfs mounts (`/tmp`, `/dev/shm`).
@@ -425,4 +506,29 @@ pub fn is_reserved(target: &Path) -> bool {
         .iter()
         .any(|r| target == *r || target.starts_with(r))
         || target == Path::new("/tmp")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resolv_conf_link_is_followed_by_name_and_never_above_the_root() {
+        let etc = Path::new("/etc");
+        for (link, want) in [
+            (
+                "../run/systemd/resolve/stub-resolv.conf",
+                "/run/systemd/resolve/stub-resolv.conf",
+            ),
+            ("/run/resolvconf/resolv.conf", "/run/resolvconf/resolv.conf"),
+            ("resolv.conf.real", "/etc/resolv.conf.real"),
+            ("../../../../x/./y", "/x/y"),
+        ] {
+            assert_eq!(
+                lexical_join(etc, Path::new(link)),
+                PathBuf::from(want),
+                "{link}"
+            );
+        }
+    }
 }

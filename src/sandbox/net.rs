@@ -33,3 +33,49 @@ pub fn loopback_up() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// The DNS stub's port on 127.0.0.1 inside a sandbox with egress (UDP and TCP).
+pub const DNS_PORT: u16 = 53;
+/// The HTTP proxy's port on 127.0.0.1 inside a sandbox with egress.
+pub const PROXY_PORT: u16 = 3128;
+
+/// The listening sockets of a sandbox with egress, made by its pid 1 inside the
+/// sandbox's network namespace (before anything untrusted runs) and handed to the broker
+/// outside: the DNS stub (UDP, then TCP, on 127.0.0.1:53), the proxy (127.0.0.1:3128),
+/// then one listener on every local address for each of `ports`, in that order. Nothing
+/// is routed: a byte leaves only through a socket the broker holds.
+pub fn egress_listeners(ports: &[u16]) -> io::Result<Vec<OwnedFd>> {
+    use nix::sys::socket::{
+        AddressFamily, Backlog, SockFlag, SockType, SockaddrIn, bind, listen, setsockopt, socket,
+        sockopt,
+    };
+    let loopback = |port: u16| SockaddrIn::new(127, 0, 0, 1, port);
+    let stream = |addr: SockaddrIn| -> io::Result<OwnedFd> {
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )?;
+        setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+        bind(fd.as_raw_fd(), &addr)?;
+        listen(&fd, Backlog::new(128).unwrap_or(Backlog::MAXCONN))?;
+        Ok(fd)
+    };
+    let udp = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    bind(udp.as_raw_fd(), &loopback(DNS_PORT))?;
+    let mut fds = vec![
+        udp,
+        stream(loopback(DNS_PORT))?,
+        stream(loopback(PROXY_PORT))?,
+    ];
+    for &port in ports {
+        fds.push(stream(SockaddrIn::new(0, 0, 0, 0, port))?);
+    }
+    Ok(fds)
+}

@@ -17,6 +17,8 @@ use super::mounts::{self, Bind, RootfsPlan};
 use super::userns::Identity;
 use super::{DEFAULT_PATH, Filters, SandboxError, SandboxSpec, SeccompSource};
 
+mod egress;
+
 /// A host path exposed at the same path inside.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exposure {
@@ -42,6 +44,9 @@ pub struct RunRequest {
     pub extra_binds: Vec<(HostPath, PathBuf)>,
     /// The inside uid/gid the payload runs as (from the mapped range; default 0).
     pub payload_ids: Option<(u32, u32)>,
+    /// Egress through a broker: the ports to listen on for proxy-unaware clients (the DNS
+    /// stub and the proxy always listen). `None`: no network beyond `lo`.
+    pub egress_ports: Option<Vec<u16>>,
 }
 
 /// Longest accepted command line, all arguments together.
@@ -145,10 +150,11 @@ pub fn parse_env_arg(
 /// Builds the spec. `caller_cwd` is where the caller stands on the host (the default working
 /// directory inside when it is exposed).
 pub fn build(
-    req: RunRequest,
+    mut req: RunRequest,
     profile: &Profile,
     caller_cwd: Option<&Path>,
 ) -> Result<SandboxSpec, SandboxError> {
+    let egress = req.egress_ports.take();
     // A profile is validated when it is read; its filters are compiled later.
     build_with(
         req,
@@ -156,13 +162,14 @@ pub fn build(
         SeccompSource::Deferred(Box::new(profile.clone())),
         caller_cwd,
     )
+    .and_then(|spec| egress::apply(spec, egress))
 }
 
 /// [`build`] with the profile's filter and its seccomp floor already compiled (the
 /// launcher compiles them once per profile, not once per worker). The floor must be the
 /// one for this profile (see [`Floor::fits`]).
 pub fn build_compiled(
-    req: RunRequest,
+    mut req: RunRequest,
     profile: &Profile,
     seccomp: crate::profile::SeccompProgram,
     floor: &Floor,
@@ -179,7 +186,9 @@ pub fn build_compiled(
         profile: seccomp,
         floor_notes: floor.notes.clone(),
     };
+    let egress = req.egress_ports.take();
     build_with(req, profile, SeccompSource::Compiled(filters), caller_cwd)
+        .and_then(|spec| egress::apply(spec, egress))
 }
 
 /// Builds the spec in the order its parts depend on one another: the request is checked
@@ -225,6 +234,7 @@ fn build_with(
             dev_shm: profile.mounts.dev_shm,
             noexec_tmp: exec_allowlist.is_some(),
             proc_view: super::procfs::ProcView::new(limits.memory),
+            resolv_conf: None,
         },
         landlock,
         landlock_min_abi: profile.landlock.min_abi,
@@ -248,6 +258,7 @@ fn build_with(
         cgroup_name: req.cgroup_name,
         allow_degraded: req.allow_degraded,
         exec_allowlist,
+        egress_ports: None,
     })
 }
 
@@ -358,6 +369,7 @@ fn landlock_rules(profile: &Profile, top_dirs: &[PathBuf], exposures: &[Bind]) -
         ioctl_dev: vec![PathBuf::from("/dev")],
         list: vec![PathBuf::from("/")],
         deny_tcp: profile.landlock.deny_tcp,
+        tcp_connect_ports: Vec::new(),
     };
     for d in top_dirs {
         landlock.read.push(d.clone());

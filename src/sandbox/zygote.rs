@@ -30,40 +30,47 @@ pub fn fork_launcher(
     keep: &[RawFd],
     serve: impl FnOnce(UnixStream, UnixStream) -> i32,
 ) -> io::Result<LauncherProcess> {
-    process::ensure_single_threaded()?;
     let (req_parent, req_child) = UnixStream::pair()?;
     let (ev_parent, ev_child) = UnixStream::pair()?;
+    let mut kept = vec![req_child.as_raw_fd(), ev_child.as_raw_fd()];
+    kept.extend_from_slice(keep);
+    // The child's copies of the parent's ends are closed with every other descriptor it
+    // does not keep; the parent's copies of the child's ends go with the closure.
+    let pid = fork_helper("hatchery-launcher", &kept, move || {
+        serve(req_child, ev_child)
+    })?;
+    Ok(LauncherProcess {
+        pid,
+        requests: req_parent,
+        events: ev_parent,
+    })
+}
+
+/// Forks a helper process of this one (the launcher, an egress broker) that runs `run`
+/// and exits with its status. It dies with this process (parent-death signal), shows as
+/// `name` in `ps` (its environment stays: it may read it), and keeps no descriptor above
+/// stderr but those in `keep`. Must be called while the process is single-threaded.
+pub fn fork_helper(name: &str, keep: &[RawFd], run: impl FnOnce() -> i32) -> io::Result<Pid> {
+    process::ensure_single_threaded()?;
     let parent = nix::unistd::getpid();
     // SAFETY: the process is single-threaded (checked above), so the child may run
     // arbitrary code; it never returns into the caller's frames (it exits below).
     match unsafe { nix::unistd::fork() }.map_err(io::Error::from)? {
         ForkResult::Child => {
-            drop(req_parent);
-            drop(ev_parent);
             let _ = process::die_with_parent();
             if nix::unistd::getppid() != parent {
-                // SAFETY: the controller died before the death signal was armed.
+                // SAFETY: the parent died before the death signal was armed.
                 unsafe { libc::_exit(1) };
             }
-            // Its own name in `ps`; its environment stays (it reads it).
             if let Some(title) = process::ProcTitle::current() {
-                title.set("hatchery-launcher", false);
+                title.set(name, false);
             }
-            let mut kept = vec![req_child.as_raw_fd(), ev_child.as_raw_fd()];
-            kept.extend_from_slice(keep);
-            process::close_fds_from(3, &kept);
-            let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                serve(req_child, ev_child)
-            }))
-            .unwrap_or(70);
-            // SAFETY: leave without running the controller's destructors in this copy.
+            process::close_fds_from(3, keep);
+            let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).unwrap_or(70);
+            // SAFETY: leave without running the parent's destructors in this copy.
             unsafe { libc::_exit(code) }
         }
-        ForkResult::Parent { child } => Ok(LauncherProcess {
-            pid: child,
-            requests: req_parent,
-            events: ev_parent,
-        }),
+        ForkResult::Parent { child } => Ok(child),
     }
 }
 

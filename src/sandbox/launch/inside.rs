@@ -79,6 +79,11 @@ fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, S
     if spec.namespaces.net {
         net::loopback_up().step("loopback")?;
     }
+    if let Some(ports) = &spec.egress_ports {
+        // Made here, where the payload will look for them, and held outside only.
+        let listeners = net::egress_listeners(ports).step("egress listeners")?;
+        channel::send_listeners(chan, &listeners).step("hand over the egress listeners")?;
+    }
     let limits = userns::KernelObjectLimits::open()?;
     mounts::build_root(&spec.rootfs, &ctx.trees)?;
     await_supervisor(ToSandbox::CgroupReady, chan);

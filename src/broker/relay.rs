@@ -1,0 +1,392 @@
+//! One connection through the broker: what it must show before it goes anywhere (the
+//! TLS server name on 443, the HTTP Host on 80), the connection out, and the relay both
+//! ways within the sandbox's byte budget until either side ends or the broker stops.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::watch;
+
+use super::EgressEntry;
+use super::serve::{HEAD_TIMEOUT, State, Via, connect_timeout, denied, elapsed_ms};
+use crate::egress::{Destination, EgressError, http, tls};
+
+/// Size of one relayed chunk.
+const CHUNK: usize = 16 * 1024;
+/// The TLS port: a connection there must open with a ClientHello naming the host.
+const TLS_PORT: u16 = 443;
+/// The HTTP port: a connection there must name the host in its first request.
+const HTTP_PORT: u16 = 80;
+/// Most of a ClientHello read before deciding (one TLS record and its header).
+const MAX_HELLO: usize = 16 * 1024 + 5;
+
+/// Reads from `conn` until `parse` makes something of what came (at most `max` bytes,
+/// within [`HEAD_TIMEOUT`]): the result and every byte read.
+pub(super) async fn read_until<T>(
+    conn: &mut TcpStream,
+    max: usize,
+    parse: impl Fn(&[u8]) -> Result<Option<T>, EgressError>,
+) -> Result<(T, Vec<u8>), String> {
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 4096];
+    let deadline = tokio::time::Instant::now() + HEAD_TIMEOUT;
+    loop {
+        if let Some(t) = parse(&buf).map_err(|e| e.to_string())? {
+            return Ok((t, buf));
+        }
+        if buf.len() >= max {
+            return Err("too long".into());
+        }
+        let n = match tokio::time::timeout_at(deadline, conn.read(&mut chunk)).await {
+            Ok(Ok(0)) => return Err("closed".into()),
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err("timed out".into()),
+        };
+        buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
+    }
+}
+
+/// Answers a proxy client with a refusal (and closes).
+pub(super) async fn refuse(conn: &mut TcpStream, code: u16, reason: &str) {
+    let _ = conn.write_all(&http::status(code, reason)).await;
+    let _ = conn.shutdown().await;
+}
+
+/// A CONNECT: decided on the authority, answered, then inspected and relayed.
+pub(super) async fn connect_tunnel(
+    state: &State,
+    mut conn: TcpStream,
+    host: &str,
+    port: u16,
+    early: Vec<u8>,
+    started: Instant,
+) {
+    let dest = match state.destination(host) {
+        Ok(d) => d,
+        Err(denial) => {
+            refuse(&mut conn, 403, denial.reason()).await;
+            state.record(denied(
+                Via::Proxy,
+                Some(host.into()),
+                Some(port),
+                denial.reason(),
+                started,
+            ));
+            return;
+        }
+    };
+    if let Err(denial) = state.decide(&dest, port).await {
+        refuse(&mut conn, 403, denial.reason()).await;
+        state.record(denied(
+            Via::Proxy,
+            Some(name_of(&dest)),
+            Some(port),
+            denial.reason(),
+            started,
+        ));
+        return;
+    }
+    if conn
+        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .await
+        .is_err()
+    {
+        return;
+    }
+    inspected(state, conn, Via::Proxy, dest, port, early, started).await
+}
+
+/// An absolute-URI request: decided on the URI's host, sent on rewritten, relayed.
+pub(super) async fn forward(
+    state: &State,
+    mut conn: TcpStream,
+    host: &str,
+    port: u16,
+    head: Vec<u8>,
+    rest: Vec<u8>,
+    started: Instant,
+) {
+    let dest = match state.destination(host) {
+        Ok(d) => d,
+        Err(denial) => {
+            refuse(&mut conn, 403, denial.reason()).await;
+            state.record(denied(
+                Via::Proxy,
+                Some(host.into()),
+                Some(port),
+                denial.reason(),
+                started,
+            ));
+            return;
+        }
+    };
+    let addrs = match state.decide(&dest, port).await {
+        Ok(a) => a,
+        Err(denial) => {
+            refuse(&mut conn, 403, denial.reason()).await;
+            state.record(denied(
+                Via::Proxy,
+                Some(name_of(&dest)),
+                Some(port),
+                denial.reason(),
+                started,
+            ));
+            return;
+        }
+    };
+    let mut first = head;
+    first.extend_from_slice(&rest);
+    out(
+        state,
+        conn,
+        Via::Proxy,
+        &dest,
+        port,
+        &addrs,
+        first,
+        None,
+        started,
+    )
+    .await
+}
+
+fn name_of(dest: &Destination) -> String {
+    match dest {
+        Destination::Name(n) => n.clone(),
+        Destination::Addr(a) => a.to_string(),
+    }
+}
+
+/// What a connection to a named host on the TLS or HTTP port must show first: its
+/// ClientHello's server name, or its first request's Host, equal to the name. Other
+/// ports and explicit addresses pass as they are.
+async fn inspect(
+    conn: &mut TcpStream,
+    dest: &Destination,
+    port: u16,
+    early: Vec<u8>,
+) -> Result<(Vec<u8>, Option<String>), &'static str> {
+    let Destination::Name(name) = dest else {
+        return Ok((early, None));
+    };
+    let mut early = early;
+    let seen = match port {
+        TLS_PORT => {
+            let (hello, buf) = read_more(conn, early, MAX_HELLO, |b| {
+                tls::client_hello(b).map(|h| match h {
+                    tls::ClientHello::Incomplete => None,
+                    other => Some(other),
+                })
+            })
+            .await
+            .map_err(|_| "sni_mismatch")?;
+            early = buf;
+            match hello {
+                tls::ClientHello::Sni(sni) => sni,
+                _ => return Err("sni_mismatch"),
+            }
+        }
+        HTTP_PORT => {
+            let (host, buf) = read_more(conn, early, http::MAX_HEAD, http::first_request_host)
+                .await
+                .map_err(|_| "host_mismatch")?;
+            early = buf;
+            host
+        }
+        _ => return Ok((early, None)),
+    };
+    if seen.eq_ignore_ascii_case(name) {
+        Ok((early, Some(seen)))
+    } else if port == TLS_PORT {
+        Err("sni_mismatch")
+    } else {
+        Err("host_mismatch")
+    }
+}
+
+/// [`read_until`], starting from bytes already read.
+async fn read_more<T>(
+    conn: &mut TcpStream,
+    already: Vec<u8>,
+    max: usize,
+    parse: impl Fn(&[u8]) -> Result<Option<T>, EgressError>,
+) -> Result<(T, Vec<u8>), String> {
+    if let Some(t) = parse(&already).map_err(|e| e.to_string())? {
+        return Ok((t, already));
+    }
+    let (t, more) = read_until(conn, max.saturating_sub(already.len()), |b| {
+        let mut all = already.clone();
+        all.extend_from_slice(b);
+        parse(&all)
+    })
+    .await?;
+    let mut all = already;
+    all.extend_from_slice(&more);
+    Ok((t, all))
+}
+
+/// A decided destination that must still show who it is for (CONNECT, transparent).
+pub(super) async fn inspected(
+    state: &State,
+    mut conn: TcpStream,
+    via: Via,
+    dest: Destination,
+    port: u16,
+    early: Vec<u8>,
+    started: Instant,
+) {
+    let addrs = match state.decide(&dest, port).await {
+        Ok(a) => a,
+        Err(denial) => {
+            state.record(denied(
+                via,
+                Some(name_of(&dest)),
+                Some(port),
+                denial.reason(),
+                started,
+            ));
+            return;
+        }
+    };
+    let (first, sni) = match inspect(&mut conn, &dest, port, early).await {
+        Ok(x) => x,
+        Err(reason) => {
+            let _ = conn.shutdown().await;
+            state.record(denied(
+                via,
+                Some(name_of(&dest)),
+                Some(port),
+                reason,
+                started,
+            ));
+            return;
+        }
+    };
+    out(state, conn, via, &dest, port, &addrs, first, sni, started).await
+}
+
+/// Connects to the first of `addrs` that answers, sends `first`, relays, and records.
+#[allow(clippy::too_many_arguments)]
+async fn out(
+    state: &State,
+    conn: TcpStream,
+    via: Via,
+    dest: &Destination,
+    port: u16,
+    addrs: &[SocketAddr],
+    first: Vec<u8>,
+    sni: Option<String>,
+    started: Instant,
+) {
+    let mut upstream = None;
+    for addr in addrs {
+        if let Ok(Ok(s)) = tokio::time::timeout(connect_timeout(), TcpStream::connect(addr)).await {
+            upstream = Some((s, *addr));
+            break;
+        }
+    }
+    let Some((upstream, addr)) = upstream else {
+        state.record(denied(
+            via,
+            Some(name_of(dest)),
+            Some(port),
+            "connect_failed",
+            started,
+        ));
+        return;
+    };
+    let (bytes_out, bytes_in, reason) = both_ways(state, conn, upstream, first).await;
+    state.record(EgressEntry {
+        event: "egress_allowed".into(),
+        name: Some(name_of(dest)),
+        port: Some(port),
+        address: Some(addr.ip().to_string()),
+        sni,
+        via: via.word().into(),
+        bytes_out,
+        bytes_in,
+        duration_ms: elapsed_ms(started),
+        reason: reason.map(str::to_string),
+        qtype: None,
+    });
+}
+
+/// Relays until both directions end: bytes out, bytes in, and why it was cut, if it was.
+async fn both_ways(
+    state: &State,
+    client: TcpStream,
+    upstream: TcpStream,
+    first: Vec<u8>,
+) -> (u64, u64, Option<&'static str>) {
+    let (cr, cw) = client.into_split();
+    let (ur, mut uw) = upstream.into_split();
+    let granted = state.take_budget(first.len());
+    let head_ok = granted == first.len()
+        && uw
+            .write_all(first.get(..granted).unwrap_or_default())
+            .await
+            .is_ok();
+    if !head_ok {
+        return (0, 0, state.budget_spent().then_some("budget_exhausted"));
+    }
+    let sent = u64::try_from(granted).unwrap_or(0);
+    // Either direction cut short (the budget) ends the other too.
+    let (cut, _) = watch::channel(false);
+    let (up, down) = tokio::join!(one_way(state, cr, uw, &cut), one_way(state, ur, cw, &cut));
+    (sent.saturating_add(up.0), down.0, up.1.or(down.1))
+}
+
+/// Resolves once the broker stops, or the connection is cut.
+async fn ended(stop: &mut watch::Receiver<bool>, cut: &mut watch::Receiver<bool>) -> &'static str {
+    tokio::select! {
+        _ = stop.wait_for(|s| *s) => "stopped",
+        _ = cut.wait_for(|c| *c) => "budget_exhausted",
+    }
+}
+
+/// One direction: bytes moved and why it was cut, if it was.
+async fn one_way(
+    state: &State,
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    cut: &watch::Sender<bool>,
+) -> (u64, Option<&'static str>) {
+    let mut stop = state.stop.clone();
+    let mut cut_seen = cut.subscribe();
+    let mut buf = vec![0u8; CHUNK];
+    let mut moved: u64 = 0;
+    loop {
+        let n = tokio::select! {
+            why = ended(&mut stop, &mut cut_seen) => {
+                let _ = to.shutdown().await;
+                return (moved, Some(why));
+            }
+            r = from.read(&mut buf) => match r {
+                Ok(0) | Err(_) => {
+                    let _ = to.shutdown().await;
+                    return (moved, None);
+                }
+                Ok(n) => n,
+            },
+        };
+        let granted = state.take_budget(n);
+        let chunk = buf.get(..granted).unwrap_or_default();
+        let written = tokio::select! {
+            why = ended(&mut stop, &mut cut_seen) => return (moved, Some(why)),
+            w = to.write_all(chunk) => w,
+        };
+        if written.is_err() {
+            return (moved, None);
+        }
+        moved = moved.saturating_add(u64::try_from(granted).unwrap_or(0));
+        if granted < n {
+            let _ = to.shutdown().await;
+            cut.send_replace(true);
+            return (moved, Some("budget_exhausted"));
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! `run`'s egress flags: which hosts the sandbox may reach through the broker, how names
+//! resolve for it, and how many bytes it may move.
+
+use std::time::Duration;
+
+use clap::Args;
+
+use hatchery::broker::{Broker, BrokerConfig, Summary};
+use hatchery::egress::{AllowHost, AllowList, Resolution};
+use hatchery::sandbox::{Sandbox, SandboxError};
+use hatchery::units;
+
+/// How long a stopping broker gets to report before it is killed.
+const STOP_WITHIN: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, Args, Default)]
+pub struct EgressArgs {
+    /// Let the command reach HOST:PORT, and nothing else, through a broker outside the
+    /// sandbox (repeatable). HOST is a name (api.example.com), a one-label wildcard
+    /// (*.pypi.org, not pypi.org itself), an IP ([::1] for IPv6) or a CIDR
+    /// (10.0.0.0/8); private, loopback and link-local addresses are reached only when
+    /// named this way
+    #[arg(long = "allow-host", value_name = "HOST:PORT", value_parser = parse_allow_host)]
+    pub allow_host: Vec<AllowHost>,
+    /// Resolve NAME to ADDR for the broker, before the host's resolver (repeatable)
+    #[arg(long = "resolve", value_name = "NAME=ADDR", value_parser = parse_resolve)]
+    pub resolve: Vec<(String, std::net::IpAddr)>,
+    /// Bytes the command may move through the broker, both ways together (64K, 10M);
+    /// a connection is cut when they are spent
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = parse_budget)]
+    pub max_egress: Option<u64>,
+}
+
+fn parse_budget(s: &str) -> Result<u64, String> {
+    match units::parse_size(s) {
+        Ok(0) => {
+            Err("an egress budget of 0 bytes allows nothing: leave out --allow-host instead".into())
+        }
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn parse_allow_host(s: &str) -> Result<AllowHost, String> {
+    s.parse::<AllowHost>().map_err(|e| e.to_string())
+}
+
+fn parse_resolve(s: &str) -> Result<(String, std::net::IpAddr), String> {
+    Resolution::parse_entry(s).map_err(|e| e.to_string())
+}
+
+/// What a run with egress needs: the broker's settings.
+pub struct EgressPlan {
+    config: BrokerConfig,
+}
+
+impl EgressArgs {
+    /// The broker's settings, when any host is allowed (`--resolve` and `--max-egress`
+    /// alone change nothing, and are refused as such).
+    pub fn plan(&self) -> Result<Option<EgressPlan>, SandboxError> {
+        if self.allow_host.is_empty() {
+            if !self.resolve.is_empty() || self.max_egress.is_some() {
+                return Err(SandboxError::Invalid(
+                    "--resolve and --max-egress apply to hosts allowed with --allow-host HOST:PORT; none is".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        let allow = AllowList::new(self.allow_host.clone())
+            .map_err(|e| SandboxError::Invalid(format!("--allow-host: {e}")))?;
+        let mut resolution = Resolution::default();
+        for (name, addr) in &self.resolve {
+            resolution.insert(name, *addr);
+        }
+        let ports = allow.ports().into_iter().collect();
+        Ok(Some(EgressPlan {
+            config: BrokerConfig {
+                allow,
+                resolution,
+                max_bytes: self.max_egress,
+                ports,
+            },
+        }))
+    }
+}
+
+impl EgressPlan {
+    /// The ports the sandbox listens on for proxy-unaware clients.
+    pub fn ports(&self) -> Vec<u16> {
+        self.config.ports.clone()
+    }
+
+    /// Starts the broker on the listeners `sandbox` handed over.
+    pub fn start(self, sandbox: &mut Sandbox) -> Result<RunningBroker, SandboxError> {
+        let listeners = sandbox.take_egress_listeners();
+        if listeners.is_empty() {
+            // The sandbox failed before it made them; its failure is reported as such.
+            return Ok(RunningBroker(None));
+        }
+        Broker::start(self.config, listeners)
+            .map(|b| RunningBroker(Some(b)))
+            .map_err(|e| SandboxError::Internal(format!("cannot start the egress broker: {e}")))
+    }
+}
+
+/// A run's broker, while the sandbox runs.
+pub struct RunningBroker(Option<Broker>);
+
+impl RunningBroker {
+    /// Ends the broker (every connection closed) and returns what it recorded.
+    pub fn stop(self) -> Option<Summary> {
+        self.0.map(|b| b.stop(STOP_WITHIN))
+    }
+}
