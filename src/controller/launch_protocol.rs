@@ -45,6 +45,20 @@ pub struct LaunchSpec {
     /// the controller's default cap.
     #[serde(default)]
     pub max_output_bytes: Option<u64>,
+    /// Egress through a broker (the manifest's `resources.network_policy.allow_hosts`);
+    /// `None`: no network beyond `lo` and the controller socket.
+    #[serde(default)]
+    pub egress: Option<LaunchEgress>,
+}
+
+/// A worker's egress, as its manifest grants it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchEgress {
+    /// The allowed hosts, canonical `HOST:PORT` entries (see [`crate::egress::AllowHost`]).
+    pub allow_hosts: Vec<crate::egress::AllowHost>,
+    /// Bytes the worker may move through the broker, both ways together.
+    pub max_bytes: Option<u64>,
 }
 
 /// What the controller decides about a worker's start beyond its manifest.
@@ -120,6 +134,7 @@ impl LaunchSpec {
                     .max_output_bytes
                     .map_or(place.default_output_cap, |b| b.get()),
             ),
+            egress: None,
         }
     }
 }

@@ -396,6 +396,7 @@ mod tests {
                 cgroup_name: id.into(),
                 allow_exec: Vec::new(),
                 max_output_bytes: None,
+                egress: None,
             }),
         }
     }
