@@ -74,6 +74,10 @@ pub mod event {
     pub const IMPERSONATION_ATTEMPT: &str = "impersonation_attempt";
     /// Entries a worker caused beyond its audit budget, counted by event.
     pub const AUDIT_SUPPRESSED: &str = "audit_suppressed";
+    pub const EGRESS_ALLOWED: &str = "egress_allowed";
+    pub const EGRESS_DENIED: &str = "egress_denied";
+    pub const DNS_ANSWERED: &str = "dns_answered";
+    pub const DNS_REFUSED: &str = "dns_refused";
     pub const CLIENT_REJECTED: &str = "client_rejected";
     pub const CONTROLLER_STARTED: &str = "controller_started";
     pub const CONTROLLER_STOPPED: &str = "controller_stopped";

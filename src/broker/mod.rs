@@ -12,6 +12,7 @@ mod relay;
 mod serve;
 
 use std::io::{self, Read};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
@@ -25,8 +26,6 @@ use crate::sandbox::{wait, zygote};
 
 /// Most entries a broker keeps; past it, entries are counted, not kept.
 pub const MAX_ENTRIES: usize = 1000;
-/// Largest summary read back from a broker.
-const MAX_SUMMARY: u64 = 4 << 20;
 
 /// What a broker enforces for one sandbox.
 #[derive(Debug, Clone)]
@@ -71,10 +70,28 @@ pub struct Summary {
     pub lookups: u64,
 }
 
+/// One line from the broker to its supervisor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Line {
+    Entry(EgressEntry),
+    /// The last line.
+    Summary {
+        dropped: u64,
+        lookups: u64,
+    },
+}
+
+/// Longest line read from a broker (an entry is far shorter).
+const MAX_LINE: usize = 64 << 10;
+
 /// The supervisor's handle on a running broker.
 pub struct Broker {
     pid: Option<Pid>,
     control: UnixStream,
+    /// A line not yet complete.
+    partial: Vec<u8>,
+    summary: Summary,
 }
 
 impl Broker {
@@ -90,18 +107,70 @@ impl Broker {
         Ok(Broker {
             pid: Some(pid),
             control: ours,
+            partial: Vec::new(),
+            summary: Summary::default(),
         })
     }
 
-    /// Stops the broker: every connection is closed; what it recorded comes back (empty
-    /// when it does not answer within `within`, and then it is killed).
+    /// The descriptor to poll: readable when entries wait.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.control.as_fd()
+    }
+
+    /// The entries that have arrived, without waiting.
+    pub fn take_entries(&mut self) -> Vec<EgressEntry> {
+        let _ = self.control.set_nonblocking(true);
+        self.read_lines(None);
+        std::mem::take(&mut self.summary.entries)
+    }
+
+    /// Stops the broker: every connection is closed; what it recorded and has not been
+    /// taken comes back (what arrived within `within`; then it is killed).
     pub fn stop(mut self, within: Duration) -> Summary {
         let _ = self.control.shutdown(std::net::Shutdown::Write);
-        let _ = self.control.set_read_timeout(Some(within));
-        let mut text = Vec::new();
-        let _ = (&self.control).take(MAX_SUMMARY).read_to_end(&mut text);
+        let _ = self.control.set_nonblocking(false);
+        self.read_lines(Some(within));
         self.end();
-        serde_json::from_slice(&text).unwrap_or_default()
+        std::mem::take(&mut self.summary)
+    }
+
+    /// Reads lines until there are no more for now (`None`) or until the end or `within`.
+    fn read_lines(&mut self, within: Option<Duration>) {
+        let deadline = within.and_then(|w| std::time::Instant::now().checked_add(w));
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            if let Some(d) = deadline {
+                let left = d.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() || self.control.set_read_timeout(Some(left)).is_err() {
+                    return;
+                }
+            }
+            let n = match self.control.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            self.partial
+                .extend_from_slice(buf.get(..n).unwrap_or_default());
+            while let Some(at) = self.partial.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.partial.drain(..=at).collect();
+                match serde_json::from_slice::<Line>(&line) {
+                    // A broker is confined but parses hostile bytes: what it sends is
+                    // bounded here too.
+                    Ok(Line::Entry(_)) if self.summary.entries.len() >= 2 * MAX_ENTRIES => {
+                        self.summary.dropped = self.summary.dropped.saturating_add(1);
+                    }
+                    Ok(Line::Entry(e)) => self.summary.entries.push(e),
+                    Ok(Line::Summary { dropped, lookups }) => {
+                        self.summary.dropped = self.summary.dropped.saturating_add(dropped);
+                        self.summary.lookups = lookups;
+                    }
+                    Err(_) => {}
+                }
+            }
+            if self.partial.len() > MAX_LINE {
+                self.partial.clear();
+            }
+        }
     }
 
     fn end(&mut self) {

@@ -2,21 +2,21 @@
 //! connection on a single-threaded runtime, until the supervisor closes the control
 //! socket; then the summary goes back on it.
 
-use std::io::Write;
 use std::net::IpAddr;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 
 use super::relay;
-use super::{BrokerConfig, EgressEntry, MAX_ENTRIES, Summary};
+use super::{BrokerConfig, EgressEntry, Line, MAX_ENTRIES};
 use crate::egress::{Denial, Destination, FakePool, dns, http, policy};
 
 /// Connections one sandbox may hold open through the broker at once.
@@ -27,6 +27,43 @@ pub(super) const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connections get to record themselves once the broker is stopped.
 const STOP_GRACE: Duration = Duration::from_millis(500);
+/// How long the last entries get to reach the supervisor.
+const FINISH_WITHIN: Duration = Duration::from_secs(3);
+
+/// Entries on their way to the supervisor. However fast a sandbox opens connections,
+/// what it causes the supervisor to read (and a controller to audit) stays bounded: at
+/// most [`MAX_ENTRIES`] wait, and past a burst of as many they pass at [`ENTRY_RATE`].
+struct Outbox {
+    queue: std::collections::VecDeque<EgressEntry>,
+    dropped: u64,
+    tokens: f64,
+    refilled: Instant,
+}
+
+/// Entries per second past the first burst.
+const ENTRY_RATE: f64 = 50.0;
+
+impl Outbox {
+    fn new() -> Outbox {
+        Outbox {
+            queue: Default::default(),
+            dropped: 0,
+            tokens: MAX_ENTRIES as f64,
+            refilled: Instant::now(),
+        }
+    }
+
+    fn admit(&mut self, now: Instant) -> bool {
+        let earned = now.saturating_duration_since(self.refilled).as_secs_f64() * ENTRY_RATE;
+        self.tokens = (self.tokens + earned).min(MAX_ENTRIES as f64);
+        self.refilled = now;
+        if self.tokens < 1.0 || self.queue.len() >= MAX_ENTRIES {
+            return false;
+        }
+        self.tokens -= 1.0;
+        true
+    }
+}
 
 /// What every task of the broker shares.
 pub(super) struct State {
@@ -34,18 +71,26 @@ pub(super) struct State {
     pool: Mutex<FakePool>,
     /// Bytes left to move, when there is a budget.
     pub(super) budget: Option<AtomicU64>,
-    summary: Mutex<Summary>,
+    outbox: Mutex<Outbox>,
+    /// Wakes the writer when the outbox has something.
+    wake: Notify,
+    /// Set once the broker stops: the writer sends the rest and the summary.
+    finishing: AtomicBool,
     lookups: AtomicU64,
     pub(super) stop: watch::Receiver<bool>,
 }
 
 impl State {
+    /// Queues an entry for the supervisor: within [`MAX_ENTRIES`] waiting and the
+    /// entry rate, else only counted.
     pub(super) fn record(&self, entry: EgressEntry) {
-        let mut s = self.summary.lock().unwrap_or_else(PoisonError::into_inner);
-        if s.entries.len() < MAX_ENTRIES {
-            s.entries.push(entry);
+        let mut o = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+        if o.admit(Instant::now()) {
+            o.queue.push_back(entry);
+            drop(o);
+            self.wake.notify_one();
         } else {
-            s.dropped = s.dropped.saturating_add(1);
+            o.dropped = o.dropped.saturating_add(1);
         }
     }
 
@@ -149,16 +194,18 @@ pub(super) fn main(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUn
     else {
         return 1;
     };
-    let summary = rt.block_on(run(config, listeners, &control));
-    drop(rt);
-    let text = serde_json::to_vec(&summary).unwrap_or_default();
-    let mut control = control;
-    let _ = control.set_nonblocking(false);
-    let _ = control.write_all(&text);
+    rt.block_on(run(config, listeners, control));
     0
 }
 
-async fn run(config: BrokerConfig, listeners: Vec<OwnedFd>, control: &StdUnixStream) -> Summary {
+async fn run(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUnixStream) {
+    let Ok(control) = control
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::UnixStream::from_std(control))
+    else {
+        return;
+    };
+    let (mut from_supervisor, to_supervisor) = control.into_split();
     let (stop_tx, stop_rx) = watch::channel(false);
     let budget = config.max_bytes.map(AtomicU64::new);
     let ports = config.ports.clone();
@@ -166,7 +213,9 @@ async fn run(config: BrokerConfig, listeners: Vec<OwnedFd>, control: &StdUnixStr
         config,
         pool: Mutex::new(FakePool::default()),
         budget,
-        summary: Mutex::new(Summary::default()),
+        outbox: Mutex::new(Outbox::new()),
+        wake: Notify::new(),
+        finishing: AtomicBool::new(false),
         lookups: AtomicU64::new(0),
         stop: stop_rx,
     });
@@ -184,7 +233,10 @@ async fn run(config: BrokerConfig, listeners: Vec<OwnedFd>, control: &StdUnixStr
             tasks.spawn(accept_loop(state.clone(), slots.clone(), l, via));
         }
     }
-    wait_for_stop(control).await;
+    // Entries go out as they come, while the supervisor reads (a controller does; `run`
+    // reads them all at the end). The writer is never cut mid-line.
+    let writer = tokio::spawn(writer(state.clone(), to_supervisor));
+    wait_for_stop(&mut from_supervisor).await;
     let _ = stop_tx.send(true);
     // Connections see the stop and record themselves; the listeners go with the runtime.
     let _ = tokio::time::timeout(STOP_GRACE, async {
@@ -192,25 +244,64 @@ async fn run(config: BrokerConfig, listeners: Vec<OwnedFd>, control: &StdUnixStr
     })
     .await;
     tasks.abort_all();
-    let mut summary =
-        std::mem::take(&mut *state.summary.lock().unwrap_or_else(PoisonError::into_inner));
-    summary.lookups = state.lookups.load(Ordering::SeqCst);
-    summary
+    state.finishing.store(true, Ordering::SeqCst);
+    state.wake.notify_one();
+    let _ = tokio::time::timeout(FINISH_WITHIN, writer).await;
+}
+
+/// Writes entries as they are queued; once the broker is finishing, the rest and the
+/// summary line.
+async fn writer(state: Arc<State>, mut out: tokio::net::unix::OwnedWriteHalf) {
+    loop {
+        state.wake.notified().await;
+        if write_entries(&state, &mut out).await.is_err() {
+            return;
+        }
+        if state.finishing.load(Ordering::SeqCst) {
+            let dropped = state
+                .outbox
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .dropped;
+            let lookups = state.lookups.load(Ordering::SeqCst);
+            let _ = write_line(&mut out, &Line::Summary { dropped, lookups }).await;
+            return;
+        }
+    }
+}
+
+/// Writes every queued entry to the supervisor, one JSON line each.
+async fn write_entries(
+    state: &State,
+    out: &mut tokio::net::unix::OwnedWriteHalf,
+) -> std::io::Result<()> {
+    loop {
+        let next = state
+            .outbox
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .queue
+            .pop_front();
+        let Some(entry) = next else {
+            return Ok(());
+        };
+        write_line(out, &Line::Entry(entry)).await?;
+    }
+}
+
+async fn write_line(
+    out: &mut tokio::net::unix::OwnedWriteHalf,
+    line: &Line,
+) -> std::io::Result<()> {
+    let mut text = serde_json::to_vec(line).map_err(std::io::Error::other)?;
+    text.push(b'\n');
+    out.write_all(&text).await
 }
 
 /// Returns once the supervisor has closed its end of the control socket (or it fails).
-async fn wait_for_stop(control: &StdUnixStream) {
-    let Ok(clone) = control.try_clone() else {
-        return;
-    };
-    if clone.set_nonblocking(true).is_err() {
-        return;
-    }
-    let Ok(mut control) = tokio::net::UnixStream::from_std(clone) else {
-        return;
-    };
+async fn wait_for_stop(from: &mut tokio::net::unix::OwnedReadHalf) {
     let mut buf = [0u8; 64];
-    while let Ok(n) = control.read(&mut buf).await {
+    while let Ok(n) = from.read(&mut buf).await {
         if n == 0 {
             break;
         }

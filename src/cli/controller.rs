@@ -150,6 +150,10 @@ pub struct ControllerArgs {
     /// every worker's output is cut
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = units::parse_output_cap)]
     pub worker_output_total: u64,
+    /// Resolve NAME to ADDR for every worker's egress broker, before the host's resolver
+    /// (repeatable)
+    #[arg(long = "resolve", value_name = "NAME=ADDR", value_parser = super::egress::parse_resolve)]
+    pub resolve: Vec<(String, std::net::IpAddr)>,
 }
 
 /// A group by name (`/etc/group`, NSS) or by number.
@@ -180,6 +184,13 @@ pub fn controller_main(args: ControllerArgs) -> i32 {
         new_audit_trail: args.new_audit_trail,
         worker_output_cap: args.worker_output_cap,
         worker_output_total: args.worker_output_total,
+        egress_resolution: {
+            let mut r = hatchery::egress::Resolution::default();
+            for (name, addr) in &args.resolve {
+                r.insert(name, *addr);
+            }
+            r
+        },
     };
     tracing::info!(socket = %opts.paths.socket.display(), state_dir = %opts.paths.state_dir.display(), "controller starting");
     match controller::run(opts) {

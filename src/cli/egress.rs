@@ -45,7 +45,7 @@ fn parse_allow_host(s: &str) -> Result<AllowHost, String> {
     s.parse::<AllowHost>().map_err(|e| e.to_string())
 }
 
-fn parse_resolve(s: &str) -> Result<(String, std::net::IpAddr), String> {
+pub fn parse_resolve(s: &str) -> Result<(String, std::net::IpAddr), String> {
     Resolution::parse_entry(s).map_err(|e| e.to_string())
 }
 

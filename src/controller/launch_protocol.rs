@@ -202,6 +202,13 @@ pub enum LauncherEvent {
     Usage {
         workers: Vec<(String, LiveUsage)>,
     },
+    /// What a worker's egress broker recorded (connections, DNS answers), and how many
+    /// entries it only counted.
+    Egress {
+        worker_id: String,
+        entries: Vec<crate::broker::EgressEntry>,
+        dropped: u64,
+    },
     /// A request the launcher could not take (too large, malformed); it reads on.
     Refused {
         error: String,

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags};
 
+use crate::broker::{Broker, BrokerConfig, EgressEntry};
+use crate::egress::{AllowList, Resolution};
 use crate::paths::{Dir, check_host_path};
 use crate::profile::floor::Floor;
 use crate::profile::{Profile, SeccompProgram};
@@ -28,12 +30,27 @@ use super::wire::{self, FrameError};
 /// Where the hatchery binary appears inside workers (for `hatchery agent`).
 pub const AGENT_BIN_DIR: &str = "/run/hatchery/bin";
 
+/// How long a worker's broker gets to report once the worker has ended.
+const BROKER_STOP: Duration = Duration::from_secs(1);
+/// Egress entries per launcher event (a frame stays far below the frame limit).
+const EGRESS_PER_EVENT: usize = 64;
+
+/// A started worker: its sandbox, deadline, log pump and egress broker settings.
+type Launched = (
+    Sandbox,
+    Option<Instant>,
+    Option<OutputPump>,
+    Option<BrokerConfig>,
+);
+
 struct Running {
     sandbox: Sandbox,
     deadline: Option<Instant>,
     timed_out: bool,
     /// The worker's stdout and stderr on their way to its log, under a cap.
     output: Option<OutputPump>,
+    /// The worker's egress broker, when its manifest allows hosts.
+    broker: Option<Broker>,
 }
 
 /// A profile as the launcher keeps it: resolved and compiled once, with both seccomp
@@ -55,6 +72,8 @@ struct Launcher {
     events: UnixStream,
     /// What every worker's log may still take, together, in this launcher's run.
     output_budget: OutputBudget,
+    /// The operator's name resolution for every worker's broker (`--resolve`).
+    resolution: Resolution,
 }
 
 impl Launcher {
@@ -83,7 +102,25 @@ impl Launcher {
     fn launch(&mut self, spec: LaunchSpec, socket: Option<OwnedFd>) {
         let id = spec.worker_id.clone();
         match self.try_launch(spec, socket) {
-            Ok((sandbox, deadline, output)) => {
+            Ok((mut sandbox, deadline, output, egress)) => {
+                // Forked while the launcher is single-threaded, as every sandbox is.
+                let broker = match egress.map(|cfg| {
+                    Broker::start(cfg, sandbox.take_egress_listeners())
+                        .map_err(|e| format!("cannot start the egress broker: {e}"))
+                }) {
+                    Some(Err(error)) => {
+                        sandbox.kill();
+                        let status = sandbox.reap_status();
+                        drop(sandbox.finish(status, false));
+                        self.emit(&LauncherEvent::StartFailed {
+                            worker_id: id,
+                            error,
+                        });
+                        return;
+                    }
+                    Some(Ok(b)) => Some(b),
+                    None => None,
+                };
                 let ev = LauncherEvent::Started {
                     worker_id: id.clone(),
                     pid: sandbox.pid(),
@@ -100,6 +137,7 @@ impl Launcher {
                         deadline,
                         timed_out: false,
                         output,
+                        broker,
                     },
                 );
                 self.emit(&ev);
@@ -111,19 +149,17 @@ impl Launcher {
         }
     }
 
-    fn try_launch(
-        &mut self,
-        ls: LaunchSpec,
-        socket: Option<OwnedFd>,
-    ) -> Result<(Sandbox, Option<Instant>, Option<OutputPump>), String> {
+    fn try_launch(&mut self, ls: LaunchSpec, socket: Option<OwnedFd>) -> Result<Launched, String> {
         if self.running.contains_key(&ls.worker_id) {
             return Err(format!("worker {} is already running", ls.worker_id));
         }
         if ls.share_network {
             // Half of the host's network (its loopback services, its interfaces) is no
-            // policy: until egress goes through the supervisor, a worker never shares it.
-            return Err("allow_external is refused: a worker never shares the host's network namespace (egress through the supervisor is not available yet)".into());
+            // policy: a worker reaches named hosts through its broker, never the host's
+            // network namespace.
+            return Err("allow_external is refused: a worker never shares the host's network namespace; list the hosts it may reach in network_policy.allow_hosts".into());
         }
+        let egress = self.egress(&ls)?;
         let Compiled {
             mut profile,
             program,
@@ -166,7 +202,7 @@ impl Launcher {
             cgroup_name: ls.cgroup_name.clone(),
             extra_binds,
             payload_ids: ls.payload_ids,
-            egress_ports: None,
+            egress_ports: egress.as_ref().map(|c| c.ports.clone()),
         };
         let floor = if profile.landlock.allow_exec.is_some() {
             &floor_allowlist
@@ -208,7 +244,43 @@ impl Launcher {
             ls.timeout_ms
                 .and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms))),
             output,
+            egress,
         ))
+    }
+
+    /// The broker settings of a worker whose manifest allows hosts.
+    fn egress(&self, ls: &LaunchSpec) -> Result<Option<BrokerConfig>, String> {
+        let Some(e) = &ls.egress else {
+            return Ok(None);
+        };
+        let allow = AllowList::new(e.allow_hosts.clone()).map_err(|e| e.to_string())?;
+        let ports = allow.ports().into_iter().collect();
+        Ok(Some(BrokerConfig {
+            allow,
+            resolution: self.resolution.clone(),
+            max_bytes: e.max_bytes,
+            ports,
+        }))
+    }
+
+    /// Passes on what a worker's broker recorded, in frames of bounded size.
+    fn emit_egress(&mut self, id: &str, entries: Vec<EgressEntry>, dropped: u64) {
+        let mut chunks = entries.chunks(EGRESS_PER_EVENT).peekable();
+        if chunks.peek().is_none() && dropped == 0 {
+            return;
+        }
+        let mut dropped = Some(dropped);
+        loop {
+            let chunk = chunks.next().unwrap_or_default();
+            self.emit(&LauncherEvent::Egress {
+                worker_id: id.to_string(),
+                entries: chunk.to_vec(),
+                dropped: dropped.take().unwrap_or(0),
+            });
+            if chunks.peek().is_none() {
+                break;
+            }
+        }
     }
 
     fn reap(&mut self, id: &str) {
@@ -222,6 +294,11 @@ impl Launcher {
             p.summary()
         });
         let outcome = r.sandbox.finish(status, r.timed_out);
+        // The sandbox is gone: its connections go with the broker.
+        if let Some(b) = r.broker.take() {
+            let summary = b.stop(BROKER_STOP);
+            self.emit_egress(id, summary.entries, summary.dropped);
+        }
         self.emit(&LauncherEvent::Exited {
             worker_id: id.to_string(),
             exit_code: outcome.exit_code,
@@ -268,7 +345,13 @@ impl Launcher {
 
 /// The launcher's main loop; returns its exit status. Every worker's log together takes
 /// at most `output_total` bytes in the launcher's run.
-pub fn serve(requests: UnixStream, events: UnixStream, workers: Dir, output_total: u64) -> i32 {
+pub fn serve(
+    requests: UnixStream,
+    events: UnixStream,
+    workers: Dir,
+    output_total: u64,
+    resolution: Resolution,
+) -> i32 {
     let mut requests = match Inbox::new(requests) {
         Ok(i) => i,
         Err(_) => return 1,
@@ -283,6 +366,7 @@ pub fn serve(requests: UnixStream, events: UnixStream, workers: Dir, output_tota
         running: HashMap::new(),
         events,
         output_budget: std::rc::Rc::new(std::cell::Cell::new(output_total)),
+        resolution,
     };
     let swept = l
         .host
@@ -321,10 +405,14 @@ pub fn serve(requests: UnixStream, events: UnixStream, workers: Dir, output_tota
                     fds.push(PollFd::new(r.sandbox.pidfd(), PollFlags::POLLIN));
                 }
             }
-            // Output pipes after the pidfds, so the indices above stay as they are.
+            // Output pipes and brokers after the pidfds, so the indices above stay as
+            // they are.
             for r in l.running.values() {
                 if let Some(p) = &r.output {
                     fds.extend(p.poll_fds());
+                }
+                if let Some(b) = &r.broker {
+                    fds.push(PollFd::new(b.fd(), PollFlags::POLLIN));
                 }
             }
             match wait::poll_until(&mut fds, next, Some(Duration::from_secs(60))) {
@@ -344,10 +432,20 @@ pub fn serve(requests: UnixStream, events: UnixStream, workers: Dir, output_tota
             (request_ready, exited)
         };
         // Cheap when nothing is ready: every read and write is non-blocking.
-        for r in l.running.values_mut() {
+        let mut egress = Vec::new();
+        for (id, r) in l.running.iter_mut() {
             if let Some(p) = &mut r.output {
                 p.progress();
             }
+            if let Some(b) = &mut r.broker {
+                let entries = b.take_entries();
+                if !entries.is_empty() {
+                    egress.push((id.clone(), entries));
+                }
+            }
+        }
+        for (id, entries) in egress {
+            l.emit_egress(&id, entries, 0);
         }
         for id in exited {
             l.reap(&id);

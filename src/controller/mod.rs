@@ -90,6 +90,8 @@ pub struct ControllerOptions {
     pub worker_output_cap: u64,
     /// Most output every worker's log keeps together in one run of the controller.
     pub worker_output_total: u64,
+    /// The operator's name resolution for workers' egress brokers (`--resolve`).
+    pub egress_resolution: crate::egress::Resolution,
 }
 
 fn random_hex(bytes: usize) -> Result<String, ControllerError> {
@@ -122,7 +124,12 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         process: launcher,
         engine_workers,
         cgroup_owner,
-    } = start_launcher(paths, workers, opts.worker_output_total)?;
+    } = start_launcher(
+        paths,
+        workers,
+        opts.worker_output_total,
+        opts.egress_resolution.clone(),
+    )?;
     let pid_file = paths.state_dir.join("controller.pid");
     state
         .write_atomically(
@@ -251,6 +258,7 @@ fn start_launcher(
     paths: &ControllerPaths,
     workers: Dir,
     output_total: u64,
+    resolution: crate::egress::Resolution,
 ) -> Result<Launcher, ControllerError> {
     let engine_workers = workers
         .try_clone()
@@ -260,7 +268,7 @@ fn start_launcher(
     ))];
     tracing::debug!("starting the launcher (it starts and supervises the sandboxes)");
     let process = crate::sandbox::zygote::fork_launcher(&keep, move |req, ev| {
-        launcher::serve(req, ev, workers, output_total)
+        launcher::serve(req, ev, workers, output_total, resolution)
     })
     .map_err(|e| ControllerError::Setup(format!("cannot start the launcher: {e}")))?;
     let launcher_start =

@@ -4,6 +4,7 @@
 use serde_json::json;
 
 use crate::audit::event;
+use crate::broker::EgressEntry;
 use crate::manifest::WorkerId;
 use crate::sandbox::handle::KillHandle;
 
@@ -71,6 +72,11 @@ impl Engine {
                 }
             }
             ev @ LauncherEvent::Started { .. } => self.started(ev),
+            LauncherEvent::Egress {
+                worker_id,
+                entries,
+                dropped,
+            } => self.egress(worker_id, entries, dropped),
             LauncherEvent::StartFailed { worker_id, error } => {
                 let Ok(id) = WorkerId::new(worker_id) else {
                     return;
@@ -93,6 +99,35 @@ impl Engine {
                 self.last_usage = workers;
                 self.answer_ps();
             }
+        }
+    }
+
+    /// Records what a worker's egress broker saw: each connection and DNS answer is an
+    /// entry caused by the worker (so its audit budget bounds them), and what the broker
+    /// only counted is said as suppressed.
+    fn egress(&mut self, worker_id: String, entries: Vec<EgressEntry>, dropped: u64) {
+        let Ok(id) = WorkerId::new(worker_id) else {
+            return;
+        };
+        if self.registry.get(&id).is_none() {
+            return;
+        }
+        let actor = format!("worker:{id}");
+        for e in entries {
+            let ev = match e.event.as_str() {
+                "egress_allowed" => event::EGRESS_ALLOWED,
+                "egress_denied" => event::EGRESS_DENIED,
+                "dns_answered" => event::DNS_ANSWERED,
+                _ => event::DNS_REFUSED,
+            };
+            let details = serde_json::to_value(&e).unwrap_or_default();
+            self.record(ev, &actor, Some(&id), details, false);
+        }
+        if dropped > 0 {
+            self.record_suppressed(
+                &id,
+                std::iter::once(("egress".to_string(), dropped)).collect(),
+            );
         }
     }
 
