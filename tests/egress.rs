@@ -876,3 +876,58 @@ fn reserved_ports_and_malformed_allow_entries_are_refused_before_anything_starts
         );
     }
 }
+
+#[test]
+fn the_host_network_is_shared_only_when_asked_for_in_so_many_words() {
+    let dir = shared_tempdir();
+    let profile = canonical(dir.path()).join("host-net.toml");
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/default.toml"),
+    )
+    .unwrap_or_default()
+    .replace("name = \"default\"", "name = \"host-net\"")
+    .replace("net = true", "net = false");
+    std::fs::write(&profile, text).unwrap_or_else(|e| panic!("{e}"));
+    let interfaces = "import socket; print(len(socket.if_nameindex()))";
+    // A profile that shares the host's network is refused without the flag...
+    let o = hatchery_cmd(&[
+        "run",
+        "--profile",
+        profile.to_str().unwrap_or_default(),
+        "--",
+        PYTHON,
+        "-c",
+        interfaces,
+    ]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--dangerously-share-host-network"),
+        "{}",
+        stderr(&o)
+    );
+    // ...the flag shares it (more interfaces than the sandbox's own `lo`)...
+    let o = hatchery_cmd(&[
+        "run",
+        "--dangerously-share-host-network",
+        "--",
+        PYTHON,
+        "-c",
+        interfaces,
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let host = std::fs::read_dir("/sys/class/net").map_or(0, |d| d.count());
+    assert_eq!(stdout(&o).trim(), host.to_string(), "{}", stderr(&o));
+    // ...and without it the sandbox has its `lo` alone.
+    let o = hatchery_cmd(&["run", "--", PYTHON, "-c", interfaces]);
+    assert_eq!(stdout(&o).trim(), "1", "{}", stderr(&o));
+    // A broker and the host's network exclude each other.
+    let o = hatchery_cmd(&[
+        "run",
+        "--dangerously-share-host-network",
+        "--allow-host",
+        "api.test:443",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+}

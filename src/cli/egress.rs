@@ -7,6 +7,7 @@ use clap::Args;
 
 use hatchery::broker::{Broker, BrokerConfig, Summary};
 use hatchery::egress::{AllowHost, AllowList, Resolution};
+use hatchery::profile::Profile;
 use hatchery::sandbox::{Sandbox, SandboxError};
 use hatchery::units;
 
@@ -29,6 +30,11 @@ pub struct EgressArgs {
     /// a connection is cut when they are spent
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = parse_budget)]
     pub max_egress: Option<u64>,
+    /// Run in the host's network namespace: every interface of the host, its loopback
+    /// services and the cloud metadata service become reachable. Needed for a profile
+    /// with `[namespaces] net = false`; never given to workers
+    #[arg(long)]
+    pub dangerously_share_host_network: bool,
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {
@@ -55,6 +61,26 @@ pub struct EgressPlan {
 }
 
 impl EgressArgs {
+    /// Applies the network choice to `profile`: the host's network namespace only when
+    /// asked for in so many words (a profile that shares it is refused without the flag,
+    /// so a downloaded profile cannot open the host's network quietly).
+    pub fn choose_network(&self, profile: &mut Profile) -> Result<(), SandboxError> {
+        if self.dangerously_share_host_network {
+            if !self.allow_host.is_empty() {
+                return Err(SandboxError::Invalid(
+                    "--dangerously-share-host-network and --allow-host exclude each other: the host's network has no broker in between".into(),
+                ));
+            }
+            profile.namespaces.net = false;
+        } else if !profile.namespaces.net {
+            return Err(SandboxError::Invalid(format!(
+                "profile {} shares the host's network namespace ([namespaces] net = false): the command would reach every interface of the host, its loopback services and the cloud metadata service; pass --dangerously-share-host-network to run it so, or use --allow-host HOST:PORT with a profile that keeps its own network",
+                profile.name
+            )));
+        }
+        Ok(())
+    }
+
     /// The broker's settings, when any host is allowed (`--resolve` and `--max-egress`
     /// alone change nothing, and are refused as such).
     pub fn plan(&self) -> Result<Option<EgressPlan>, SandboxError> {

@@ -559,6 +559,7 @@ fn load_profile(args: &RunArgs) -> Result<Profile, SandboxError> {
     profile
         .narrow_exec(&allowed_executables(&args.allow_exec)?)
         .map_err(|e| SandboxError::Invalid(format!("--allow-exec: {e}")))?;
+    args.egress.choose_network(&mut profile)?;
     Ok(profile)
 }
 
