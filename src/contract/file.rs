@@ -236,6 +236,44 @@ pub struct ContractConfig {
     /// Which replication requests wait for a person (see [`super::approval`]).
     #[serde(default)]
     pub approval: ApprovalPolicy,
+    /// The operator's egress settings for every worker's broker.
+    #[serde(default, skip_serializing_if = "EgressConfig::is_empty")]
+    pub egress: EgressConfig,
+}
+
+/// `[egress]`: how workers' brokers resolve names before asking the host's resolver
+/// (`[egress.resolve]`, NAME = "ADDR": split horizon, and offline tests).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressConfig {
+    #[serde(default)]
+    pub resolve: BTreeMap<String, String>,
+}
+
+/// Most `[egress.resolve]` entries.
+const MAX_RESOLVE_ENTRIES: usize = 1024;
+
+impl EgressConfig {
+    fn is_empty(&self) -> bool {
+        self.resolve.is_empty()
+    }
+
+    /// The table as the brokers use it, or what is wrong with an entry.
+    pub fn resolution(&self) -> Result<crate::egress::Resolution, String> {
+        if self.resolve.len() > MAX_RESOLVE_ENTRIES {
+            return Err(format!(
+                "[egress.resolve] has {} entries; the maximum is {MAX_RESOLVE_ENTRIES}",
+                self.resolve.len()
+            ));
+        }
+        let mut table = crate::egress::Resolution::default();
+        for (name, addr) in &self.resolve {
+            let (name, addr) = crate::egress::Resolution::parse_entry(&format!("{name}={addr}"))
+                .map_err(|e| format!("[egress.resolve] {e}"))?;
+            table.insert(&name, addr);
+        }
+        Ok(table)
+    }
 }
 
 impl Default for ContractConfig {
@@ -248,6 +286,7 @@ impl Default for ContractConfig {
             stop_conditions: Vec::new(),
             profile_narrowing: BTreeMap::new(),
             approval: ApprovalPolicy::default(),
+            egress: EgressConfig::default(),
         }
     }
 }
@@ -294,6 +333,7 @@ impl ContractConfig {
 
     /// The rules that relate values to each other.
     fn validate(&self) -> Result<(), String> {
+        self.egress.resolution()?;
         if self.stop_conditions.len() > MAX_STOP_CONDITIONS {
             return Err(format!(
                 "{} stop conditions; the maximum is {MAX_STOP_CONDITIONS}",
@@ -341,6 +381,7 @@ impl ContractConfig {
                 .collect(),
             profile_narrowing: narrowing,
             approval: self.approval.clone(),
+            egress_resolution: self.egress.resolution().unwrap_or_default(),
         }
     }
 
@@ -388,5 +429,43 @@ fn describe_toml_error(origin: &str, source: &str, err: &toml::de::Error) -> Con
             origin: origin.to_string(),
             message,
         },
+    }
+}
+
+#[cfg(test)]
+mod egress_tests {
+    use super::*;
+
+    #[test]
+    fn the_egress_resolve_table_is_checked_when_the_contract_is_read() {
+        let good =
+            "[egress.resolve]\n\"api.test\" = \"198.51.100.2\"\n\"v6.test\" = \"[2001:db8::1]\"\n";
+        let c = ContractConfig::from_toml(good, "t").map(|c| c.build());
+        let table = c.map(|c| c.egress_resolution).unwrap_or_default();
+        assert_eq!(
+            table.lookup("api.test"),
+            Some(
+                &["198.51.100.2"
+                    .parse()
+                    .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]))][..]
+            )
+        );
+        assert!(table.lookup("v6.test").is_some());
+        for bad in [
+            "[egress.resolve]\n\"api.test\" = \"not-an-address\"\n",
+            "[egress.resolve]\n\"bad name\" = \"198.51.100.2\"\n",
+            "[egress]\nresolv = {}\n",
+        ] {
+            assert!(ContractConfig::from_toml(bad, "t").is_err(), "{bad}");
+        }
+        // A contract without the table is the contract it was.
+        assert_eq!(
+            ContractConfig::from_toml("max_depth = 2\n", "t")
+                .map(|c| c.egress)
+                .unwrap_or_else(|_| EgressConfig {
+                    resolve: [("x".to_string(), "y".to_string())].into()
+                }),
+            EgressConfig::default()
+        );
     }
 }

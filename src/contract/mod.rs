@@ -238,6 +238,8 @@ pub struct ReplicationContract {
     pub profile_narrowing: ProfileNarrowing,
     /// Which allowed requests still wait for a person.
     pub approval: approval::ApprovalPolicy,
+    /// The operator's name resolution for workers' egress brokers (`[egress.resolve]`).
+    pub egress_resolution: crate::egress::Resolution,
 }
 
 impl Default for ReplicationContract {
@@ -250,6 +252,7 @@ impl Default for ReplicationContract {
             stop_conditions: Vec::new(),
             profile_narrowing: ProfileNarrowing::new(),
             approval: approval::ApprovalPolicy::default(),
+            egress_resolution: crate::egress::Resolution::default(),
         }
     }
 }

@@ -128,7 +128,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         paths,
         workers,
         opts.worker_output_total,
-        opts.egress_resolution.clone(),
+        egress_resolution(&opts, &contract),
     )?;
     let pid_file = paths.state_dir.join("controller.pid");
     state
@@ -250,6 +250,17 @@ struct Launcher {
     engine_workers: Dir,
     /// The launcher's pid and start time: the owner part of every worker cgroup's name.
     cgroup_owner: String,
+}
+
+/// Workers' name resolution: the contract file's `[egress.resolve]`, then `--resolve`
+/// (which wins for a name in both).
+fn egress_resolution(
+    opts: &ControllerOptions,
+    contract: &ReplicationContract,
+) -> crate::egress::Resolution {
+    let mut table = contract.egress_resolution.clone();
+    table.merge(&opts.egress_resolution);
+    table
 }
 
 /// Forks the launcher, which starts and supervises the sandboxes. It must be forked while

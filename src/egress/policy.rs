@@ -82,6 +82,13 @@ impl Resolution {
         }
     }
 
+    /// Takes `other`'s entries: for a name in both, `other`'s addresses replace these.
+    pub fn merge(&mut self, other: &Resolution) {
+        for (name, addrs) in &other.table {
+            self.table.insert(name.clone(), addrs.clone());
+        }
+    }
+
     /// The addresses fixed for `name` (case ignored, one trailing dot dropped).
     pub fn lookup(&self, name: &str) -> Option<&[IpAddr]> {
         let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
