@@ -15,6 +15,8 @@ pub struct TestController {
     pub state: PathBuf,
     child: Option<Child>,
     extra: Vec<String>,
+    /// What the controller is started under (`ip netns exec NS`), if anything.
+    wrapper: Vec<String>,
 }
 
 impl TestController {
@@ -26,6 +28,17 @@ impl TestController {
     /// Starts a controller whose state directory is `state` (default: in its own
     /// temporary directory).
     pub fn start_in(contract: &str, state: Option<&Path>, extra: &[&str]) -> TestController {
+        TestController::start_under(&[], contract, state, extra)
+    }
+
+    /// Starts a controller under `wrapper` (a command that execs the rest, such as
+    /// `ip netns exec NS`).
+    pub fn start_under(
+        wrapper: &[&str],
+        contract: &str,
+        state: Option<&Path>,
+        extra: &[&str],
+    ) -> TestController {
         let dir = match tempfile::Builder::new().prefix("hatchery-ctl-").tempdir() {
             Ok(d) => d,
             Err(e) => panic!("tempdir: {e}"),
@@ -42,6 +55,7 @@ impl TestController {
             state,
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            wrapper: wrapper.iter().map(|s| s.to_string()).collect(),
         };
         c.launch();
         c
@@ -57,7 +71,15 @@ impl TestController {
             Ok(f) => f,
             Err(e) => panic!("log: {e}"),
         };
-        let child = Command::new(hatchery())
+        let mut cmd = match self.wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(hatchery());
+                c
+            }
+            None => Command::new(hatchery()),
+        };
+        let child = cmd
             .arg("controller")
             .arg("--socket")
             .arg(&self.socket)
