@@ -59,8 +59,9 @@ pub struct ReplicateArgs {
     #[arg(long)]
     pub reason: String,
     /// Send the resources, exposure and profile given by the flags instead of inheriting
-    /// this worker's own. A flag not given takes its default (--max-output: this worker's
-    /// cap), not this worker's value, and each must be within this worker's grant
+    /// this worker's own. A flag not given takes its default (no --allow-host: no host;
+    /// --max-output: this worker's cap; --max-egress: this worker's budget), not this
+    /// worker's value, and each must be within this worker's grant
     #[arg(long)]
     pub explicit: bool,
     #[command(flatten)]
@@ -98,7 +99,7 @@ fn run(command: AgentCommand) -> anyhow::Result<i32> {
                 _,
             ) = if a.explicit {
                 (
-                    Some(a.job.resources()),
+                    Some(a.job.resources()?),
                     Some(a.job.filesystem()),
                     Some(a.job.profile.clone()),
                 )

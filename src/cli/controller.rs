@@ -220,11 +220,17 @@ registered within the controller's --register-timeout (30 s by default) is stopp
 started with --no-controller: no socket to the controller, nothing to register, its limits
 and --timeout still hold.
 
+A worker has no network but its socket to the controller. --allow-host HOST:PORT
+(repeatable) grants it those hosts, through an egress broker outside its sandbox, and
+--max-egress caps the bytes it moves; both are signed into its manifest, and its children
+get at most the same.
+
 Examples:
   hatchery spawn --no-controller --wait -- sh -c 'echo hello from a worker'
   hatchery spawn --wait -- sh -c 'hatchery agent register && hatchery agent report done'
   hatchery spawn --memory 128M --cpus 0.25 --pids 32 --no-controller -- python3 -c 'print(42)'
   hatchery spawn --json --no-controller -- sleep 60
+  hatchery spawn --allow-host pypi.org:443 --allow-host files.pythonhosted.org:443 --max-egress 100M --no-controller -- pip download requests
   hatchery spawn --parent w-3f2a9c1b0d4e -- sh -c 'echo child'";
 
 #[derive(Args, Debug)]
@@ -678,9 +684,12 @@ fn manifest_lines(manifest: &Manifest) -> Vec<String> {
                 "no"
             }
         ),
-        format!("read-only:   {}", paths(&fs.read_only)),
-        format!("read-write:  {}", paths(&fs.read_write)),
     ];
+    if let Some(hosts) = allow_hosts_line(&r.network_policy) {
+        lines.push(format!("allow-hosts: {hosts}"));
+    }
+    lines.push(format!("read-only:   {}", paths(&fs.read_only)));
+    lines.push(format!("read-write:  {}", paths(&fs.read_write)));
     if let Some(exec) = &fs.allow_exec {
         lines.push(format!(
             "allow-exec:  {}",
@@ -691,6 +700,25 @@ fn manifest_lines(manifest: &Manifest) -> Vec<String> {
         ));
     }
     lines
+}
+
+/// The hosts a network policy allows and its byte budget, in one line (`None` for none):
+/// what `inspect` and `approvals` show of a worker's egress.
+pub(super) fn allow_hosts_line(net: &hatchery::manifest::NetworkPolicy) -> Option<String> {
+    if net.allow_hosts.is_empty() {
+        return None;
+    }
+    let hosts: Vec<String> = net
+        .allow_hosts
+        .entries()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let budget = net
+        .max_egress_bytes
+        .map(|b| format!("egress budget {}", units::format_size(b.get())))
+        .unwrap_or_else(|| "no egress budget".into());
+    Some(format!("{} ({budget})", hosts.join(" ")))
 }
 
 /// `inspect`'s lines on how the worker runs or ran: its usage, last heartbeat, and how

@@ -1,5 +1,6 @@
 //! `run`'s egress flags: which hosts the sandbox may reach through the broker, how names
-//! resolve for it, and how many bytes it may move.
+//! resolve for it, and how many bytes it may move. Their parsers also read the
+//! `--allow-host` and `--max-egress` of a worker's job (`job::JobArgs`).
 
 use std::time::Duration;
 
@@ -37,7 +38,8 @@ pub struct EgressArgs {
     pub dangerously_share_host_network: bool,
 }
 
-fn parse_budget(s: &str) -> Result<u64, String> {
+/// A byte budget: a size of at least one byte.
+pub fn parse_budget(s: &str) -> Result<u64, String> {
     match units::parse_size(s) {
         Ok(0) => {
             Err("an egress budget of 0 bytes allows nothing: leave out --allow-host instead".into())
@@ -47,7 +49,7 @@ fn parse_budget(s: &str) -> Result<u64, String> {
     }
 }
 
-fn parse_allow_host(s: &str) -> Result<AllowHost, String> {
+pub fn parse_allow_host(s: &str) -> Result<AllowHost, String> {
     s.parse::<AllowHost>().map_err(|e| e.to_string())
 }
 

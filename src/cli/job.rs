@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use clap::Args;
 
+use hatchery::egress::{AllowHost, AllowList};
 use hatchery::manifest::{
-    CpuLimit, Depth, ExecPath, ExposedPath, FilesystemScope, MemoryMb, NetworkPolicy, OutputBytes,
-    PidsLimit, ProfileName, ResourceSpec, SpawnRequest, StateSnapshot, TimeoutMs, WorkerId,
+    CpuLimit, Depth, EgressBytes, ExecPath, ExposedPath, FieldError, FilesystemScope, MemoryMb,
+    NetworkPolicy, OutputBytes, PidsLimit, ProfileName, ResourceSpec, SpawnRequest, StateSnapshot,
+    TimeoutMs, WorkerId,
 };
 use hatchery::units;
 
@@ -45,10 +47,20 @@ pub struct JobArgs {
     /// Security profile name
     #[arg(long, value_name = "NAME", default_value = "default", value_parser = parse_profile)]
     pub profile: ProfileName,
-    /// Ask for network access beyond the controller (the manifest field; a controller
-    /// refuses it until egress goes through its broker)
+    /// Ask for the host's whole network (the manifest field; a controller refuses it:
+    /// workers reach named hosts only, with --allow-host)
     #[arg(long)]
     pub allow_external: bool,
+    /// Let the worker reach HOST:PORT, and nothing else, through an egress broker outside
+    /// its sandbox (repeatable; the manifest's network_policy.allow_hosts). HOST is a name
+    /// (api.example.com), a one-label wildcard (*.pypi.org), an IP ([::1] for IPv6) or a
+    /// CIDR (10.0.0.0/8); a child's hosts must be covered by its parent's
+    #[arg(long = "allow-host", value_name = "HOST:PORT", value_parser = super::egress::parse_allow_host)]
+    pub allow_host: Vec<AllowHost>,
+    /// Bytes the worker may move through the broker, both ways together (64K, 10M; the
+    /// manifest's network_policy.max_egress_bytes)
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = parse_egress_budget)]
+    pub max_egress: Option<EgressBytes>,
     /// Withhold the socket to the controller: for a plain command that does not speak the
     /// worker protocol (nothing to register, no heartbeats; limits and timeout still hold)
     #[arg(long)]
@@ -73,18 +85,32 @@ pub struct JobArgs {
 }
 
 impl JobArgs {
-    pub fn resources(&self) -> ResourceSpec {
-        ResourceSpec {
+    /// The resources these flags ask for; the network policy is checked as a manifest's
+    /// (too many hosts, a port the broker keeps, a budget without hosts).
+    pub fn resources(&self) -> Result<ResourceSpec, FieldError> {
+        let allow_hosts = AllowList::new(self.allow_host.clone())
+            .map_err(|e| FieldError::new("--allow-host", e.to_string()))?;
+        let network_policy = NetworkPolicy {
+            allow_controller: !self.no_controller,
+            allow_external: self.allow_external,
+            allow_hosts,
+            max_egress_bytes: self.max_egress,
+        };
+        network_policy.validate().map_err(|e| match e.field {
+            "max_egress_bytes" => FieldError::new(
+                "--max-egress",
+                "applies to hosts allowed with --allow-host HOST:PORT, and none is",
+            ),
+            _ => FieldError::new("--allow-host", e.why),
+        })?;
+        Ok(ResourceSpec {
             cpu_limit: self.cpus,
             memory_limit_mb: self.memory,
             pids_limit: self.pids,
             timeout_ms: self.timeout,
-            network_policy: NetworkPolicy {
-                allow_controller: !self.no_controller,
-                allow_external: self.allow_external,
-            },
+            network_policy,
             max_output_bytes: self.max_output,
-        }
+        })
     }
 
     pub fn filesystem(&self) -> FilesystemScope {
@@ -118,7 +144,7 @@ impl JobArgs {
     /// The request these flags describe, validated.
     pub fn request(&self) -> anyhow::Result<SpawnRequest> {
         let job = SpawnRequest {
-            resources: self.resources(),
+            resources: self.resources()?,
             filesystem: self.filesystem(),
             profile: self.profile.clone(),
             command: self.command.clone(),
@@ -182,6 +208,11 @@ pub fn parse_cwd(s: &str) -> Result<String, String> {
 pub fn parse_output(s: &str) -> Result<OutputBytes, String> {
     let n = units::parse_output_cap(s).map_err(|e| e.to_string())?;
     OutputBytes::new(n).map_err(|e| e.to_string())
+}
+
+pub fn parse_egress_budget(s: &str) -> Result<EgressBytes, String> {
+    let n = super::egress::parse_budget(s)?;
+    EgressBytes::new(n).map_err(|e| e.to_string())
 }
 
 pub fn parse_profile(s: &str) -> Result<ProfileName, String> {

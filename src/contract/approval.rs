@@ -11,7 +11,8 @@
 //! max_pending_per_worker = 4 # beyond this many of one worker's, its new ones are denied
 //! require = [
 //!   { kind = "depth_at_least", depth = 2 },
-//!   { kind = "network" },              # asks for network access beyond the controller
+//!   { kind = "network" },              # asks for network beyond the controller
+//!                                      # (allow_external, or any allow_hosts entry)
 //!   { kind = "memory_above", mb = 512 },
 //!   { kind = "cpus_above", cores = 1.0 },
 //!   { kind = "profile_change" },       # a profile other than the parent's
@@ -74,10 +75,19 @@ impl RequireRule {
             RequireRule::DepthAtLeast { depth } => {
                 (child_depth >= *depth).then(|| format!("depth {child_depth} is at least {depth}"))
             }
-            RequireRule::Network => r
-                .network_policy
-                .allow_external
-                .then(|| "asks for network access beyond the controller".into()),
+            RequireRule::Network => {
+                let net = &r.network_policy;
+                if net.allow_external {
+                    Some("asks for network access beyond the controller".into())
+                } else if !net.allow_hosts.is_empty() {
+                    Some(format!(
+                        "asks to reach hosts beyond the controller: {}",
+                        host_summary(net.allow_hosts.entries())
+                    ))
+                } else {
+                    None
+                }
+            }
             RequireRule::MemoryAbove { mb } => (r.memory_limit_mb.get() > *mb).then(|| {
                 format!(
                     "asks for {} MiB of memory, above {mb}",
@@ -96,6 +106,20 @@ impl RequireRule {
                 .then(|| "asks for read-write paths".into()),
         }
     }
+}
+
+/// The first few entries of an allowlist, and how many more (a reason stays one short line).
+fn host_summary(entries: &[crate::egress::AllowHost]) -> String {
+    const SHOWN: usize = 3;
+    let mut text: Vec<String> = entries
+        .iter()
+        .take(SHOWN)
+        .map(ToString::to_string)
+        .collect();
+    if entries.len() > SHOWN {
+        text.push(format!("and {} more", entries.len() - SHOWN));
+    }
+    text.join(", ")
 }
 
 /// A known-safe shape of request that needs no person: every field given must hold.
@@ -130,6 +154,7 @@ impl AutoApproveRule {
                 .is_none_or(|p| request.command.len() >= p.len() && request.command[..p.len()] == p[..])
             // An auto-approved request never widens the network.
             && !r.network_policy.allow_external
+            && r.network_policy.allow_hosts.is_empty()
     }
 
     fn label(&self, index: usize) -> String {

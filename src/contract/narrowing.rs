@@ -13,6 +13,14 @@
 //!   the parent's (no cap is more than any cap);
 //! - `resources.network_policy.allow_controller`, `allow_external`: true only if true for
 //!   the parent;
+//! - `resources.network_policy.allow_hosts`: each entry covered by one of the parent's
+//!   (`AllowList::covers`: the same port, and the same name, a wildcard matching it, the
+//!   same address or a network containing it); no entry at all is always narrower, any
+//!   entry under a parent without is wider;
+//! - `resources.network_policy.max_egress_bytes`: when the child reaches any host and the
+//!   parent has a byte budget, a budget of at most the parent's (no budget is more than
+//!   any budget, as for the output cap; the controller gives a child that names none its
+//!   parent's, see `admission::decide_child`);
 //! - `filesystem.read_only`: each path equal to or beneath one of the parent's paths,
 //!   read-only or read-write;
 //! - `filesystem.read_write`: each path equal to or beneath one of the parent's read-write
@@ -31,7 +39,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use crate::manifest::{ExecPath, ExposedPath, Manifest, OutputBytes, ProfileName, SpawnRequest};
+use crate::egress::AllowList;
+use crate::manifest::{
+    EgressBytes, ExecPath, ExposedPath, Manifest, NetworkPolicy, OutputBytes, ProfileName,
+    SpawnRequest,
+};
 
 /// For each profile, the other profiles a worker running under it may give its children.
 pub type ProfileNarrowing = BTreeMap<ProfileName, BTreeSet<ProfileName>>;
@@ -120,6 +132,40 @@ fn output_cap(
     }
 }
 
+fn hosts(list: &AllowList) -> String {
+    if list.is_empty() {
+        return "no host".to_string();
+    }
+    let entries: Vec<String> = list.entries().iter().map(ToString::to_string).collect();
+    format!("only {}", entries.join(", "))
+}
+
+fn allowed_hosts(requested: &AllowList, parent: &AllowList) -> Result<(), NarrowingViolation> {
+    parent.covers(requested).map_err(|uncovered| {
+        violation(
+            "resources.network_policy.allow_hosts",
+            uncovered,
+            hosts(parent),
+        )
+    })
+}
+
+fn egress_budget(
+    requested: &NetworkPolicy,
+    parent: Option<EgressBytes>,
+) -> Result<(), NarrowingViolation> {
+    const FIELD: &str = "resources.network_policy.max_egress_bytes";
+    if requested.allow_hosts.is_empty() {
+        // Nothing to spend a budget on.
+        return Ok(());
+    }
+    match (requested.max_egress_bytes, parent) {
+        (_, None) => Ok(()),
+        (None, Some(p)) => Err(violation(FIELD, "no budget", format!("at most {p}"))),
+        (Some(c), Some(p)) => at_most(FIELD, c, p),
+    }
+}
+
 fn files(list: &[ExecPath]) -> String {
     let names: Vec<&str> = list.iter().map(|p| p.as_str()).collect();
     format!("only {}", names.join(", "))
@@ -175,6 +221,8 @@ pub fn check(
         c.network_policy.allow_external,
         p.network_policy.allow_external,
     )?;
+    allowed_hosts(&c.network_policy.allow_hosts, &p.network_policy.allow_hosts)?;
+    egress_budget(&c.network_policy, p.network_policy.max_egress_bytes)?;
 
     let readable: Vec<&ExposedPath> = parent.filesystem.exposures().map(|(p, _)| p).collect();
     let writable: Vec<&ExposedPath> = parent.filesystem.read_write.iter().collect();

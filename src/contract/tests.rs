@@ -4,8 +4,8 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::manifest::tests::{
-    T0, TestResult, arb_manifest, arb_request, exec_path, path, profile, resources,
-    sample_manifest, sample_request, worker,
+    T0, TestResult, arb_manifest, arb_network_policy, arb_request, egress_bytes, exec_path, hosts,
+    path, profile, resources, sample_manifest, sample_request, worker,
 };
 use crate::manifest::{Depth, ExposedPath, OutputBytes, ResourceSpec};
 use crate::signing::{Keyring, ManifestSigner};
@@ -397,11 +397,101 @@ fn each_resource_above_the_parents_is_denied_by_name() {
 }
 
 #[test]
+fn a_childs_allowed_hosts_must_each_be_covered_by_the_parents() {
+    let c = ReplicationContract::default();
+    let mut p = parent();
+    p.resources.network_policy.allow_hosts =
+        hosts(&["*.example.com:443", "10.0.0.0/8:8080", "pypi.org:443"]);
+    let check = |p: &Manifest, child: &[&str]| {
+        let mut r = request();
+        r.resources.network_policy.allow_hosts = hosts(child);
+        c.can_spawn(p, &r, &snapshot(), T0)
+    };
+    assert!(check(&p, &[]).is_allowed(), "no host at all");
+    assert!(
+        check(
+            &p,
+            &["api.example.com:443", "10.1.2.0/24:8080", "pypi.org:443"]
+        )
+        .is_allowed(),
+        "a name under the wildcard, a network inside the parent's, the same name"
+    );
+    assert!(
+        check(&p, &["*.example.com:443"]).is_allowed(),
+        "the same wildcard"
+    );
+    for (child, uncovered) in [
+        (
+            &["api.example.com:443", "example.com:443"][..],
+            "example.com:443",
+        ),
+        (&["api.example.com:80"], "api.example.com:80"),
+        (&["a.b.example.com:443"], "a.b.example.com:443"),
+        (&["10.0.0.0/7:8080"], "10.0.0.0/7:8080"),
+        (&["files.pypi.org:443"], "files.pypi.org:443"),
+    ] {
+        match denied(check(&p, child)) {
+            DenyReason::Narrowing(v) => {
+                assert_eq!(v.field, "resources.network_policy.allow_hosts");
+                assert_eq!(v.requested, uncovered, "{child:?}");
+                assert!(v.allowed.contains("*.example.com:443"), "{}", v.allowed);
+            }
+            other => panic!("{child:?}: expected a narrowing denial, got {other:?}"),
+        }
+    }
+    // A parent that reaches no host gives none.
+    let d = check(&parent(), &["api.example.com:443"]);
+    assert_eq!(d.audit_event(), "deny_narrowing");
+    match denied(d) {
+        DenyReason::Narrowing(v) => {
+            assert_eq!(v.field, "resources.network_policy.allow_hosts");
+            assert_eq!(v.allowed, "no host");
+        }
+        other => panic!("expected a narrowing denial, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_egress_budget_can_only_shrink_for_a_child_that_reaches_a_host() {
+    let c = ReplicationContract::default();
+    let mut p = parent();
+    p.resources.network_policy.allow_hosts = hosts(&["api.example.com:443"]);
+    let check = |p: &Manifest, child_hosts: &[&str], budget: Option<u64>| {
+        let mut r = request();
+        r.resources.network_policy.allow_hosts = hosts(child_hosts);
+        r.resources.network_policy.max_egress_bytes = budget.map(egress_bytes);
+        c.can_spawn(p, &r, &snapshot(), T0)
+    };
+    let host = &["api.example.com:443"][..];
+    assert!(check(&p, host, None).is_allowed(), "no budget under none");
+    assert!(
+        check(&p, host, Some(1 << 20)).is_allowed(),
+        "a budget under none"
+    );
+    p.resources.network_policy.max_egress_bytes = Some(egress_bytes(1 << 20));
+    assert!(
+        check(&p, host, Some(1 << 20)).is_allowed(),
+        "the same budget"
+    );
+    assert!(check(&p, host, Some(1024)).is_allowed(), "a smaller budget");
+    assert!(check(&p, &[], None).is_allowed(), "no host needs no budget");
+    assert_eq!(
+        narrowing_field(check(&p, host, Some((1 << 20) + 1))),
+        "resources.network_policy.max_egress_bytes"
+    );
+    assert_eq!(
+        narrowing_field(check(&p, host, None)),
+        "resources.network_policy.max_egress_bytes",
+        "no budget is more than any budget"
+    );
+}
+
+#[test]
 fn equal_resources_are_allowed() {
     let c = ReplicationContract::default();
     let p = parent();
     let mut r = request();
-    r.resources = p.resources;
+    r.resources = p.resources.clone();
     assert!(c.can_spawn(&p, &r, &snapshot(), T0).is_allowed());
 }
 
@@ -881,6 +971,7 @@ proptest! {
         parent in arb_manifest(),
         child in arb_request(),
         clamp in any::<bool>(),
+        clamp_egress in any::<bool>(),
     ) {
         let mut child = child;
         if clamp {
@@ -911,6 +1002,24 @@ proptest! {
             }
             child.profile = parent.profile.clone();
         }
+        if clamp && clamp_egress {
+            // Without this, the child's hosts and budget are the only thing that may be
+            // wider than the parent's.
+            let (cn, pn) = (&mut child.resources.network_policy, &parent.resources.network_policy);
+            let kept: Vec<_> = cn
+                .allow_hosts
+                .entries()
+                .iter()
+                .filter(|e| pn.allow_hosts.entries().iter().any(|g| g.covers(e)))
+                .cloned()
+                .collect();
+            cn.allow_hosts = crate::egress::AllowList::new(kept).unwrap_or_default();
+            if cn.allow_hosts.is_empty() {
+                cn.max_egress_bytes = None;
+            } else if let Some(budget) = pn.max_egress_bytes {
+                cn.max_egress_bytes = Some(cn.max_egress_bytes.unwrap_or(budget).min(budget));
+            }
+        }
         let mut contract = ReplicationContract {
             max_depth: MAX_DEPTH,
             max_replicas: u64::MAX,
@@ -925,6 +1034,46 @@ proptest! {
             Decision::Allow => prop_assert!(expected && depth_ok, "allowed a wider child"),
             Decision::Deny(DenyReason::Narrowing(_)) => prop_assert!(!expected),
             Decision::Deny(DenyReason::Depth { .. }) => prop_assert!(!depth_ok),
+            Decision::Deny(other) => prop_assert!(false, "unexpected denial {:?}", other),
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn network_narrowing_holds_for_any_parent_and_child_policy(
+        parent_net in arb_network_policy(),
+        child_net in arb_network_policy(),
+        covered_only in any::<bool>(),
+    ) {
+        // Everything else equal or narrower: the network policy alone decides.
+        let mut p = parent();
+        p.resources.network_policy = parent_net;
+        let mut child = request();
+        child.resources.network_policy = child_net;
+        if covered_only {
+            let (cn, pn) = (&mut child.resources.network_policy, &p.resources.network_policy);
+            let kept: Vec<_> = cn
+                .allow_hosts
+                .entries()
+                .iter()
+                .filter(|e| pn.allow_hosts.entries().iter().any(|g| g.covers(e)))
+                .cloned()
+                .collect();
+            cn.allow_hosts = crate::egress::AllowList::new(kept).unwrap_or_default();
+            if cn.allow_hosts.is_empty() {
+                cn.max_egress_bytes = None;
+            }
+        }
+        let c = ReplicationContract::default();
+        let decision = c.can_spawn(&p, &child, &snapshot(), T0);
+        let expected = oracle_is_narrower(&p, &child, &c.profile_narrowing);
+        match decision {
+            Decision::Allow => prop_assert!(expected, "allowed a wider child"),
+            Decision::Deny(DenyReason::Narrowing(v)) => {
+                prop_assert!(!expected, "denied a narrower child: {}", v);
+                prop_assert!(v.field.starts_with("resources.network_policy."), "{}", v);
+            }
             Decision::Deny(other) => prop_assert!(false, "unexpected denial {:?}", other),
         }
     }
@@ -973,5 +1122,44 @@ fn oracle_is_narrower(
         (None, Some(_)) => false,
         (Some(c), Some(p)) => c.iter().all(|f| p.iter().any(|g| g.as_str() == f.as_str())),
     };
-    resources && ro && rw && profile && cap && exec
+    let (cn, pn) = (&c.network_policy, &p.network_policy);
+    // Spelled out on the entries' fields rather than through `covers`.
+    let entry_under = |e: &crate::egress::AllowHost, g: &crate::egress::AllowHost| {
+        use crate::egress::HostPattern::{Addr, Cidr, Name, Wildcard};
+        e.port == g.port
+            && match (&e.host, &g.host) {
+                (Name(n), Name(m)) | (Wildcard(n), Wildcard(m)) => n == m,
+                (Name(n), Wildcard(m)) => n
+                    .split_once('.')
+                    .is_some_and(|(_, rest)| rest == m.as_str()),
+                (Addr(a), Addr(b)) => a == b,
+                (Addr(a), Cidr(net, len)) => in_network(*a, *net, *len),
+                (Cidr(a, alen), Cidr(net, len)) => alen >= len && in_network(*a, *net, *len),
+                _ => false,
+            }
+    };
+    let hosts = cn
+        .allow_hosts
+        .entries()
+        .iter()
+        .all(|e| pn.allow_hosts.entries().iter().any(|g| entry_under(e, g)));
+    let budget = cn.allow_hosts.is_empty()
+        || match (cn.max_egress_bytes, pn.max_egress_bytes) {
+            (_, None) => true,
+            (None, Some(_)) => false,
+            (Some(a), Some(b)) => a.get() <= b.get(),
+        };
+    resources && ro && rw && profile && cap && exec && hosts && budget
+}
+
+/// Whether `addr` lies in `net/len`, by comparing the leading bits as text.
+fn in_network(addr: std::net::IpAddr, net: std::net::IpAddr, len: u8) -> bool {
+    let bits = |a: std::net::IpAddr| -> String {
+        match a {
+            std::net::IpAddr::V4(v) => v.octets().iter().map(|o| format!("{o:08b}")).collect(),
+            std::net::IpAddr::V6(v) => v.octets().iter().map(|o| format!("{o:08b}")).collect(),
+        }
+    };
+    let (a, n) = (bits(addr), bits(net));
+    a.len() == n.len() && a.get(..usize::from(len)) == n.get(..usize::from(len))
 }

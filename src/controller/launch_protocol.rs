@@ -134,8 +134,18 @@ impl LaunchSpec {
                     .max_output_bytes
                     .map_or(place.default_output_cap, |b| b.get()),
             ),
-            egress: None,
+            egress: LaunchEgress::of(&manifest.resources.network_policy),
         }
+    }
+}
+
+impl LaunchEgress {
+    /// The egress a network policy grants: `None` unless it allows some host.
+    pub fn of(policy: &crate::manifest::NetworkPolicy) -> Option<LaunchEgress> {
+        (!policy.allow_hosts.is_empty()).then(|| LaunchEgress {
+            allow_hosts: policy.allow_hosts.entries().to_vec(),
+            max_bytes: policy.max_egress_bytes.map(|b| b.get()),
+        })
     }
 }
 
@@ -282,6 +292,40 @@ mod tests {
             .map(|(_, v)| v.as_str())
             .collect();
         assert_eq!(fds, vec!["3"]);
+    }
+
+    #[test]
+    fn the_ports_a_manifest_may_not_allow_are_the_ones_the_sandbox_keeps_for_the_broker() {
+        use crate::sandbox::net::{DNS_PORT, PROXY_PORT};
+        assert_eq!(crate::egress::BROKER_PORTS, [DNS_PORT, PROXY_PORT]);
+    }
+
+    #[test]
+    fn a_manifest_without_allowed_hosts_launches_without_egress() {
+        let spec = LaunchSpec::for_worker(&crate::manifest::tests::sample_manifest(), &place());
+        assert_eq!(spec.egress, None);
+    }
+
+    #[test]
+    fn the_manifests_allowed_hosts_and_budget_become_the_workers_egress()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let mut m = crate::manifest::tests::sample_manifest();
+        let hosts: Vec<crate::egress::AllowHost> =
+            vec!["api.example.com:443".parse()?, "10.0.0.0/8:8080".parse()?];
+        m.resources.network_policy.allow_hosts = crate::egress::AllowList::new(hosts.clone())?;
+        m.resources.network_policy.max_egress_bytes =
+            Some(crate::manifest::EgressBytes::new(1 << 20)?);
+        let spec = LaunchSpec::for_worker(&m, &place());
+        assert_eq!(
+            spec.egress,
+            Some(LaunchEgress {
+                allow_hosts: hosts,
+                max_bytes: Some(1 << 20),
+            })
+        );
+        // Never the host's network: egress goes through the broker.
+        assert!(!spec.share_network);
+        Ok(())
     }
 
     #[test]

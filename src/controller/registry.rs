@@ -161,7 +161,7 @@ impl Registry {
             // A preview: a worker picks its children's commands (up to 64 KiB each).
             command: super::bounded::command_preview(&w.manifest.command),
             profile: w.manifest.profile.clone(),
-            resources: w.manifest.resources,
+            resources: w.manifest.resources.clone(),
             started_at_ms: w.started_at_ms,
             last_heartbeat_ms_ago: w.last_heartbeat_ms.map(|t| now_ms.saturating_sub(t)),
             children: w.children.clone(),

@@ -47,6 +47,12 @@ pub use policy::{Denial, Destination, Resolution, check};
 pub use pool::FakePool;
 pub use tls::ClientHello;
 
+/// The ports a sandbox with egress keeps for the broker inside its network namespace: the
+/// DNS stub's (53) and the HTTP proxy's (3128), as `sandbox::net` binds them. No allowlist
+/// entry can be reached on them (the transparent listener would collide), so a grant
+/// naming one is refused.
+pub const BROKER_PORTS: [u16; 2] = [53, 3128];
+
 /// Why an allowlist entry, a `--resolve` entry or something a sandbox sent was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EgressError {

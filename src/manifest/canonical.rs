@@ -30,8 +30,12 @@
 //! cwd              opt(str)
 //! extensions       fields added after v1, each present field as one tag byte and its
 //!                  value, in increasing tag order; an absent field writes nothing:
-//!   0x01  filesystem.allow_exec        list(str)
-//!   0x02  resources.max_output_bytes   u64
+//!   0x01  filesystem.allow_exec                       list(str)
+//!   0x02  resources.max_output_bytes                  u64
+//!   0x03  resources.network_policy.allow_hosts        list(str), each entry's canonical
+//!                                                     HOST:PORT text, in the manifest's
+//!                                                     order; absent when the list is empty
+//!   0x04  resources.network_policy.max_egress_bytes   u64
 //!
 //! u64       8 bytes, big-endian
 //! bool      one byte, 0x00 or 0x01
@@ -60,6 +64,10 @@ pub const MAGIC: &[u8; 21] = b"hatchery-manifest-v1\n";
 pub const TAG_ALLOW_EXEC: u8 = 0x01;
 /// Tag of `resources.max_output_bytes` in the extensions.
 pub const TAG_MAX_OUTPUT_BYTES: u8 = 0x02;
+/// Tag of `resources.network_policy.allow_hosts` in the extensions.
+pub const TAG_ALLOW_HOSTS: u8 = 0x03;
+/// Tag of `resources.network_policy.max_egress_bytes` in the extensions.
+pub const TAG_MAX_EGRESS_BYTES: u8 = 0x04;
 
 /// Where encoded bytes go (a buffer; kept as a trait so a test can count or inspect).
 pub trait Sink {
@@ -133,6 +141,21 @@ pub fn encode_into(m: &Manifest, out: &mut impl Sink) {
     if let Some(cap) = m.resources.max_output_bytes {
         out.put(&[TAG_MAX_OUTPUT_BYTES]);
         put_u64(out, cap.get());
+    }
+    let net = &m.resources.network_policy;
+    if !net.allow_hosts.is_empty() {
+        out.put(&[TAG_ALLOW_HOSTS]);
+        let entries: Vec<String> = net
+            .allow_hosts
+            .entries()
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
+        put_list(out, entries.iter().map(String::as_str));
+    }
+    if let Some(budget) = net.max_egress_bytes {
+        out.put(&[TAG_MAX_EGRESS_BYTES]);
+        put_u64(out, budget.get());
     }
 }
 
@@ -219,9 +242,10 @@ pub(crate) mod decode {
         let memory_limit_mb = field(MemoryMb::new(r.u64()?))?;
         let pids_limit = field(PidsLimit::new(r.u64()?))?;
         let timeout_ms = field(TimeoutMs::new(r.u64()?))?;
-        let network_policy = NetworkPolicy {
+        let mut network_policy = NetworkPolicy {
             allow_controller: r.flag()?,
             allow_external: r.flag()?,
+            ..NetworkPolicy::default()
         };
         let paths = |v: Vec<String>| -> R<Vec<ExposedPath>> {
             v.into_iter().map(|s| field(ExposedPath::new(s))).collect()
@@ -251,6 +275,30 @@ pub(crate) mod decode {
                     )
                 }
                 TAG_MAX_OUTPUT_BYTES => max_output_bytes = Some(field(OutputBytes::new(r.u64()?))?),
+                TAG_ALLOW_HOSTS => {
+                    let mut entries = Vec::new();
+                    for text in r.list()? {
+                        let entry: crate::egress::AllowHost = text
+                            .parse()
+                            .map_err(|e: crate::egress::EgressError| e.to_string())?;
+                        if entry.to_string() != text {
+                            return Err(format!("{text:?} is not in canonical form"));
+                        }
+                        entries.push(entry);
+                    }
+                    if entries.is_empty() {
+                        return Err("an empty allow_hosts is written as no field".into());
+                    }
+                    let list = crate::egress::AllowList::new(entries.clone())
+                        .map_err(|e| e.to_string())?;
+                    if list.entries() != entries.as_slice() {
+                        return Err("allow_hosts repeats an entry".into());
+                    }
+                    network_policy.allow_hosts = list;
+                }
+                TAG_MAX_EGRESS_BYTES => {
+                    network_policy.max_egress_bytes = Some(field(EgressBytes::new(r.u64()?))?)
+                }
                 other => return Err(format!("unknown extension tag {other}")),
             }
         }

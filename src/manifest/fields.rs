@@ -135,6 +135,12 @@ bounded_int!(
     OutputBytes(u64), "max_output_bytes", 1, units::MAX_OUTPUT_BYTES
 );
 
+bounded_int!(
+    /// Bytes a worker may move through its egress broker, both ways together
+    /// (`resources.network_policy.max_egress_bytes`).
+    EgressBytes(u64), "max_egress_bytes", 1, u64::MAX
+);
+
 impl Depth {
     /// The depth of a root worker.
     pub const ROOT: Depth = Depth(0);

@@ -22,9 +22,11 @@ pub mod fields;
 use serde::{Deserialize, Serialize};
 
 pub use fields::{
-    CpuLimit, Depth, ExecPath, ExposedPath, FieldError, KeyId, MAX_DEPTH, MemoryMb, Nonce,
-    OutputBytes, PidsLimit, ProfileName, StateSnapshot, TimeoutMs, UnixSeconds, WorkerId,
+    CpuLimit, Depth, EgressBytes, ExecPath, ExposedPath, FieldError, KeyId, MAX_DEPTH, MemoryMb,
+    Nonce, OutputBytes, PidsLimit, ProfileName, StateSnapshot, TimeoutMs, UnixSeconds, WorkerId,
 };
+
+use crate::egress::AllowList;
 
 /// Largest manifest (or spawn request) accepted as JSON. The field bounds keep every valid
 /// manifest well below it, even pretty-printed with every character escaped.
@@ -59,13 +61,23 @@ pub enum ManifestError {
 }
 
 /// Network access of a worker (seed defaults: the controller only).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkPolicy {
     /// Its socket to the controller (registration, heartbeats, replication requests).
     pub allow_controller: bool,
-    /// Any other network. Off unless granted.
+    /// The host's whole network. Off unless granted (and a controller refuses it: workers
+    /// reach named hosts only, through `allow_hosts`).
     pub allow_external: bool,
+    /// The hosts the worker may reach through an egress broker outside its sandbox, as
+    /// canonical `HOST:PORT` entries (see [`crate::egress::AllowHost`]); at most
+    /// [`AllowList::MAX_ENTRIES`], a repeat dropped. Empty (absent in JSON): none.
+    #[serde(default, skip_serializing_if = "AllowList::is_empty")]
+    pub allow_hosts: AllowList,
+    /// Bytes the worker may move through the broker, both ways together; absent for no
+    /// budget. Only with `allow_hosts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_egress_bytes: Option<EgressBytes>,
 }
 
 impl Default for NetworkPolicy {
@@ -73,12 +85,44 @@ impl Default for NetworkPolicy {
         NetworkPolicy {
             allow_controller: true,
             allow_external: false,
+            allow_hosts: AllowList::default(),
+            max_egress_bytes: None,
         }
     }
 }
 
+impl NetworkPolicy {
+    /// The rules the field types cannot check alone: no allowed host on a port the
+    /// sandbox keeps for the broker itself (its DNS stub and proxy listen there), and a
+    /// byte budget only for hosts that are allowed.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        let [dns, proxy] = crate::egress::BROKER_PORTS;
+        if let Some(e) = self
+            .allow_hosts
+            .entries()
+            .iter()
+            .find(|e| crate::egress::BROKER_PORTS.contains(&e.port))
+        {
+            return Err(FieldError::new(
+                "allow_hosts",
+                format!(
+                    "{e}: port {} is the egress broker's own inside the sandbox ({dns}: its DNS stub, {proxy}: its proxy), so it cannot be allowed",
+                    e.port
+                ),
+            ));
+        }
+        if self.max_egress_bytes.is_some() && self.allow_hosts.is_empty() {
+            return Err(FieldError::new(
+                "max_egress_bytes",
+                "a byte budget applies to the hosts in allow_hosts, and none is listed (leave it out, or allow a host)",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// What the kernel enforces on a worker's sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResourceSpec {
     pub cpu_limit: CpuLimit,
@@ -202,6 +246,7 @@ impl SpawnRequest {
 
     /// The rules no single field can check alone.
     pub fn validate(&self) -> Result<(), FieldError> {
+        self.resources.network_policy.validate()?;
         validate_job(
             &self.filesystem,
             &self.command,
@@ -324,6 +369,7 @@ impl Manifest {
             (Some(_), _) => {}
         }
         self.validity().check()?;
+        self.resources.network_policy.validate()?;
         validate_job(
             &self.filesystem,
             &self.command,

@@ -56,6 +56,23 @@ pub(crate) fn worker(s: &str) -> WorkerId {
     }
 }
 
+/// An allowlist of canonical `HOST:PORT` entries.
+pub(crate) fn hosts(entries: &[&str]) -> crate::egress::AllowList {
+    let parsed: Result<Vec<crate::egress::AllowHost>, _> =
+        entries.iter().map(|e| e.parse()).collect();
+    match parsed.map(crate::egress::AllowList::new) {
+        Ok(Ok(list)) => list,
+        other => panic!("test hosts {entries:?}: {other:?}"),
+    }
+}
+
+pub(crate) fn egress_bytes(n: u64) -> EgressBytes {
+    match EgressBytes::new(n) {
+        Ok(b) => b,
+        Err(e) => panic!("test egress budget {n}: {e}"),
+    }
+}
+
 pub(crate) fn sample_request() -> SpawnRequest {
     SpawnRequest {
         resources: resources(0.5, 256, 64, 30_000),
@@ -91,18 +108,61 @@ pub(crate) fn sample_manifest() -> Manifest {
     )
 }
 
+/// An allowlist entry from a small world of names, wildcards, addresses and networks, so
+/// that one entry covering another is common.
+pub(crate) fn arb_allow_host() -> impl Strategy<Value = crate::egress::AllowHost> {
+    let host = prop_oneof![
+        Just("ex.com"),
+        Just("api.ex.com"),
+        Just("a.api.ex.com"),
+        Just("*.ex.com"),
+        Just("*.api.ex.com"),
+        Just("198.51.100.7"),
+        Just("10.1.2.3"),
+        Just("10.1.0.0/16"),
+        Just("10.0.0.0/8"),
+        Just("[2001:db8::1]"),
+        Just("[2001:db8::/32]"),
+    ];
+    let port = prop_oneof![Just(443u16), Just(80), Just(8080)];
+    (host, port).prop_map(|(h, p)| match format!("{h}:{p}").parse() {
+        Ok(e) => e,
+        Err(e) => panic!("test entry {h}:{p}: {e}"),
+    })
+}
+
+prop_compose! {
+    /// A valid network policy; allowed hosts and a budget in about half the cases.
+    pub(crate) fn arb_network_policy()(
+        allow_controller in any::<bool>(),
+        allow_external in any::<bool>(),
+        entries in proptest::collection::vec(arb_allow_host(), 0..5),
+        budget in proptest::option::of(EgressBytes::MIN..=EgressBytes::MAX),
+    ) -> NetworkPolicy {
+        let allow_hosts = match crate::egress::AllowList::new(entries) {
+            Ok(list) => list,
+            Err(e) => panic!("{e}"),
+        };
+        let max_egress_bytes = if allow_hosts.is_empty() {
+            None
+        } else {
+            budget.and_then(|n| EgressBytes::new(n).ok())
+        };
+        NetworkPolicy { allow_controller, allow_external, allow_hosts, max_egress_bytes }
+    }
+}
+
 prop_compose! {
     pub(crate) fn arb_resources()(
         cpu in CpuLimit::MIN_MILLICORES..=CpuLimit::MAX_MILLICORES,
         mem in MemoryMb::MIN..=MemoryMb::MAX,
         pids in PidsLimit::MIN..=PidsLimit::MAX,
         timeout in TimeoutMs::MIN..=TimeoutMs::MAX,
-        allow_controller in any::<bool>(),
-        allow_external in any::<bool>(),
+        network_policy in arb_network_policy(),
         max_output in proptest::option::of(OutputBytes::MIN..=OutputBytes::MAX),
     ) -> ResourceSpec {
         let mut r = resources(f64::from(cpu) / 1000.0, mem, pids, timeout);
-        r.network_policy = NetworkPolicy { allow_controller, allow_external };
+        r.network_policy = network_policy;
         r.max_output_bytes = max_output.and_then(|n| OutputBytes::new(n).ok());
         r
     }
@@ -268,6 +328,46 @@ fn absurd_values_are_refused() -> TestResult {
         ("/resources/max_output_bytes", serde_json::json!(0)),
         ("/resources/max_output_bytes", serde_json::json!(u64::MAX)),
         ("/resources/max_output_bytes", serde_json::json!(-1)),
+        (
+            "/resources/network_policy/allow_hosts",
+            serde_json::json!(["api.example.com"]),
+        ),
+        (
+            "/resources/network_policy/allow_hosts",
+            serde_json::json!(["*.com:443"]),
+        ),
+        (
+            "/resources/network_policy/allow_hosts",
+            serde_json::json!(["api.example.com:53"]),
+        ),
+        (
+            "/resources/network_policy/allow_hosts",
+            serde_json::json!(["10.0.0.0/8:3128"]),
+        ),
+        (
+            "/resources/network_policy/allow_hosts",
+            serde_json::json!(
+                (1..=65)
+                    .map(|p| format!("h.example.com:{p}"))
+                    .collect::<Vec<_>>()
+            ),
+        ),
+        (
+            "/resources/network_policy/allow_hosts",
+            serde_json::json!("api.example.com:443"),
+        ),
+        (
+            "/resources/network_policy/max_egress_bytes",
+            serde_json::json!(0),
+        ),
+        (
+            "/resources/network_policy/max_egress_bytes",
+            serde_json::json!(-1),
+        ),
+        (
+            "/resources/network_policy/max_egress_bytes",
+            serde_json::json!(1.5),
+        ),
         ("/command", serde_json::json!([])),
         ("/command", serde_json::json!([""])),
         ("/command", serde_json::json!(["a\u{0}b"])),
@@ -282,6 +382,8 @@ fn absurd_values_are_refused() -> TestResult {
     let mut with_extensions = sample_manifest();
     with_extensions.filesystem.allow_exec = Some(vec![exec_path("/usr/bin/python3.11")]);
     with_extensions.resources.max_output_bytes = Some(OutputBytes::new(1 << 20)?);
+    with_extensions.resources.network_policy.allow_hosts = hosts(&["api.example.com:443"]);
+    with_extensions.resources.network_policy.max_egress_bytes = Some(egress_bytes(1 << 20));
     with_extensions.validate()?;
     for (pointer, value) in cases {
         let mut v = json_value(&with_extensions)?;
@@ -423,6 +525,15 @@ fn the_largest_valid_manifest_fits_the_json_limit() -> TestResult {
             .collect(),
     );
     m.resources.max_output_bytes = Some(OutputBytes::new(OutputBytes::MAX)?);
+    // The longest entries there are: a 253-character wildcard name on a 5-digit port.
+    let longest_name = format!("{0}.{0}.{0}.{1}", "a".repeat(63), "b".repeat(61));
+    assert_eq!(longest_name.len(), crate::egress::allow::MAX_NAME_LEN);
+    let entries: Vec<String> = (0..crate::egress::AllowList::MAX_ENTRIES)
+        .map(|i| format!("*.{longest_name}:{}", 60_000 + i))
+        .collect();
+    let entries: Vec<&str> = entries.iter().map(String::as_str).collect();
+    m.resources.network_policy.allow_hosts = hosts(&entries);
+    m.resources.network_policy.max_egress_bytes = Some(egress_bytes(u64::MAX));
     m.validate()?;
     let json = m.to_json()?;
     assert!(
@@ -467,10 +578,79 @@ fn the_extension_fields_are_optional_in_json() -> TestResult {
     if let Some(serde_json::Value::Object(fs)) = v.pointer_mut("/filesystem") {
         fs.insert("allow_exec".into(), serde_json::Value::Null);
     }
+    assert!(v.pointer("/resources/network_policy/allow_hosts").is_none());
+    assert!(
+        v.pointer("/resources/network_policy/max_egress_bytes")
+            .is_none()
+    );
     let m = decode_value(&v)?;
     assert_eq!(m.filesystem.allow_exec, None);
     assert_eq!(m.resources.max_output_bytes, None);
+    assert!(m.resources.network_policy.allow_hosts.is_empty());
+    assert_eq!(m.resources.network_policy.max_egress_bytes, None);
+    // An empty list says the same as none, and is written as none.
+    if let Some(serde_json::Value::Object(net)) = v.pointer_mut("/resources/network_policy") {
+        net.insert("allow_hosts".into(), serde_json::json!([]));
+    }
+    let m = decode_value(&v)?;
+    assert!(m.resources.network_policy.allow_hosts.is_empty());
+    assert!(!m.to_json()?.contains("allow_hosts"));
     Ok(())
+}
+
+#[test]
+fn allowed_hosts_travel_as_their_canonical_text_in_the_manifests_order() -> TestResult {
+    let mut v = json_value(&sample_manifest())?;
+    if let Some(serde_json::Value::Object(net)) = v.pointer_mut("/resources/network_policy") {
+        net.insert(
+            "allow_hosts".into(),
+            serde_json::json!([
+                "API.Example.com.:443",
+                "[::ffff:10.0.0.0/104]:80",
+                "*.pypi.org:443"
+            ]),
+        );
+        net.insert("max_egress_bytes".into(), serde_json::json!(1_048_576));
+    }
+    let m = decode_value(&v)?;
+    let out = serde_json::to_value(&m)?;
+    assert_eq!(
+        out.pointer("/resources/network_policy/allow_hosts"),
+        Some(&serde_json::json!([
+            "api.example.com:443",
+            "10.0.0.0/8:80",
+            "*.pypi.org:443"
+        ]))
+    );
+    assert_eq!(
+        out.pointer("/resources/network_policy/max_egress_bytes"),
+        Some(&serde_json::json!(1_048_576))
+    );
+    assert_eq!(Manifest::from_json(m.to_json()?.as_bytes())?, m);
+    Ok(())
+}
+
+#[test]
+fn a_port_the_broker_keeps_inside_the_sandbox_cannot_be_allowed() {
+    for port in [53, 3128] {
+        let mut r = sample_request();
+        r.resources.network_policy.allow_hosts = hosts(&[&format!("api.example.com:{port}")]);
+        let e = r.validate().err();
+        assert_eq!(e.as_ref().map(|e| e.field), Some("allow_hosts"), "{port}");
+        assert!(
+            e.is_some_and(|e| e.why.contains(&format!("port {port}"))),
+            "{port}"
+        );
+    }
+}
+
+#[test]
+fn an_egress_budget_needs_an_allowed_host() {
+    let mut r = sample_request();
+    r.resources.network_policy.max_egress_bytes = Some(egress_bytes(4096));
+    assert_eq!(r.validate().map_err(|e| e.field), Err("max_egress_bytes"));
+    r.resources.network_policy.allow_hosts = hosts(&["api.example.com:443"]);
+    assert_eq!(r.validate(), Ok(()));
 }
 
 #[test]
@@ -497,6 +677,73 @@ fn absent_extension_fields_add_no_bytes_and_present_ones_only_append() -> TestRe
         canonical::TAG_ALLOW_EXEC,
         "tags in increasing order"
     );
+    Ok(())
+}
+
+#[test]
+fn the_network_extensions_append_after_the_older_ones_in_tag_order() -> TestResult {
+    let mut m = sample_manifest();
+    m.resources.max_output_bytes = Some(OutputBytes::new(4096)?);
+    let base = canonical::encode(&m);
+    m.resources.network_policy.allow_hosts = hosts(&["b.example.com:443", "a.example.com:80"]);
+    m.resources.network_policy.max_egress_bytes = Some(egress_bytes(1 << 20));
+    let bytes = canonical::encode(&m);
+    assert!(bytes.starts_with(&base));
+    let mut expected = vec![canonical::TAG_ALLOW_HOSTS];
+    expected.extend_from_slice(&2u64.to_be_bytes());
+    for entry in ["b.example.com:443", "a.example.com:80"] {
+        expected.extend_from_slice(&(entry.len() as u64).to_be_bytes());
+        expected.extend_from_slice(entry.as_bytes());
+    }
+    expected.push(canonical::TAG_MAX_EGRESS_BYTES);
+    expected.extend_from_slice(&(1u64 << 20).to_be_bytes());
+    assert_eq!(&bytes[base.len()..], &expected[..]);
+    assert_eq!(decode(&bytes), Ok(m));
+    Ok(())
+}
+
+/// SHA-256 of the canonical bytes of fixed manifests without the network extensions, as
+/// every version since their tags existed has encoded them: what a signature made before
+/// `allow_hosts` and `max_egress_bytes` covers. Computed from the format in
+/// `canonical.rs`'s header, independently of this encoder.
+const SAMPLE_ENCODING_SHA256: &str =
+    "f0de426a3191134903f045b68ba3179e9d40a4f6fec4c6915606ea1967f7a1da";
+const SAMPLE_WITH_OLDER_EXTENSIONS_SHA256: &str =
+    "304acaa67bc58da6c2208ea0058bd73d172425e6d64063cad7a4c6ea79c99b24";
+
+#[test]
+fn a_manifest_without_the_network_extensions_encodes_as_before_they_existed() -> TestResult {
+    use sha2::{Digest, Sha256};
+    let hash = |m: &Manifest| hex::encode(Sha256::digest(canonical::encode(m)));
+    let mut m = sample_manifest();
+    assert_eq!(hash(&m), SAMPLE_ENCODING_SHA256);
+    m.filesystem.allow_exec = Some(vec![exec_path("/usr/bin/python3.11")]);
+    m.resources.max_output_bytes = Some(OutputBytes::new(1 << 20)?);
+    assert_eq!(hash(&m), SAMPLE_WITH_OLDER_EXTENSIONS_SHA256);
+    Ok(())
+}
+
+#[test]
+fn allowed_hosts_that_are_not_canonical_or_repeat_do_not_decode() -> TestResult {
+    let mut m = sample_manifest();
+    m.resources.network_policy.allow_hosts = hosts(&["a.example.com:443"]);
+    let good = canonical::encode(&m);
+    assert_eq!(decode(&good), Ok(m.clone()));
+    let base = canonical::encode(&sample_manifest());
+    let with = |entries: &[&str]| {
+        let mut b = base.clone();
+        b.push(canonical::TAG_ALLOW_HOSTS);
+        b.extend_from_slice(&(entries.len() as u64).to_be_bytes());
+        for e in entries {
+            b.extend_from_slice(&(e.len() as u64).to_be_bytes());
+            b.extend_from_slice(e.as_bytes());
+        }
+        b
+    };
+    assert_eq!(with(&["a.example.com:443"]), good);
+    assert!(decode(&with(&["A.example.com:443"])).is_err());
+    assert!(decode(&with(&["a.example.com:443", "a.example.com:443"])).is_err());
+    assert!(decode(&with(&[])).is_err());
     Ok(())
 }
 

@@ -3,7 +3,8 @@ use proptest::prelude::*;
 use super::*;
 use crate::manifest::canonical::decode::decode;
 use crate::manifest::tests::{
-    T0, TestResult, arb_manifest, exec_path, path, profile, sample_manifest, worker,
+    T0, TestResult, arb_manifest, egress_bytes, exec_path, hosts, path, profile, sample_manifest,
+    worker,
 };
 use crate::manifest::{
     CpuLimit, Depth, MemoryMb, OutputBytes, PidsLimit, StateSnapshot, TimeoutMs, UnixSeconds,
@@ -77,6 +78,54 @@ tampering! {
     tampered_cwd_fails_verification: |m| m.cwd = Some("/srv".into());
     added_allow_exec_fails_verification: |m| m.filesystem.allow_exec = Some(vec![exec_path("/usr/bin/perl")]);
     added_max_output_bytes_fails_verification: |m| m.resources.max_output_bytes = Some(OutputBytes::new(1 << 30)?);
+    added_allow_hosts_fail_verification: |m| m.resources.network_policy.allow_hosts = hosts(&["api.example.com:443"]);
+    added_max_egress_bytes_fails_verification: |m| {
+        m.resources.network_policy.allow_hosts = hosts(&["api.example.com:443"]);
+        m.resources.network_policy.max_egress_bytes = Some(egress_bytes(1 << 20));
+    };
+}
+
+/// A signed child that reaches two hosts with a byte budget.
+fn signed_egress_child(s: &ManifestSigner) -> Result<Manifest, Box<dyn std::error::Error>> {
+    let mut m = sample_manifest();
+    m.parent_id = Some(worker("w-parent"));
+    m.depth = Depth::new(1)?;
+    m.resources.network_policy.allow_hosts = hosts(&["api.example.com:443", "10.0.0.0/8:8080"]);
+    m.resources.network_policy.max_egress_bytes = Some(egress_bytes(1 << 20));
+    s.sign(&mut m)?;
+    Ok(m)
+}
+
+#[test]
+fn widening_reordering_or_stripping_allowed_hosts_or_the_budget_fails_verification() -> TestResult {
+    let s = signer()?;
+    let original = signed_egress_child(&s)?;
+    assert!(verify_fresh(&s, &original).is_ok());
+    let changes: [fn(&mut Manifest); 5] = [
+        |m| {
+            m.resources.network_policy.allow_hosts =
+                hosts(&["*.example.com:443", "10.0.0.0/8:8080"])
+        },
+        |m| {
+            m.resources.network_policy.allow_hosts =
+                hosts(&["10.0.0.0/8:8080", "api.example.com:443"])
+        },
+        |m| m.resources.network_policy.allow_hosts = hosts(&["api.example.com:443"]),
+        |m| m.resources.network_policy.max_egress_bytes = None,
+        |m| m.resources.network_policy.max_egress_bytes = Some(egress_bytes(1 << 30)),
+    ];
+    for (i, change) in changes.iter().enumerate() {
+        let mut m = original.clone();
+        change(&mut m);
+        assert_ne!(m, original, "change {i}");
+        assert_eq!(m.validate(), Ok(()), "change {i}");
+        assert_eq!(
+            verify_fresh(&s, &m),
+            Err(VerifyError::BadSignature),
+            "change {i}"
+        );
+    }
+    Ok(())
 }
 
 /// A signed child whose manifest has an executable allowlist and an output cap.

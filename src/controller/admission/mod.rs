@@ -17,8 +17,8 @@ use crate::signing::{ManifestSigner, VerifyError};
 
 /// What the controller refuses whatever the contract says. `allow_external` would put a
 /// worker in the host's network namespace — its loopback services, its interfaces, half
-/// of the host's network — which is no policy; egress through the supervisor does not
-/// exist yet, so it is refused rather than half-granted.
+/// of the host's network — which is no policy: a worker reaches the hosts its manifest
+/// names in `allow_hosts`, through a broker the controller runs, and nothing else.
 pub fn unsupported(request: &SpawnRequest) -> Option<DenyReason> {
     request
         .resources
@@ -27,7 +27,7 @@ pub fn unsupported(request: &SpawnRequest) -> Option<DenyReason> {
         .then(|| {
             DenyReason::InvalidRequest(FieldError::new(
                 "resources.network_policy.allow_external",
-                "not available: a worker never shares the host's network (egress through the supervisor is not built yet); ask without --allow-external",
+                "refused: workers reach named hosts only; list them in network_policy.allow_hosts (spawn --allow-host HOST:PORT)",
             ))
         })
 }
@@ -35,7 +35,7 @@ pub fn unsupported(request: &SpawnRequest) -> Option<DenyReason> {
 /// The request a manifest grants (what a child's manifest is re-checked as).
 pub fn request_of(manifest: &Manifest) -> SpawnRequest {
     SpawnRequest {
-        resources: manifest.resources,
+        resources: manifest.resources.clone(),
         filesystem: manifest.filesystem.clone(),
         profile: manifest.profile.clone(),
         command: manifest.command.clone(),
@@ -163,6 +163,11 @@ pub fn decide_child(
     // controller's: leaving the cap out is not asking for more.
     if request.resources.max_output_bytes.is_none() {
         request.resources.max_output_bytes = parent.resources.max_output_bytes;
+    }
+    // Likewise the egress budget of a child that reaches any host.
+    let net = &mut request.resources.network_policy;
+    if net.max_egress_bytes.is_none() && !net.allow_hosts.is_empty() {
+        net.max_egress_bytes = parent.resources.network_policy.max_egress_bytes;
     }
     if let Some(r) = unsupported(&request) {
         return ChildDecision::Denied(r);

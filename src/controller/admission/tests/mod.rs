@@ -7,7 +7,9 @@ use super::*;
 use crate::contract::approval::{AutoApproveRule, RequireRule};
 use crate::contract::{CpuBudget, LifetimeTotal, MemoryBudget, SpawnRate, StopCondition};
 use crate::manifest::Lineage;
-use crate::manifest::tests::{T0, TestResult, path, resources, sample_request, worker};
+use crate::manifest::tests::{
+    T0, TestResult, egress_bytes, hosts, path, resources, sample_request, worker,
+};
 use crate::signing::Keyring;
 
 struct World {
@@ -19,10 +21,19 @@ struct World {
 
 /// A root with room to hand down (4 cores, 4 GiB), admitted at T0.
 fn world(contract: ReplicationContract) -> Result<World, Box<dyn std::error::Error>> {
+    world_with(contract, |_| {})
+}
+
+/// [`world`], with the root's job changed by `change` first.
+fn world_with(
+    contract: ReplicationContract,
+    change: impl FnOnce(&mut SpawnRequest),
+) -> Result<World, Box<dyn std::error::Error>> {
     let signer = ManifestSigner::new(Keyring::generate()?);
     let mut store = InMemoryStore::default();
     let mut job = sample_request();
     job.resources = resources(4.0, 4096, 512, 3_600_000);
+    change(&mut job);
     let root = signer.issue(
         Lineage::root(worker("w-root")),
         job,
@@ -281,6 +292,89 @@ fn the_hosts_network_is_refused_whatever_the_contract_says() -> TestResult {
             assert_eq!(e.field, "resources.network_policy.allow_external");
         }
         other => panic!("expected an invalid request, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn the_hosts_network_refusal_points_at_allowed_hosts() -> TestResult {
+    let w = world(contract())?;
+    let mut r = request();
+    r.resources.network_policy.allow_external = true;
+    match w.decide(&w.root, r, "w-a", T0 + 1) {
+        ChildDecision::Denied(reason) => {
+            let text = reason.to_string();
+            assert!(text.contains("allow_hosts"), "{text}");
+            assert!(text.contains("--allow-host"), "{text}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn a_child_reaching_hosts_without_a_budget_gets_its_parents_budget() -> TestResult {
+    let w = world_with(contract(), |job| {
+        job.resources.network_policy.allow_hosts = hosts(&["*.example.com:443"]);
+        job.resources.network_policy.max_egress_bytes = Some(egress_bytes(1 << 20));
+    })?;
+    let mut r = request();
+    r.resources.network_policy.allow_hosts = hosts(&["api.example.com:443"]);
+    match w.decide(&w.root, r.clone(), "w-a", T0 + 1) {
+        ChildDecision::Issued { manifest, .. } => {
+            let net = &manifest.resources.network_policy;
+            assert_eq!(net.allow_hosts, hosts(&["api.example.com:443"]));
+            assert_eq!(net.max_egress_bytes, Some(egress_bytes(1 << 20)));
+        }
+        other => panic!("expected a manifest, got {other:?}"),
+    }
+    // A child that reaches no host is given no budget.
+    match w.decide(&w.root, request(), "w-b", T0 + 1) {
+        ChildDecision::Issued { manifest, .. } => {
+            assert_eq!(manifest.resources.network_policy.max_egress_bytes, None);
+        }
+        other => panic!("expected a manifest, got {other:?}"),
+    }
+    // Asking for more than the parent's budget is still refused.
+    r.resources.network_policy.max_egress_bytes = Some(egress_bytes((1 << 20) + 1));
+    match w.decide(&w.root, r, "w-c", T0 + 1) {
+        ChildDecision::Denied(DenyReason::Narrowing(v)) => {
+            assert_eq!(v.field, "resources.network_policy.max_egress_bytes");
+        }
+        other => panic!("expected a narrowing refusal, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn a_request_for_allowed_hosts_needs_approval_under_the_network_rule() -> TestResult {
+    let mut c = contract();
+    c.approval.require = vec![RequireRule::Network];
+    // An auto-approve rule that matches any request never covers a network grant.
+    c.approval.auto_approve = vec![AutoApproveRule::default()];
+    let w = world_with(c, |job| {
+        job.resources.network_policy.allow_hosts = hosts(&["*.example.com:443"]);
+    })?;
+    match w.decide(&w.root, request(), "w-a", T0 + 1) {
+        ChildDecision::Issued { approval, .. } => {
+            assert_eq!(approval, ApprovalVerdict::NotNeeded, "no host, no rule");
+        }
+        other => panic!("expected a manifest, got {other:?}"),
+    }
+    let mut r = request();
+    r.resources.network_policy.allow_hosts = hosts(&["api.example.com:443"]);
+    match w.decide(&w.root, r, "w-b", T0 + 1) {
+        ChildDecision::Issued {
+            approval: ApprovalVerdict::Needed { reasons },
+            ..
+        } => {
+            assert_eq!(reasons.len(), 1);
+            assert!(
+                reasons.iter().all(|r| r.contains("api.example.com:443")),
+                "{reasons:?}"
+            );
+        }
+        other => panic!("expected a request held for approval, got {other:?}"),
     }
     Ok(())
 }
