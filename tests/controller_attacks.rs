@@ -266,16 +266,33 @@ while time.time() < end:
 }
 
 #[test]
-fn a_child_may_not_be_granted_the_hosts_network() {
+fn allow_external_is_a_broker_never_the_hosts_network() {
     if skip("allow_external") {
         return;
     }
     let c = TestController::start(&base_contract(""), &[]);
-    let out = c.cli(&["spawn", "--allow-external", "--", "true"]);
-    assert_eq!(code(&out), 3, "{} {}", stdout(&out), stderr(&out));
-    assert!(stderr(&out).contains("allow_external"), "{}", stderr(&out));
-    assert_eq!(c.audit("deny_invalid_request").len(), 1);
-    assert!(c.audit("worker_started").is_empty());
+    // The worker counts its network interfaces: the sandbox's `lo`, and nothing of the
+    // host's, with its proxy variables pointing at the broker.
+    let script = "python3 -c 'import os, socket; print(len(socket.if_nameindex()), os.environ.get(\"HTTPS_PROXY\"))'";
+    let out = c.cli(&[
+        "spawn",
+        "--wait",
+        "--no-controller",
+        "--allow-external",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    assert_eq!(code(&out), 0, "{} {}", stdout(&out), stderr(&out));
+    let started = c.wait_audit("worker_exited", Duration::from_secs(20));
+    let id = started[0]["worker_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let log = std::fs::read_to_string(c.state_dir().join("workers").join(format!("{id}.log")))
+        .unwrap_or_default();
+    assert_eq!(log.trim(), "1 http://127.0.0.1:3128", "{}", c.log());
 }
 
 #[test]

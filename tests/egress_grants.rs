@@ -243,18 +243,6 @@ fn spawn_allow_host_reaches_the_workers_signed_manifest() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
 }
 
-#[test]
-fn spawn_allow_external_is_refused_and_points_at_allow_host() {
-    if skip("spawn --allow-external") {
-        return;
-    }
-    let c = TestController::start(&base_contract(""), &[]);
-    let out = c.cli(&["spawn", "--allow-external", "--", "true"]);
-    assert_eq!(code(&out), 3, "{}", stderr(&out));
-    assert!(stderr(&out).contains("allow_external"), "{}", stderr(&out));
-    assert!(stderr(&out).contains("--allow-host"), "{}", stderr(&out));
-}
-
 fn log_of(c: &TestController, id: &str) -> String {
     std::fs::read_to_string(c.state_dir().join("workers").join(format!("{id}.log")))
         .unwrap_or_default()

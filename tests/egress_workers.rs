@@ -96,3 +96,59 @@ fn a_workers_connections_are_audited_and_the_kill_switch_closes_them() {
         bed.servers().log()
     );
 }
+
+#[test]
+fn allow_external_reaches_any_public_host_and_no_private_one() {
+    if !is_root() {
+        eprintln!("SKIP: worker egress needs root (network namespaces for the bed)");
+        return;
+    }
+    let bed = Bed::new();
+    let netns = format!("--net=/run/netns/{}", bed.client);
+    let public = format!("api.test={BED_ADDR}");
+    let private = format!("inside.test={PRIVATE_ADDR}");
+    let ctl = TestController::start_under(
+        &["nsenter", &netns, "--"],
+        CONTRACT,
+        None,
+        &["--resolve", &public, "--resolve", &private],
+    );
+    let kit = bed.kit.path_str();
+    let payload = bed.kit.payload();
+    let out = ctl.cli(&[
+        "spawn",
+        "--wait",
+        "--no-controller",
+        "--allow-external",
+        "--ro",
+        &kit,
+        "--",
+        PYTHON,
+        &payload,
+        "connect",
+        "api.test",
+        "9000",
+        "+",
+        "connect",
+        "inside.test",
+        "80",
+        "+",
+        "connect",
+        PRIVATE_ADDR,
+        "80",
+    ]);
+    assert_eq!(code(&out), 0, "spawn: {}", stderr(&out));
+    let exited = ctl.wait_audit("worker_exited", Duration::from_secs(20));
+    let id = exited[0]["worker_id"].as_str().unwrap_or_default().to_string();
+    let log = std::fs::read_to_string(ctl.state_dir().join("workers").join(format!("{id}.log")))
+        .unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    assert!(lines.first().is_some_and(|l| l.starts_with("ok")), "{log}");
+    assert_eq!(lines.get(1), Some(&"proxy-status 403"), "{log}");
+    assert_eq!(lines.get(2), Some(&"proxy-status 403"), "{log}");
+    assert!(
+        bed.servers().log_lines(&["accept 80"]).is_empty(),
+        "a private address was reached: {}",
+        bed.servers().log()
+    );
+}

@@ -155,7 +155,7 @@ fn egress_budget(
     parent: Option<EgressBytes>,
 ) -> Result<(), NarrowingViolation> {
     const FIELD: &str = "resources.network_policy.max_egress_bytes";
-    if requested.allow_hosts.is_empty() {
+    if !requested.reaches_hosts() {
         // Nothing to spend a budget on.
         return Ok(());
     }
@@ -221,7 +221,10 @@ pub fn check(
         c.network_policy.allow_external,
         p.network_policy.allow_external,
     )?;
-    allowed_hosts(&c.network_policy.allow_hosts, &p.network_policy.allow_hosts)?;
+    allowed_hosts(
+        &c.network_policy.allow_hosts,
+        &p.network_policy.egress_list(),
+    )?;
     egress_budget(&c.network_policy, p.network_policy.max_egress_bytes)?;
 
     let readable: Vec<&ExposedPath> = parent.filesystem.exposures().map(|(p, _)| p).collect();

@@ -1138,12 +1138,33 @@ fn oracle_is_narrower(
                 _ => false,
             }
     };
-    let hosts = cn
-        .allow_hosts
-        .entries()
-        .iter()
-        .all(|e| pn.allow_hosts.entries().iter().any(|g| entry_under(e, g)));
-    let budget = cn.allow_hosts.is_empty()
+    // Any public host (`allow_external`) covers every name and every address outside
+    // the special ranges, at both ends of a CIDR.
+    let public = |e: &crate::egress::AllowHost| {
+        use crate::egress::HostPattern::{Addr, Cidr, Name, Wildcard};
+        let special = |a: std::net::IpAddr| crate::egress::special_range(a).is_some();
+        match &e.host {
+            Name(_) | Wildcard(_) => true,
+            Addr(a) => !special(*a),
+            Cidr(net, len) => {
+                let last = match net {
+                    std::net::IpAddr::V4(v) => std::net::IpAddr::V4(
+                        (u32::from(*v) | u32::MAX.checked_shr(u32::from(*len)).unwrap_or(0)).into(),
+                    ),
+                    std::net::IpAddr::V6(v) => std::net::IpAddr::V6(
+                        (u128::from(*v) | u128::MAX.checked_shr(u32::from(*len)).unwrap_or(0))
+                            .into(),
+                    ),
+                };
+                !special(*net) && !special(last)
+            }
+        }
+    };
+    let hosts = cn.allow_hosts.entries().iter().all(|e| {
+        (pn.allow_external && public(e))
+            || pn.allow_hosts.entries().iter().any(|g| entry_under(e, g))
+    });
+    let budget = (!cn.allow_external && cn.allow_hosts.is_empty())
         || match (cn.max_egress_bytes, pn.max_egress_bytes) {
             (_, None) => true,
             (None, Some(_)) => false,

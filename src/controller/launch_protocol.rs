@@ -59,6 +59,9 @@ pub struct LaunchEgress {
     pub allow_hosts: Vec<crate::egress::AllowHost>,
     /// Bytes the worker may move through the broker, both ways together.
     pub max_bytes: Option<u64>,
+    /// Any public host besides (the manifest's `allow_external`).
+    #[serde(default)]
+    pub any_public: bool,
 }
 
 /// What the controller decides about a worker's start beyond its manifest.
@@ -112,7 +115,9 @@ impl LaunchSpec {
             timeout_ms: Some(manifest.resources.timeout_ms.get()),
             profile: manifest.profile.to_string(),
             log_name: format!("{id}.log"),
-            share_network: manifest.resources.network_policy.allow_external,
+            // `allow_external` is any public host through the broker, never the host's
+            // network namespace.
+            share_network: false,
             payload_ids: place.payload_ids,
             allow_degraded: place.allow_degraded,
             agent_binary: if supervised {
@@ -142,9 +147,10 @@ impl LaunchSpec {
 impl LaunchEgress {
     /// The egress a network policy grants: `None` unless it allows some host.
     pub fn of(policy: &crate::manifest::NetworkPolicy) -> Option<LaunchEgress> {
-        (!policy.allow_hosts.is_empty()).then(|| LaunchEgress {
+        policy.reaches_hosts().then(|| LaunchEgress {
             allow_hosts: policy.allow_hosts.entries().to_vec(),
             max_bytes: policy.max_egress_bytes.map(|b| b.get()),
+            any_public: policy.allow_external,
         })
     }
 }
@@ -319,12 +325,21 @@ mod tests {
         assert_eq!(
             spec.egress,
             Some(LaunchEgress {
-                allow_hosts: hosts,
+                allow_hosts: hosts.clone(),
                 max_bytes: Some(1 << 20),
+                any_public: false,
             })
         );
-        // Never the host's network: egress goes through the broker.
+        // Never the host's network: egress goes through the broker, any public host
+        // included.
         assert!(!spec.share_network);
+        m.resources.network_policy.allow_external = true;
+        let spec = LaunchSpec::for_worker(&m, &place());
+        assert!(!spec.share_network);
+        assert_eq!(
+            spec.egress.map(|e| (e.allow_hosts, e.any_public)),
+            Some((hosts, true))
+        );
         Ok(())
     }
 

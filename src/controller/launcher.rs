@@ -253,7 +253,10 @@ impl Launcher {
         let Some(e) = &ls.egress else {
             return Ok(None);
         };
-        let allow = AllowList::new(e.allow_hosts.clone()).map_err(|e| e.to_string())?;
+        let mut allow = AllowList::new(e.allow_hosts.clone()).map_err(|e| e.to_string())?;
+        if e.any_public {
+            allow = allow.with_any_public();
+        }
         let ports = allow.ports().into_iter().collect();
         Ok(Some(BrokerConfig {
             allow,

@@ -394,10 +394,24 @@ impl<'de> Deserialize<'de> for AllowHost {
 }
 
 /// A sandbox's allowlist: at most [`AllowList::MAX_ENTRIES`] distinct entries, in the
-/// order given. Empty allows nothing.
+/// order given, and whether any public host is allowed besides (a manifest's
+/// `allow_external`; never serialized: the manifest signs it as its own field). Empty
+/// allows nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "Vec<AllowHost>", into = "Vec<AllowHost>")]
-pub struct AllowList(Vec<AllowHost>);
+pub struct AllowList(Vec<AllowHost>, bool);
+
+/// Whether every address an entry can reach is public (what "any public host" covers).
+fn public_entry(e: &AllowHost) -> bool {
+    match e.host {
+        HostPattern::Name(_) | HostPattern::Wildcard(_) => true,
+        HostPattern::Addr(a) => super::special_range(a).is_none(),
+        HostPattern::Cidr(net, prefix) => {
+            super::special_range(net).is_none()
+                && super::special_range(cidr_last(net, prefix)).is_none()
+        }
+    }
+}
 
 impl AllowList {
     /// Most entries one list may hold: every connection is checked against each.
@@ -418,7 +432,7 @@ impl AllowList {
                 kept.push(entry);
             }
         }
-        Ok(Self(kept))
+        Ok(Self(kept, false))
     }
 
     pub fn entries(&self) -> &[AllowHost] {
@@ -426,23 +440,36 @@ impl AllowList {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.0.is_empty() && !self.1
+    }
+
+    /// This list, and any public host besides: every name on every port, every public
+    /// address (special ones still only when an entry names them). Proxy-unaware clients
+    /// get listeners on 80 and 443.
+    pub fn with_any_public(mut self) -> Self {
+        self.1 = true;
+        self
+    }
+
+    pub fn any_public(&self) -> bool {
+        self.1
     }
 
     /// True when a name or wildcard entry allows `name` on `port`.
     pub fn allows_name(&self, name: &str, port: u16) -> bool {
-        self.0.iter().any(|e| e.matches_name(name, port))
+        self.1 || self.0.iter().any(|e| e.matches_name(name, port))
     }
 
     /// True when a name or wildcard entry allows `name` on some port: the names the DNS
     /// stub answers.
     pub fn knows_name(&self, name: &str) -> bool {
-        self.0.iter().any(|e| e.host.matches_name(name))
+        self.1 || self.0.iter().any(|e| e.host.matches_name(name))
     }
 
     /// True when an address or CIDR entry allows `addr` on `port`.
     pub fn allows_addr(&self, addr: IpAddr, port: u16) -> bool {
-        self.0.iter().any(|e| e.matches_addr(addr, port))
+        (self.1 && super::special_range(addr).is_none())
+            || self.0.iter().any(|e| e.matches_addr(addr, port))
     }
 
     /// True when an entry names the special (non-public) address `addr` on `port` on
@@ -468,13 +495,20 @@ impl AllowList {
 
     /// Every port some entry allows: one transparent listener each.
     pub fn ports(&self) -> BTreeSet<u16> {
-        self.0.iter().map(|e| e.port).collect()
+        let any = if self.1 { &[80u16, 443][..] } else { &[] };
+        self.0
+            .iter()
+            .map(|e| e.port)
+            .chain(any.iter().copied())
+            .collect()
     }
 
     /// `Ok` when every entry of `child` is covered by an entry of `self`; otherwise the
     /// first child entry that is not.
     pub fn covers(&self, child: &AllowList) -> Result<(), AllowHost> {
-        match child.0.iter().find(|c| !self.0.iter().any(|p| p.covers(c))) {
+        let covered =
+            |c: &AllowHost| (self.1 && public_entry(c)) || self.0.iter().any(|p| p.covers(c));
+        match child.0.iter().find(|c| !covered(c)) {
             Some(uncovered) => Err(uncovered.clone()),
             None => Ok(()),
         }

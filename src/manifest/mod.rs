@@ -92,6 +92,20 @@ impl Default for NetworkPolicy {
 }
 
 impl NetworkPolicy {
+    /// Whether the worker reaches any host (named ones, or any public one).
+    pub fn reaches_hosts(&self) -> bool {
+        self.allow_external || !self.allow_hosts.is_empty()
+    }
+
+    /// The hosts the worker's broker lets it reach.
+    pub fn egress_list(&self) -> AllowList {
+        if self.allow_external {
+            self.allow_hosts.clone().with_any_public()
+        } else {
+            self.allow_hosts.clone()
+        }
+    }
+
     /// The rules the field types cannot check alone: no allowed host on a port the
     /// sandbox keeps for the broker itself (its DNS stub and proxy listen there), and a
     /// byte budget only for hosts that are allowed.
@@ -111,7 +125,7 @@ impl NetworkPolicy {
                 ),
             ));
         }
-        if self.max_egress_bytes.is_some() && self.allow_hosts.is_empty() {
+        if self.max_egress_bytes.is_some() && !self.reaches_hosts() {
             return Err(FieldError::new(
                 "max_egress_bytes",
                 "a byte budget applies to the hosts in allow_hosts, and none is listed (leave it out, or allow a host)",

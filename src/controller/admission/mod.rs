@@ -12,25 +12,8 @@ pub use store::{AdmissionStore, InMemoryStore, Slot};
 
 use crate::contract::approval::ApprovalVerdict;
 use crate::contract::{Decision, DenyReason, IssueError, RegistryView, ReplicationContract};
-use crate::manifest::{FieldError, Manifest, SpawnRequest, WorkerId};
+use crate::manifest::{Manifest, SpawnRequest, WorkerId};
 use crate::signing::{ManifestSigner, VerifyError};
-
-/// What the controller refuses whatever the contract says. `allow_external` would put a
-/// worker in the host's network namespace — its loopback services, its interfaces, half
-/// of the host's network — which is no policy: a worker reaches the hosts its manifest
-/// names in `allow_hosts`, through a broker the controller runs, and nothing else.
-pub fn unsupported(request: &SpawnRequest) -> Option<DenyReason> {
-    request
-        .resources
-        .network_policy
-        .allow_external
-        .then(|| {
-            DenyReason::InvalidRequest(FieldError::new(
-                "resources.network_policy.allow_external",
-                "refused: workers reach named hosts only; list them in network_policy.allow_hosts (spawn --allow-host HOST:PORT)",
-            ))
-        })
-}
 
 /// The request a manifest grants (what a child's manifest is re-checked as).
 pub fn request_of(manifest: &Manifest) -> SpawnRequest {
@@ -166,11 +149,8 @@ pub fn decide_child(
     }
     // Likewise the egress budget of a child that reaches any host.
     let net = &mut request.resources.network_policy;
-    if net.max_egress_bytes.is_none() && !net.allow_hosts.is_empty() {
+    if net.max_egress_bytes.is_none() && net.reaches_hosts() {
         net.max_egress_bytes = parent.resources.network_policy.max_egress_bytes;
-    }
-    if let Some(r) = unsupported(&request) {
-        return ChildDecision::Denied(r);
     }
     match contract.issue_child(signer, parent, request, child_id, view, now) {
         Ok(manifest) => {

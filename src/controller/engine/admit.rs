@@ -86,9 +86,6 @@ impl Engine {
         if let Err(e) = request.validate() {
             return self.deny(actor, None, &DenyReason::InvalidRequest(e), json!({}));
         }
-        if let Some(reason) = admission::unsupported(&request) {
-            return self.deny(actor, None, &reason, json!({ "parent": null }));
-        }
         let id = match new_worker_id() {
             Ok(id) => id,
             Err(message) => return Admission::Failed(message),

@@ -283,32 +283,42 @@ fn a_request_beyond_the_parents_grant_is_refused_by_narrowing() -> TestResult {
 }
 
 #[test]
-fn the_hosts_network_is_refused_whatever_the_contract_says() -> TestResult {
+fn any_public_host_is_wider_than_a_parent_without_it() -> TestResult {
     let w = world(contract())?;
     let mut r = request();
     r.resources.network_policy.allow_external = true;
     match w.decide(&w.root, r, "w-a", T0 + 1) {
-        ChildDecision::Denied(DenyReason::InvalidRequest(e)) => {
-            assert_eq!(e.field, "resources.network_policy.allow_external");
+        ChildDecision::Denied(DenyReason::Narrowing(v)) => {
+            assert!(v.to_string().contains("allow_external"), "{v}");
         }
-        other => panic!("expected an invalid request, got {other:?}"),
+        other => panic!("expected a narrowing refusal, got {other:?}"),
     }
     Ok(())
 }
 
 #[test]
-fn the_hosts_network_refusal_points_at_allowed_hosts() -> TestResult {
-    let w = world(contract())?;
+fn named_public_hosts_are_narrower_than_any_public_host() -> TestResult {
+    let w = world_with(contract(), |job| {
+        job.resources.network_policy.allow_external = true;
+    })?;
     let mut r = request();
-    r.resources.network_policy.allow_external = true;
-    match w.decide(&w.root, r, "w-a", T0 + 1) {
-        ChildDecision::Denied(reason) => {
-            let text = reason.to_string();
-            assert!(text.contains("allow_hosts"), "{text}");
-            assert!(text.contains("--allow-host"), "{text}");
-        }
-        other => panic!("expected a refusal, got {other:?}"),
-    }
+    r.resources.network_policy.allow_hosts = hosts(&["api.example.com:443", "198.51.100.7:80"]);
+    assert!(
+        !matches!(
+            w.decide(&w.root, r, "w-a", T0 + 1),
+            ChildDecision::Denied(_)
+        ),
+        "a named public host under a parent reaching any public host"
+    );
+    let mut r = request();
+    r.resources.network_policy.allow_hosts = hosts(&["10.0.0.0/8:443"]);
+    assert!(
+        matches!(
+            w.decide(&w.root, r, "w-b", T0 + 2),
+            ChildDecision::Denied(DenyReason::Narrowing(_))
+        ),
+        "a private range is not a public host"
+    );
     Ok(())
 }
 
