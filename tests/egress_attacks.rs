@@ -1,0 +1,174 @@
+//! The egress broker attacked by a payload that has read its code: each test is one way a
+//! hostile sandbox could get past `--allow-host`, `--max-egress` or the report, run for
+//! real in the offline test bed (tests/common/egress_bed.rs). The payload is
+//! tests/support/egress_attacks.py (the steps of tests/support/egress_payload.py and a few
+//! more). Each test fails if the attack works.
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::egress_bed::*;
+use common::*;
+
+const API: &str = "api.test";
+/// An allowed name with no `--resolve` entry: the broker asks the host's resolver (the
+/// bed's port 53, which never answers), so its lookup hangs for the resolver's timeout.
+const SLOW: &str = "slow.test";
+
+const ATTACKS: &str = include_str!("support/egress_attacks.py");
+
+fn skip(test: &str) -> bool {
+    skip_unless_root(&format!("{test} (a test bed needs network namespaces)"))
+}
+
+/// The attack script, next to the bed's payload in its kit.
+fn attacks(bed: &Bed) -> String {
+    let path = bed.kit.path().join("attacks.py");
+    if let Err(e) = std::fs::write(&path, ATTACKS) {
+        panic!("write {}: {e}", path.display());
+    }
+    let _ = std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644));
+    path.to_string_lossy().to_string()
+}
+
+/// `--allow-host` for each entry, and api.test resolved to the bed.
+fn bed_flags(allow: &[&str]) -> Vec<String> {
+    let mut flags = Vec::new();
+    for entry in allow {
+        flags.extend(["--allow-host".to_string(), entry.to_string()]);
+    }
+    flags.extend(["--resolve".to_string(), format!("{API}={BED_ADDR}")]);
+    flags
+}
+
+/// `hatchery run --timeout 50s --report R --ro KIT FLAGS -- python3 attacks.py STEP + ...`
+/// in the bed's client namespace; the report's path goes with it.
+fn command(bed: &Bed, flags: &[String], steps: &[&[&str]]) -> (Command, tempfile::TempDir) {
+    let reports = shared_tempdir();
+    let report = canonical(reports.path()).join("report.json");
+    let mut cmd = bed.command(hatchery());
+    cmd.arg("run");
+    if !flags.iter().any(|f| f == "--timeout") {
+        cmd.args(["--timeout", "50s"]);
+    }
+    cmd.arg("--report")
+        .arg(&report)
+        .arg("--ro")
+        .arg(bed.kit.path())
+        .args(flags)
+        .arg("--")
+        .arg(PYTHON)
+        .arg(attacks(bed));
+    for (i, step) in steps.iter().enumerate() {
+        if i > 0 {
+            cmd.arg("+");
+        }
+        cmd.args(*step);
+    }
+    (cmd, reports)
+}
+
+/// A `hatchery run` left running, killed with SIGKILL (and reaped) when dropped.
+struct Running {
+    child: Child,
+}
+
+impl Running {
+    fn start(cmd: &mut Command) -> Running {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // Its own group: a signal meant for it reaches nothing of the test's.
+        cmd.process_group(0);
+        match cmd.spawn() {
+            Ok(child) => Running { child },
+            Err(e) => panic!("cannot start {cmd:?}: {e}"),
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The pids still in the bed's client namespace (where `hatchery` and its broker run).
+fn client_pids(bed: &Bed) -> String {
+    stdout(&run_with_timeout(
+        Command::new("ip").args(["netns", "pids", &bed.client]),
+        Duration::from_secs(10),
+    ))
+}
+
+/// Waits until nothing runs in the bed's client namespace; false after `limit`.
+fn client_empties_within(bed: &Bed, limit: Duration) -> bool {
+    let start = Instant::now();
+    while !client_pids(bed).trim().is_empty() {
+        if start.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+fn ps(pids: &str) -> String {
+    stdout(&run_with_timeout(
+        Command::new("ps").args(["-o", "pid,user,args", "-p", &pids.trim().replace('\n', ",")]),
+        Duration::from_secs(10),
+    ))
+}
+
+#[test]
+fn the_broker_dies_at_once_with_a_killed_supervisor_even_while_it_looks_a_name_up() {
+    if skip("broker and a killed supervisor") {
+        return;
+    }
+    let bed = Bed::new();
+    let flags = bed_flags(&["api.test:9001", &format!("{SLOW}:443")]);
+    let (mut cmd, _reports) = command(
+        &bed,
+        &flags,
+        &[
+            &["fire", SLOW, "443"],
+            &["read-forever", API, "9001", "held"],
+        ],
+    );
+    let mut run = Running::start(&mut cmd);
+    let servers = bed.servers();
+    assert!(
+        servers.wait_for_log("accept 9001", Duration::from_secs(20)),
+        "the held connection never reached the bed: {}",
+        servers.log()
+    );
+    assert!(
+        servers.wait_for_log("udp 53", Duration::from_secs(20)),
+        "the broker never asked the resolver: {}",
+        servers.log()
+    );
+    // The supervisor dies the way an OOM kill or an operator's kill -9 ends it.
+    let killed = Instant::now();
+    run.kill();
+    let gone = client_empties_within(&bed, Duration::from_secs(2));
+    let left = client_pids(&bed);
+    assert!(
+        gone,
+        "{:?} after the supervisor's SIGKILL, still running: {}",
+        killed.elapsed(),
+        ps(&left)
+    );
+    assert!(
+        servers.wait_for_log("closed 9001", Duration::from_secs(5)),
+        "the bed's server still has the relayed connection: {}",
+        servers.log()
+    );
+}
