@@ -7,11 +7,12 @@
 mod common;
 
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::egress_bed::*;
 use common::*;
+use serde_json::{Value, json};
 
 const API: &str = "api.test";
 /// An allowed name with no `--resolve` entry: the broker asks the host's resolver (the
@@ -69,6 +70,55 @@ fn command(bed: &Bed, flags: &[String], steps: &[&[&str]]) -> (Command, tempfile
         cmd.args(*step);
     }
     (cmd, reports)
+}
+
+fn read_report(reports: &tempfile::TempDir) -> Value {
+    let path = canonical(reports.path()).join("report.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_default()).unwrap_or(Value::Null)
+}
+
+/// One finished run: its output and its report.
+struct Run {
+    out: Output,
+    report: Value,
+}
+
+fn run_attack(bed: &Bed, flags: &[String], steps: &[&[&str]]) -> Run {
+    let (mut cmd, reports) = command(bed, flags, steps);
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(90));
+    Run {
+        out,
+        report: read_report(&reports),
+    }
+}
+
+impl Run {
+    fn line(&self, i: usize) -> String {
+        let out = stdout(&self.out);
+        match out.lines().nth(i) {
+            Some(l) => l.to_string(),
+            None => panic!(
+                "no line {i} from the payload (exit {}): stdout {out:?}, stderr {}",
+                code(&self.out),
+                stderr(&self.out)
+            ),
+        }
+    }
+
+    fn egress(&self) -> Vec<Value> {
+        self.report["egress"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The `egress` entries with every one of `fields`.
+    fn entries(&self, fields: &[(&str, Value)]) -> Vec<Value> {
+        self.egress()
+            .into_iter()
+            .filter(|e| fields.iter().all(|(k, v)| &e[*k] == v))
+            .collect()
+    }
 }
 
 /// A `hatchery run` left running, killed with SIGKILL (and reaped) when dropped.
@@ -170,5 +220,44 @@ fn the_broker_dies_at_once_with_a_killed_supervisor_even_while_it_looks_a_name_u
         servers.wait_for_log("closed 9001", Duration::from_secs(5)),
         "the bed's server still has the relayed connection: {}",
         servers.log()
+    );
+}
+
+#[test]
+fn a_lookup_still_running_when_the_sandbox_ends_does_not_wipe_the_report() {
+    if skip("report and a pending lookup") {
+        return;
+    }
+    let bed = Bed::new();
+    let flags = bed_flags(&["api.test:80", &format!("{SLOW}:443")]);
+    let run = run_attack(
+        &bed,
+        &flags,
+        &[
+            &["http", "proxy", API, "80", API],
+            &["fire", SLOW, "443"],
+            &["sleep", "1"],
+        ],
+    );
+    assert!(
+        run.line(0).starts_with("status 200"),
+        "the allowed request failed: the test proves nothing: {}",
+        run.line(0)
+    );
+    assert!(
+        !bed.servers().log_lines(&["udp 53"]).is_empty(),
+        "the broker never asked the resolver: the test proves nothing"
+    );
+    let allowed = run.entries(&[
+        ("event", json!("egress_allowed")),
+        ("name", json!(API)),
+        ("port", json!(80)),
+    ]);
+    assert_eq!(
+        allowed.len(),
+        1,
+        "the report lost the allowed request; egress: {:#}\nstderr: {}",
+        Value::Array(run.egress()),
+        stderr(&run.out)
     );
 }

@@ -150,7 +150,10 @@ pub(super) fn main(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUn
         return 1;
     };
     let summary = rt.block_on(run(config, listeners, &control));
-    drop(rt);
+    // Without waiting for host lookups still running on the blocking pool (the process
+    // exits right after): a resolver that never answers would otherwise hold the summary
+    // past the supervisor's patience, and the report would lose every entry.
+    rt.shutdown_background();
     let text = serde_json::to_vec(&summary).unwrap_or_default();
     let mut control = control;
     let _ = control.set_nonblocking(false);
