@@ -261,3 +261,56 @@ fn a_lookup_still_running_when_the_sandbox_ends_does_not_wipe_the_report() {
         stderr(&run.out)
     );
 }
+
+#[test]
+fn the_hosts_own_public_address_is_not_reached_by_a_name_or_a_broad_cidr() {
+    if skip("the host's own address") {
+        return;
+    }
+    let bed = Bed::new();
+    let host = bed.host_server();
+    let port = host.port.to_string();
+    // A name whose DNS answers the host's own address (a rebinding DNS server, the host's
+    // name in /etc/hosts), and a CIDR that merely contains that address.
+    let mut flags = bed_flags(&[&format!("own.test:{port}"), &format!("0.0.0.0/0:{port}")]);
+    flags.extend(["--resolve".to_string(), format!("own.test={CLIENT_ADDR}")]);
+    let run = run_attack(
+        &bed,
+        &flags,
+        &[
+            &["http", "proxy", "own.test", &port, "own.test"],
+            &["http", "proxy", CLIENT_ADDR, &port, CLIENT_ADDR],
+            &["http", "connect", CLIENT_ADDR, &port, CLIENT_ADDR],
+        ],
+    );
+    for i in 0..3 {
+        assert!(
+            !run.line(i).starts_with("status 200"),
+            "step {i} reached the host's own service: {}",
+            run.line(i)
+        );
+    }
+    let seen = host.log_lines(&["accept"]);
+    assert!(
+        seen.is_empty(),
+        "the host's own service was reached: {seen:?}"
+    );
+    assert_eq!(
+        run.entries(&[("reason", json!("private_address"))]).len(),
+        3,
+        "{:#}",
+        Value::Array(run.egress())
+    );
+    // An entry naming the address itself still reaches it, as for loopback.
+    let flags = bed_flags(&[&format!("{CLIENT_ADDR}:{port}")]);
+    let run = run_attack(
+        &bed,
+        &flags,
+        &[&["http", "proxy", CLIENT_ADDR, &port, CLIENT_ADDR]],
+    );
+    assert!(
+        run.line(0).starts_with("status 200"),
+        "an entry naming the host's address: {}",
+        run.line(0)
+    );
+}

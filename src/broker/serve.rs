@@ -3,7 +3,7 @@
 //! socket; then the summary goes back on it.
 
 use std::io::Write;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::PathBuf;
@@ -103,7 +103,17 @@ impl State {
                 .take()
                 .unwrap_or_else(|| Err("no lookup was made".into()))
         };
-        policy::check(&cfg.allow, &cfg.resolution, dest, port, &mut resolve)
+        let addrs = policy::check(&cfg.allow, &cfg.resolution, dest, port, &mut resolve)?;
+        // The host's own addresses lead to its services as loopback does (a service on
+        // 0.0.0.0 answers on every one of them), so they count as special too: reached
+        // only when an entry names the address itself.
+        let (own, kept): (Vec<_>, Vec<_>) = addrs
+            .into_iter()
+            .partition(|a| is_own_address(a.ip()) && !cfg.allow.names_special_addr(a.ip(), port));
+        match (kept.is_empty(), own.first()) {
+            (true, Some(first)) => Err(Denial::SpecialAddress("this host", first.ip())),
+            _ => Ok(kept),
+        }
     }
 
     /// Where a client's connection goes: the CONNECT or URI host as named, or the name
@@ -122,6 +132,24 @@ impl State {
             Err(_) => Ok(Destination::Name(host.to_ascii_lowercase())),
         }
     }
+}
+
+/// True when `addr` is one of this host's own addresses: the kernel routes it locally and
+/// so picks the address itself as the source, which a UDP socket's connect (it sends
+/// nothing) shows. No route means no local address; a probe that cannot be made at all
+/// counts as the host's own (refused rather than guessed at).
+fn is_own_address(addr: IpAddr) -> bool {
+    let any: IpAddr = match addr {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let Ok(probe) = std::net::UdpSocket::bind((any, 0)) else {
+        return true;
+    };
+    if probe.connect((addr, 9)).is_err() {
+        return false;
+    }
+    probe.local_addr().map_or(true, |local| local.ip() == addr)
 }
 
 /// The broker process's body: returns its exit status.

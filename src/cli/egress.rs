@@ -18,8 +18,8 @@ pub struct EgressArgs {
     /// Let the command reach HOST:PORT, and nothing else, through a broker outside the
     /// sandbox (repeatable). HOST is a name (api.example.com), a one-label wildcard
     /// (*.pypi.org, not pypi.org itself), an IP ([::1] for IPv6) or a CIDR
-    /// (10.0.0.0/8); private, loopback and link-local addresses are reached only when
-    /// named this way
+    /// (10.0.0.0/8); private, loopback and link-local addresses, and the host's own, are
+    /// reached only when named this way
     #[arg(long = "allow-host", value_name = "HOST:PORT", value_parser = parse_allow_host)]
     pub allow_host: Vec<AllowHost>,
     /// Resolve NAME to ADDR for the broker, before the host's resolver (repeatable)

@@ -13,6 +13,8 @@ what reached the bed, not only what the sandbox saw.
       53    UDP: logs every datagram, answers nothing
   egress_bed_server.py http LOG
       HTTP as on port 80 above, on 127.0.0.1 at a free port
+  egress_bed_server.py host-http LOG
+      the same on every address (0.0.0.0) at a free port: a service of the host itself
   egress_bed_server.py stream LOG
       on 127.0.0.1 at a free port: reads one line "N", sends N bytes, closes (benchmarks)
 
@@ -187,8 +189,8 @@ def main():
         udp(dns)
         port = 0
     else:
-        sock = listen("127.0.0.1", 0)
-        serve_forever(sock, http if mode == "http" else stream, quiet=mode == "stream")
+        sock = listen("0.0.0.0" if mode == "host-http" else "127.0.0.1", 0)
+        serve_forever(sock, stream if mode == "stream" else http, quiet=mode == "stream")
         port = sock.getsockname()[1]
     log(f"ready {port}")
     while True:
