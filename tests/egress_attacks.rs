@@ -314,3 +314,82 @@ fn the_hosts_own_public_address_is_not_reached_by_a_name_or_a_broad_cidr() {
         run.line(0)
     );
 }
+
+/// How many lines of the bed's servers' log contain every one of `needles`.
+fn bed_saw(bed: &Bed, needles: &[&str]) -> usize {
+    bed.servers().log_lines(needles).len()
+}
+
+#[test]
+fn a_spent_budget_refuses_new_connections_before_any_lookup_or_connect() {
+    if skip("spent budget") {
+        return;
+    }
+    let bed = Bed::new();
+    let mut flags = bed_flags(&["api.test:9000", &format!("{SLOW}:9000")]);
+    flags.extend(["--max-egress".to_string(), "16K".to_string()]);
+    let run = run_attack(
+        &bed,
+        &flags,
+        &[
+            &["read-all", API, "9000"],
+            &["connect-many", "5", API, "9000"],
+            &["fire", SLOW, "9000"],
+            &["sleep", "1"],
+        ],
+    );
+    assert!(
+        run.line(0).starts_with("read "),
+        "the first transfer failed: the test proves nothing: {}",
+        run.line(0)
+    );
+    // Once the budget is spent, a new connection is a knock on the server's door (a
+    // signal in itself) and a lookup carries its name out: neither may happen.
+    assert_eq!(
+        bed_saw(&bed, &["accept 9000"]),
+        1,
+        "connections reached the bed after the budget was spent: {}",
+        bed.servers().log()
+    );
+    assert_eq!(
+        bed_saw(&bed, &["udp 53"]),
+        0,
+        "a name was looked up after the budget was spent: {}",
+        bed.servers().log()
+    );
+    assert!(
+        run.entries(&[
+            ("reason", json!("budget_exhausted")),
+            ("bytes_in", json!(0))
+        ])
+        .len()
+            >= 5,
+        "{:#}",
+        Value::Array(run.egress())
+    );
+}
+
+#[test]
+fn upstream_lookups_are_charged_to_the_budget() {
+    if skip("lookups and the budget") {
+        return;
+    }
+    let bed = Bed::new();
+    let mut flags = bed_flags(&[&format!("*.{SLOW}:443")]);
+    flags.extend(["--max-egress".to_string(), "1K".to_string()]);
+    // Each lookup of a chosen name under an allowed wildcard carries 63 bytes to whoever
+    // serves the zone: 40 of them are more than the budget allows.
+    let names: Vec<String> = (0..40)
+        .map(|i| format!("{i:02}{}.{SLOW}", "x".repeat(61)))
+        .collect();
+    let mut steps: Vec<Vec<&str>> = names.iter().map(|n| vec!["fire", n, "443"]).collect();
+    steps.push(vec!["sleep", "1"]);
+    let steps: Vec<&[&str]> = steps.iter().map(Vec::as_slice).collect();
+    let run = run_attack(&bed, &flags, &steps);
+    let lookups = run.report["egress_upstream_lookups"].as_u64();
+    assert!(
+        lookups.is_some_and(|n| (1..=1024 / 63).contains(&n)),
+        "{lookups:?} upstream lookups of 63-byte labels under --max-egress 1K; stderr: {}",
+        stderr(&run.out)
+    );
+}

@@ -86,9 +86,18 @@ impl State {
         port: u16,
     ) -> Result<Vec<std::net::SocketAddr>, Denial> {
         let cfg = &self.config;
+        // A spent budget ends egress, not only transfers: a connection opened (a knock
+        // on a server's door) or a name looked up carries something out too.
+        if self.budget_spent() {
+            return Err(Denial::BudgetExhausted);
+        }
         let mut looked_up: Option<Result<Vec<IpAddr>, String>> = None;
         if let Destination::Name(name) = dest {
             if cfg.allow.allows_name(name, port) && cfg.resolution.lookup(name).is_none() {
+                // The name goes to the host's resolver and beyond: its bytes are charged.
+                if self.take_budget(name.len()) < name.len() {
+                    return Err(Denial::BudgetExhausted);
+                }
                 self.lookups.fetch_add(1, Ordering::SeqCst);
                 looked_up = Some(
                     tokio::net::lookup_host((name.as_str(), port))
