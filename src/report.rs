@@ -55,6 +55,12 @@ pub struct Report {
     /// Lookups the broker made with the host's resolver (`--resolve` names are not).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_upstream_lookups: Option<u64>,
+    /// Bytes sent through the broker over every connection, dropped entries included.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_bytes_out: Option<u64>,
+    /// Bytes received through the broker over every connection, dropped entries included.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_bytes_in: Option<u64>,
 }
 
 impl Report {
@@ -99,6 +105,8 @@ impl Report {
             egress: None,
             egress_dropped: None,
             egress_upstream_lookups: None,
+            egress_bytes_out: None,
+            egress_bytes_in: None,
         }
     }
 
@@ -108,6 +116,8 @@ impl Report {
             self.egress = Some(s.entries);
             self.egress_dropped = Some(s.dropped);
             self.egress_upstream_lookups = Some(s.lookups);
+            self.egress_bytes_out = Some(s.bytes_out);
+            self.egress_bytes_in = Some(s.bytes_in);
         }
         self
     }
@@ -144,6 +154,8 @@ impl Report {
             egress: None,
             egress_dropped: None,
             egress_upstream_lookups: None,
+            egress_bytes_out: None,
+            egress_bytes_in: None,
         }
     }
 

@@ -393,3 +393,42 @@ fn upstream_lookups_are_charged_to_the_budget() {
         stderr(&run.out)
     );
 }
+
+#[test]
+fn a_flood_of_cheap_entries_does_not_push_a_transfer_out_of_the_report() {
+    if skip("report flood") {
+        return;
+    }
+    let bed = Bed::new();
+    let flags = bed_flags(&["api.test:9000", "api.test:9001"]);
+    // Refused lookups cost the payload nothing and each is an entry; so is each short
+    // connection to an allowed host. Then the transfer that matters.
+    let run = run_attack(
+        &bed,
+        &flags,
+        &[
+            &["dns-flood", "1100"],
+            &["connect-many", "1100", API, "9001"],
+            &["read-all", API, "9000"],
+        ],
+    );
+    assert_eq!(run.line(0), "flooded 1100 answered 1100");
+    assert_eq!(run.line(1), "connected 1100 failed 0");
+    assert!(run.line(2).starts_with("read 1048576"), "{}", run.line(2));
+    assert!(
+        run.report["egress_dropped"].as_u64() > Some(0),
+        "nothing was dropped: the test proves nothing"
+    );
+    // What the payload moved is in the report, whatever it kept entry by entry.
+    let total = run.report["egress_bytes_in"].as_u64().unwrap_or(0);
+    assert!(
+        total >= 1 << 20,
+        "the report's egress_bytes_in is {total} after a 1 MiB transfer"
+    );
+    // And the refused lookups left room for the connections.
+    let allowed = run.entries(&[("event", json!("egress_allowed"))]).len();
+    assert!(
+        allowed >= 500,
+        "{allowed} egress_allowed entries kept after 1100 refused lookups"
+    );
+}

@@ -25,6 +25,9 @@ use crate::sandbox::{wait, zygote};
 
 /// Most entries a broker keeps; past it, entries are counted, not kept.
 pub const MAX_ENTRIES: usize = 1000;
+/// Most of those that are DNS answers or denials: a sandbox causes them at no cost, so
+/// they never take the room of the connections that carried bytes.
+const MAX_CHEAP_ENTRIES: usize = MAX_ENTRIES / 2;
 /// Largest summary read back from a broker.
 const MAX_SUMMARY: u64 = 4 << 20;
 
@@ -69,6 +72,32 @@ pub struct Summary {
     pub dropped: u64,
     /// Host-resolver lookups made (names in the operator's table are not lookups).
     pub lookups: u64,
+    /// Bytes sent and received over every connection, kept as an entry or not.
+    #[serde(default)]
+    pub bytes_out: u64,
+    #[serde(default)]
+    pub bytes_in: u64,
+    /// Entries kept that are DNS answers or denials.
+    #[serde(skip)]
+    cheap: usize,
+}
+
+impl Summary {
+    /// Counts `entry`'s bytes and keeps it while there is room (see
+    /// [`MAX_CHEAP_ENTRIES`]); otherwise counts it as dropped.
+    pub(crate) fn record(&mut self, entry: EgressEntry) {
+        self.bytes_out = self.bytes_out.saturating_add(entry.bytes_out);
+        self.bytes_in = self.bytes_in.saturating_add(entry.bytes_in);
+        let cheap = entry.event != "egress_allowed";
+        if self.entries.len() >= MAX_ENTRIES || (cheap && self.cheap >= MAX_CHEAP_ENTRIES) {
+            self.dropped = self.dropped.saturating_add(1);
+            return;
+        }
+        if cheap {
+            self.cheap = self.cheap.saturating_add(1);
+        }
+        self.entries.push(entry);
+    }
 }
 
 /// The supervisor's handle on a running broker.

@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{Semaphore, watch};
 
 use super::relay;
-use super::{BrokerConfig, EgressEntry, MAX_ENTRIES, Summary};
+use super::{BrokerConfig, EgressEntry, Summary};
 use crate::egress::{Denial, Destination, FakePool, dns, http, policy};
 
 /// Connections one sandbox may hold open through the broker at once.
@@ -41,12 +41,10 @@ pub(super) struct State {
 
 impl State {
     pub(super) fn record(&self, entry: EgressEntry) {
-        let mut s = self.summary.lock().unwrap_or_else(PoisonError::into_inner);
-        if s.entries.len() < MAX_ENTRIES {
-            s.entries.push(entry);
-        } else {
-            s.dropped = s.dropped.saturating_add(1);
-        }
+        self.summary
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(entry);
     }
 
     /// Takes `want` bytes from the budget: how many may pass (fewer once it is spent).
