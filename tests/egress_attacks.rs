@@ -432,3 +432,33 @@ fn a_flood_of_cheap_entries_does_not_push_a_transfer_out_of_the_report() {
         "{allowed} egress_allowed entries kept after 1100 refused lookups"
     );
 }
+
+#[test]
+fn a_second_request_on_a_checked_http_connection_never_reaches_another_host() {
+    if skip("pipelined requests") {
+        return;
+    }
+    let bed = Bed::new();
+    let mut flags = bed_flags(&["api.test:80"]);
+    flags.extend(["--resolve".to_string(), format!("evil.test={BED_ADDR}")]);
+    // The bed's port 80 answers request after request on one connection, as any
+    // keep-alive server (or a shared front routing by Host) does.
+    let run = run_attack(
+        &bed,
+        &flags,
+        &[
+            &["pipeline", "direct", API, "80", API, "evil.test"],
+            &["pipeline", "connect", API, "80", API, "evil.test"],
+            &["pipeline", "proxy", API, "80", API, "evil.test"],
+        ],
+    );
+    for i in 0..3 {
+        assert!(
+            run.line(i).starts_with("answered host=api.test"),
+            "step {i}: the first request was not answered: the test proves nothing: {}",
+            run.line(i)
+        );
+    }
+    let seen = bed.servers().log_lines(&["served 80", "host=evil.test"]);
+    assert!(seen.is_empty(), "a second Host reached the bed: {seen:?}");
+}

@@ -194,7 +194,8 @@ async fn inspect(
             let (host, buf) = read_more(conn, early, http::MAX_HEAD, http::first_request_host)
                 .await
                 .map_err(|_| "host_mismatch")?;
-            early = buf;
+            // One request, to the one host checked: no second one with another Host.
+            early = http::close_after_first(&buf).map_err(|_| "host_mismatch")?;
             host
         }
         _ => return Ok((early, None)),

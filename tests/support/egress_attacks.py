@@ -10,6 +10,11 @@ printing one line:
                         and reads until the end ("status N BODY", or "closed")
   dns-flood N           sends N queries, each for a name no entry allows, to the stub
                         over UDP ("flooded N answered M")
+  pipeline VIA HOST PORT FIRST SECOND
+                        two GET requests sent back to back on one connection (VIA as in
+                        egress_payload.py, or "proxy" for absolute URIs to the proxy),
+                        Host FIRST then Host SECOND; reads until the end and prints the
+                        hosts the answers name ("answered host=A,host=B", or "answered -")
   connect-many N HOST PORT
                         N connections, one after the other, to HOST:PORT (resolved by
                         the sandbox's stub), each closed at once ("connected N failed F")
@@ -61,6 +66,31 @@ def step_dns_flood(n):
     return f"flooded {n} answered {answered}"
 
 
+def step_pipeline(via, host, port, first, second):
+    if via == "proxy":
+        sock = socket.create_connection(payload.PROXY, timeout=payload.TIMEOUT)
+        target = f"http://{host}:{port}/"
+    else:
+        sock = payload.open_stream(via, host, port)
+        target = "/"
+    with sock:
+        sock.sendall(
+            f"GET {target} HTTP/1.1\r\nHost: {first}\r\n\r\n"
+            f"GET / HTTP/1.1\r\nHost: {second}\r\nConnection: close\r\n\r\n".encode()
+        )
+        data = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            data += chunk
+    hosts = [w.decode() for w in data.split() if w.startswith(b"host=")]
+    return f"answered {','.join(hosts) or '-'}"
+
+
 def step_connect_many(n, host, port):
     ok = failed = 0
     for _ in range(int(n)):
@@ -80,6 +110,7 @@ STEPS.update(
         "raw": step_raw,
         "dns-flood": step_dns_flood,
         "connect-many": step_connect_many,
+        "pipeline": step_pipeline,
     }
 )
 
