@@ -61,6 +61,10 @@ pub struct Report {
     /// Bytes received through the broker over every connection, dropped entries included.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_bytes_in: Option<u64>,
+    /// Why the broker's record is lost (it died, or did not report): the `egress` fields
+    /// are then absent, not empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_error: Option<String>,
 }
 
 impl Report {
@@ -107,17 +111,22 @@ impl Report {
             egress_upstream_lookups: None,
             egress_bytes_out: None,
             egress_bytes_in: None,
+            egress_error: None,
         }
     }
 
-    /// Adds what the egress broker recorded.
-    pub fn with_egress(mut self, summary: Option<Summary>) -> Report {
-        if let Some(s) = summary {
-            self.egress = Some(s.entries);
-            self.egress_dropped = Some(s.dropped);
-            self.egress_upstream_lookups = Some(s.lookups);
-            self.egress_bytes_out = Some(s.bytes_out);
-            self.egress_bytes_in = Some(s.bytes_in);
+    /// Adds what the egress broker recorded, or why its record is lost.
+    pub fn with_egress(mut self, summary: Option<Result<Summary, String>>) -> Report {
+        match summary {
+            Some(Ok(s)) => {
+                self.egress = Some(s.entries);
+                self.egress_dropped = Some(s.dropped);
+                self.egress_upstream_lookups = Some(s.lookups);
+                self.egress_bytes_out = Some(s.bytes_out);
+                self.egress_bytes_in = Some(s.bytes_in);
+            }
+            Some(Err(why)) => self.egress_error = Some(why),
+            None => {}
         }
         self
     }
@@ -156,6 +165,7 @@ impl Report {
             egress_upstream_lookups: None,
             egress_bytes_out: None,
             egress_bytes_in: None,
+            egress_error: None,
         }
     }
 

@@ -462,3 +462,64 @@ fn a_second_request_on_a_checked_http_connection_never_reaches_another_host() {
     let seen = bed.servers().log_lines(&["served 80", "host=evil.test"]);
     assert!(seen.is_empty(), "a second Host reached the bed: {seen:?}");
 }
+
+/// The pid of the broker running in the bed's client namespace.
+fn broker_pid(bed: &Bed) -> Option<i32> {
+    client_pids(bed)
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .is_ok_and(|c| c.trim() == "hatchery-broker")
+        })
+}
+
+#[test]
+fn a_broker_that_dies_mid_run_leaves_a_report_that_says_its_record_is_lost() {
+    if skip("a dead broker and the report") {
+        return;
+    }
+    let bed = Bed::new();
+    let flags = bed_flags(&["api.test:80"]);
+    let (mut cmd, reports) = command(
+        &bed,
+        &flags,
+        &[
+            &["http", "proxy", API, "80", API],
+            &["sleep", "3"],
+            &["http", "proxy", API, "80", API],
+        ],
+    );
+    let mut run = Running::start(&mut cmd);
+    assert!(
+        bed.servers()
+            .wait_for_log("served 80", Duration::from_secs(20)),
+        "the first request never reached the bed"
+    );
+    // However it dies (a parser bug, the OOM killer), its record goes with it.
+    let Some(pid) = broker_pid(&bed) else {
+        panic!(
+            "no broker in the client namespace: {}",
+            ps(&client_pids(&bed))
+        );
+    };
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let start = Instant::now();
+    while !matches!(run.child.try_wait(), Ok(Some(_))) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the run did not end"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let report = read_report(&reports);
+    assert_ne!(report, Value::Null, "no report");
+    let entries = report["egress"].as_array().map_or(0, Vec::len);
+    assert!(
+        entries > 0 || report["egress_error"].is_string(),
+        "the report says nothing went out and nothing is missing: {report:#}"
+    );
+}

@@ -122,15 +122,25 @@ impl Broker {
         })
     }
 
-    /// Stops the broker: every connection is closed; what it recorded comes back (empty
-    /// when it does not answer within `within`, and then it is killed).
-    pub fn stop(mut self, within: Duration) -> Summary {
+    /// Stops the broker: every connection is closed; what it recorded comes back, or why
+    /// it cannot (the broker died, or did not answer within `within` and was killed): a
+    /// lost record is never passed off as an empty one.
+    pub fn stop(mut self, within: Duration) -> Result<Summary, String> {
         let _ = self.control.shutdown(std::net::Shutdown::Write);
         let _ = self.control.set_read_timeout(Some(within));
         let mut text = Vec::new();
-        let _ = (&self.control).take(MAX_SUMMARY).read_to_end(&mut text);
+        let read = (&self.control).take(MAX_SUMMARY).read_to_end(&mut text);
         self.end();
-        serde_json::from_slice(&text).unwrap_or_default()
+        match (read, serde_json::from_slice(&text)) {
+            (_, Ok(summary)) => Ok(summary),
+            (Err(e), _) => Err(format!(
+                "the egress broker did not report within {within:?} ({e})"
+            )),
+            (Ok(_), Err(_)) if text.is_empty() => {
+                Err("the egress broker ended before it reported".into())
+            }
+            (Ok(_), Err(e)) => Err(format!("the egress broker's record is unreadable ({e})")),
+        }
     }
 
     fn end(&mut self) {

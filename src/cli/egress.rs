@@ -107,8 +107,9 @@ impl EgressPlan {
 pub struct RunningBroker(Option<Broker>);
 
 impl RunningBroker {
-    /// Ends the broker (every connection closed) and returns what it recorded.
-    pub fn stop(self) -> Option<Summary> {
+    /// Ends the broker (every connection closed) and returns what it recorded, or why
+    /// that is lost.
+    pub fn stop(self) -> Option<Result<Summary, String>> {
         self.0.map(|b| b.stop(STOP_WITHIN))
     }
 }
