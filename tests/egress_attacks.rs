@@ -45,6 +45,10 @@ fn bed_flags(allow: &[&str]) -> Vec<String> {
     flags
 }
 
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
 /// `hatchery run --timeout 50s --report R --ro KIT FLAGS -- python3 attacks.py STEP + ...`
 /// in the bed's client namespace; the report's path goes with it.
 fn command(bed: &Bed, flags: &[String], steps: &[&[&str]]) -> (Command, tempfile::TempDir) {
@@ -521,5 +525,35 @@ fn a_broker_that_dies_mid_run_leaves_a_report_that_says_its_record_is_lost() {
     assert!(
         entries > 0 || report["egress_error"].is_string(),
         "the report says nothing went out and nothing is missing: {report:#}"
+    );
+}
+
+/// `NAME ADDR` lines for the client namespace's /etc/hosts (`ip netns exec` binds the
+/// file over /etc/hosts for what it runs; the bed removes it with its directory).
+fn client_hosts(bed: &Bed, lines: &str) {
+    let path = std::path::Path::new("/etc/netns")
+        .join(&bed.client)
+        .join("hosts");
+    if let Err(e) = std::fs::write(&path, lines) {
+        panic!("write {}: {e}", path.display());
+    }
+}
+
+#[test]
+fn a_connect_through_the_proxy_is_decided_with_one_lookup() {
+    if skip("one lookup per connect") {
+        return;
+    }
+    let bed = Bed::new();
+    client_hosts(&bed, &format!("{BED_ADDR} hosts.test\n"));
+    let mut flags = strings(&["--allow-host", "hosts.test:9000"]);
+    flags.extend(strings(&["--max-egress", "1M"]));
+    let run = run_attack(&bed, &flags, &[&["connect", "hosts.test", "9000"]]);
+    assert_eq!(run.line(0), "ok tunnel");
+    assert_eq!(
+        run.report["egress_upstream_lookups"],
+        json!(1),
+        "{:#}",
+        run.report
     );
 }
