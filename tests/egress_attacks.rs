@@ -557,3 +557,85 @@ fn a_connect_through_the_proxy_is_decided_with_one_lookup() {
         run.report
     );
 }
+
+#[test]
+fn private_and_link_local_addresses_are_refused_in_every_spelling() {
+    if skip("address spellings") {
+        return;
+    }
+    let bed = Bed::new();
+    // Names the host's resolver answers with a private address as IPv4-mapped IPv6, and
+    // with a link-local one.
+    client_hosts(
+        &bed,
+        &format!("::ffff:{PRIVATE_ADDR} mapped.test\n{LINK_LOCAL_ADDR} meta.test\n"),
+    );
+    let flags = strings(&[
+        "--allow-host",
+        "0.0.0.0/0:80",
+        "--allow-host",
+        "[::/0]:80",
+        "--allow-host",
+        "mapped.test:80",
+        "--allow-host",
+        "meta.test:80",
+    ]);
+    let connect = [
+        PRIVATE_ADDR.to_string(),
+        format!("[::ffff:{PRIVATE_ADDR}]"),
+        "[::ffff:aff:1]".to_string(),
+        format!("[::{PRIVATE_ADDR}]"),
+        format!("[64:ff9b::{PRIVATE_ADDR}]"),
+        LINK_LOCAL_ADDR.to_string(),
+        format!("[::ffff:{LINK_LOCAL_ADDR}]"),
+        "MAPPED.test.".to_string(),
+        "meta.test".to_string(),
+        "0x0a.255.0.1".to_string(),
+        "10.255.1".to_string(),
+        "167706625".to_string(),
+        "010.255.0.1".to_string(),
+        "10.255.0.1.".to_string(),
+        "mapped%2etest".to_string(),
+    ];
+    let mut steps: Vec<Vec<String>> = Vec::new();
+    for host in &connect {
+        steps.push(strings(&["connect", host, "80"]));
+        steps.push(strings(&["http", "proxy", host, "80", host]));
+    }
+    steps.push(strings(&[
+        "http",
+        "direct",
+        "mapped.test",
+        "80",
+        "mapped.test",
+    ]));
+    steps.push(strings(&["http", "direct", "meta.test", "80", "meta.test"]));
+    let steps: Vec<Vec<&str>> = steps
+        .iter()
+        .map(|s| s.iter().map(String::as_str).collect())
+        .collect();
+    let steps: Vec<&[&str]> = steps.iter().map(Vec::as_slice).collect();
+    let run = run_attack(&bed, &flags, &steps);
+    for (i, step) in steps.iter().enumerate() {
+        let line = run.line(i);
+        assert!(
+            !line.starts_with("status 200") && line != "ok tunnel",
+            "{step:?} got through: {line}"
+        );
+    }
+    let seen = bed.servers().log_lines(&["accept"]);
+    assert!(seen.is_empty(), "it reached the bed: {seen:?}");
+    // Refused for what the addresses are, not for failing to resolve.
+    for name in ["mapped.test", "meta.test"] {
+        let reasons: Vec<Value> = run
+            .entries(&[("name", json!(name))])
+            .iter()
+            .filter(|e| e["event"] == "egress_denied")
+            .map(|e| e["reason"].clone())
+            .collect();
+        assert!(
+            !reasons.is_empty() && reasons.iter().all(|r| r == "private_address"),
+            "{name}: {reasons:?}"
+        );
+    }
+}
