@@ -639,3 +639,63 @@ fn private_and_link_local_addresses_are_refused_in_every_spelling() {
         );
     }
 }
+
+#[test]
+fn the_broker_leaves_the_callers_terminal_and_session_behind() {
+    if skip("the broker and the caller's terminal") {
+        return;
+    }
+    let bed = Bed::new();
+    let terminal = common::terminal::Terminal::open(24, 80);
+    let (cmd, _reports) = command(&bed, &bed_flags(&["api.test:80"]), &[&["sleep", "3"]]);
+    let args: Vec<String> = cmd
+        .get_args()
+        .map(|a| a.to_string_lossy().to_string())
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // An interactive caller: the terminal is the session's controlling terminal.
+    let mut child = terminal.spawn(
+        common::terminal::Session::ControllingTerminal,
+        std::path::Path::new("ip"),
+        &args,
+        Some(Stdio::null()),
+        Some(Stdio::null()),
+    );
+    let start = Instant::now();
+    let pid = loop {
+        if let Some(pid) = broker_pid(&bed) {
+            break pid;
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("no broker started");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command's closing parenthesis: state, ppid, pgrp, session, tty_nr.
+    let fields: Vec<String> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default();
+    let fds: Vec<String> = (0..3)
+        .map(|fd| {
+            std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+                .map(|p| p.to_string_lossy().to_string())
+                .unwrap_or_default()
+        })
+        .collect();
+    let status = common::terminal::wait_child(&mut child, Duration::from_secs(60), "the run");
+    assert!(status.success() || status.code().is_some(), "{status:?}");
+    assert_eq!(
+        fields.get(4).map(String::as_str),
+        Some("0"),
+        "the broker still has the caller's terminal as its controlling terminal \
+         (/dev/tty opens it): {stat}"
+    );
+    assert!(
+        fds.iter().all(|f| f == "/dev/null"),
+        "the broker's stdin, stdout, stderr: {fds:?}"
+    );
+}

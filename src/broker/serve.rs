@@ -171,6 +171,9 @@ pub(super) fn main(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUn
         let _ = nix::unistd::dup2_stdout(&null);
         let _ = nix::unistd::dup2_stderr(&null);
     }
+    // Nor as its controlling terminal (where Landlock is missing, /dev/tty would open it)
+    // or its session's signals.
+    let _ = nix::unistd::setsid();
     let read: Vec<PathBuf> = ["/etc", "/usr", "/lib", "/lib64", "/run/systemd/resolve"]
         .into_iter()
         .map(PathBuf::from)
