@@ -699,3 +699,47 @@ fn the_broker_leaves_the_callers_terminal_and_session_behind() {
         "the broker's stdin, stdout, stderr: {fds:?}"
     );
 }
+
+#[test]
+fn a_flood_of_silent_connections_and_queries_neither_holds_the_run_nor_loses_the_report() {
+    if skip("connection flood") {
+        return;
+    }
+    let bed = Bed::new();
+    let mut flags = bed_flags(&["api.test:443"]);
+    flags.extend(strings(&["--timeout", "8s"]));
+    let (mut cmd, reports) = command(
+        &bed,
+        &flags,
+        &[
+            &["hold", "300", "127.0.0.1", "3128"],
+            &["hold", "300", API, "443"],
+            &["hold", "300", "127.0.0.1", "53"],
+            &["dns-flood", "2000"],
+            &["sleep", "30"],
+        ],
+    );
+    let started = Instant::now();
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(60));
+    let took = started.elapsed();
+    assert_eq!(code(&out), 124, "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        stdout(&out).starts_with("held 300 refused 0\nheld 300 refused 0\n"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        took < Duration::from_secs(20),
+        "the run took {took:?} under --timeout 8s"
+    );
+    let report = read_report(&reports);
+    assert!(
+        report["egress"].as_array().is_some_and(|e| !e.is_empty()),
+        "{report:#}"
+    );
+    assert!(
+        client_empties_within(&bed, Duration::from_secs(2)),
+        "left running: {}",
+        ps(&client_pids(&bed))
+    );
+}

@@ -15,6 +15,8 @@ printing one line:
                         egress_payload.py, or "proxy" for absolute URIs to the proxy),
                         Host FIRST then Host SECOND; reads until the end and prints the
                         hosts the answers name ("answered host=A,host=B", or "answered -")
+  hold N HOST PORT      opens N connections to HOST:PORT and keeps them, silent, until
+                        the payload ends ("held N refused R")
   connect-many N HOST PORT
                         N connections, one after the other, to HOST:PORT (resolved by
                         the sandbox's stub), each closed at once ("connected N failed F")
@@ -91,6 +93,17 @@ def step_pipeline(via, host, port, first, second):
     return f"answered {','.join(hosts) or '-'}"
 
 
+def step_hold(n, host, port):
+    ok = refused = 0
+    for _ in range(int(n)):
+        try:
+            HELD.append(socket.create_connection((host, int(port)), timeout=payload.TIMEOUT))
+            ok += 1
+        except OSError:
+            refused += 1
+    return f"held {ok} refused {refused}"
+
+
 def step_connect_many(n, host, port):
     ok = failed = 0
     for _ in range(int(n)):
@@ -111,6 +124,7 @@ STEPS.update(
         "dns-flood": step_dns_flood,
         "connect-many": step_connect_many,
         "pipeline": step_pipeline,
+        "hold": step_hold,
     }
 )
 
