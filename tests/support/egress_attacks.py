@@ -15,6 +15,8 @@ printing one line:
                         egress_payload.py, or "proxy" for absolute URIs to the proxy),
                         Host FIRST then Host SECOND; reads until the end and prints the
                         hosts the answers name ("answered host=A,host=B", or "answered -")
+  get-many N HOST PORT  N plain-HTTP GETs to HOST:PORT, one connection each, one after
+                        the other ("answered A failed F")
   hold N HOST PORT      opens N connections to HOST:PORT and keeps them, silent, until
                         the payload ends ("held N refused R")
   connect-many N HOST PORT
@@ -93,6 +95,20 @@ def step_pipeline(via, host, port, first, second):
     return f"answered {','.join(hosts) or '-'}"
 
 
+def step_get_many(n, host, port):
+    ok = failed = 0
+    for _ in range(int(n)):
+        try:
+            line = payload.step_http("direct", host, port, host)
+        except OSError:
+            line = "fail"
+        if line.startswith("status 200"):
+            ok += 1
+        else:
+            failed += 1
+    return f"answered {ok} failed {failed}"
+
+
 def step_hold(n, host, port):
     ok = refused = 0
     for _ in range(int(n)):
@@ -125,6 +141,7 @@ STEPS.update(
         "connect-many": step_connect_many,
         "pipeline": step_pipeline,
         "hold": step_hold,
+        "get-many": step_get_many,
     }
 )
 
