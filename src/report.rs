@@ -55,6 +55,16 @@ pub struct Report {
     /// Lookups the broker made with the host's resolver (`--resolve` names are not).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_upstream_lookups: Option<u64>,
+    /// Bytes sent through the broker over every connection, dropped entries included.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_bytes_out: Option<u64>,
+    /// Bytes received through the broker over every connection, dropped entries included.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_bytes_in: Option<u64>,
+    /// Why the broker's record is lost (it died, or did not report): the `egress` fields
+    /// are then absent, not empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_error: Option<String>,
 }
 
 impl Report {
@@ -99,15 +109,24 @@ impl Report {
             egress: None,
             egress_dropped: None,
             egress_upstream_lookups: None,
+            egress_bytes_out: None,
+            egress_bytes_in: None,
+            egress_error: None,
         }
     }
 
-    /// Adds what the egress broker recorded.
-    pub fn with_egress(mut self, summary: Option<Summary>) -> Report {
-        if let Some(s) = summary {
-            self.egress = Some(s.entries);
-            self.egress_dropped = Some(s.dropped);
-            self.egress_upstream_lookups = Some(s.lookups);
+    /// Adds what the egress broker recorded, or why its record is lost.
+    pub fn with_egress(mut self, summary: Option<Result<Summary, String>>) -> Report {
+        match summary {
+            Some(Ok(s)) => {
+                self.egress = Some(s.entries);
+                self.egress_dropped = Some(s.dropped);
+                self.egress_upstream_lookups = Some(s.lookups);
+                self.egress_bytes_out = Some(s.bytes_out);
+                self.egress_bytes_in = Some(s.bytes_in);
+            }
+            Some(Err(why)) => self.egress_error = Some(why),
+            None => {}
         }
         self
     }
@@ -144,6 +163,9 @@ impl Report {
             egress: None,
             egress_dropped: None,
             egress_upstream_lookups: None,
+            egress_bytes_out: None,
+            egress_bytes_in: None,
+            egress_error: None,
         }
     }
 

@@ -139,7 +139,10 @@ fn allow_external_reaches_any_public_host_and_no_private_one() {
     ]);
     assert_eq!(code(&out), 0, "spawn: {}", stderr(&out));
     let exited = ctl.wait_audit("worker_exited", Duration::from_secs(20));
-    let id = exited[0]["worker_id"].as_str().unwrap_or_default().to_string();
+    let id = exited[0]["worker_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let log = std::fs::read_to_string(ctl.state_dir().join("workers").join(format!("{id}.log")))
         .unwrap_or_default();
     let lines: Vec<&str> = log.lines().collect();

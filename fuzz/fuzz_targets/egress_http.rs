@@ -1,5 +1,6 @@
 //! The egress HTTP proxy's request reader on arbitrary bytes: never a panic; a forwarded
-//! head is one complete head that consumed no more than was received.
+//! head is one complete head that consumed no more than was received, and a first request
+//! accepted on a checked connection is made its last.
 #![no_main]
 
 use hatchery::egress::http::{self, ProxyRequest};
@@ -10,5 +11,9 @@ fuzz_target!(|data: &[u8]| {
         assert!(consumed <= data.len() && consumed <= http::MAX_HEAD);
         assert!(head.ends_with(b"\r\nConnection: close\r\n\r\n"));
     }
-    let _ = http::first_request_host(data);
+    if let Ok(Some(_)) = http::first_request_host(data) {
+        let closing = http::close_after_first(data).unwrap_or_default();
+        let end = b"\r\nConnection: close\r\n\r\n";
+        assert!(closing.windows(end.len()).any(|w| w == end));
+    }
 });

@@ -68,6 +68,11 @@ pub struct Summary {
     pub dropped: u64,
     /// Host-resolver lookups made (names in the operator's table are not lookups).
     pub lookups: u64,
+    /// Bytes sent and received over every connection, kept as an entry or not.
+    #[serde(default)]
+    pub bytes_out: u64,
+    #[serde(default)]
+    pub bytes_in: u64,
 }
 
 /// One line from the broker to its supervisor.
@@ -79,6 +84,8 @@ enum Line {
     Summary {
         dropped: u64,
         lookups: u64,
+        bytes_out: u64,
+        bytes_in: u64,
     },
 }
 
@@ -92,6 +99,8 @@ pub struct Broker {
     /// A line not yet complete.
     partial: Vec<u8>,
     summary: Summary,
+    /// Whether the broker's last line (its summary) has come.
+    finished: bool,
 }
 
 impl Broker {
@@ -109,6 +118,7 @@ impl Broker {
             control: ours,
             partial: Vec::new(),
             summary: Summary::default(),
+            finished: false,
         })
     }
 
@@ -125,13 +135,20 @@ impl Broker {
     }
 
     /// Stops the broker: every connection is closed; what it recorded and has not been
-    /// taken comes back (what arrived within `within`; then it is killed).
-    pub fn stop(mut self, within: Duration) -> Summary {
+    /// taken comes back, or why it cannot (the broker died, or did not finish within
+    /// `within` and was killed): a lost record is never passed off as an empty one.
+    pub fn stop(mut self, within: Duration) -> Result<Summary, String> {
         let _ = self.control.shutdown(std::net::Shutdown::Write);
         let _ = self.control.set_nonblocking(false);
         self.read_lines(Some(within));
         self.end();
-        std::mem::take(&mut self.summary)
+        if self.finished {
+            Ok(std::mem::take(&mut self.summary))
+        } else {
+            Err(format!(
+                "the egress broker ended, or did not finish within {within:?}, before it reported"
+            ))
+        }
     }
 
     /// Reads lines until there are no more for now (`None`) or until the end or `within`.
@@ -160,9 +177,17 @@ impl Broker {
                         self.summary.dropped = self.summary.dropped.saturating_add(1);
                     }
                     Ok(Line::Entry(e)) => self.summary.entries.push(e),
-                    Ok(Line::Summary { dropped, lookups }) => {
+                    Ok(Line::Summary {
+                        dropped,
+                        lookups,
+                        bytes_out,
+                        bytes_in,
+                    }) => {
                         self.summary.dropped = self.summary.dropped.saturating_add(dropped);
                         self.summary.lookups = lookups;
+                        self.summary.bytes_out = bytes_out;
+                        self.summary.bytes_in = bytes_in;
+                        self.finished = true;
                     }
                     Err(_) => {}
                 }

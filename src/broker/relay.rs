@@ -79,17 +79,20 @@ pub(super) async fn connect_tunnel(
             return;
         }
     };
-    if let Err(denial) = state.decide(&dest, port).await {
-        refuse(&mut conn, 403, denial.reason()).await;
-        state.record(denied(
-            Via::Proxy,
-            Some(name_of(&dest)),
-            Some(port),
-            denial.reason(),
-            started,
-        ));
-        return;
-    }
+    let addrs = match state.decide(&dest, port).await {
+        Ok(a) => a,
+        Err(denial) => {
+            refuse(&mut conn, 403, denial.reason()).await;
+            state.record(denied(
+                Via::Proxy,
+                Some(name_of(&dest)),
+                Some(port),
+                denial.reason(),
+                started,
+            ));
+            return;
+        }
+    };
     if conn
         .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
         .await
@@ -97,7 +100,9 @@ pub(super) async fn connect_tunnel(
     {
         return;
     }
-    inspected(state, conn, Via::Proxy, dest, port, early, started).await
+    // Decided once: the addresses answered for are the ones connected to (and a name is
+    // looked up, and charged, once).
+    shown_then_out(state, conn, Via::Proxy, &dest, port, &addrs, early, started).await
 }
 
 /// An absolute-URI request: decided on the URI's host, sent on rewritten, relayed.
@@ -194,7 +199,8 @@ async fn inspect(
             let (host, buf) = read_more(conn, early, http::MAX_HEAD, http::first_request_host)
                 .await
                 .map_err(|_| "host_mismatch")?;
-            early = buf;
+            // One request, to the one host checked: no second one with another Host.
+            early = http::close_after_first(&buf).map_err(|_| "host_mismatch")?;
             host
         }
         _ => return Ok((early, None)),
@@ -229,10 +235,11 @@ async fn read_more<T>(
     Ok((t, all))
 }
 
-/// A decided destination that must still show who it is for (CONNECT, transparent).
+/// A connection to a destination not decided yet (a transparent listener's): decided,
+/// then it must still show who it is for.
 pub(super) async fn inspected(
     state: &State,
-    mut conn: TcpStream,
+    conn: TcpStream,
     via: Via,
     dest: Destination,
     port: u16,
@@ -252,13 +259,28 @@ pub(super) async fn inspected(
             return;
         }
     };
-    let (first, sni) = match inspect(&mut conn, &dest, port, early).await {
+    shown_then_out(state, conn, via, &dest, port, &addrs, early, started).await
+}
+
+/// A decided destination's connection: [`inspect`]ed, then [`out`] to `addrs`.
+#[allow(clippy::too_many_arguments)]
+async fn shown_then_out(
+    state: &State,
+    mut conn: TcpStream,
+    via: Via,
+    dest: &Destination,
+    port: u16,
+    addrs: &[SocketAddr],
+    early: Vec<u8>,
+    started: Instant,
+) {
+    let (first, sni) = match inspect(&mut conn, dest, port, early).await {
         Ok(x) => x,
         Err(reason) => {
             let _ = conn.shutdown().await;
             state.record(denied(
                 via,
-                Some(name_of(&dest)),
+                Some(name_of(dest)),
                 Some(port),
                 reason,
                 started,
@@ -266,7 +288,7 @@ pub(super) async fn inspected(
             return;
         }
     };
-    out(state, conn, via, &dest, port, &addrs, first, sni, started).await
+    out(state, conn, via, dest, port, addrs, first, sni, started).await
 }
 
 /// Connects to the first of `addrs` that answers, sends `first`, relays, and records.

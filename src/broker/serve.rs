@@ -2,7 +2,7 @@
 //! connection on a single-threaded runtime, until the supervisor closes the control
 //! socket; then the summary goes back on it.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::PathBuf;
@@ -32,36 +32,67 @@ const FINISH_WITHIN: Duration = Duration::from_secs(3);
 
 /// Entries on their way to the supervisor. However fast a sandbox opens connections,
 /// what it causes the supervisor to read (and a controller to audit) stays bounded: at
-/// most [`MAX_ENTRIES`] wait, and past a burst of as many they pass at [`ENTRY_RATE`].
+/// most [`MAX_ENTRIES`] wait, and each kind passes within its own [`Bucket`]. DNS answers
+/// and denials cost a sandbox nothing, so they have half of everything to themselves and
+/// can never crowd out the connections that carried bytes.
 struct Outbox {
     queue: std::collections::VecDeque<EgressEntry>,
+    /// How many of the waiting entries are cheap ones.
+    cheap: usize,
     dropped: u64,
+    cheap_bucket: Bucket,
+    connection_bucket: Bucket,
+}
+
+/// Entries per second of one kind past the first burst.
+const ENTRY_RATE: f64 = 25.0;
+
+/// A token bucket: a burst of half of [`MAX_ENTRIES`], then [`ENTRY_RATE`] a second.
+struct Bucket {
     tokens: f64,
     refilled: Instant,
 }
 
-/// Entries per second past the first burst.
-const ENTRY_RATE: f64 = 50.0;
+impl Bucket {
+    fn new() -> Bucket {
+        Bucket {
+            tokens: (MAX_ENTRIES / 2) as f64,
+            refilled: Instant::now(),
+        }
+    }
+
+    fn take(&mut self, now: Instant) -> bool {
+        let earned = now.saturating_duration_since(self.refilled).as_secs_f64() * ENTRY_RATE;
+        self.tokens = (self.tokens + earned).min((MAX_ENTRIES / 2) as f64);
+        self.refilled = now;
+        if self.tokens < 1.0 {
+            return false;
+        }
+        self.tokens -= 1.0;
+        true
+    }
+}
 
 impl Outbox {
     fn new() -> Outbox {
         Outbox {
             queue: Default::default(),
+            cheap: 0,
             dropped: 0,
-            tokens: MAX_ENTRIES as f64,
-            refilled: Instant::now(),
+            cheap_bucket: Bucket::new(),
+            connection_bucket: Bucket::new(),
         }
     }
 
-    fn admit(&mut self, now: Instant) -> bool {
-        let earned = now.saturating_duration_since(self.refilled).as_secs_f64() * ENTRY_RATE;
-        self.tokens = (self.tokens + earned).min(MAX_ENTRIES as f64);
-        self.refilled = now;
-        if self.tokens < 1.0 || self.queue.len() >= MAX_ENTRIES {
+    fn admit(&mut self, now: Instant, cheap: bool) -> bool {
+        if self.queue.len() >= MAX_ENTRIES || (cheap && self.cheap >= MAX_ENTRIES / 2) {
             return false;
         }
-        self.tokens -= 1.0;
-        true
+        if cheap {
+            self.cheap_bucket.take(now)
+        } else {
+            self.connection_bucket.take(now)
+        }
     }
 }
 
@@ -76,6 +107,9 @@ pub(super) struct State {
     wake: Notify,
     /// Set once the broker stops: the writer sends the rest and the summary.
     finishing: AtomicBool,
+    /// Bytes over every connection, kept as an entry or not.
+    bytes_out: AtomicU64,
+    bytes_in: AtomicU64,
     lookups: AtomicU64,
     pub(super) stop: watch::Receiver<bool>,
 }
@@ -84,8 +118,14 @@ impl State {
     /// Queues an entry for the supervisor: within [`MAX_ENTRIES`] waiting and the
     /// entry rate, else only counted.
     pub(super) fn record(&self, entry: EgressEntry) {
+        self.bytes_out.fetch_add(entry.bytes_out, Ordering::SeqCst);
+        self.bytes_in.fetch_add(entry.bytes_in, Ordering::SeqCst);
+        let cheap = entry.event != "egress_allowed";
         let mut o = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
-        if o.admit(Instant::now()) {
+        if o.admit(Instant::now(), cheap) {
+            if cheap {
+                o.cheap = o.cheap.saturating_add(1);
+            }
             o.queue.push_back(entry);
             drop(o);
             self.wake.notify_one();
@@ -131,9 +171,18 @@ impl State {
         port: u16,
     ) -> Result<Vec<std::net::SocketAddr>, Denial> {
         let cfg = &self.config;
+        // A spent budget ends egress, not only transfers: a connection opened (a knock
+        // on a server's door) or a name looked up carries something out too.
+        if self.budget_spent() {
+            return Err(Denial::BudgetExhausted);
+        }
         let mut looked_up: Option<Result<Vec<IpAddr>, String>> = None;
         if let Destination::Name(name) = dest {
             if cfg.allow.allows_name(name, port) && cfg.resolution.lookup(name).is_none() {
+                // The name goes to the host's resolver and beyond: its bytes are charged.
+                if self.take_budget(name.len()) < name.len() {
+                    return Err(Denial::BudgetExhausted);
+                }
                 self.lookups.fetch_add(1, Ordering::SeqCst);
                 looked_up = Some(
                     tokio::net::lookup_host((name.as_str(), port))
@@ -148,7 +197,17 @@ impl State {
                 .take()
                 .unwrap_or_else(|| Err("no lookup was made".into()))
         };
-        policy::check(&cfg.allow, &cfg.resolution, dest, port, &mut resolve)
+        let addrs = policy::check(&cfg.allow, &cfg.resolution, dest, port, &mut resolve)?;
+        // The host's own addresses lead to its services as loopback does (a service on
+        // 0.0.0.0 answers on every one of them), so they count as special too: reached
+        // only when an entry names the address itself.
+        let (own, kept): (Vec<_>, Vec<_>) = addrs
+            .into_iter()
+            .partition(|a| is_own_address(a.ip()) && !cfg.allow.names_special_addr(a.ip(), port));
+        match (kept.is_empty(), own.first()) {
+            (true, Some(first)) => Err(Denial::SpecialAddress("this host", first.ip())),
+            _ => Ok(kept),
+        }
     }
 
     /// Where a client's connection goes: the CONNECT or URI host as named, or the name
@@ -169,6 +228,24 @@ impl State {
     }
 }
 
+/// True when `addr` is one of this host's own addresses: the kernel routes it locally and
+/// so picks the address itself as the source, which a UDP socket's connect (it sends
+/// nothing) shows. No route means no local address; a probe that cannot be made at all
+/// counts as the host's own (refused rather than guessed at).
+fn is_own_address(addr: IpAddr) -> bool {
+    let any: IpAddr = match addr {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let Ok(probe) = std::net::UdpSocket::bind((any, 0)) else {
+        return true;
+    };
+    if probe.connect((addr, 9)).is_err() {
+        return false;
+    }
+    probe.local_addr().map_or(true, |local| local.ip() == addr)
+}
+
 /// The broker process's body: returns its exit status.
 pub(super) fn main(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUnixStream) -> i32 {
     // Nothing of the caller's (its terminal above all) stays within reach.
@@ -181,6 +258,9 @@ pub(super) fn main(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUn
         let _ = nix::unistd::dup2_stdout(&null);
         let _ = nix::unistd::dup2_stderr(&null);
     }
+    // Nor as its controlling terminal (where Landlock is missing, /dev/tty would open it)
+    // or its session's signals.
+    let _ = nix::unistd::setsid();
     let read: Vec<PathBuf> = ["/etc", "/usr", "/lib", "/lib64", "/run/systemd/resolve"]
         .into_iter()
         .map(PathBuf::from)
@@ -195,6 +275,10 @@ pub(super) fn main(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUn
         return 1;
     };
     rt.block_on(run(config, listeners, control));
+    // Without waiting for host lookups still running on the blocking pool (the process
+    // exits right after): a resolver that never answers would otherwise hold the broker
+    // past the supervisor's patience.
+    rt.shutdown_background();
     0
 }
 
@@ -216,6 +300,8 @@ async fn run(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUnixStre
         outbox: Mutex::new(Outbox::new()),
         wake: Notify::new(),
         finishing: AtomicBool::new(false),
+        bytes_out: AtomicU64::new(0),
+        bytes_in: AtomicU64::new(0),
         lookups: AtomicU64::new(0),
         stop: stop_rx,
     });
@@ -263,8 +349,13 @@ async fn writer(state: Arc<State>, mut out: tokio::net::unix::OwnedWriteHalf) {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .dropped;
-            let lookups = state.lookups.load(Ordering::SeqCst);
-            let _ = write_line(&mut out, &Line::Summary { dropped, lookups }).await;
+            let summary = Line::Summary {
+                dropped,
+                lookups: state.lookups.load(Ordering::SeqCst),
+                bytes_out: state.bytes_out.load(Ordering::SeqCst),
+                bytes_in: state.bytes_in.load(Ordering::SeqCst),
+            };
+            let _ = write_line(&mut out, &summary).await;
             return;
         }
     }
@@ -276,12 +367,14 @@ async fn write_entries(
     out: &mut tokio::net::unix::OwnedWriteHalf,
 ) -> std::io::Result<()> {
     loop {
-        let next = state
-            .outbox
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .queue
-            .pop_front();
+        let next = {
+            let mut o = state.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+            let next = o.queue.pop_front();
+            if next.as_ref().is_some_and(|e| e.event != "egress_allowed") {
+                o.cheap = o.cheap.saturating_sub(1);
+            }
+            next
+        };
         let Some(entry) = next else {
             return Ok(());
         };

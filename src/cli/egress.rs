@@ -20,8 +20,8 @@ pub struct EgressArgs {
     /// Let the command reach HOST:PORT, and nothing else, through a broker outside the
     /// sandbox (repeatable). HOST is a name (api.example.com), a one-label wildcard
     /// (*.pypi.org, not pypi.org itself), an IP ([::1] for IPv6) or a CIDR
-    /// (10.0.0.0/8); private, loopback and link-local addresses are reached only when
-    /// named this way
+    /// (10.0.0.0/8); private, loopback and link-local addresses, and the host's own, are
+    /// reached only when named this way
     #[arg(long = "allow-host", value_name = "HOST:PORT", value_parser = parse_allow_host)]
     pub allow_host: Vec<AllowHost>,
     /// Resolve NAME to ADDR for the broker, before the host's resolver (repeatable)
@@ -135,8 +135,9 @@ impl EgressPlan {
 pub struct RunningBroker(Option<Broker>);
 
 impl RunningBroker {
-    /// Ends the broker (every connection closed) and returns what it recorded.
-    pub fn stop(self) -> Option<Summary> {
+    /// Ends the broker (every connection closed) and returns what it recorded, or why
+    /// that is lost.
+    pub fn stop(self) -> Option<Result<Summary, String>> {
         self.0.map(|b| b.stop(STOP_WITHIN))
     }
 }

@@ -298,6 +298,11 @@ pub fn main(args: RunArgs) -> i32 {
             egress,
         }) => {
             tell_outcome(&outcome, &enforcement, hint, &command);
+            if let Some(Err(why)) = &egress {
+                error_line!(
+                    "warning: {why}; what went out through it is not recorded (the report's egress_error)"
+                );
+            }
             let code = outcome.exit_code;
             let report = Report::new(&outcome, enforcement, command, requested).with_egress(egress);
             (code, report)
@@ -409,8 +414,8 @@ pub fn env_args(args: &[String]) -> Result<Vec<(String, String)>, SandboxError> 
 struct Ran {
     outcome: sandbox::Outcome,
     enforcement: sandbox::Enforcement,
-    /// What the egress broker recorded, when there was one.
-    egress: Option<hatchery::broker::Summary>,
+    /// What the egress broker recorded (or why that is lost), when there was one.
+    egress: Option<Result<hatchery::broker::Summary, String>>,
     /// What to do about a failure that looks like a path not exposed.
     hint: Option<String>,
 }
@@ -614,7 +619,7 @@ fn detect_host() -> Host {
 type Supervised = (
     sandbox::Outcome,
     sandbox::Enforcement,
-    Option<hatchery::broker::Summary>,
+    Option<Result<hatchery::broker::Summary, String>>,
 );
 
 /// Starts the sandbox with stdin, stdout and stderr relayed as planned, and waits for it

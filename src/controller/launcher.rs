@@ -299,8 +299,12 @@ impl Launcher {
         let outcome = r.sandbox.finish(status, r.timed_out);
         // The sandbox is gone: its connections go with the broker.
         if let Some(b) = r.broker.take() {
-            let summary = b.stop(BROKER_STOP);
-            self.emit_egress(id, summary.entries, summary.dropped);
+            match b.stop(BROKER_STOP) {
+                Ok(summary) => self.emit_egress(id, summary.entries, summary.dropped),
+                Err(e) => {
+                    tracing::warn!(worker = id, error = %e, "the worker's egress record is lost")
+                }
+            }
         }
         self.emit(&LauncherEvent::Exited {
             worker_id: id.to_string(),

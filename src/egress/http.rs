@@ -77,7 +77,7 @@ fn parse_head<'h, 'b>(
 ///
 /// `CONNECT host:port` opens a tunnel. Any other method needs an absolute `http://` URI;
 /// the request is rewritten to origin form for the server, keeps its headers except
-/// `Proxy-Connection`, `Proxy-Authorization` and `Connection`, and gets
+/// `Proxy-Connection`, `Proxy-Authorization`, `Connection` and `Upgrade`, and gets
 /// `Connection: close`, so one proxied connection carries one request to the one host that
 /// was checked. A Host header naming another host is refused; a missing one is added.
 pub fn proxy_request(buf: &[u8]) -> Result<Option<ProxyRequest>, EgressError> {
@@ -105,6 +105,7 @@ pub fn proxy_request(buf: &[u8]) -> Result<Option<ProxyRequest>, EgressError> {
         if name.eq_ignore_ascii_case("proxy-connection")
             || name.eq_ignore_ascii_case("proxy-authorization")
             || name.eq_ignore_ascii_case("connection")
+            || name.eq_ignore_ascii_case("upgrade")
         {
             continue;
         }
@@ -166,6 +167,35 @@ pub fn first_request_host(buf: &[u8]) -> Result<Option<String>, EgressError> {
         }
     }
     Ok(Some(host))
+}
+
+/// The bytes to send for a connection checked by the Host of its first request (the
+/// transparent port-80 listener, a CONNECT to port 80): that request made the only one.
+/// Its head is rewritten with `Connection: close` in place of any `Connection` and
+/// `Upgrade` header, so the server closes after answering it and never switches protocol
+/// (h2c), as the proxy's absolute-URI requests are; what followed the head is kept as it
+/// came. Call once [`first_request_host`] has accepted `buf`.
+pub fn close_after_first(buf: &[u8]) -> Result<Vec<u8>, EgressError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let consumed =
+        parse_head(buf, &mut req)?.ok_or_else(|| malformed("the request head is incomplete"))?;
+    let method = req.method.unwrap_or_default();
+    let target = req.path.unwrap_or_default();
+    let version = req.version.unwrap_or(1);
+    let mut out = format!("{method} {target} HTTP/1.{version}\r\n").into_bytes();
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("connection") || h.name.eq_ignore_ascii_case("upgrade") {
+            continue;
+        }
+        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    out.extend_from_slice(buf.get(consumed..).unwrap_or_default());
+    Ok(out)
 }
 
 /// A Host header's host and port (`None` when absent).
@@ -513,6 +543,20 @@ mod tests {
         ] {
             assert!(first_request_host(req.as_bytes()).is_err(), "{req}");
         }
+    }
+
+    #[test]
+    fn the_first_request_of_a_checked_connection_is_made_its_last() {
+        let req = "GET /x HTTP/1.1\r\nHost: a.example.com\r\nConnection: keep-alive, Upgrade\r\n\
+                   Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n\
+                   GET / HTTP/1.1\r\nHost: b.example.com\r\n\r\n";
+        let out = String::from_utf8(close_after_first(req.as_bytes()).unwrap()).unwrap();
+        assert_eq!(
+            out,
+            "GET /x HTTP/1.1\r\nHost: a.example.com\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\
+             Connection: close\r\n\r\nGET / HTTP/1.1\r\nHost: b.example.com\r\n\r\n"
+        );
+        assert!(close_after_first(b"GET / HTTP/1.1\r\nHost: a.example.com\r\n").is_err());
     }
 
     #[test]

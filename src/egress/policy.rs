@@ -115,6 +115,8 @@ pub enum Denial {
     /// A pool address no name was handed out for, or one that reached the policy as an
     /// address.
     UnknownPoolAddress(IpAddr),
+    /// The byte budget is spent: nothing more goes out, not even a lookup.
+    BudgetExhausted,
 }
 
 impl Denial {
@@ -126,6 +128,7 @@ impl Denial {
             Self::ResolveFailed(_) => "resolve_failed",
             Self::NoAddress => "no_address",
             Self::UnknownPoolAddress(_) => "unknown_pool_address",
+            Self::BudgetExhausted => "budget_exhausted",
         }
     }
 }
@@ -145,6 +148,9 @@ impl fmt::Display for Denial {
                 f,
                 "{addr} is a sandbox DNS address that was never handed out; connect by name"
             ),
+            Self::BudgetExhausted => {
+                f.write_str("the --max-egress budget is spent; give a larger one")
+            }
         }
     }
 }

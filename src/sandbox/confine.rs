@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use libseccomp::{ScmpAction, ScmpFilterContext, ScmpSyscall};
 
-use super::{caps, landlock};
+use super::{caps, landlock, process};
 
 /// The uid and gid a helper started by root runs as (nobody).
 const NOBODY: u32 = 65534;
@@ -45,8 +45,16 @@ const DENIED_SYSCALLS: [&str; 24] = [
 /// the paths it may still read.
 pub fn helper(read: Vec<PathBuf>) -> Result<(), String> {
     if nix::unistd::geteuid().is_root() {
+        let parent = nix::unistd::getppid();
         nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
         caps::drop_all(Some((NOBODY, NOBODY))).map_err(|e| e.to_string())?;
+        // Changing credentials cleared the parent-death signal: arm it again, or the
+        // helper outlives a supervisor killed with SIGKILL. A parent gone meanwhile is
+        // seen by the pid check.
+        process::die_with_parent().map_err(|e| format!("parent death signal: {e}"))?;
+        if nix::unistd::getppid() != parent {
+            return Err("the supervisor is gone".into());
+        }
     }
     caps::no_new_privs().map_err(|e| e.to_string())?;
     caps::not_dumpable().map_err(|e| e.to_string())?;

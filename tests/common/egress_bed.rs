@@ -395,6 +395,13 @@ impl Bed {
     pub fn loopback_server(&self) -> Server {
         Server::start(&self.client, self.dir.path(), "http", &[])
     }
+
+    /// An HTTP server of the client itself on every address (0.0.0.0, a free port): a
+    /// host service that its own non-loopback address ([`CLIENT_ADDR`]) reaches as well
+    /// as loopback does. Dropped before the bed.
+    pub fn host_server(&self) -> Server {
+        Server::start(&self.client, self.dir.path(), "host-http", &[])
+    }
 }
 
 impl Drop for Bed {

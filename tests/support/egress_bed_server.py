@@ -6,13 +6,16 @@ what reached the bed, not only what the sandbox saw.
 
   egress_bed_server.py bed LOG CERT KEY
       in the bed's network namespace, on every address it has (0.0.0.0):
-      80    HTTP: `GET /` answers "hello from bed host=HOST sni=- local=ADDR"
+      80    HTTP: `GET /` answers "hello from bed host=HOST sni=- local=ADDR", request
+            after request on one connection until one has `Connection: close`
       443   the same over TLS (CERT, KEY), with sni=the ClientHello's server name
       9000  sends 1 MiB on connect, then closes
       9001  sends one byte every 100 ms until the peer goes away ("closed 9001" in LOG)
       53    UDP: logs every datagram, answers nothing
   egress_bed_server.py http LOG
       HTTP as on port 80 above, on 127.0.0.1 at a free port
+  egress_bed_server.py host-http LOG
+      the same on every address (0.0.0.0) at a free port: a service of the host itself
   egress_bed_server.py stream LOG
       on 127.0.0.1 at a free port: reads one line "N", sends N bytes, closes (benchmarks)
 
@@ -74,14 +77,26 @@ def guarded(handler, conn, port, local):
             pass
 
 
-def read_head(conn):
-    head = b""
-    while b"\r\n\r\n" not in head and len(head) < 65536:
+def read_head(conn, buf=b""):
+    """The next request head and what came after it (b"" heads at the end)."""
+    while b"\r\n\r\n" not in buf and len(buf) < 65536:
         chunk = conn.recv(4096)
         if not chunk:
-            break
-        head += chunk
-    return head
+            return b"", b""
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    return head, rest
+
+
+def wants_close(head):
+    lines = head.split(b"\r\n")
+    if lines[0].endswith(b"HTTP/1.0"):
+        return True
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"connection" and b"close" in value.lower():
+            return True
+    return False
 
 
 def host_of(head):
@@ -93,18 +108,26 @@ def host_of(head):
 
 
 def http(conn, port, local, sni="-"):
+    """Answers request after request on one connection (HTTP/1.1 keeps it open), until
+    one asks to close it."""
     conn.settimeout(10)
-    head = read_head(conn)
-    if not head:
-        return
-    host = host_of(head)
-    body = f"hello from bed host={host} sni={sni} local={local}\n".encode()
-    conn.sendall(
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
-    log(f"served {port} local={local} host={host} sni={sni}")
+    rest = b""
+    while True:
+        head, rest = read_head(conn, rest)
+        if not head:
+            return
+        host = host_of(head)
+        close = wants_close(head)
+        body = f"hello from bed host={host} sni={sni} local={local}\n".encode()
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+            + (b"Connection: close\r\n" if close else b"")
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        log(f"served {port} local={local} host={host} sni={sni}")
+        if close:
+            return
 
 
 def https(context):
@@ -187,8 +210,8 @@ def main():
         udp(dns)
         port = 0
     else:
-        sock = listen("127.0.0.1", 0)
-        serve_forever(sock, http if mode == "http" else stream, quiet=mode == "stream")
+        sock = listen("0.0.0.0" if mode == "host-http" else "127.0.0.1", 0)
+        serve_forever(sock, stream if mode == "stream" else http, quiet=mode == "stream")
         port = sock.getsockname()[1]
     log(f"ready {port}")
     while True:
