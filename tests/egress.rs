@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
 use common::egress_bed::*;
@@ -24,12 +24,6 @@ const EVIL: &str = "evil.test";
 enum User {
     Root,
     Nobody,
-}
-
-/// One `hatchery run` of the payload in a bed's client namespace.
-struct Run {
-    out: Output,
-    report: Value,
 }
 
 /// `hatchery run --report R --ro KIT FLAGS -- python3 payload.py STEP + STEP ...` in the
@@ -81,10 +75,6 @@ fn bed_flags(allow: &[&str]) -> Vec<String> {
     flags
 }
 
-fn strings(args: &[&str]) -> Vec<String> {
-    args.iter().map(|a| a.to_string()).collect()
-}
-
 /// A name as the report may spell it: no trailing dot, lower case.
 fn normal(v: &Value) -> Option<String> {
     v.as_str()
@@ -92,27 +82,6 @@ fn normal(v: &Value) -> Option<String> {
 }
 
 impl Run {
-    /// The payload's line for step `i`; panics with hatchery's stderr when there is none.
-    fn line(&self, i: usize) -> String {
-        let out = stdout(&self.out);
-        match out.lines().nth(i) {
-            Some(l) => l.to_string(),
-            None => panic!(
-                "no line {i} from the payload (exit {}): stdout {out:?}, stderr {}",
-                code(&self.out),
-                stderr(&self.out)
-            ),
-        }
-    }
-
-    /// The report's `egress` entries.
-    fn egress(&self) -> Vec<Value> {
-        self.report["egress"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-    }
-
     /// The `egress` entries of `event` that have every one of `fields` (names compared as
     /// `normal` spells them).
     fn entries(&self, event: &str, fields: &[(&str, Value)]) -> Vec<Value> {

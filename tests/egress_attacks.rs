@@ -7,7 +7,7 @@
 mod common;
 
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::egress_bed::*;
@@ -45,10 +45,6 @@ fn bed_flags(allow: &[&str]) -> Vec<String> {
     flags
 }
 
-fn strings(args: &[&str]) -> Vec<String> {
-    args.iter().map(|a| a.to_string()).collect()
-}
-
 /// `hatchery run --timeout 50s --report R --ro KIT FLAGS -- python3 attacks.py STEP + ...`
 /// in the bed's client namespace; the report's path goes with it.
 fn command(bed: &Bed, flags: &[String], steps: &[&[&str]]) -> (Command, tempfile::TempDir) {
@@ -81,12 +77,6 @@ fn read_report(reports: &tempfile::TempDir) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_default()).unwrap_or(Value::Null)
 }
 
-/// One finished run: its output and its report.
-struct Run {
-    out: Output,
-    report: Value,
-}
-
 fn run_attack(bed: &Bed, flags: &[String], steps: &[&[&str]]) -> Run {
     let (mut cmd, reports) = command(bed, flags, steps);
     let out = run_with_timeout(&mut cmd, Duration::from_secs(90));
@@ -97,25 +87,6 @@ fn run_attack(bed: &Bed, flags: &[String], steps: &[&[&str]]) -> Run {
 }
 
 impl Run {
-    fn line(&self, i: usize) -> String {
-        let out = stdout(&self.out);
-        match out.lines().nth(i) {
-            Some(l) => l.to_string(),
-            None => panic!(
-                "no line {i} from the payload (exit {}): stdout {out:?}, stderr {}",
-                code(&self.out),
-                stderr(&self.out)
-            ),
-        }
-    }
-
-    fn egress(&self) -> Vec<Value> {
-        self.report["egress"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-    }
-
     /// The `egress` entries with every one of `fields`.
     fn entries(&self, fields: &[(&str, Value)]) -> Vec<Value> {
         self.egress()

@@ -10,6 +10,7 @@
 
 mod relay;
 mod serve;
+mod state;
 
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd};

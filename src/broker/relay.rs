@@ -11,7 +11,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::watch;
 
 use super::EgressEntry;
-use super::serve::{HEAD_TIMEOUT, State, Via, connect_timeout, denied, elapsed_ms};
+use super::state::{HEAD_TIMEOUT, State, Via, connect_timeout, denied, elapsed_ms};
 use crate::egress::{Destination, EgressError, http, tls};
 
 /// Size of one relayed chunk.
@@ -56,6 +56,38 @@ pub(super) async fn refuse(conn: &mut TcpStream, code: u16, reason: &str) {
     let _ = conn.shutdown().await;
 }
 
+/// The proxy's decision on `host` and `port`: the destination and the addresses to try,
+/// or `None` once the client has been answered 403 and the denial recorded.
+async fn decided(
+    state: &State,
+    conn: &mut TcpStream,
+    host: &str,
+    port: u16,
+    started: Instant,
+) -> Option<(Destination, Vec<SocketAddr>)> {
+    let (name, verdict) = match state.destination(host) {
+        Ok(dest) => (
+            name_of(&dest),
+            state.decide(&dest, port).await.map(|a| (dest, a)),
+        ),
+        Err(denial) => (host.to_string(), Err(denial)),
+    };
+    match verdict {
+        Ok(found) => Some(found),
+        Err(denial) => {
+            refuse(conn, 403, denial.reason()).await;
+            state.record(denied(
+                Via::Proxy,
+                Some(name),
+                Some(port),
+                denial.reason(),
+                started,
+            ));
+            None
+        }
+    }
+}
+
 /// A CONNECT: decided on the authority, answered, then inspected and relayed.
 pub(super) async fn connect_tunnel(
     state: &State,
@@ -65,33 +97,8 @@ pub(super) async fn connect_tunnel(
     early: Vec<u8>,
     started: Instant,
 ) {
-    let dest = match state.destination(host) {
-        Ok(d) => d,
-        Err(denial) => {
-            refuse(&mut conn, 403, denial.reason()).await;
-            state.record(denied(
-                Via::Proxy,
-                Some(host.into()),
-                Some(port),
-                denial.reason(),
-                started,
-            ));
-            return;
-        }
-    };
-    let addrs = match state.decide(&dest, port).await {
-        Ok(a) => a,
-        Err(denial) => {
-            refuse(&mut conn, 403, denial.reason()).await;
-            state.record(denied(
-                Via::Proxy,
-                Some(name_of(&dest)),
-                Some(port),
-                denial.reason(),
-                started,
-            ));
-            return;
-        }
+    let Some((dest, addrs)) = decided(state, &mut conn, host, port, started).await else {
+        return;
     };
     if conn
         .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -115,33 +122,8 @@ pub(super) async fn forward(
     rest: Vec<u8>,
     started: Instant,
 ) {
-    let dest = match state.destination(host) {
-        Ok(d) => d,
-        Err(denial) => {
-            refuse(&mut conn, 403, denial.reason()).await;
-            state.record(denied(
-                Via::Proxy,
-                Some(host.into()),
-                Some(port),
-                denial.reason(),
-                started,
-            ));
-            return;
-        }
-    };
-    let addrs = match state.decide(&dest, port).await {
-        Ok(a) => a,
-        Err(denial) => {
-            refuse(&mut conn, 403, denial.reason()).await;
-            state.record(denied(
-                Via::Proxy,
-                Some(name_of(&dest)),
-                Some(port),
-                denial.reason(),
-                started,
-            ));
-            return;
-        }
+    let Some((dest, addrs)) = decided(state, &mut conn, host, port, started).await else {
+        return;
     };
     let mut first = head;
     first.extend_from_slice(&rest);

@@ -449,3 +449,37 @@ fn remove_stale_beds() {
         }
     }
 }
+
+/// One finished `hatchery run` in a bed: what it printed, and its report.
+pub struct Run {
+    pub out: Output,
+    pub report: serde_json::Value,
+}
+
+impl Run {
+    /// The payload's line for step `i`; panics with hatchery's stderr when there is none.
+    pub fn line(&self, i: usize) -> String {
+        let out = super::stdout(&self.out);
+        match out.lines().nth(i) {
+            Some(l) => l.to_string(),
+            None => panic!(
+                "no line {i} from the payload (exit {}): stdout {out:?}, stderr {}",
+                super::code(&self.out),
+                super::stderr(&self.out)
+            ),
+        }
+    }
+
+    /// The report's `egress` entries.
+    pub fn egress(&self) -> Vec<serde_json::Value> {
+        self.report["egress"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// Owned strings for a command line.
+pub fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
