@@ -900,3 +900,47 @@ fn the_host_network_is_shared_only_when_asked_for_in_so_many_words() {
     ]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
 }
+
+#[test]
+fn a_resolv_conf_linked_into_a_system_directory_names_the_stub_inside_and_is_left_alone() {
+    if skip_unless_root("resolv.conf linked into /usr") {
+        return;
+    }
+    let target = std::path::Path::new("/usr/lib/os-release");
+    let Ok(before) = std::fs::read_to_string(target) else {
+        eprintln!("SKIP: no /usr/lib/os-release to link to");
+        return;
+    };
+    // A copy of /etc whose resolv.conf leads into /usr (systemd-resolved's static mode),
+    // put in place of the host's /etc in a mount namespace of the test's own.
+    let dir = shared_tempdir();
+    let etc = canonical(dir.path()).join("etc");
+    let copy = run_with_timeout(
+        Command::new("cp").args(["-a", "/etc"]).arg(&etc),
+        Duration::from_secs(60),
+    );
+    assert!(copy.status.success(), "{}", stderr(&copy));
+    let link = etc.join("resolv.conf");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink("../usr/lib/os-release", &link).unwrap_or_else(|e| panic!("{e}"));
+    let script = format!(
+        "mount --bind {} /etc && exec {} run --allow-host api.test:443 -- cat /etc/resolv.conf",
+        etc.display(),
+        hatchery().display()
+    );
+    let o = run_with_timeout(
+        Command::new("unshare").args(["-m", "--propagation", "private", "sh", "-c", &script]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("nameserver 127.0.0.1"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(
+        std::fs::read_to_string(target).unwrap_or_default(),
+        before,
+        "the host's file changed"
+    );
+}

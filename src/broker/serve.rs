@@ -40,10 +40,18 @@ pub(super) fn main(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUn
     // Nor as its controlling terminal (where Landlock is missing, /dev/tty would open it)
     // or its session's signals.
     let _ = nix::unistd::setsid();
-    let read: Vec<PathBuf> = ["/etc", "/usr", "/lib", "/lib64", "/run/systemd/resolve"]
-        .into_iter()
-        .map(PathBuf::from)
-        .collect();
+    let read: Vec<PathBuf> = [
+        "/etc",
+        "/usr",
+        "/lib",
+        "/lib64",
+        "/run/systemd/resolve",
+        "/run/resolvconf",
+        "/run/NetworkManager",
+    ]
+    .into_iter()
+    .map(PathBuf::from)
+    .collect();
     if crate::sandbox::confine::helper(read).is_err() {
         return 125;
     }

@@ -376,18 +376,36 @@ fn place_resolv_conf(root: &OwnedFd, text: &str) -> Result<(), MountError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(fail(step)(e)),
     };
-    if meta.file_type().is_symlink() {
+    let over = if meta.file_type().is_symlink() {
         let link = std::fs::read_link(&staged).map_err(fail(step))?;
         let target = lexical_join(Path::new("/etc"), &link);
-        drop(mount_point(root, &target, false)?);
-        return write(&stage_path(&target));
-    }
+        match std::fs::symlink_metadata(stage_path(&target)) {
+            // A file in a bound system directory (systemd-resolved's static file under
+            // /usr): bound over, like the host's own file.
+            Ok(m) if m.file_type().is_file() => stage_path(&target),
+            Ok(_) => {
+                return Err(fail(step)(std::io::Error::other(format!(
+                    "/etc/resolv.conf leads to {}, which is not a file",
+                    target.display()
+                ))));
+            }
+            // Nowhere yet (the stub file of a resolver that is not in the sandbox): made
+            // in the new root.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                drop(mount_point(root, &target, false)?);
+                return write(&stage_path(&target));
+            }
+            Err(e) => return Err(fail(step)(e)),
+        }
+    } else {
+        staged
+    };
     let temp = Path::new("/.resolv.conf");
     drop(mount_point(root, temp, false)?);
     write(&stage_path(temp))?;
     mount(
         Some(&stage_path(temp)),
-        &staged,
+        &over,
         None::<&str>,
         MsFlags::MS_BIND,
         None::<&str>,
@@ -395,7 +413,7 @@ fn place_resolv_conf(root: &OwnedFd, text: &str) -> Result<(), MountError> {
     .map_err(nix_fail(step))?;
     set_attrs(
         libc::AT_FDCWD,
-        Some(&staged),
+        Some(&over),
         MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
         false,
     )
