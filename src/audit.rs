@@ -78,6 +78,7 @@ pub mod event {
     pub const EGRESS_DENIED: &str = "egress_denied";
     pub const DNS_ANSWERED: &str = "dns_answered";
     pub const DNS_REFUSED: &str = "dns_refused";
+    pub const EGRESS_RECORD_LOST: &str = "egress_record_lost";
     pub const CLIENT_REJECTED: &str = "client_rejected";
     pub const CONTROLLER_STARTED: &str = "controller_started";
     pub const CONTROLLER_STOPPED: &str = "controller_stopped";

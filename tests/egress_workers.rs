@@ -155,3 +155,65 @@ fn allow_external_reaches_any_public_host_and_no_private_one() {
         bed.servers().log()
     );
 }
+
+#[test]
+fn a_worker_broker_that_dies_is_recorded_as_a_lost_record_not_as_silence() {
+    if !is_root() {
+        eprintln!("SKIP: worker egress needs root (network namespaces for the bed)");
+        return;
+    }
+    let bed = Bed::new();
+    let netns = format!("--net=/run/netns/{}", bed.client);
+    let resolve = format!("api.test={BED_ADDR}");
+    let ctl = TestController::start_under(
+        &["nsenter", &netns, "--"],
+        CONTRACT,
+        None,
+        &["--resolve", &resolve],
+    );
+    let kit = bed.kit.path_str();
+    let payload = bed.kit.payload();
+    let id = match ctl.spawn(
+        &[
+            "--no-controller",
+            "--allow-host",
+            "api.test:9001",
+            "--ro",
+            &kit,
+        ],
+        &format!("{PYTHON} {payload} read-forever api.test 9001 lost"),
+    ) {
+        Ok(id) => id,
+        Err(out) => panic!("spawn: {}", stderr(&out)),
+    };
+    assert!(
+        bed.servers()
+            .wait_for_log("accept 9001", Duration::from_secs(20)),
+        "the worker never reached the bed: {}",
+        bed.servers().log()
+    );
+    // The broker, found among the processes of the bed's client namespace by its title.
+    let pids = run_with_timeout(
+        std::process::Command::new("ip").args(["netns", "pids", &bed.client]),
+        Duration::from_secs(10),
+    );
+    let broker: Vec<i32> = stdout(&pids)
+        .lines()
+        .filter_map(|p| p.trim().parse().ok())
+        .filter(|p: &i32| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.starts_with(b"hatchery-broker"))
+        })
+        .collect();
+    assert_eq!(broker.len(), 1, "{broker:?}");
+    for p in &broker {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let out = ctl.cli(&["kill", &id]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let lost = ctl.wait_audit("egress_record_lost", Duration::from_secs(10));
+    assert_eq!(lost[0]["worker_id"], id.as_str(), "{lost:?}");
+}

@@ -224,6 +224,9 @@ pub enum LauncherEvent {
         worker_id: String,
         entries: Vec<crate::broker::EgressEntry>,
         dropped: u64,
+        /// Why the broker's record is lost (it died, or did not report in time).
+        #[serde(default)]
+        lost: Option<String>,
     },
     /// A request the launcher could not take (too large, malformed); it reads on.
     Refused {

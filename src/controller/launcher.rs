@@ -279,6 +279,7 @@ impl Launcher {
                 worker_id: id.to_string(),
                 entries: chunk.to_vec(),
                 dropped: dropped.take().unwrap_or(0),
+                lost: None,
             });
             if chunks.peek().is_none() {
                 break;
@@ -301,9 +302,12 @@ impl Launcher {
         if let Some(b) = r.broker.take() {
             match b.stop(BROKER_STOP) {
                 Ok(summary) => self.emit_egress(id, summary.entries, summary.dropped),
-                Err(e) => {
-                    tracing::warn!(worker = id, error = %e, "the worker's egress record is lost")
-                }
+                Err(e) => self.emit(&LauncherEvent::Egress {
+                    worker_id: id.to_string(),
+                    entries: Vec::new(),
+                    dropped: 0,
+                    lost: Some(e),
+                }),
             }
         }
         self.emit(&LauncherEvent::Exited {

@@ -76,7 +76,8 @@ impl Engine {
                 worker_id,
                 entries,
                 dropped,
-            } => self.egress(worker_id, entries, dropped),
+                lost,
+            } => self.egress(worker_id, entries, dropped, lost),
             LauncherEvent::StartFailed { worker_id, error } => {
                 let Ok(id) = WorkerId::new(worker_id) else {
                     return;
@@ -105,12 +106,29 @@ impl Engine {
     /// Records what a worker's egress broker saw: each connection and DNS answer is an
     /// entry caused by the worker (so its audit budget bounds them), and what the broker
     /// only counted is said as suppressed.
-    fn egress(&mut self, worker_id: String, entries: Vec<EgressEntry>, dropped: u64) {
+    fn egress(
+        &mut self,
+        worker_id: String,
+        entries: Vec<EgressEntry>,
+        dropped: u64,
+        lost: Option<String>,
+    ) {
         let Ok(id) = WorkerId::new(worker_id) else {
             return;
         };
         if self.registry.get(&id).is_none() {
             return;
+        }
+        if let Some(why) = lost {
+            // Never passed off as "nothing went out".
+            let why = crate::controller::bounded::clip(&why, 256);
+            self.record(
+                event::EGRESS_RECORD_LOST,
+                "controller",
+                Some(&id),
+                serde_json::json!({ "error": why }),
+                false,
+            );
         }
         let actor = format!("worker:{id}");
         for e in entries {
