@@ -181,7 +181,8 @@ fn a_worker_broker_that_dies_is_recorded_as_a_lost_record_not_as_silence() {
             "--ro",
             &kit,
         ],
-        &format!("{PYTHON} {payload} read-forever api.test 9001 lost"),
+        // It lives on after its connection ends.
+        &format!("{PYTHON} {payload} read-forever api.test 9001 lost; sleep 30"),
     ) {
         Ok(id) => id,
         Err(out) => panic!("spawn: {}", stderr(&out)),
@@ -192,19 +193,7 @@ fn a_worker_broker_that_dies_is_recorded_as_a_lost_record_not_as_silence() {
         "the worker never reached the bed: {}",
         bed.servers().log()
     );
-    // The broker, found among the processes of the bed's client namespace by its title.
-    let pids = run_with_timeout(
-        std::process::Command::new("ip").args(["netns", "pids", &bed.client]),
-        Duration::from_secs(10),
-    );
-    let broker: Vec<i32> = stdout(&pids)
-        .lines()
-        .filter_map(|p| p.trim().parse().ok())
-        .filter(|p: &i32| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| c.starts_with(b"hatchery-broker"))
-        })
-        .collect();
+    let broker = titled(&bed, b"hatchery-broker");
     assert_eq!(broker.len(), 1, "{broker:?}");
     for p in &broker {
         let _ = nix::sys::signal::kill(
@@ -212,8 +201,50 @@ fn a_worker_broker_that_dies_is_recorded_as_a_lost_record_not_as_silence() {
             nix::sys::signal::Signal::SIGKILL,
         );
     }
+    // A dead broker's socket is always "readable": the launcher must stop watching it,
+    // not spin on it while the worker lives on.
+    let launcher = titled(&bed, b"hatchery-launcher");
+    assert_eq!(launcher.len(), 1, "{launcher:?}");
+    let before = cpu_ticks(launcher[0]);
+    std::thread::sleep(Duration::from_secs(2));
+    let spent = cpu_ticks(launcher[0]).saturating_sub(before);
+    assert!(
+        spent < 50,
+        "the launcher used {spent} ticks of CPU in 2 s after the broker died"
+    );
     let out = ctl.cli(&["kill", &id]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let lost = ctl.wait_audit("egress_record_lost", Duration::from_secs(10));
     assert_eq!(lost[0]["worker_id"], id.as_str(), "{lost:?}");
+}
+
+/// The processes of the bed's client namespace whose command line starts with `title`.
+fn titled(bed: &Bed, title: &[u8]) -> Vec<i32> {
+    let pids = run_with_timeout(
+        std::process::Command::new("ip").args(["netns", "pids", &bed.client]),
+        Duration::from_secs(10),
+    );
+    stdout(&pids)
+        .lines()
+        .filter_map(|p| p.trim().parse().ok())
+        .filter(|p: &i32| {
+            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.starts_with(title))
+        })
+        .collect()
+}
+
+/// User and system clock ticks a process has used.
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command (which may hold spaces) close with ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are the 14th and 15th fields of the line: 12th and 13th after ')'.
+    field(11).saturating_add(field(12))
 }

@@ -102,6 +102,8 @@ pub struct Broker {
     summary: Summary,
     /// Whether the broker's last line (its summary) has come.
     finished: bool,
+    /// Whether its end of the socket is closed (it exited, or died).
+    closed: bool,
 }
 
 impl Broker {
@@ -120,12 +122,15 @@ impl Broker {
             partial: Vec::new(),
             summary: Summary::default(),
             finished: false,
+            closed: false,
         })
     }
 
     /// The descriptor to poll: readable when entries wait.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.control.as_fd()
+    /// `None` once the broker's end is closed: a closed socket is always "ready", and
+    /// polling it would spin.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        (!self.closed).then(|| self.control.as_fd())
     }
 
     /// The entries that have arrived, without waiting.
@@ -164,7 +169,12 @@ impl Broker {
                 }
             }
             let n = match self.control.read(&mut buf) {
-                Ok(0) | Err(_) => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok(0) | Err(_) => {
+                    self.closed = true;
+                    return;
+                }
                 Ok(n) => n,
             };
             self.partial

@@ -422,8 +422,8 @@ pub fn serve(
                 if let Some(p) = &r.output {
                     fds.extend(p.poll_fds());
                 }
-                if let Some(b) = &r.broker {
-                    fds.push(PollFd::new(b.fd(), PollFlags::POLLIN));
+                if let Some(fd) = r.broker.as_ref().and_then(Broker::fd) {
+                    fds.push(PollFd::new(fd, PollFlags::POLLIN));
                 }
             }
             match wait::poll_until(&mut fds, next, Some(Duration::from_secs(60))) {
