@@ -222,3 +222,94 @@ impl Drop for Broker {
         self.end();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn entry(i: usize) -> EgressEntry {
+        EgressEntry {
+            event: "egress_allowed".into(),
+            name: Some(format!("h{i}.example.com")),
+            port: Some(443),
+            address: None,
+            sni: None,
+            via: "proxy".into(),
+            bytes_out: 1,
+            bytes_in: 2,
+            duration_ms: 0,
+            reason: None,
+            qtype: None,
+        }
+    }
+
+    /// A broker parses hostile bytes: what a subverted one sends its supervisor is
+    /// bounded and never taken on trust.
+    #[test]
+    fn what_a_subverted_broker_sends_is_bounded() -> io::Result<()> {
+        let (ours, theirs) = UnixStream::pair()?;
+        let broker = Broker {
+            pid: None,
+            control: ours,
+            partial: Vec::new(),
+            summary: Summary::default(),
+            finished: false,
+            closed: false,
+        };
+        let flood = 2 * MAX_ENTRIES + 5;
+        let writer = std::thread::spawn(move || -> io::Result<()> {
+            let mut theirs = theirs;
+            // A line far past the longest read, then garbage, then too many entries.
+            theirs.write_all(&vec![b'x'; 3 * MAX_LINE])?;
+            theirs.write_all(b"\n{\"entry\": 17}\nnot json\n")?;
+            for i in 0..flood {
+                let mut line = serde_json::to_vec(&Line::Entry(entry(i)))?;
+                line.push(b'\n');
+                theirs.write_all(&line)?;
+            }
+            let summary = Line::Summary {
+                dropped: 3,
+                lookups: 4,
+                bytes_out: 5,
+                bytes_in: 6,
+            };
+            let mut line = serde_json::to_vec(&summary)?;
+            line.push(b'\n');
+            theirs.write_all(&line)
+        });
+        let summary = broker
+            .stop(Duration::from_secs(10))
+            .map_err(io::Error::other)?;
+        writer
+            .join()
+            .map_err(|_| io::Error::other("writer panicked"))??;
+        assert_eq!(summary.entries.len(), 2 * MAX_ENTRIES);
+        assert_eq!(summary.dropped, 5 + 3);
+        assert_eq!(
+            (summary.lookups, summary.bytes_out, summary.bytes_in),
+            (4, 5, 6)
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_broker_that_ends_without_its_summary_is_a_lost_record() -> io::Result<()> {
+        let (ours, theirs) = UnixStream::pair()?;
+        let broker = Broker {
+            pid: None,
+            control: ours,
+            partial: Vec::new(),
+            summary: Summary::default(),
+            finished: false,
+            closed: false,
+        };
+        let mut theirs = theirs;
+        let mut line = serde_json::to_vec(&Line::Entry(entry(0)))?;
+        line.push(b'\n');
+        theirs.write_all(&line)?;
+        drop(theirs);
+        assert!(broker.stop(Duration::from_secs(5)).is_err());
+        Ok(())
+    }
+}

@@ -261,17 +261,12 @@ impl State {
     /// Where a client's connection goes: the CONNECT or URI host as named, or the name
     /// behind a fake address.
     pub(super) fn destination(&self, host: &str) -> Result<Destination, Denial> {
-        match host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<IpAddr>()
-        {
-            Ok(ip) if FakePool::in_pool(ip) => self
+        match Destination::from_host(host) {
+            Destination::Addr(ip) if FakePool::in_pool(ip) => self
                 .pool_name(ip)
                 .map(Destination::Name)
                 .ok_or(Denial::UnknownPoolAddress(ip)),
-            Ok(ip) => Ok(Destination::Addr(ip)),
-            Err(_) => Ok(Destination::Name(host.to_ascii_lowercase())),
+            dest => Ok(dest),
         }
     }
 }

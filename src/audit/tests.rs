@@ -1,0 +1,261 @@
+use super::*;
+use serde_json::json;
+
+fn key() -> AuditKey {
+    AuditKey::new(b"test key of thirty-two bytes!!!!")
+}
+
+fn trail(n: u64) -> Result<tempfile::TempDir, AuditError> {
+    let dir = tempfile::tempdir().map_err(|e| io_err(Path::new("tmp"))(e))?;
+    let mut log = AuditLog::open(dir.path(), key())?;
+    for i in 0..n {
+        log.append(
+            event::DENY_QUOTA,
+            "controller",
+            Some(&format!("w{i}")),
+            json!({"active": i}),
+        );
+    }
+    log.sync()?;
+    Ok(dir)
+}
+
+fn lines(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join(LOG_FILE))
+        .unwrap_or_default()
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+fn write_lines(dir: &Path, lines: &[String]) {
+    let _ = std::fs::write(dir.join(LOG_FILE), lines.join("\n") + "\n");
+}
+
+fn damaged_at(dir: &Path) -> Option<u64> {
+    match verify(dir, &key()) {
+        Err(AuditError::Damaged { line, .. }) => Some(line),
+        _ => None,
+    }
+}
+
+#[test]
+fn an_intact_trail_verifies_and_continues_after_reopen() -> Result<(), AuditError> {
+    let dir = trail(5)?;
+    // The five and the first entry, which begins the trail.
+    assert_eq!(verify(dir.path(), &key())?.entries, 6);
+    let mut log = AuditLog::open(dir.path(), key())?;
+    log.record(event::REAP_STALE, "controller", None, json!({}))?;
+    assert_eq!(verify(dir.path(), &key())?.entries, 7);
+    Ok(())
+}
+
+#[test]
+fn a_trail_begins_with_an_entry_saying_why() -> Result<(), AuditError> {
+    let dir = trail(0)?;
+    let entries = read_entries(dir.path())?;
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].event, event::AUDIT_TRAIL_STARTED);
+    assert_eq!(entries[0].details["new_audit_trail"], json!(false));
+    assert_eq!(
+        entries[0].details["reason"],
+        json!("the first start in this state directory")
+    );
+    Ok(())
+}
+
+fn wipe(dir: &Path) {
+    let _ = std::fs::write(dir.join(LOG_FILE), "");
+    let _ = std::fs::remove_file(dir.join(HEAD_FILE));
+}
+
+#[test]
+fn an_emptied_trail_without_its_head_is_vanished_not_intact() -> Result<(), AuditError> {
+    let dir = trail(3)?;
+    let _ = std::fs::write(dir.path().join(KEY_FILE), "");
+    wipe(dir.path());
+    // What the chain alone says: nothing wrong with zero entries.
+    assert_eq!(verify_chain(dir.path(), &key())?.entries, 0);
+    match verify(dir.path(), &key()) {
+        Err(AuditError::Vanished { evidence, .. }) => {
+            assert!(
+                evidence.iter().any(|e| e.contains("audit.jsonl is empty")),
+                "{evidence:?}"
+            );
+            assert!(
+                evidence.iter().any(|e| e.contains("controller.key")),
+                "{evidence:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn a_removed_trail_is_refused_and_begun_anew_only_when_asked() -> Result<(), AuditError> {
+    let dir = trail(3)?;
+    let _ = std::fs::remove_file(dir.path().join(LOG_FILE));
+    // The head alone is evidence.
+    assert!(matches!(
+        AuditLog::open(dir.path(), key()),
+        Err(AuditError::Vanished { .. })
+    ));
+    let start = Start {
+        new_trail: true,
+        ..Start::default()
+    };
+    drop(AuditLog::start(dir.path(), key(), start)?);
+    let entries = read_entries(dir.path())?;
+    assert_eq!(entries[0].seq, 1);
+    assert_eq!(entries[0].event, event::AUDIT_TRAIL_STARTED);
+    assert_eq!(entries[0].details["new_audit_trail"], json!(true));
+    assert!(
+        entries[0].details["evidence"]
+            .to_string()
+            .contains("audit.head records 4 synced entries"),
+        "{}",
+        entries[0].details
+    );
+    assert_eq!(verify(dir.path(), &key())?.entries, 1);
+    Ok(())
+}
+
+#[test]
+fn a_new_trail_is_never_begun_over_an_existing_one() -> Result<(), AuditError> {
+    let dir = trail(2)?;
+    let before = lines(dir.path());
+    let start = Start {
+        new_trail: true,
+        ..Start::default()
+    };
+    assert!(matches!(
+        AuditLog::start(dir.path(), key(), start),
+        Err(AuditError::TrailExists { .. })
+    ));
+    assert_eq!(lines(dir.path()), before);
+    Ok(())
+}
+
+#[test]
+fn a_new_state_directory_is_not_taken_for_a_vanished_trail() -> Result<(), AuditError> {
+    let dir = tempfile::tempdir().map_err(|e| io_err(Path::new("tmp"))(e))?;
+    // What a start that failed before its first entry leaves behind.
+    let _ = std::fs::write(dir.path().join("controller.lock"), "");
+    let _ = std::fs::create_dir(dir.path().join(WORKERS_DIR));
+    let _ = std::fs::write(dir.path().join(KEY_FILE), "");
+    let start = Start {
+        key_created: true,
+        ..Start::default()
+    };
+    drop(AuditLog::start(dir.path(), key(), start)?);
+    assert_eq!(verify(dir.path(), &key())?.entries, 1);
+    Ok(())
+}
+
+#[test]
+fn worker_logs_and_a_pid_file_are_evidence_of_a_trail() -> Result<(), AuditError> {
+    let dir = tempfile::tempdir().map_err(|e| io_err(Path::new("tmp"))(e))?;
+    let _ = std::fs::create_dir(dir.path().join(WORKERS_DIR));
+    let _ = std::fs::write(dir.path().join(WORKERS_DIR).join("w-1.log"), "x");
+    let _ = std::fs::write(dir.path().join(PID_FILE), "1\n");
+    match trail_state(dir.path(), None)? {
+        TrailState::Vanished { evidence } => assert_eq!(evidence.len(), 2, "{evidence:?}"),
+        other => panic!("{other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn an_edited_entry_is_found() -> Result<(), AuditError> {
+    let dir = trail(5)?;
+    let mut l = lines(dir.path());
+    l[2] = l[2].replace("deny_quota", "replication_requested");
+    write_lines(dir.path(), &l);
+    assert_eq!(damaged_at(dir.path()), Some(3));
+    Ok(())
+}
+
+#[test]
+fn a_deleted_entry_is_found() -> Result<(), AuditError> {
+    let dir = trail(5)?;
+    let mut l = lines(dir.path());
+    l.remove(1);
+    write_lines(dir.path(), &l);
+    assert_eq!(damaged_at(dir.path()), Some(2));
+    Ok(())
+}
+
+#[test]
+fn reordered_entries_are_found() -> Result<(), AuditError> {
+    let dir = trail(5)?;
+    let mut l = lines(dir.path());
+    l.swap(1, 3);
+    write_lines(dir.path(), &l);
+    assert_eq!(damaged_at(dir.path()), Some(2));
+    Ok(())
+}
+
+#[test]
+fn an_inserted_entry_is_found() -> Result<(), AuditError> {
+    let dir = trail(3)?;
+    let mut l = lines(dir.path());
+    let copy = l[1].clone();
+    l.insert(2, copy);
+    write_lines(dir.path(), &l);
+    assert_eq!(damaged_at(dir.path()), Some(3));
+    Ok(())
+}
+
+#[test]
+fn entries_cut_off_the_end_are_found() -> Result<(), AuditError> {
+    let dir = trail(5)?;
+    let mut l = lines(dir.path());
+    l.truncate(3);
+    write_lines(dir.path(), &l);
+    assert_eq!(damaged_at(dir.path()), Some(4));
+    Ok(())
+}
+
+#[test]
+fn a_rewritten_chain_without_the_key_is_found() -> Result<(), AuditError> {
+    let dir = trail(3)?;
+    // Recompute hashes consistently after an edit, as an attacker without the key could.
+    let mut entries = read_entries(dir.path())?;
+    entries[0].event = "worker_started".into();
+    let mut prev = GENESIS.to_string();
+    for e in &mut entries {
+        e.prev = prev.clone();
+        e.hash = e.compute_hash();
+        prev = e.hash.clone();
+    }
+    let l: Vec<String> = entries
+        .iter()
+        .filter_map(|e| serde_json::to_string(e).ok())
+        .collect();
+    write_lines(dir.path(), &l);
+    assert_eq!(damaged_at(dir.path()), Some(1));
+    Ok(())
+}
+
+#[test]
+fn a_damaged_trail_is_refused_on_open() -> Result<(), AuditError> {
+    let dir = trail(3)?;
+    let mut l = lines(dir.path());
+    l.remove(0);
+    write_lines(dir.path(), &l);
+    assert!(AuditLog::open(dir.path(), key()).is_err());
+    Ok(())
+}
+
+#[test]
+fn times_format_as_rfc3339() {
+    assert_eq!(format_time(0), "1970-01-01T00:00:00.000Z");
+    assert_eq!(format_time(1_795_367_384_123), "2026-11-22T17:09:44.123Z");
+    assert_eq!(format_time(951_782_400_000), "2000-02-29T00:00:00.000Z");
+}
+
+#[test]
+fn keys_are_never_printed() {
+    assert_eq!(format!("{:?}", key()), "AuditKey(<redacted>)");
+}

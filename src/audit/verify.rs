@@ -1,0 +1,253 @@
+//! Checking a trail: every entry's hash chain and MAC, the head it must end at, and the
+//! anchor it must agree with; reading entries back for `audit tail`.
+
+use super::*;
+
+/// What a successful verification saw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerifySummary {
+    pub entries: u64,
+    pub last_hash: String,
+    /// The first entry's hash: names the trail in the anchor.
+    pub first_hash: Option<String>,
+    /// The trail was begun with `--new-audit-trail` (its first entry says so): anchored
+    /// heads of an earlier trail of the same key are expected.
+    pub new_trail: bool,
+}
+
+impl VerifySummary {
+    pub(super) fn empty() -> VerifySummary {
+        VerifySummary {
+            entries: 0,
+            last_hash: GENESIS.to_string(),
+            first_hash: None,
+            new_trail: false,
+        }
+    }
+}
+
+/// Reads one line (bounded); `Ok(None)` at the end.
+pub(super) fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<Option<()>> {
+    buf.clear();
+    let n = r
+        .by_ref()
+        .take(MAX_LINE as u64 + 1)
+        .read_until(b'\n', buf)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    Ok(Some(()))
+}
+
+/// Checks the trail in `dir`: first that it has not vanished ([`survey`]), then every
+/// entry's sequence, chain link, hash and MAC, and the head. Returns the first problem
+/// found.
+pub fn verify(dir: &Path, key: &AuditKey) -> Result<VerifySummary, AuditError> {
+    verify_with_anchor(dir, key, None).map(|(summary, _)| summary)
+}
+
+/// [`verify`], and then the trail against the heads an anchor file holds
+/// ([`anchor::check`]); an anchor with heads is evidence of a trail too.
+pub fn verify_with_anchor(
+    dir: &Path,
+    key: &AuditKey,
+    anchor_path: Option<&Path>,
+) -> Result<(VerifySummary, Option<AnchorReport>), AuditError> {
+    let held = Dir::open(dir).map_err(io_err(dir))?;
+    let anchor = open_anchor_file(anchor_path)?;
+    let anchor = anchor.as_ref().map(|(f, n)| (f, n.as_str()));
+    match survey(&held, false, anchor)? {
+        TrailState::Vanished { evidence } => {
+            return Err(AuditError::Vanished {
+                path: dir.join(LOG_FILE),
+                evidence,
+            });
+        }
+        TrailState::New | TrailState::Present { .. } => {}
+    }
+    let summary = verify_in(&held, key)?;
+    let report = match anchor {
+        Some((file, name)) => Some(anchor::check(&held, key, &summary, file, name)?),
+        None => None,
+    };
+    Ok((summary, report))
+}
+
+/// Checks the chain and the head of the trail in `dir` only, without asking whether a
+/// trail should be there: an emptied trail with its head removed passes as "0 entries".
+/// [`verify`] is the check to use; this is the part of it the chain can answer.
+pub fn verify_chain(dir: &Path, key: &AuditKey) -> Result<VerifySummary, AuditError> {
+    let held = Dir::open(dir).map_err(io_err(dir))?;
+    verify_in(&held, key)
+}
+
+/// Opens a file of the trail (never through a symlink, never blocking on a FIFO).
+pub(super) fn open_trail_file(dir: &Dir, name: &str) -> Result<File, AuditError> {
+    let path = dir.path().join(name);
+    dir.open_read(name)
+        .map_err(io_err(&path))?
+        .ok_or_else(|| io_err(&path)(io::Error::from(io::ErrorKind::NotFound)))
+}
+
+pub(super) fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, AuditError> {
+    let path = dir.path().join(LOG_FILE);
+    let damaged = |line: u64, reason: String| AuditError::Damaged {
+        path: path.clone(),
+        line,
+        reason,
+    };
+    let file = open_trail_file(dir, LOG_FILE)?;
+    let mut reader = BufReader::new(file);
+    let mut buf = Vec::new();
+    let mut expected_seq = 1u64;
+    let mut prev = GENESIS.to_string();
+    let mut first_hash = None;
+    let mut new_trail = false;
+    while read_line(&mut reader, &mut buf)
+        .map_err(io_err(&path))?
+        .is_some()
+    {
+        let n = expected_seq;
+        if buf.last() != Some(&b'\n') {
+            return Err(damaged(
+                n,
+                "truncated line (no newline) or longer than 256 KiB".into(),
+            ));
+        }
+        let entry: AuditEntry = serde_json::from_slice(&buf[..buf.len() - 1])
+            .map_err(|e| damaged(n, format!("not a valid entry: {e}")))?;
+        if entry.seq != expected_seq {
+            return Err(damaged(
+                n,
+                format!(
+                    "sequence number {} where {expected_seq} was expected (an entry was deleted, inserted or moved)",
+                    entry.seq
+                ),
+            ));
+        }
+        if entry.prev != prev {
+            return Err(damaged(
+                n,
+                "does not link to the entry before it (deleted, inserted or reordered entries)"
+                    .into(),
+            ));
+        }
+        if entry.compute_hash() != entry.hash {
+            return Err(damaged(
+                n,
+                "its content does not match its hash (the entry was edited)".into(),
+            ));
+        }
+        if !key.check(entry.hash.as_bytes(), &entry.mac) {
+            return Err(damaged(
+                n,
+                "its MAC is not valid under this controller's key (the chain was rewritten)".into(),
+            ));
+        }
+        if expected_seq == 1 {
+            first_hash = Some(entry.hash.clone());
+            new_trail = entry.event == event::AUDIT_TRAIL_STARTED
+                && entry.details["new_audit_trail"] == serde_json::Value::Bool(true);
+        }
+        prev = entry.hash;
+        expected_seq += 1;
+    }
+    let entries = expected_seq - 1;
+    let head_path = dir.path().join(HEAD_FILE);
+    match dir.read(HEAD_FILE, 64 << 10).map_err(io_err(&head_path))? {
+        Some(bytes) => {
+            let head: Head = serde_json::from_slice(&bytes)
+                .map_err(|e| damaged(entries, format!("the head file is not valid: {e}")))?;
+            if !key.check(&head_mac_input(head.seq, &head.hash), &head.mac) {
+                return Err(damaged(entries, "the head file's MAC is not valid".into()));
+            }
+            if head.seq > entries {
+                return Err(damaged(
+                    entries + 1,
+                    format!(
+                        "the trail ends at entry {entries} but {} were written (entries cut off the end)",
+                        head.seq
+                    ),
+                ));
+            }
+            // Entries after the head are ones appended but not yet synced when the writer
+            // stopped: fine, they still chain and carry valid MACs.
+            if head.seq > 0 && head.seq <= entries {
+                // Re-read to check the head's hash matches that entry.
+                let at = entry_hash_at(open_trail_file(dir, LOG_FILE)?, head.seq)
+                    .map_err(io_err(&path))?;
+                if at.as_deref() != Some(head.hash.as_str()) {
+                    return Err(damaged(
+                        head.seq,
+                        "does not match the head file (the end of the trail was rewritten)".into(),
+                    ));
+                }
+            }
+        }
+        None if entries == 0 => {}
+        None => {
+            return Err(damaged(entries, "the head file is missing".into()));
+        }
+    }
+    Ok(VerifySummary {
+        entries,
+        last_hash: prev,
+        first_hash,
+        new_trail,
+    })
+}
+
+fn entry_hash_at(file: File, seq: u64) -> io::Result<Option<String>> {
+    let mut reader = BufReader::new(file);
+    let mut buf = Vec::new();
+    let mut n = 0;
+    while read_line(&mut reader, &mut buf)?.is_some() {
+        n += 1;
+        if n == seq {
+            return Ok(serde_json::from_slice::<AuditEntry>(buf.trim_ascii_end())
+                .ok()
+                .map(|e| e.hash));
+        }
+    }
+    Ok(None)
+}
+
+/// Reads every entry (for `audit tail`), skipping nothing: a malformed line is an error.
+pub fn read_entries(dir: &Path) -> Result<Vec<AuditEntry>, AuditError> {
+    let path = dir.join(LOG_FILE);
+    let held = Dir::open(dir).map_err(io_err(dir))?;
+    let mut reader = BufReader::new(open_trail_file(&held, LOG_FILE)?);
+    let mut buf = Vec::new();
+    let mut out = Vec::new();
+    while read_line(&mut reader, &mut buf)
+        .map_err(io_err(&path))?
+        .is_some()
+    {
+        let e: AuditEntry =
+            serde_json::from_slice(buf.trim_ascii_end()).map_err(|e| AuditError::Damaged {
+                path: path.clone(),
+                line: out.len() as u64 + 1,
+                reason: format!("not a valid entry: {e}"),
+            })?;
+        out.push(e);
+    }
+    Ok(out)
+}
+
+/// One entry as a line a person reads.
+pub fn describe(e: &AuditEntry) -> String {
+    let worker = e
+        .worker_id
+        .as_deref()
+        .map(|w| format!(" worker={w}"))
+        .unwrap_or_default();
+    let details = match &e.details {
+        serde_json::Value::Null => String::new(),
+        serde_json::Value::Object(m) if m.is_empty() => String::new(),
+        v => format!(" {v}"),
+    };
+    format!(
+        "{:>6} {} {:<26} {}{worker}{details}",
+        e.seq, e.time, e.event, e.actor
+    )
+}
