@@ -97,7 +97,7 @@ fn describe(p: &PendingApproval) -> String {
         r.network_policy.allow_controller,
         r.network_policy.allow_external
     ));
-    if let Some(hosts) = super::controller::allow_hosts_line(&r.network_policy) {
+    if let Some(hosts) = super::inspect::allow_hosts_line(&r.network_policy) {
         out.push_str(&format!("  hosts:      {hosts}\n"));
     }
     out.push_str(&format!("  profile:    {}\n", m.profile));

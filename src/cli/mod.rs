@@ -15,10 +15,12 @@ pub mod audit;
 pub mod controller;
 pub mod doctor;
 pub mod egress;
+pub mod inspect;
 pub mod job;
 pub mod logging;
 pub mod manifest;
 pub mod profile;
+pub mod ps;
 pub mod run;
 
 use clap::{Parser, Subcommand};
@@ -181,9 +183,9 @@ pub enum Command {
     /// Issue a manifest through the controller and launch the worker
     Spawn(Box<controller::SpawnArgs>),
     /// List workers (--tree for the lineage) with live usage
-    Ps(controller::PsArgs),
+    Ps(ps::PsArgs),
     /// One worker's manifest, limits, usage, and how and why it ended
-    Inspect(controller::InspectArgs),
+    Inspect(inspect::InspectArgs),
     /// A worker's output (-f: follow it until the worker ends)
     Logs(controller::LogsArgs),
     /// Kill workers (--recursive: and their descendants)
@@ -257,8 +259,8 @@ pub fn dispatch(command: Command) -> i32 {
         Command::Manifest(args) => manifest::main(args),
         Command::Controller(args) => controller::controller_main(*args),
         Command::Spawn(args) => controller::spawn_main(*args),
-        Command::Ps(args) => controller::ps_main(args),
-        Command::Inspect(args) => controller::inspect_main(args),
+        Command::Ps(args) => ps::ps_main(args),
+        Command::Inspect(args) => inspect::inspect_main(args),
         Command::Logs(args) => controller::logs_main(args),
         Command::Kill(args) => controller::kill_main(args),
         Command::KillSwitch(args) => controller::kill_switch_main(args),
