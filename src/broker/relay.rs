@@ -23,14 +23,14 @@ const HTTP_PORT: u16 = 80;
 /// Most of a ClientHello read before deciding (one TLS record and its header).
 const MAX_HELLO: usize = 16 * 1024 + 5;
 
-/// Reads from `conn` until `parse` makes something of what came (at most `max` bytes,
-/// within [`HEAD_TIMEOUT`]): the result and every byte read.
+/// Reads from `conn` after `buf` (bytes already read) until `parse` makes something of
+/// them all (at most `max` bytes, within [`HEAD_TIMEOUT`]): the result and every byte.
 pub(super) async fn read_until<T>(
     conn: &mut TcpStream,
+    mut buf: Vec<u8>,
     max: usize,
     parse: impl Fn(&[u8]) -> Result<Option<T>, EgressError>,
 ) -> Result<(T, Vec<u8>), String> {
-    let mut buf = Vec::new();
     let mut chunk = vec![0u8; 4096];
     let deadline = tokio::time::Instant::now() + HEAD_TIMEOUT;
     loop {
@@ -163,7 +163,7 @@ async fn inspect(
     let mut early = early;
     let seen = match port {
         TLS_PORT => {
-            let (hello, buf) = read_more(conn, early, MAX_HELLO, |b| {
+            let (hello, buf) = read_until(conn, early, MAX_HELLO, |b| {
                 tls::client_hello(b).map(|h| match h {
                     tls::ClientHello::Incomplete => None,
                     other => Some(other),
@@ -178,7 +178,7 @@ async fn inspect(
             }
         }
         HTTP_PORT => {
-            let (host, buf) = read_more(conn, early, http::MAX_HEAD, http::first_request_host)
+            let (host, buf) = read_until(conn, early, http::MAX_HEAD, http::first_request_host)
                 .await
                 .map_err(|_| "host_mismatch")?;
             // One request, to the one host checked: no second one with another Host.
@@ -194,27 +194,6 @@ async fn inspect(
     } else {
         Err("host_mismatch")
     }
-}
-
-/// [`read_until`], starting from bytes already read.
-async fn read_more<T>(
-    conn: &mut TcpStream,
-    already: Vec<u8>,
-    max: usize,
-    parse: impl Fn(&[u8]) -> Result<Option<T>, EgressError>,
-) -> Result<(T, Vec<u8>), String> {
-    if let Some(t) = parse(&already).map_err(|e| e.to_string())? {
-        return Ok((t, already));
-    }
-    let (t, more) = read_until(conn, max.saturating_sub(already.len()), |b| {
-        let mut all = already.clone();
-        all.extend_from_slice(b);
-        parse(&all)
-    })
-    .await?;
-    let mut all = already;
-    all.extend_from_slice(&more);
-    Ok((t, all))
 }
 
 /// A connection to a destination not decided yet (a transparent listener's): decided,

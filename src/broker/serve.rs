@@ -258,14 +258,15 @@ async fn dns_tcp(state: &State, mut conn: TcpStream) {
 /// The proxy: reads the request head, decides, answers, and relays.
 async fn proxy(state: &State, mut conn: TcpStream) {
     let started = Instant::now();
-    let head = match relay::read_until(&mut conn, http::MAX_HEAD, http::proxy_request).await {
-        Ok((req, buf)) => (req, buf),
-        Err(_) => {
-            relay::refuse(&mut conn, 400, "bad_request").await;
-            state.record(denied(Via::Proxy, None, None, "bad_request", started));
-            return;
-        }
-    };
+    let head =
+        match relay::read_until(&mut conn, Vec::new(), http::MAX_HEAD, http::proxy_request).await {
+            Ok((req, buf)) => (req, buf),
+            Err(_) => {
+                relay::refuse(&mut conn, 400, "bad_request").await;
+                state.record(denied(Via::Proxy, None, None, "bad_request", started));
+                return;
+            }
+        };
     match head {
         (
             http::ProxyRequest::Connect {

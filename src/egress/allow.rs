@@ -160,6 +160,16 @@ fn cidr_last(network: IpAddr, prefix: u8) -> IpAddr {
     }
 }
 
+/// The special ranges (see [`super::special_range`]) of a network's first and last
+/// addresses: both `None` for a network wholly public, both the same for one wholly inside
+/// one range.
+fn cidr_ends(network: IpAddr, prefix: u8) -> (Option<&'static str>, Option<&'static str>) {
+    (
+        super::special_range(network),
+        super::special_range(cidr_last(network, prefix)),
+    )
+}
+
 fn max_prefix(addr: IpAddr) -> u8 {
     match addr {
         IpAddr::V4(_) => 32,
@@ -406,10 +416,7 @@ fn public_entry(e: &AllowHost) -> bool {
     match e.host {
         HostPattern::Name(_) | HostPattern::Wildcard(_) => true,
         HostPattern::Addr(a) => super::special_range(a).is_none(),
-        HostPattern::Cidr(net, prefix) => {
-            super::special_range(net).is_none()
-                && super::special_range(cidr_last(net, prefix)).is_none()
-        }
+        HostPattern::Cidr(net, prefix) => cidr_ends(net, prefix) == (None, None),
     }
 }
 
@@ -483,10 +490,8 @@ impl AllowList {
                 && match e.host {
                     HostPattern::Addr(a) => a.to_canonical() == addr.to_canonical(),
                     HostPattern::Cidr(net, prefix) => {
-                        e.matches_addr(addr, port)
-                            && super::special_range(net).is_some()
-                            && super::special_range(net)
-                                == super::special_range(cidr_last(net, prefix))
+                        let (first, last) = cidr_ends(net, prefix);
+                        e.matches_addr(addr, port) && first.is_some() && first == last
                     }
                     _ => false,
                 }
