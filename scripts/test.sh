@@ -18,7 +18,8 @@ if [ "${HATCHERY_SKIP_APT:-0}" != 1 ] && [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
-        libseccomp-dev pkg-config gcc libc6-dev python3 util-linux procps iproute2 bubblewrap uidmap jq openssl curl >/dev/null
+        libseccomp-dev pkg-config gcc libc6-dev python3 util-linux procps iproute2 bubblewrap uidmap jq openssl curl \
+        etcd-server etcd-client protobuf-compiler >/dev/null
 fi
 if [ "$(id -u)" = 0 ]; then
     # The rootless tests run the binary as `nobody` (no subordinate ids: the plain mapping)
@@ -31,12 +32,14 @@ fi
 say "format and lints"
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
+# The cluster feature (etcd) is built and tested too: its own lints, and every test below.
+cargo clippy --all-targets --locked --features cluster -- -D warnings
 
 say "build"
-cargo build --all-targets --locked
+cargo build --all-targets --locked --features cluster
 
 say "tests"
-cargo test --locked -- --test-threads="$(nproc)"
+cargo test --locked --features cluster -- --test-threads="$(nproc)"
 
 say "leftovers"
 scripts/check-leftovers.sh
