@@ -64,6 +64,10 @@ pub mod event {
     pub const REPLICATION_REQUESTED: &str = "replication_requested";
     pub const KILL_SWITCH_ENGAGED: &str = "kill_switch_engaged";
     pub const KILL_SWITCH_RELEASED: &str = "kill_switch_released";
+    /// This node of a cluster could not renew its lease in time and killed its workers.
+    pub const CLUSTER_FENCED: &str = "cluster_fenced";
+    /// A fenced node holds a new lease and admits again.
+    pub const CLUSTER_REJOINED: &str = "cluster_rejoined";
     pub const REAP_STALE: &str = "reap_stale";
     pub const WORKER_REGISTERED: &str = "worker_registered";
     pub const WORKER_STARTED: &str = "worker_started";
@@ -635,6 +639,12 @@ impl AuditLog {
         let e = self.append(event, actor, worker_id, details);
         self.sync()?;
         Ok(e)
+    }
+
+    /// The last entry on disk (its sequence number and hash), when nothing appended is
+    /// waiting for a sync.
+    pub fn synced_head(&self) -> Option<(u64, String)> {
+        (self.pending.is_empty() && self.seq > 0).then(|| (self.seq, self.last_hash.clone()))
     }
 
     pub fn len(&self) -> u64 {

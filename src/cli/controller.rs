@@ -101,7 +101,8 @@ Examples:
   hatchery controller --socket /tmp/h.sock --state-dir /tmp/h-state --heartbeat-timeout 10s
   hatchery controller --audit-anchor /var/log/hatchery-audit.anchor
   hatchery controller --audit-anchor syslog
-  hatchery controller --new-audit-trail      # only where the trail vanished";
+  hatchery controller --new-audit-trail      # only where the trail vanished
+  hatchery controller --cluster etcd://10.0.0.5:2379,10.0.0.6:2379 --node-id node-a";
 
 #[derive(Args, Debug)]
 #[command(after_help = CONTROLLER_EXAMPLES)]
@@ -155,6 +156,29 @@ pub struct ControllerArgs {
     /// (repeatable)
     #[arg(long = "resolve", value_name = "NAME=ADDR", value_parser = super::egress::parse_resolve)]
     pub resolve: Vec<(String, std::net::IpAddr)>,
+    /// Be one node of a cluster: admission (quota, cooldowns, budgets), lineage and the
+    /// kill switch are kept in etcd and hold across every node (needs --node-id)
+    #[arg(long, value_name = "etcd://HOST:PORT[,...]", help_heading = "Cluster")]
+    pub cluster: Option<String>,
+    /// This node's name in the cluster (letters, digits, '.', '_', '-')
+    #[arg(long, value_name = "NAME", help_heading = "Cluster")]
+    pub node_id: Option<String>,
+    /// Prefix of every key the cluster keeps in etcd [default: /hatchery/]
+    #[arg(long, value_name = "PREFIX", help_heading = "Cluster")]
+    pub cluster_prefix: Option<String>,
+    /// CA certificate (PEM) etcd's server certificate is checked against; turns on TLS
+    #[arg(long, value_name = "FILE", help_heading = "Cluster")]
+    pub cluster_cacert: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd, with --cluster-key
+    #[arg(long, value_name = "FILE", help_heading = "Cluster")]
+    pub cluster_cert: Option<PathBuf>,
+    /// Client key (PEM) for etcd
+    #[arg(long, value_name = "FILE", help_heading = "Cluster")]
+    pub cluster_key: Option<PathBuf>,
+    /// This node's lease: a node that cannot renew it kills its workers before it runs
+    /// out, and its slots free up when it does [default: 10s]
+    #[arg(long, value_name = "DUR", value_parser = units::parse_duration, help_heading = "Cluster")]
+    pub cluster_lease_ttl: Option<Duration>,
 }
 
 /// A group by name (`/etc/group`, NSS) or by number.
@@ -192,6 +216,15 @@ pub fn controller_main(args: ControllerArgs) -> i32 {
             }
             r
         },
+        cluster: controller::cluster::ClusterArgs {
+            url: args.cluster,
+            node_id: args.node_id,
+            prefix: args.cluster_prefix,
+            cacert: args.cluster_cacert,
+            cert: args.cluster_cert,
+            key: args.cluster_key,
+            lease_ttl: args.cluster_lease_ttl,
+        },
     };
     tracing::info!(socket = %opts.paths.socket.display(), state_dir = %opts.paths.state_dir.display(), "controller starting");
     match controller::run(opts) {
@@ -201,7 +234,8 @@ pub fn controller_main(args: ControllerArgs) -> i32 {
             match e {
                 // A contract that does not parse is bad input, like any file named on the
                 // command line.
-                controller::ControllerError::Contract(_) => super::exit::USAGE,
+                controller::ControllerError::Contract(_)
+                | controller::ControllerError::ClusterOptions(_) => super::exit::USAGE,
                 _ => super::exit::FAILURE,
             }
         }
@@ -499,7 +533,7 @@ pub fn kill_main(args: KillArgs) -> i32 {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Kills every worker (whole sandboxes and their cgroups) and refuses any new one until released.\n\nExamples:\n  hatchery kill-switch\n  hatchery kill-switch --release\n  hatchery kill-switch --json"
+    after_help = "Kills every worker (whole sandboxes and their cgroups) and refuses any new one until released.\nWith --cluster, on every node of the controller's cluster: waits for each live node's\nacknowledgement and prints how long the last took (exit 1 if a node did not answer).\n\nExamples:\n  hatchery kill-switch\n  hatchery kill-switch --release\n  hatchery kill-switch --json\n  hatchery kill-switch --cluster"
 )]
 pub struct KillSwitchArgs {
     #[command(flatten)]
@@ -507,6 +541,9 @@ pub struct KillSwitchArgs {
     /// Reopen: allow new workers again
     #[arg(long)]
     pub release: bool,
+    /// On every node of the cluster this controller is part of
+    #[arg(long)]
+    pub cluster: bool,
     /// Machine-readable output: {"engaged": bool, "killed": N, "elapsed_ms": N}
     #[arg(long)]
     pub json: bool,
@@ -515,7 +552,41 @@ pub struct KillSwitchArgs {
 pub fn kill_switch_main(args: KillSwitchArgs) -> i32 {
     match args.socket.call(&ApiRequest::KillSwitch {
         release: args.release,
+        cluster: args.cluster,
     }) {
+        Ok(ApiResponse::ClusterKillSwitch {
+            engaged,
+            killed,
+            nodes,
+            missing,
+            elapsed_ms,
+        }) => {
+            if args.json {
+                out_json(&serde_json::json!({
+                    "engaged": engaged, "killed": killed, "elapsed_ms": elapsed_ms,
+                    "nodes": nodes, "missing": missing,
+                }));
+            } else {
+                outln(&format!(
+                    "cluster kill switch engaged: {} nodes acknowledged, {killed} workers killed; the last acknowledgement came after {elapsed_ms} ms; nothing new may start",
+                    nodes.len()
+                ));
+                for n in &nodes {
+                    outln(&format!(
+                        "  {}: {} workers killed in {} ms",
+                        n.node, n.killed, n.elapsed_ms
+                    ));
+                }
+                for m in &missing {
+                    outln(&format!("  {m}: no acknowledgement"));
+                }
+            }
+            if missing.is_empty() {
+                0
+            } else {
+                super::exit::FAILURE
+            }
+        }
         Ok(ApiResponse::KillSwitch {
             engaged,
             killed,

@@ -24,6 +24,9 @@ pub struct PsArgs {
     /// Include workers that have ended, and why
     #[arg(long, short)]
     pub all: bool,
+    /// Every node's workers, from the cluster this controller is part of
+    #[arg(long)]
+    pub cluster: bool,
 }
 
 pub(super) fn human_bytes(b: Option<u64>) -> String {
@@ -148,7 +151,100 @@ fn tree_rows(
     }
 }
 
+/// `ps --cluster`: every node's workers as the cluster holds them, a tree with
+/// `--tree`.
+fn cluster_ps(args: &PsArgs) -> i32 {
+    use hatchery::controller::cluster::WorkerRecord;
+    let resp = match args.socket.call(&ApiRequest::ClusterPs(Default::default())) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let ApiResponse::ClusterWorkers {
+        nodes,
+        workers,
+        kill_switch,
+    } = resp
+    else {
+        return report(resp);
+    };
+    if args.json {
+        out_json(
+            &serde_json::json!({ "kill_switch": kill_switch, "nodes": nodes, "workers": workers }),
+        );
+        return 0;
+    }
+    if kill_switch {
+        outln("CLUSTER KILL SWITCH ENGAGED: nothing new may start on any node");
+    }
+    let row = |w: &WorkerRecord, indent: &str| -> Vec<String> {
+        vec![
+            format!("{indent}{}", w.worker_id.as_str()),
+            w.node.clone(),
+            w.depth.to_string(),
+            format!("{}M", w.memory_limit_mb),
+            w.cpu_limit.to_string(),
+        ]
+    };
+    let mut rows = vec![
+        ["WORKER", "NODE", "DEPTH", "MEM", "CORES"]
+            .iter()
+            .map(|h| h.to_string())
+            .collect::<Vec<_>>(),
+    ];
+    if args.tree {
+        // Children after their parent, indented; each record once, whatever the records say.
+        let mut seen = std::collections::BTreeSet::new();
+        let mut stack: Vec<(&WorkerRecord, usize)> = workers
+            .iter()
+            .filter(|w| {
+                w.parent_id
+                    .as_ref()
+                    .is_none_or(|p| !workers.iter().any(|x| &x.worker_id == p))
+            })
+            .rev()
+            .map(|w| (w, 0))
+            .collect();
+        while let Some((w, depth)) = stack.pop() {
+            if !seen.insert(w.worker_id.clone()) {
+                continue;
+            }
+            let indent = if depth == 0 {
+                String::new()
+            } else {
+                format!("{}└─ ", "   ".repeat(depth.saturating_sub(1)))
+            };
+            rows.push(row(w, &indent));
+            for c in workers
+                .iter()
+                .filter(|c| c.parent_id.as_ref() == Some(&w.worker_id))
+                .rev()
+            {
+                stack.push((c, depth.saturating_add(1)));
+            }
+        }
+    } else {
+        rows.extend(workers.iter().map(|w| row(w, "")));
+    }
+    if workers.is_empty() {
+        outln("no workers");
+    } else {
+        let mut text = table(&rows).join("\n");
+        text.push('\n');
+        out(&text);
+    }
+    let names: Vec<&str> = nodes.iter().map(|n| n.node.as_str()).collect();
+    outln(&format!(
+        "({} live nodes: {})",
+        nodes.len(),
+        names.join(", ")
+    ));
+    0
+}
+
 pub fn ps_main(args: PsArgs) -> i32 {
+    if args.cluster {
+        return cluster_ps(&args);
+    }
     let resp = match args.socket.call(&ApiRequest::Ps(Default::default())) {
         Ok(r) => r,
         Err(e) => return fail(e),

@@ -239,6 +239,29 @@ pub struct ContractConfig {
     /// The operator's egress settings for every worker's broker.
     #[serde(default, skip_serializing_if = "EgressConfig::is_empty")]
     pub egress: EgressConfig,
+    /// The cluster this controller joins (`controller --cluster` wins over it).
+    #[serde(default, skip_serializing_if = "ClusterConfig::is_empty")]
+    pub cluster: ClusterConfig,
+}
+
+/// `[cluster]`: etcd's endpoints (`etcd = "etcd://HOST:PORT,..."`), this node's id, the
+/// key prefix, the client certificate, the lease's length.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    pub etcd: Option<String>,
+    pub node_id: Option<String>,
+    pub prefix: Option<String>,
+    pub cacert: Option<std::path::PathBuf>,
+    pub cert: Option<std::path::PathBuf>,
+    pub key: Option<std::path::PathBuf>,
+    pub lease_ttl_seconds: Option<u64>,
+}
+
+impl ClusterConfig {
+    fn is_empty(&self) -> bool {
+        self == &ClusterConfig::default()
+    }
 }
 
 /// `[egress]`: how workers' brokers resolve names before asking the host's resolver
@@ -287,6 +310,7 @@ impl Default for ContractConfig {
             profile_narrowing: BTreeMap::new(),
             approval: ApprovalPolicy::default(),
             egress: EgressConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -382,6 +406,7 @@ impl ContractConfig {
             profile_narrowing: narrowing,
             approval: self.approval.clone(),
             egress_resolution: self.egress.resolution().unwrap_or_default(),
+            cluster: self.cluster.clone(),
         }
     }
 

@@ -40,7 +40,7 @@ use crate::manifest::{
 };
 use crate::signing::{ManifestSigner, SignError};
 
-pub use file::{ContractConfig, ContractError, StopConditionConfig};
+pub use file::{ClusterConfig, ContractConfig, ContractError, StopConditionConfig};
 pub use narrowing::{NarrowingViolation, ProfileNarrowing};
 pub use stop::{
     CpuBudget, LifetimeTotal, MemoryBudget, ReplicationContext, SpawnRate, StopCondition,
@@ -133,6 +133,9 @@ pub enum DenyReason {
     },
     InvalidRequest(FieldError),
     Narrowing(NarrowingViolation),
+    /// The cluster's shared state cannot be read or written now (etcd unreachable, this
+    /// node's lease not renewed): nothing is admitted on a guess.
+    ClusterUnavailable(String),
 }
 
 impl DenyReason {
@@ -146,6 +149,7 @@ impl DenyReason {
             DenyReason::StopCondition { .. } => "deny_stop_condition",
             DenyReason::InvalidRequest(_) => "deny_invalid_request",
             DenyReason::Narrowing(_) => "deny_narrowing",
+            DenyReason::ClusterUnavailable(_) => "deny_cluster_unavailable",
         }
     }
 }
@@ -177,6 +181,7 @@ impl fmt::Display for DenyReason {
             }
             DenyReason::InvalidRequest(e) => write!(f, "invalid request: {e}"),
             DenyReason::Narrowing(v) => write!(f, "capability narrowing: {v}"),
+            DenyReason::ClusterUnavailable(why) => write!(f, "the cluster is unavailable: {why}"),
         }
     }
 }
@@ -240,6 +245,19 @@ pub struct ReplicationContract {
     pub approval: approval::ApprovalPolicy,
     /// The operator's name resolution for workers' egress brokers (`[egress.resolve]`).
     pub egress_resolution: crate::egress::Resolution,
+    /// `[cluster]`: the cluster the controller joins, as the file says.
+    pub cluster: ClusterConfig,
+}
+
+impl ReplicationContract {
+    /// How far back the spawn history must reach for every stop condition (seconds).
+    pub fn history_seconds(&self) -> u64 {
+        self.stop_conditions
+            .iter()
+            .map(|c| c.history_seconds())
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 impl Default for ReplicationContract {
@@ -253,6 +271,7 @@ impl Default for ReplicationContract {
             profile_narrowing: ProfileNarrowing::new(),
             approval: approval::ApprovalPolicy::default(),
             egress_resolution: crate::egress::Resolution::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }

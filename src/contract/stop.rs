@@ -33,6 +33,11 @@ pub trait StopCondition: fmt::Debug + Send + Sync {
     fn description(&self) -> String;
     /// True when the candidate must be refused.
     fn fires(&self, ctx: &ReplicationContext<'_>) -> bool;
+    /// How far back the spawn history must reach for this condition (seconds): what a
+    /// store shared between controllers keeps.
+    fn history_seconds(&self) -> u64 {
+        0
+    }
 }
 
 /// Refuses a worker whose memory limit would push the total over active workers above
@@ -107,6 +112,9 @@ impl StopCondition for SpawnRate {
             "at most {} workers may be started in any {} s",
             self.max_spawns, self.window_seconds
         )
+    }
+    fn history_seconds(&self) -> u64 {
+        self.window_seconds
     }
     fn fires(&self, ctx: &ReplicationContext<'_>) -> bool {
         let since = ctx.now.saturating_sub(self.window_seconds);

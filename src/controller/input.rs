@@ -51,6 +51,26 @@ pub enum Input {
     /// A `ps` waited `PS_WAIT` for the launcher's usage figures.
     PsDeadline,
     Shutdown,
+    /// This node's etcd lease was renewed (or, `rejoined`, taken anew after a fence):
+    /// the launcher must have killed every worker by `fence_at_ms` (CLOCK_BOOTTIME) unless
+    /// told a later time.
+    ClusterLease {
+        fence_at_ms: u64,
+        rejoined: bool,
+    },
+    /// This node could not renew its lease in time: its workers must die now.
+    ClusterFenced {
+        reason: String,
+    },
+    /// The cluster's kill switch was written (`engaged`) or removed, at `revision`.
+    ClusterKillSwitch {
+        engaged: bool,
+        revision: i64,
+    },
+    /// Another node asks for a worker of this node to be killed.
+    ClusterKill {
+        request: super::cluster::KillRequest,
+    },
 }
 
 impl Input {
@@ -67,6 +87,10 @@ impl Input {
             Input::Tick => "tick",
             Input::PsDeadline => "ps_deadline",
             Input::Shutdown => "shutdown",
+            Input::ClusterLease { .. } => "cluster_lease",
+            Input::ClusterFenced { .. } => "cluster_fenced",
+            Input::ClusterKillSwitch { .. } => "cluster_kill_switch",
+            Input::ClusterKill { .. } => "cluster_kill",
         }
     }
 }

@@ -170,6 +170,12 @@ pub enum LauncherRequest {
     Usage,
     /// Kill everything and exit.
     Shutdown,
+    /// This node of a cluster holds its lease until `at_boottime_ms` (CLOCK_BOOTTIME): if
+    /// no later deadline comes by then, kill every worker and start none — by the
+    /// launcher itself, so a controller that is frozen fences its workers all the same.
+    Fence {
+        at_boottime_ms: u64,
+    },
 }
 
 /// Live accounting of one worker.

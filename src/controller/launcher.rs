@@ -74,9 +74,29 @@ struct Launcher {
     output_budget: OutputBudget,
     /// The operator's name resolution for every worker's broker (`--resolve`).
     resolution: Resolution,
+    /// In a cluster: when (CLOCK_BOOTTIME ms) every worker must be dead unless a later
+    /// deadline comes, and whether it has passed (then nothing starts).
+    fence: Option<u64>,
+    fenced: bool,
 }
 
 impl Launcher {
+    /// Fences when the deadline has passed (every worker killed, nothing starts), lifts
+    /// the fence when a later deadline came; how long until the deadline, if one is due.
+    fn fence_check(&mut self) -> Option<Duration> {
+        let at = self.fence?;
+        let now = crate::controller::cluster::boottime_ms();
+        if now >= at {
+            if !self.fenced {
+                self.fenced = true;
+                self.kill_all();
+            }
+            return None;
+        }
+        self.fenced = false;
+        Some(Duration::from_millis(at.saturating_sub(now)))
+    }
+
     fn emit(&mut self, ev: &LauncherEvent) {
         let _ = wire::write_frame(&mut self.events, ev);
     }
@@ -101,6 +121,13 @@ impl Launcher {
 
     fn launch(&mut self, spec: LaunchSpec, socket: Option<OwnedFd>) {
         let id = spec.worker_id.clone();
+        if self.fenced {
+            self.emit(&LauncherEvent::StartFailed {
+                worker_id: id,
+                error: "this node is fenced: its cluster lease was not renewed in time".into(),
+            });
+            return;
+        }
         match self.try_launch(spec, socket) {
             Ok((mut sandbox, deadline, output, egress)) => {
                 // Forked while the launcher is single-threaded, as every sandbox is.
@@ -378,6 +405,8 @@ pub fn serve(
         events,
         output_budget: std::rc::Rc::new(std::cell::Cell::new(output_total)),
         resolution,
+        fence: None,
+        fenced: false,
     };
     let swept = l
         .host
@@ -399,11 +428,13 @@ pub fn serve(
                 r.sandbox.kill();
             }
         }
+        let fence_in = l.fence_check();
         let next = l
             .running
             .values()
             .filter(|r| !r.timed_out)
             .filter_map(|r| r.deadline)
+            .chain(fence_in.and_then(|d| now.checked_add(d)))
             .min();
         let ids: Vec<String> = l.running.keys().cloned().collect();
         let (request_ready, exited) = {
@@ -473,6 +504,10 @@ pub fn serve(
                         }
                     }
                     Incoming::Request(LauncherRequest::KillAll, _) => l.kill_all(),
+                    Incoming::Request(LauncherRequest::Fence { at_boottime_ms }, _) => {
+                        l.fence = Some(at_boottime_ms);
+                        l.fence_check();
+                    }
                     Incoming::Request(LauncherRequest::Usage, _) => l.usage(),
                     // One bad request is refused; it is never taken for the end.
                     Incoming::Refused(error) => l.emit(&LauncherEvent::Refused { error }),

@@ -17,6 +17,7 @@ pub mod admission;
 pub mod audit_budget;
 pub mod bounded;
 pub mod client;
+pub mod cluster;
 pub mod engine;
 #[doc(hidden)]
 pub mod fuzz;
@@ -60,6 +61,12 @@ pub enum ControllerError {
     Audit(#[from] crate::audit::AuditError),
     #[error(transparent)]
     Contract(#[from] crate::contract::ContractError),
+    /// The cluster options are wrong (bad input: nothing was started).
+    #[error("{0}")]
+    ClusterOptions(String),
+    /// The cluster could not be joined.
+    #[error("{0}")]
+    Cluster(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ControllerError + '_ {
@@ -92,6 +99,8 @@ pub struct ControllerOptions {
     pub worker_output_total: u64,
     /// The operator's name resolution for workers' egress brokers (`--resolve`).
     pub egress_resolution: crate::egress::Resolution,
+    /// The cluster to join (`--cluster` and its options), over the contract file's.
+    pub cluster: cluster::ClusterArgs,
 }
 
 fn random_hex(bytes: usize) -> Result<String, ControllerError> {
@@ -110,7 +119,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     let paths = &opts.paths;
     // Everything that can be checked is checked before anything is created: a controller
     // that does not start leaves no state directory, key or socket behind.
-    let contract = check_before_creating(&opts)?;
+    let (contract, cluster) = check_before_creating(&opts)?;
     let mut created = Created::before(paths);
     let HeldState {
         dir: state,
@@ -147,6 +156,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         session.audit,
         launcher.requests,
         launcher.pid,
+        cluster.as_ref(),
     )?;
 
     // Up: from here on what this start made is the controller's to keep.
@@ -174,19 +184,28 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
 
 /// Checks what can be checked before anything is created: the contract parses, the
 /// socket is free, and no path falls back to a base someone else could own.
-fn check_before_creating(opts: &ControllerOptions) -> Result<ReplicationContract, ControllerError> {
+fn check_before_creating(
+    opts: &ControllerOptions,
+) -> Result<(ReplicationContract, Option<cluster::ClusterOptions>), ControllerError> {
     let paths = &opts.paths;
     tracing::debug!(contract = ?opts.contract, "checking the replication contract");
     let contract = match &opts.contract {
         Some(path) => ReplicationContract::from_file(path)?,
         None => ReplicationContract::default(),
     };
+    let cluster = cluster::ClusterOptions::resolve(&opts.cluster, &contract.cluster)
+        .map_err(ControllerError::ClusterOptions)?;
+    if cluster.is_some() && !cfg!(feature = "cluster") {
+        return Err(ControllerError::ClusterOptions(
+            "this hatchery was built without cluster support: build it with `cargo build --release --features cluster` (needs protoc)".into(),
+        ));
+    }
     tracing::debug!(socket = %paths.socket.display(), "checking that the socket is free");
     check_socket_free(&paths.socket)?;
     for p in [&paths.state_dir, &paths.socket, &paths.key] {
         paths::check_fallback_base(p, paths::BaseUse::Look).map_err(ControllerError::Setup)?;
     }
-    Ok(contract)
+    Ok((contract, cluster))
 }
 
 /// This run's session: its id, the manifest signer keyed for it, and the audit trail.
@@ -374,6 +393,7 @@ fn start_engine(
     audit: AuditLog,
     launcher_requests: std::os::unix::net::UnixStream,
     launcher_pid: nix::unistd::Pid,
+    cluster: Option<&cluster::ClusterOptions>,
 ) -> Result<RunningEngine, ControllerError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -381,12 +401,13 @@ fn start_engine(
         .map_err(|e| ControllerError::Setup(format!("async runtime: {e}")))?;
     let (tx, rx) = mpsc::channel::<input::Input>();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let (store, node) = admission_store(cluster, &contract, &tx)?;
     let mut engine = engine::Engine::new(
         cfg,
         contract,
         signer,
         Box::new(audit),
-        Box::new(admission::InMemoryStore::default()),
+        store,
         Box::new(engine::HostEffects::new(
             link::Outbox::new(launcher_requests)
                 .map_err(|e| ControllerError::Setup(format!("the launcher's socket: {e}")))?,
@@ -396,6 +417,9 @@ fn start_engine(
         )),
         done_tx,
     );
+    if let Some(node) = node {
+        engine = engine.with_cluster(node);
+    }
     let thread = std::thread::Builder::new()
         .name("hatchery-engine".into())
         .spawn(move || {
@@ -413,6 +437,43 @@ fn start_engine(
         done: done_rx,
         thread,
     })
+}
+
+/// What admission decides on: this controller's memory, or, in a cluster, etcd (joined
+/// here: a cluster that cannot be reached stops the start).
+type Store = (
+    Box<dyn admission::AdmissionStore>,
+    Option<Box<dyn cluster::Cluster>>,
+);
+
+#[cfg(feature = "cluster")]
+fn admission_store(
+    opts: Option<&cluster::ClusterOptions>,
+    contract: &ReplicationContract,
+    tx: &mpsc::Sender<input::Input>,
+) -> Result<Store, ControllerError> {
+    let Some(opts) = opts else {
+        return Ok((Box::new(admission::InMemoryStore::default()), None));
+    };
+    let link = cluster::etcd::Link::join(opts, tx.clone())
+        .map_err(|e| ControllerError::Cluster(e.to_string()))?;
+    let link = std::sync::Arc::new(link);
+    // At least an hour of history, for stop conditions a library user added.
+    let window = contract.history_seconds().max(3600);
+    tracing::info!(node = %opts.node_id, endpoints = %opts.endpoints.join(","), "joined the cluster");
+    Ok((
+        Box::new(cluster::etcd::EtcdStore::new(link.clone(), window)),
+        Some(Box::new(cluster::etcd::EtcdCluster::new(link))),
+    ))
+}
+
+#[cfg(not(feature = "cluster"))]
+fn admission_store(
+    _opts: Option<&cluster::ClusterOptions>,
+    _contract: &ReplicationContract,
+    _tx: &mpsc::Sender<input::Input>,
+) -> Result<Store, ControllerError> {
+    Ok((Box::new(admission::InMemoryStore::default()), None))
 }
 
 /// Serves until the engine has finished: clients on the API socket, the launcher's

@@ -148,7 +148,13 @@ pub enum ApiRequest {
     },
     KillSwitch {
         release: bool,
+        /// Every node of the cluster (`kill-switch --cluster`): answered once every live
+        /// node has acknowledged.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        cluster: bool,
     },
+    /// Every node's workers (`ps --cluster`).
+    ClusterPs(NoFields),
     Status(NoFields),
     /// One worker, running or ended: its signed manifest, limits, usage and how it ended.
     Inspect {
@@ -265,6 +271,21 @@ pub enum ApiResponse {
         next_offset: u64,
         ended: bool,
     },
+    /// The cluster kill switch: what each node that acknowledged did, the live nodes that
+    /// did not within the limit, and how long the last acknowledgement took.
+    ClusterKillSwitch {
+        engaged: bool,
+        killed: usize,
+        nodes: Vec<crate::controller::cluster::AckRecord>,
+        missing: Vec<String>,
+        elapsed_ms: u64,
+    },
+    /// Every node's workers, as the cluster holds them.
+    ClusterWorkers {
+        nodes: Vec<crate::controller::cluster::NodeRecord>,
+        workers: Vec<crate::controller::cluster::WorkerRecord>,
+        kill_switch: bool,
+    },
     Status {
         pid: u32,
         session: String,
@@ -326,7 +347,10 @@ mod tests {
 
     #[test]
     fn api_requests_round_trip() {
-        let req = ApiRequest::KillSwitch { release: false };
+        let req = ApiRequest::KillSwitch {
+            release: false,
+            cluster: false,
+        };
         let json = serde_json::to_string(&req).unwrap_or_default();
         assert_eq!(json, r#"{"op":"kill_switch","release":false}"#);
         let back: Result<ApiRequest, _> = serde_json::from_str(&json);

@@ -22,6 +22,8 @@ const KEEP_SPAWN_TIMES: usize = 100_000;
 pub struct Slot {
     pub worker_id: WorkerId,
     pub parent_id: Option<WorkerId>,
+    /// Its place in the lineage (what `ps --tree --cluster` draws).
+    pub depth: u32,
     pub memory_limit_mb: u64,
     pub cpu_limit: f64,
     /// When its manifest was issued (seconds since the epoch).
@@ -37,6 +39,7 @@ impl Slot {
         Slot {
             worker_id: manifest.worker_id.clone(),
             parent_id: manifest.parent_id.clone(),
+            depth: manifest.depth.get(),
             memory_limit_mb: manifest.resources.memory_limit_mb.get(),
             cpu_limit: manifest.resources.cpu_limit.get(),
             issued_at: manifest.issued_at.get(),
@@ -72,6 +75,11 @@ pub trait AdmissionStore: RegistryView + Send {
     fn note_failed_start(&mut self, parent: &WorkerId, now: u64);
 
     fn set_kill_switch(&mut self, engaged: bool);
+
+    /// Brings what the store's reads show up to date before a check that decides nothing
+    /// by itself (a store shared between controllers reads the others' changes; the
+    /// reservation that follows decides on the state as it is then).
+    fn refresh(&mut self) {}
 
     /// Whether `id` holds a slot.
     fn is_active(&self, id: &WorkerId) -> bool;

@@ -39,6 +39,19 @@ fn worker_socket() -> Result<(UnixStream, UnixStream), String> {
     Ok((ours, theirs))
 }
 
+/// Why a decided start did not happen.
+pub(super) enum LaunchError {
+    /// The reservation was refused: the state changed since the request was checked.
+    Denied(DenyReason),
+    Failed(String),
+}
+
+impl From<String> for LaunchError {
+    fn from(s: String) -> LaunchError {
+        LaunchError::Failed(s)
+    }
+}
+
 pub(super) fn deny_details(reason: &DenyReason) -> serde_json::Value {
     json!({ "reason": reason.to_string() })
 }
@@ -101,6 +114,7 @@ impl Engine {
             Ok(m) => m,
             Err(e) => return Admission::Failed(e.to_string()),
         };
+        self.store.refresh();
         if let Decision::Deny(reason) = self.contract.admit(&manifest, &*self.store, now) {
             return self.deny(actor, None, &reason, json!({ "parent": null }));
         }
@@ -153,6 +167,7 @@ impl Engine {
             child_id: id.clone(),
             requester,
         };
+        self.store.refresh();
         let (manifest, approval) =
             match admission::decide_child(&self.contract, &self.signer, &*self.store, asked, now) {
                 ChildDecision::Issued { manifest, approval } => (*manifest, approval),
@@ -204,7 +219,16 @@ impl Engine {
                 worker_id: id,
                 depth,
             },
-            Err(message) => {
+            // The state changed between the request's check and its reservation (another
+            // node, an approval that came late): a refusal like any other.
+            Err(LaunchError::Denied(reason)) => {
+                let actor = match &parent {
+                    Some(p) => format!("worker:{p}"),
+                    None => "controller".to_string(),
+                };
+                self.deny(&actor, Some(&id), &reason, json!({ "at": "start" }))
+            }
+            Err(LaunchError::Failed(message)) => {
                 // The decision was taken: a start that failed still counts for the
                 // parent's cooldown, so failing starts cannot be repeated at will.
                 let actor = match &parent {
@@ -259,11 +283,11 @@ impl Engine {
     }
 
     /// Hands a worker to the launcher; its depth when it went.
-    pub(super) fn try_launch(&mut self, manifest: Manifest, now: u64) -> Result<u32, String> {
+    pub(super) fn try_launch(&mut self, manifest: Manifest, now: u64) -> Result<u32, LaunchError> {
         // The decision to start was recorded just before this; if that record could not be
         // made durable, the kill switch is on and the decision does not take effect.
         if self.store.kill_switch_engaged() {
-            return Err("the kill switch is engaged (the audit trail could not be written, or an operator engaged it)".into());
+            return Err(LaunchError::Failed("the kill switch is engaged (the audit trail could not be written, or an operator engaged it)".into()));
         }
         let id = manifest.worker_id.clone();
         let depth = manifest.depth.get();
@@ -303,13 +327,13 @@ impl Engine {
             (None, None) => Candidate::Root(&manifest),
             // A child whose parent is unknown here is never checked as a root (which would
             // skip its cooldown and narrowing): it does not start.
-            (None, Some(p)) => return Err(format!("its parent {p} is no longer known here")),
+            (None, Some(p)) => return Err(format!("its parent {p} is no longer known here").into()),
         };
         admission::reserve(&mut *self.store, &self.contract, &candidate, now)
             .into_result()
             .map_err(|r| match r {
-                DenyReason::KillSwitch => "the kill switch is engaged (the audit trail could not be written, or an operator engaged it)".to_string(),
-                r => format!("refused as it was about to start: {r}"),
+                DenyReason::KillSwitch => LaunchError::Failed("the kill switch is engaged (the audit trail could not be written, or an operator engaged it)".to_string()),
+                r => LaunchError::Denied(r),
             })?;
         let fd = theirs.map(std::os::fd::OwnedFd::from);
         if let Err(e) = self.send_launcher(
@@ -319,7 +343,9 @@ impl Engine {
             fd,
         ) {
             self.store.cancel(&id, now);
-            return Err(format!("cannot hand the worker to the launcher: {e}"));
+            return Err(LaunchError::Failed(format!(
+                "cannot hand the worker to the launcher: {e}"
+            )));
         }
         let conn = ours.and_then(|s| self.effects.attach_worker(id.clone(), s));
         if let Some(tx) = &conn {

@@ -77,8 +77,19 @@ impl Engine {
                 worker_id,
                 recursive,
             } => self.kill(&actor, &worker_id, recursive, reply),
-            ApiRequest::KillSwitch { release: false } => self.engage_kill_switch(&actor, reply),
-            ApiRequest::KillSwitch { release: true } => self.release_kill_switch(&actor, reply),
+            ApiRequest::KillSwitch {
+                release,
+                cluster: true,
+            } => self.cluster_kill_switch_request(&actor, release, reply),
+            ApiRequest::KillSwitch {
+                release: false,
+                cluster: false,
+            } => self.engage_kill_switch(&actor, reply),
+            ApiRequest::KillSwitch {
+                release: true,
+                cluster: false,
+            } => self.release_kill_switch(&actor, reply),
+            ApiRequest::ClusterPs(_) => self.cluster_ps(reply),
             ApiRequest::Approvals(_) => {
                 let pending = self.pending_approvals.values().cloned().collect();
                 let _ = reply.send(ApiResponse::Approvals { pending });

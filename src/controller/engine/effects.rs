@@ -70,6 +70,12 @@ pub trait Trail: Send {
 
     /// How many entries the trail holds.
     fn entries(&self) -> u64;
+
+    /// The last entry on disk, when nothing is waiting for a sync (what a cluster
+    /// anchors).
+    fn synced_head(&self) -> Option<(u64, String)> {
+        None
+    }
 }
 
 impl Trail for AuditLog {
@@ -89,6 +95,10 @@ impl Trail for AuditLog {
 
     fn entries(&self) -> u64 {
         AuditLog::len(self)
+    }
+
+    fn synced_head(&self) -> Option<(u64, String)> {
+        AuditLog::synced_head(self)
     }
 }
 

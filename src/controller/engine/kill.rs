@@ -20,6 +20,11 @@ use super::Engine;
 pub(super) enum WaitKind {
     Kill,
     KillSwitch,
+    /// The cluster's kill switch written at this revision: acknowledged in the cluster
+    /// once this node's workers are gone.
+    ClusterAck {
+        revision: i64,
+    },
 }
 
 /// A `kill` or `kill-switch` request waiting for the exits of the workers it ended.
@@ -105,6 +110,11 @@ impl Engine {
             Vec::new()
         };
         if ids.is_empty() {
+            // A worker of another node: its node kills it.
+            if let Some(cluster) = &mut self.cluster {
+                cluster.request_kill(worker_id, recursive, actor, WAIT_LIMIT, reply);
+                return;
+            }
             let _ = reply.send(ApiResponse::Error {
                 message: format!("no running worker {worker_id}"),
             });
@@ -127,6 +137,16 @@ impl Engine {
     /// Stops everything: nothing new starts, every worker is killed, every pending
     /// approval is denied; answers once every worker is gone.
     pub(super) fn engage_kill_switch(&mut self, actor: &str, reply: oneshot::Sender<ApiResponse>) {
+        self.engage_kill_switch_for(actor, WaitKind::KillSwitch, reply);
+    }
+
+    /// The kill switch, answered as `kind` says once every worker is gone.
+    pub(super) fn engage_kill_switch_for(
+        &mut self,
+        actor: &str,
+        kind: WaitKind,
+        reply: oneshot::Sender<ApiResponse>,
+    ) {
         let ids: Vec<WorkerId> = self.registry.active().map(|(id, _)| id.clone()).collect();
         self.store.set_kill_switch(true);
         // Durable before it takes effect.
@@ -156,7 +176,7 @@ impl Engine {
                 false,
             );
         }
-        self.wait_for(ids, WaitKind::KillSwitch, reply);
+        self.wait_for(ids, kind, reply);
     }
 
     pub(super) fn release_kill_switch(&mut self, actor: &str, reply: oneshot::Sender<ApiResponse>) {
@@ -225,6 +245,16 @@ impl Engine {
                             killed: w.killed.len(),
                             elapsed_ms,
                         },
+                        WaitKind::ClusterAck { revision } => {
+                            if let Some(c) = &mut self.cluster {
+                                c.ack(revision, w.killed.len(), elapsed_ms);
+                            }
+                            ApiResponse::KillSwitch {
+                                engaged: true,
+                                killed: w.killed.len(),
+                                elapsed_ms,
+                            }
+                        }
                     }
                 };
                 let _ = w.reply.send(resp);

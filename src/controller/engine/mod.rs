@@ -14,6 +14,7 @@
 mod admit;
 mod api;
 mod approvals;
+mod cluster;
 mod effects;
 mod kill;
 mod launcher;
@@ -101,11 +102,23 @@ pub struct Engine {
     shutting_down: bool,
     /// When a stopping controller stops waiting for its launcher.
     shutdown_deadline: Option<Instant>,
+    /// This node's part of a cluster (`controller --cluster`), if it is one.
+    cluster: Option<Box<dyn crate::controller::cluster::Cluster>>,
+    /// The revision of the cluster's kill switch carried out here, while it is engaged.
+    cluster_kill: Option<i64>,
+    /// When the audit head was last anchored in the cluster, and its sequence number.
+    last_anchor: (u64, u64),
     /// Set when the engine is done; the server stops.
     pub finished: Option<oneshot::Sender<()>>,
 }
 
 impl Engine {
+    /// Makes this engine one node of a cluster.
+    pub fn with_cluster(mut self, cluster: Box<dyn crate::controller::cluster::Cluster>) -> Engine {
+        self.cluster = Some(cluster);
+        self
+    }
+
     /// An engine deciding with `contract` on `store`, signing with `signer`, recording
     /// in `audit` and acting through `effects`; `finished` fires when it is done.
     pub fn new(
@@ -137,6 +150,9 @@ impl Engine {
             next_slot: 0,
             shutting_down: false,
             shutdown_deadline: None,
+            cluster: None,
+            cluster_kill: None,
+            last_anchor: (0, 0),
             finished: Some(finished),
         }
     }
@@ -308,6 +324,15 @@ impl Engine {
             }
             Input::Tick => self.tick(),
             Input::PsDeadline => self.answer_ps(),
+            Input::ClusterLease {
+                fence_at_ms,
+                rejoined,
+            } => self.cluster_lease(fence_at_ms, rejoined),
+            Input::ClusterFenced { reason } => self.cluster_fenced(&reason),
+            Input::ClusterKillSwitch { engaged, revision } => {
+                self.cluster_kill_switch(engaged, revision)
+            }
+            Input::ClusterKill { request } => self.cluster_kill(request),
             Input::Shutdown => {
                 if self.shutting_down {
                     return;
@@ -347,6 +372,10 @@ impl Engine {
             json!({ "session": self.cfg.session, "active_workers": active }),
             true,
         );
+        // Leaving the cluster frees this node's slots at once (its workers are gone).
+        if let Some(c) = &mut self.cluster {
+            c.leave();
+        }
         if let Some(done) = self.finished.take() {
             let _ = done.send(());
         }

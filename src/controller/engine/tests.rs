@@ -26,6 +26,7 @@ enum Did {
     KillAll,
     Usage,
     Shutdown,
+    Fence(u64),
     Wake(Duration, &'static str),
 }
 
@@ -83,6 +84,7 @@ impl Effects for FakeEffects {
             LauncherRequest::KillAll => Did::KillAll,
             LauncherRequest::Usage => Did::Usage,
             LauncherRequest::Shutdown => Did::Shutdown,
+            LauncherRequest::Fence { at_boottime_ms } => Did::Fence(*at_boottime_ms),
         });
         Ok(())
     }
@@ -308,7 +310,10 @@ fn the_kill_switch_answers_once_every_worker_has_exited() -> Result {
     let (reply, mut rx) = oneshot::channel();
     e.handle(Input::Api {
         peer_uid: 0,
-        request: Box::new(ApiRequest::KillSwitch { release: false }),
+        request: Box::new(ApiRequest::KillSwitch {
+            release: false,
+            cluster: false,
+        }),
         reply,
     });
     assert!(world.did().contains(&Did::KillAll));

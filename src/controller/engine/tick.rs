@@ -115,7 +115,11 @@ impl Engine {
         }
         self.expire_approvals(now_ms);
         self.settle_waiters();
-        if let Err(e) = self.audit.sync() {
+        let synced = self.audit.sync();
+        if synced.is_ok() {
+            self.cluster_anchor(now_ms);
+        }
+        if let Err(e) = synced {
             // As for a decision's own sync: without a durable trail, nothing goes on.
             tracing::error!(error = %e, "the audit trail cannot be written; engaging the kill switch");
             self.store.set_kill_switch(true);

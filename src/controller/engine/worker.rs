@@ -149,6 +149,7 @@ impl Engine {
     pub(super) fn register(&mut self, id: &WorkerId, presented: Manifest) {
         let actor = format!("worker:{id}");
         let now = self.now_s();
+        self.store.refresh();
         let issued = self.registry.get(id).map(|w| &w.manifest);
         let verdict = admission::decide_registration(
             &self.contract,

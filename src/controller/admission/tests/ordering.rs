@@ -142,6 +142,7 @@ fn a_worker_approved_long_after_it_was_issued_is_not_counted_against_itself() {
     let slot = Slot {
         worker_id: id.clone(),
         parent_id: None,
+        depth: 0,
         memory_limit_mb: 64,
         cpu_limit: 0.5,
         issued_at: T0,
