@@ -1,0 +1,373 @@
+//! Many controllers, one contract: controllers sharing an etcd the test starts on
+//! loopback (tests/common/etcd.rs). Admission is exact across nodes at every revision
+//! and instant, a frozen node's workers die before its slots are reused, etcd being down
+//! refuses everywhere, the leader's loss is survived, and the kill switch and kills reach
+//! every node.
+#![cfg(feature = "cluster")]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::controller::{TestController, worker_cgroups};
+use common::etcd::{Etcd, EtcdCluster};
+use common::{code, process_exists, skip_unless_root, stderr, stdout};
+use serde_json::Value;
+
+const PREFIX: &str = "/hatchery/workers/";
+
+/// The host's worker cgroups and processes are counted: one test at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn node(url: &str, name: &str, contract: &str, extra: &[&str]) -> TestController {
+    let mut args = vec!["--cluster", url, "--node-id", name];
+    args.extend_from_slice(extra);
+    TestController::start(contract, &args)
+}
+
+/// Every PUT and DELETE under `workers/` since the first revision, in order: (deleted,
+/// key, value).
+fn worker_history(etcdctl: impl Fn(&[&str]) -> std::process::Output) -> Vec<(bool, String, String)> {
+    // A watch from revision 1 replays the history, then waits: cut it off.
+    let out = etcdctl(&["watch", "--prefix", PREFIX, "--rev=1"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut events = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        match lines[i] {
+            "PUT" | "DELETE" => {
+                let deleted = lines[i] == "DELETE";
+                let key = lines.get(i + 1).unwrap_or(&"").to_string();
+                let value = lines.get(i + 2).unwrap_or(&"").to_string();
+                events.push((deleted, key, value));
+                i += if deleted { 2 } else { 3 };
+            }
+            _ => i += 1,
+        }
+    }
+    events
+}
+
+fn watch_replay(endpoints: &str) -> impl Fn(&[&str]) -> std::process::Output + '_ {
+    move |args: &[&str]| {
+        let mut cmd = std::process::Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(endpoints)
+            .args(args);
+        // The watch never ends by itself: what it printed in 3 s is the history.
+        common::run_with_timeout(&mut cmd, Duration::from_secs(3))
+    }
+}
+
+/// The most worker keys alive at once over `events`.
+fn most_at_once(events: &[(bool, String, String)]) -> usize {
+    let mut live = BTreeSet::new();
+    let mut most = 0;
+    for (deleted, key, _) in events {
+        if *deleted {
+            live.remove(key);
+        } else {
+            live.insert(key.clone());
+        }
+        most = most.max(live.len());
+    }
+    most
+}
+
+#[test]
+fn three_controllers_under_spawn_storms_never_hold_more_than_max_replicas_together() {
+    if skip_unless_root("three_controllers_under_spawn_storms_never_hold_more_than_max_replicas_together") {
+        return;
+    }
+    let _serial = serial();
+    let etcd = Etcd::start();
+    let contract = "max_replicas = 5\nmax_depth = 3\ncooldown_seconds = 2\n";
+    let nodes: Vec<TestController> = ["a", "b", "c"]
+        .iter()
+        .map(|n| node(&etcd.url(), &format!("storm-{n}"), contract, &[]))
+        .collect();
+    // One long-lived root per node, whose children come in a storm too.
+    let roots: Vec<String> = nodes
+        .iter()
+        .map(|n| match n.spawn(&["--no-controller"], "sleep 60") {
+            Ok(id) => id,
+            Err(o) => panic!("root: {}", stderr(&o)),
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let most_cgroups = Arc::new(AtomicUsize::new(0));
+    let checker = {
+        let stop = stop.clone();
+        let most = most_cgroups.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let n = worker_cgroups("w-").len();
+                most.fetch_max(n, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let admitted = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for (n, root) in nodes.iter().zip(&roots) {
+            let admitted = &admitted;
+            // Roots and children of this node's root, from this node, all at once.
+            s.spawn(move || {
+                for i in 0..12 {
+                    let flags: Vec<&str> = if i % 2 == 0 {
+                        vec!["--no-controller"]
+                    } else {
+                        vec!["--no-controller", "--parent", root]
+                    };
+                    if n.spawn(&flags, "sleep 0.7").is_ok() {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    stop.store(true, Ordering::Relaxed);
+    let _ = checker.join();
+    let events = worker_history(watch_replay(&etcd.endpoint()));
+    assert!(!events.is_empty(), "no history read from etcd");
+    assert!(
+        most_at_once(&events) <= 5,
+        "more than max_replicas worker keys at one revision: {}",
+        most_at_once(&events)
+    );
+    assert!(
+        most_cgroups.load(Ordering::Relaxed) <= 5,
+        "more than max_replicas worker cgroups on the host at one instant: {}",
+        most_cgroups.load(Ordering::Relaxed)
+    );
+    assert!(
+        admitted.load(Ordering::Relaxed) >= 3,
+        "the storm admitted too few to mean anything"
+    );
+    // Cooldowns: no parent's children reserved closer than cooldown_seconds apart.
+    let mut by_parent: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+    for (deleted, _, value) in &events {
+        if *deleted {
+            continue;
+        }
+        let v: Value = serde_json::from_str(value).unwrap_or(Value::Null);
+        if let (Some(p), Some(t)) = (v["parent_id"].as_str(), v["reserved_at"].as_u64()) {
+            by_parent.entry(p.to_string()).or_default().insert(t);
+        }
+    }
+    for (parent, times) in &by_parent {
+        let t: Vec<u64> = times.iter().copied().collect();
+        for w in t.windows(2) {
+            assert!(
+                w[1] - w[0] >= 2,
+                "{parent} started children {} s apart; the cooldown is 2 s",
+                w[1] - w[0]
+            );
+        }
+    }
+}
+
+#[test]
+fn a_frozen_controllers_workers_are_dead_before_another_node_takes_their_slots() {
+    if skip_unless_root("a_frozen_controllers_workers_are_dead_before_another_node_takes_their_slots") {
+        return;
+    }
+    let _serial = serial();
+    let etcd = Etcd::start();
+    let contract = "max_replicas = 2\ncooldown_seconds = 0\n";
+    let a = node(&etcd.url(), "frozen", contract, &["--cluster-lease-ttl", "2s"]);
+    let b = node(&etcd.url(), "other", contract, &["--cluster-lease-ttl", "2s"]);
+    for _ in 0..2 {
+        if let Err(o) = a.spawn(&["--no-controller"], "exec sleep 6101") {
+            panic!("spawn on the first node: {}", stderr(&o));
+        }
+    }
+    assert!(process_exists("sleep 6101"));
+    let refused = b.cli(&["spawn", "--no-controller", "--", "sleep", "6102"]);
+    assert_eq!(code(&refused), 3, "the quota holds across nodes: {}", stderr(&refused));
+    let pid = nix::unistd::Pid::from_raw(a.pid() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP);
+    let start = Instant::now();
+    let admitted = loop {
+        let out = b.cli(&["spawn", "--no-controller", "--", "sleep", "6102"]);
+        if out.status.success() {
+            break out;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the other node never took the frozen node's slots: {}",
+            stderr(&out)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The moment the slot was taken, the frozen node's workers were gone.
+    let alive = process_exists("sleep 6101");
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+    assert!(
+        !alive,
+        "a frozen node's worker still ran when another node took its slot ({})",
+        stdout(&admitted)
+    );
+    // Thawed, the node notices, records the fence and joins again.
+    a.wait_audit("cluster_fenced", Duration::from_secs(15));
+    a.wait_audit("cluster_rejoined", Duration::from_secs(15));
+}
+
+#[test]
+fn with_etcd_down_every_node_refuses_new_workers_and_admits_again_once_it_is_back() {
+    if skip_unless_root("with_etcd_down_every_node_refuses_new_workers_and_admits_again_once_it_is_back") {
+        return;
+    }
+    let _serial = serial();
+    let mut etcd = Etcd::start();
+    let contract = "max_replicas = 10\ncooldown_seconds = 0\n";
+    let a = node(&etcd.url(), "down-a", contract, &["--cluster-lease-ttl", "30s"]);
+    let b = node(&etcd.url(), "down-b", contract, &["--cluster-lease-ttl", "30s"]);
+    if let Err(o) = a.spawn(&["--no-controller"], "true") {
+        panic!("{}", stderr(&o));
+    }
+    etcd.stop();
+    for n in [&a, &b] {
+        let out = n.cli(&["spawn", "--no-controller", "--", "true"]);
+        assert_eq!(code(&out), 3, "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("deny_cluster_unavailable"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    assert!(!a.audit("deny_cluster_unavailable").is_empty());
+    etcd.restart();
+    for n in [&a, &b] {
+        let start = Instant::now();
+        loop {
+            let out = n.cli(&["spawn", "--no-controller", "--", "true"]);
+            if out.status.success() {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no admission after etcd came back: {}",
+                stderr(&out)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+#[test]
+fn admission_goes_on_when_the_etcd_leader_is_killed() {
+    if skip_unless_root("admission_goes_on_when_the_etcd_leader_is_killed") {
+        return;
+    }
+    let _serial = serial();
+    let mut cluster = EtcdCluster::start(3);
+    let contract = "max_replicas = 10\ncooldown_seconds = 0\n";
+    let a = node(&cluster.url(), "leaderless", contract, &["--cluster-lease-ttl", "10s"]);
+    if let Err(o) = a.spawn(&["--no-controller"], "true") {
+        panic!("{}", stderr(&o));
+    }
+    let leader = cluster.leader();
+    cluster.kill(leader);
+    let start = Instant::now();
+    loop {
+        let out = a.cli(&["spawn", "--no-controller", "--", "true"]);
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no admission after the leader was killed: {}",
+            stderr(&out)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // And the contract still counts through the new leader.
+    let listed = cluster.etcdctl(&["get", "--prefix", PREFIX, "--keys-only"]);
+    assert!(listed.contains("w-") || listed.trim().is_empty());
+}
+
+#[test]
+fn the_cluster_kill_switch_stops_every_worker_on_every_node_and_is_acknowledged() {
+    if skip_unless_root("the_cluster_kill_switch_stops_every_worker_on_every_node_and_is_acknowledged") {
+        return;
+    }
+    let _serial = serial();
+    let etcd = Etcd::start();
+    let contract = "max_replicas = 40\ncooldown_seconds = 0\n";
+    let nodes: Vec<TestController> = ["a", "b", "c"]
+        .iter()
+        .map(|n| node(&etcd.url(), &format!("ks-{n}"), contract, &[]))
+        .collect();
+    for n in &nodes {
+        for _ in 0..5 {
+            if let Err(o) = n.spawn(&["--no-controller"], "exec sleep 6201") {
+                panic!("{}", stderr(&o));
+            }
+        }
+    }
+    let out = nodes[1].cli(&["kill-switch", "--cluster", "--json"]);
+    assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(v["killed"], 15, "{v}");
+    assert_eq!(v["nodes"].as_array().map(Vec::len), Some(3), "{v}");
+    assert!(v["missing"].as_array().is_some_and(Vec::is_empty), "{v}");
+    assert!(!process_exists("sleep 6201"), "a worker outlived the cluster kill switch");
+    assert!(worker_cgroups("w-").is_empty(), "a worker cgroup outlived it");
+    for n in &nodes {
+        let refused = n.cli(&["spawn", "--no-controller", "--", "true"]);
+        assert_eq!(code(&refused), 3, "{}", stderr(&refused));
+        assert!(stderr(&refused).contains("kill"), "{}", stderr(&refused));
+        n.wait_audit("kill_switch_engaged", Duration::from_secs(5));
+    }
+    let out = nodes[2].cli(&["kill-switch", "--cluster", "--release"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let start = Instant::now();
+    while nodes[0].spawn(&["--no-controller"], "true").is_err() {
+        assert!(start.elapsed() < Duration::from_secs(10), "never released");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn ps_cluster_shows_every_nodes_lineage_and_kill_reaches_a_worker_on_another_node() {
+    if skip_unless_root("ps_cluster_shows_every_nodes_lineage_and_kill_reaches_a_worker_on_another_node") {
+        return;
+    }
+    let _serial = serial();
+    let etcd = Etcd::start();
+    let contract = "max_replicas = 10\ncooldown_seconds = 0\n";
+    let a = node(&etcd.url(), "lin-a", contract, &[]);
+    let b = node(&etcd.url(), "lin-b", contract, &[]);
+    let root = match a.spawn(&["--no-controller"], "exec sleep 6301") {
+        Ok(id) => id,
+        Err(o) => panic!("{}", stderr(&o)),
+    };
+    let child = match a.spawn(&["--no-controller", "--parent", &root], "exec sleep 6302") {
+        Ok(id) => id,
+        Err(o) => panic!("{}", stderr(&o)),
+    };
+    let out = b.cli(&["ps", "--cluster", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let workers = v["workers"].as_array().cloned().unwrap_or_default();
+    let of = |id: &str| workers.iter().find(|w| w["worker_id"] == id).cloned();
+    assert_eq!(of(&root).map(|w| w["node"].clone()), Some("lin-a".into()), "{v}");
+    assert_eq!(of(&child).map(|w| w["parent_id"].clone()), Some(root.clone().into()), "{v}");
+    let tree = b.cli(&["ps", "--cluster", "--tree"]);
+    assert!(stdout(&tree).contains(&format!("└─ {child}")), "{}", stdout(&tree));
+    // Killed from the other node, with its descendants.
+    let out = b.cli(&["kill", "--recursive", &root]);
+    assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
+    assert!(!process_exists("sleep 630[12]"), "a worker outlived a kill from another node");
+    let listed = etcd.etcdctl(&["get", "--prefix", PREFIX, "--keys-only"]);
+    assert!(!listed.contains(&root) && !listed.contains(&child), "{listed}");
+}
