@@ -6,6 +6,7 @@
 pub mod agents;
 pub mod controller;
 pub mod egress_bed;
+pub mod etcd;
 pub mod files;
 pub mod terminal;
 
