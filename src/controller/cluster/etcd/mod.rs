@@ -29,6 +29,9 @@ pub use store::EtcdStore;
 /// The longest one etcd request may take before it counts as failed.
 const OP_TIMEOUT: Duration = Duration::from_millis(1500);
 
+/// No admission closer than this to the fence deadline.
+const ADMIT_BEFORE_FENCE_MS: u64 = 200;
+
 /// The key layout under the cluster prefix.
 #[derive(Debug, Clone)]
 pub struct Keys {
@@ -271,8 +274,8 @@ impl Link {
         if l.fenced {
             return Err("this node lost its etcd lease and has not joined again".into());
         }
-        // Refuse well before the fence: a worker admitted now must get to run.
-        if super::boottime_ms().saturating_add(OP_TIMEOUT.as_millis() as u64) >= l.fence_at_ms {
+        // Refuse just before the fence too: the reservation itself takes a round trip.
+        if super::boottime_ms().saturating_add(ADMIT_BEFORE_FENCE_MS) >= l.fence_at_ms {
             return Err("this node's etcd lease is not being renewed (etcd unreachable?)".into());
         }
         Ok(l)
