@@ -452,3 +452,104 @@ fn ps_cluster_shows_every_nodes_lineage_and_kill_reaches_a_worker_on_another_nod
         "{listed}"
     );
 }
+
+/// The head the cluster holds for `node`, as etcd has it.
+fn anchored_seq(etcd: &Etcd, node: &str) -> u64 {
+    let got = etcd.etcdctl(&[
+        "get",
+        &format!("/hatchery/audit/{node}"),
+        "--print-value-only",
+    ]);
+    serde_json::from_str::<Value>(got.trim()).unwrap_or(Value::Null)["seq"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    let out = common::run_with_timeout(
+        std::process::Command::new("cp").arg("-a").arg(from).arg(to),
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "cp: {}", stderr(&out));
+}
+
+#[test]
+fn audit_verify_cluster_catches_a_trail_rolled_back_to_an_older_consistent_copy() {
+    if skip_unless_root(
+        "audit_verify_cluster_catches_a_trail_rolled_back_to_an_older_consistent_copy",
+    ) {
+        return;
+    }
+    let _serial = serial();
+    let etcd = Etcd::start();
+    let mut a = node(&etcd.url(), "anchored", "max_replicas = 10\n", &[]);
+    let wait_anchor = |above: u64| {
+        let start = Instant::now();
+        loop {
+            let seq = anchored_seq(&etcd, "anchored");
+            if seq > above {
+                return seq;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "no anchor above {above}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let first = wait_anchor(0);
+    a.stop();
+    let old = a.dir.path().join("state-old");
+    copy_dir(a.state_dir(), &old);
+    a.restart();
+    for _ in 0..3 {
+        if let Err(o) = a.spawn(&["--no-controller"], "true") {
+            panic!("{}", stderr(&o));
+        }
+    }
+    wait_anchor(first + 3);
+    a.stop();
+    let verify = |dir: &std::path::Path, cluster: bool| {
+        let mut args = vec!["audit", "verify", "--state-dir"];
+        let d = dir.to_string_lossy().to_string();
+        args.push(&d);
+        let url = etcd.url();
+        if cluster {
+            args.extend(["--cluster", &url, "--node-id", "anchored"]);
+        }
+        common::hatchery_cmd(&args)
+    };
+    let state = a.state_dir().to_path_buf();
+    let now = verify(&state, true);
+    assert_eq!(
+        code(&now),
+        0,
+        "the real trail holds the anchored head: {}{}",
+        stdout(&now),
+        stderr(&now)
+    );
+    // Roll the whole state directory back to the older copy: consistent in itself.
+    let _ = std::fs::remove_dir_all(&state);
+    copy_dir(&old, &state);
+    let plain = verify(&state, false);
+    assert_eq!(
+        code(&plain),
+        0,
+        "locally the older copy is intact: {}",
+        stderr(&plain)
+    );
+    let checked = verify(&state, true);
+    assert_eq!(
+        code(&checked),
+        1,
+        "{}{}",
+        stdout(&checked),
+        stderr(&checked)
+    );
+    assert!(
+        format!("{}{}", stdout(&checked), stderr(&checked)).contains("it was cut"),
+        "{}{}",
+        stdout(&checked),
+        stderr(&checked)
+    );
+}

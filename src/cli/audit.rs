@@ -66,6 +66,16 @@ pub struct VerifyArgs {
     /// in the trail, every line's MAC valid
     #[arg(long, value_name = "FILE")]
     pub anchor: Option<PathBuf>,
+    /// Check the trail against the head this node anchored in its cluster's etcd (a trail
+    /// cut or rewritten after the fact does not hold it); with --node-id
+    #[arg(long, value_name = "etcd://HOST:PORT[,...]", requires = "node_id")]
+    pub cluster: Option<String>,
+    /// The node whose trail this is (its controller's --node-id)
+    #[arg(long, value_name = "NAME", requires = "cluster")]
+    pub node_id: Option<String>,
+    /// The cluster's key prefix [default: /hatchery/]
+    #[arg(long, value_name = "PREFIX", requires = "cluster")]
+    pub cluster_prefix: Option<String>,
     /// One JSON object: the result, the problem found, the anchor's result
     #[arg(long)]
     pub json: bool,
@@ -201,7 +211,69 @@ fn check(a: &VerifyArgs, out: &mut Outcome) -> Result<(), Failure> {
             report,
         });
     }
+    if let Some(url) = &a.cluster {
+        check_cluster_anchor(a, url, &out.state_dir)?;
+    }
     Ok(())
+}
+
+/// The trail must hold the head its node anchored in the cluster: an entry with that
+/// number and hash. A trail that ends before it was cut; one whose entry differs was
+/// rewritten.
+fn check_cluster_anchor(a: &VerifyArgs, url: &str, dir: &std::path::Path) -> Result<(), Failure> {
+    let args = hatchery::controller::cluster::ClusterArgs {
+        url: Some(url.to_string()),
+        node_id: a.node_id.clone(),
+        prefix: a.cluster_prefix.clone(),
+        ..Default::default()
+    };
+    let opts = hatchery::controller::cluster::ClusterOptions::resolve(&args, &Default::default())
+        .map_err(|e| Failure::Key(anyhow::Error::msg(e)))?
+        .ok_or_else(|| Failure::Key(anyhow::Error::msg("--cluster needs etcd://HOST:PORT")))?;
+    let head = read_cluster_anchor(&opts).map_err(|e| Failure::Key(anyhow::Error::msg(e)))?;
+    let Some(head) = head else {
+        return Err(Failure::Key(anyhow::Error::msg(format!(
+            "the cluster holds no audit head for node {}: check --node-id and --cluster-prefix",
+            opts.node_id
+        ))));
+    };
+    let entries = audit::read_entries(dir)?;
+    let anchor = format!("{url} (node {})", opts.node_id);
+    let rolled_back = |reason: String| {
+        Failure::Audit(audit::AuditError::RolledBack {
+            path: dir.join(audit::LOG_FILE),
+            anchor: anchor.clone(),
+            seq: head.seq,
+            reason,
+        })
+    };
+    match entries.iter().find(|e| e.seq == head.seq) {
+        Some(e) if e.hash == head.hash => Ok(()),
+        Some(e) => Err(rolled_back(format!(
+            "the cluster anchored hash {} for this entry; the trail has {}: it was rewritten",
+            head.hash, e.hash
+        ))),
+        None => Err(rolled_back(format!(
+            "the cluster anchored entry {} at {}; the trail ends at entry {}: it was cut",
+            head.seq,
+            audit::format_time(head.at_ms),
+            entries.last().map_or(0, |e| e.seq)
+        ))),
+    }
+}
+
+#[cfg(feature = "cluster")]
+fn read_cluster_anchor(
+    opts: &hatchery::controller::cluster::ClusterOptions,
+) -> Result<Option<hatchery::controller::cluster::AnchorRecord>, String> {
+    hatchery::controller::cluster::etcd::read_anchor(opts)
+}
+
+#[cfg(not(feature = "cluster"))]
+fn read_cluster_anchor(
+    _opts: &hatchery::controller::cluster::ClusterOptions,
+) -> Result<Option<hatchery::controller::cluster::AnchorRecord>, String> {
+    Err("this hatchery was built without cluster support: build it with `cargo build --release --features cluster`".into())
 }
 
 fn verify(a: &VerifyArgs) -> i32 {

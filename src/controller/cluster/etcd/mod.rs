@@ -166,6 +166,23 @@ pub fn connect_once(opts: &ClusterOptions) -> Result<(tokio::runtime::Runtime, C
     Ok((rt, client))
 }
 
+/// The audit head the cluster holds for `node` (what `audit verify --cluster` checks a
+/// trail against), if it anchored one.
+pub fn read_anchor(opts: &ClusterOptions) -> Result<Option<super::records::AnchorRecord>, String> {
+    let (rt, mut client) = connect_once(opts).map_err(|e| e.to_string())?;
+    let key = Keys::new(&opts.prefix).anchor(opts.node_id.as_str());
+    let got = rt
+        .block_on(async { tokio::time::timeout(OP_TIMEOUT, client.get(key, None)).await })
+        .map_err(|_| "etcd did not answer".to_string())?
+        .map_err(|e| format!("etcd: {e}"))?;
+    match got.kvs().first() {
+        None => Ok(None),
+        Some(kv) => serde_json::from_slice(kv.value())
+            .map(Some)
+            .map_err(|e| format!("the anchored head of {} is unreadable: {e}", opts.node_id)),
+    }
+}
+
 impl Link {
     /// Joins the cluster: connects, takes a lease, says this node is live, and starts the
     /// lease keeper and the watches, which tell the engine through `inputs`.
