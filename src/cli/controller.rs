@@ -533,7 +533,7 @@ pub fn kill_main(args: KillArgs) -> i32 {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Kills every worker (whole sandboxes and their cgroups) and refuses any new one until released.\nWith --cluster, on every node of the controller's cluster: waits for each live node's\nacknowledgement and prints how long the last took (exit 1 if a node did not answer).\n\nExamples:\n  hatchery kill-switch\n  hatchery kill-switch --release\n  hatchery kill-switch --json\n  hatchery kill-switch --cluster"
+    after_help = "Kills every worker (whole sandboxes and their cgroups) and refuses any new one until released.\nWith --cluster, on every node of the controller's cluster: waits for each live node's\nacknowledgement and prints how long the last took (exit 1 if a node did not answer).\n\nExamples:\n  hatchery kill-switch\n  hatchery kill-switch --release\n  hatchery kill-switch --json"
 )]
 pub struct KillSwitchArgs {
     #[command(flatten)]
