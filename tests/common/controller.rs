@@ -99,7 +99,11 @@ impl TestController {
         self.child = Some(child);
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(20) {
-            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+            // Up once it answers through its engine: the socket accepts a little earlier,
+            // before the controller handles SIGTERM (a stop then would cut its start short).
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+                && self.cli(&["ps", "--json"]).status.success()
+            {
                 return;
             }
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {

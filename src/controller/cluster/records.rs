@@ -16,9 +16,9 @@ use super::super::admission::Slot;
 /// more recent than it was: a rate check errs towards refusing).
 const MAX_HISTORY_SECONDS: usize = 4096;
 
-/// An admitted worker, under `workers/<id>`, attached to its node's lease.
+/// An admitted worker, under `workers/<id>`, attached to its node's lease. Fields a
+/// later version adds are tolerated (it still counts during a rolling upgrade).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct WorkerRecord {
     pub worker_id: WorkerId,
     pub parent_id: Option<WorkerId>,

@@ -70,7 +70,8 @@ impl Engine {
             }
             (false, Some(_)) => {
                 self.cluster_kill = None;
-                self.store.set_kill_switch(false);
+                // This node's own kill switch, if engaged, stays.
+                self.settle_kill_switch();
                 self.record(
                     event::KILL_SWITCH_RELEASED,
                     "cluster",

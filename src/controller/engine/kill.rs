@@ -148,7 +148,11 @@ impl Engine {
         reply: oneshot::Sender<ApiResponse>,
     ) {
         let ids: Vec<WorkerId> = self.registry.active().map(|(id, _)| id.clone()).collect();
-        self.store.set_kill_switch(true);
+        if matches!(kind, WaitKind::ClusterAck { .. }) {
+            self.settle_kill_switch();
+        } else {
+            self.engage_local_kill_switch();
+        }
         // Durable before it takes effect.
         self.record(
             event::KILL_SWITCH_ENGAGED,
@@ -180,7 +184,8 @@ impl Engine {
     }
 
     pub(super) fn release_kill_switch(&mut self, actor: &str, reply: oneshot::Sender<ApiResponse>) {
-        self.store.set_kill_switch(false);
+        self.local_kill = false;
+        self.settle_kill_switch();
         self.record(event::KILL_SWITCH_RELEASED, actor, None, json!({}), true);
         let _ = reply.send(ApiResponse::KillSwitch {
             engaged: false,

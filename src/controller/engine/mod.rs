@@ -106,6 +106,9 @@ pub struct Engine {
     cluster: Option<Box<dyn crate::controller::cluster::Cluster>>,
     /// The revision of the cluster's kill switch carried out here, while it is engaged.
     cluster_kill: Option<i64>,
+    /// This node's own kill switch (an operator's, a trail that cannot be written, a
+    /// shutdown): released only by this node, never by the cluster's release.
+    local_kill: bool,
     /// When the audit head was last anchored in the cluster, and its sequence number.
     last_anchor: (u64, u64),
     /// Set when the engine is done; the server stops.
@@ -113,6 +116,18 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// This node's own kill switch: admission refuses until this node releases it.
+    fn engage_local_kill_switch(&mut self) {
+        self.local_kill = true;
+        self.store.set_kill_switch(true);
+    }
+
+    /// The store's kill switch is engaged while this node's own or the cluster's is.
+    fn settle_kill_switch(&mut self) {
+        self.store
+            .set_kill_switch(self.local_kill || self.cluster_kill.is_some());
+    }
+
     /// Makes this engine one node of a cluster.
     pub fn with_cluster(mut self, cluster: Box<dyn crate::controller::cluster::Cluster>) -> Engine {
         self.cluster = Some(cluster);
@@ -152,6 +167,7 @@ impl Engine {
             shutdown_deadline: None,
             cluster: None,
             cluster_kill: None,
+            local_kill: false,
             last_anchor: (0, 0),
             finished: Some(finished),
         }
@@ -196,7 +212,7 @@ impl Engine {
             if let Err(e) = self.audit.sync() {
                 // Without a durable trail no decision may take effect: stop everything.
                 tracing::error!(error = %e, "the audit trail cannot be written; engaging the kill switch");
-                self.store.set_kill_switch(true);
+                self.engage_local_kill_switch();
                 self.kill_all_directly();
                 let _ = self.send_launcher(&LauncherRequest::KillAll, None);
             }
@@ -338,7 +354,7 @@ impl Engine {
                     return;
                 }
                 self.shutting_down = true;
-                self.store.set_kill_switch(true);
+                self.engage_local_kill_switch();
                 self.kill_all_directly();
                 if self
                     .send_launcher(&LauncherRequest::Shutdown, None)

@@ -122,7 +122,7 @@ impl Engine {
         if let Err(e) = synced {
             // As for a decision's own sync: without a durable trail, nothing goes on.
             tracing::error!(error = %e, "the audit trail cannot be written; engaging the kill switch");
-            self.store.set_kill_switch(true);
+            self.engage_local_kill_switch();
             self.kill_all_directly();
             let _ = self.send_launcher(&LauncherRequest::KillAll, None);
         }

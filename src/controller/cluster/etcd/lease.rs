@@ -64,7 +64,25 @@ pub async fn grant(
         .await?;
     let id = granted.id();
     let record = super::json(&node_record(node));
-    client.put(keys.node(node), record, with_lease(id)).await?;
+    // One live controller per node id: its acknowledgements and its place in `ps` are
+    // its own.
+    let claim = etcd_client::Txn::new()
+        .when([etcd_client::Compare::version(
+            keys.node(node),
+            etcd_client::CompareOp::Equal,
+            0,
+        )])
+        .and_then([etcd_client::TxnOp::put(
+            keys.node(node),
+            record,
+            with_lease(id),
+        )]);
+    if !client.txn(claim).await?.succeeded() {
+        let _ = client.lease_revoke(id).await;
+        return Err(etcd_client::Error::InvalidArgs(format!(
+            "node id {node} is live in the cluster already (another controller holds it, or this node's previous run, whose lease runs out within its TTL)"
+        )));
+    }
     Ok(LeaseState {
         id,
         fence_at_ms: fence_at(sent, granted.ttl(), ttl),

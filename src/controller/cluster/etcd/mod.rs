@@ -13,6 +13,7 @@ mod store;
 mod watch;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
@@ -28,6 +29,10 @@ pub use store::EtcdStore;
 
 /// The longest one etcd request may take before it counts as failed.
 const OP_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// The largest answer read from etcd (all of `workers/` at once): above gRPC's default of
+/// 4 MiB, which a few large foreign values under the prefix would reach.
+const MAX_ANSWER: usize = 64 << 20;
 
 /// No admission closer than this to the fence deadline.
 const ADMIT_BEFORE_FENCE_MS: u64 = 200;
@@ -52,9 +57,6 @@ impl Keys {
     }
     pub fn history(&self) -> String {
         format!("{}history", self.prefix)
-    }
-    pub fn control(&self) -> String {
-        format!("{}control/", self.prefix)
     }
     pub fn kill_switch(&self) -> String {
         format!("{}control/kill-switch", self.prefix)
@@ -100,7 +102,14 @@ pub struct Link {
     keys: Keys,
     node: String,
     lease: Arc<Mutex<LeaseState>>,
+    /// etcd failed to answer the engine: until a probe gets an answer, admission is
+    /// refused at once instead of waiting on etcd again (the engine's thread must stay
+    /// free for kills, the kill switch and the lease deadlines it hands the launcher).
+    down: Arc<AtomicBool>,
 }
+
+/// Between two probes of an etcd that failed to answer.
+const PROBE_EVERY: Duration = Duration::from_millis(300);
 
 /// Why a controller could not join its cluster.
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +118,8 @@ pub enum JoinError {
     Tls { path: String, error: std::io::Error },
     #[error("cannot reach etcd at {endpoints}: {error}; check --cluster and that etcd runs")]
     Unreachable { endpoints: String, error: String },
+    #[error("cannot join the cluster: {0}")]
+    Refused(String),
     #[error("cluster runtime: {0}")]
     Runtime(String),
 }
@@ -211,7 +222,10 @@ impl Link {
                 .await
             })
             .map_err(|_| unreachable("no answer".into()))?
-            .map_err(|e: etcd_client::Error| unreachable(e.to_string()))?;
+            .map_err(|e: etcd_client::Error| match e {
+                etcd_client::Error::InvalidArgs(why) => JoinError::Refused(why),
+                e => unreachable(e.to_string()),
+            })?;
         let lease = Arc::new(Mutex::new(lease));
         let _ = inputs.send(Input::ClusterLease {
             fence_at_ms: lease::state(&lease).fence_at_ms,
@@ -225,13 +239,19 @@ impl Link {
             lease.clone(),
             inputs.clone(),
         ));
-        rt.spawn(watch::control(client.clone(), keys.clone(), inputs));
+        rt.spawn(watch::kill_switch(
+            client.clone(),
+            keys.clone(),
+            inputs.clone(),
+        ));
+        rt.spawn(watch::kill_requests(client.clone(), keys.clone(), inputs));
         Ok(Link {
             rt,
             client,
             keys,
             node,
             lease,
+            down: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -247,14 +267,41 @@ impl Link {
             let r = tokio::time::timeout(OP_TIMEOUT, fut).await;
             let _ = tx.send(r);
         });
-        match rx.recv_timeout(OP_TIMEOUT.saturating_add(Duration::from_millis(200))) {
+        let result = match rx.recv_timeout(OP_TIMEOUT.saturating_add(Duration::from_millis(200))) {
             Ok(Ok(Ok(v))) => Ok(v),
             Ok(Ok(Err(e))) => Err(format!("etcd: {e}")),
             Ok(Err(_)) | Err(_) => Err(format!(
                 "etcd did not answer within {} ms",
                 OP_TIMEOUT.as_millis()
             )),
+        };
+        if result.is_err() {
+            self.mark_down();
         }
+        result
+    }
+
+    /// etcd failed: refuse at once from now on, and probe until it answers again.
+    fn mark_down(&self) {
+        if self.down.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let down = self.down.clone();
+        let mut client = self.client.clone();
+        let key = self.keys.kill_switch();
+        self.rt.spawn(async move {
+            loop {
+                tokio::time::sleep(PROBE_EVERY).await;
+                let probe = client.get(
+                    key.clone(),
+                    Some(etcd_client::GetOptions::new().with_keys_only()),
+                );
+                if let Ok(Ok(_)) = tokio::time::timeout(OP_TIMEOUT, probe).await {
+                    down.store(false, Ordering::SeqCst);
+                    return;
+                }
+            }
+        });
     }
 
     /// Runs `op` on the cluster's runtime without waiting; a failed attempt is tried
@@ -287,6 +334,9 @@ impl Link {
 
     /// Whether this node may admit now, or why not.
     fn admitting(&self) -> Result<LeaseState, String> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err("etcd did not answer a moment ago (refused until it does)".into());
+        }
         let l = self.lease();
         if l.fenced {
             return Err("this node lost its etcd lease and has not joined again".into());

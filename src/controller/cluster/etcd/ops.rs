@@ -18,7 +18,7 @@ use super::super::records::{
     AckRecord, AnchorRecord, KillRequest, KillSwitchRecord, NodeRecord, WorkerRecord,
 };
 use super::store::parse_workers;
-use super::{Keys, Link, OP_TIMEOUT, json};
+use super::{Keys, Link, OP_TIMEOUT, json, with_lease};
 
 /// How often a waiting answer looks at the cluster again.
 const POLL: Duration = Duration::from_millis(20);
@@ -48,7 +48,11 @@ async fn gets(
     client: &mut Client,
     ops: Vec<TxnOp>,
 ) -> Result<Vec<Vec<etcd_client::KeyValue>>, etcd_client::Error> {
-    let resp = client.txn(Txn::new().and_then(ops)).await?;
+    let resp = client
+        .kv_client()
+        .max_decoding_message_size(super::MAX_ANSWER)
+        .txn(Txn::new().and_then(ops))
+        .await?;
     Ok(resp
         .op_responses()
         .into_iter()
@@ -173,11 +177,13 @@ impl Cluster for EtcdCluster {
             killed,
             elapsed_ms,
         };
+        // On the node's lease: a node that leaves leaves no acknowledgement behind.
+        let lease = self.link.lease().id;
         self.link
             .spawn_retrying(Duration::from_secs(30), move |mut c| {
                 let key = key.clone();
                 let value = json(&record);
-                async move { c.put(key, value, None).await.map(|_| ()) }
+                async move { c.put(key, value, with_lease(lease)).await.map(|_| ()) }
             });
     }
 
@@ -230,10 +236,14 @@ impl Cluster for EtcdCluster {
             by: by.to_string(),
         };
         let started = Instant::now();
+        // On this node's lease: a request outlives neither its asker nor its answer.
+        let lease = self.link.lease().id;
         self.link.rt.spawn(async move {
             let id = request.worker_id.clone();
-            let read = |mut c: Client, keys: Keys| async move {
+            let read = |c: Client, keys: Keys| async move {
                 let got = c
+                    .kv_client()
+                    .max_decoding_message_size(super::MAX_ANSWER)
                     .get(keys.workers(), Some(GetOptions::new().with_prefix()))
                     .await?;
                 Ok::<_, etcd_client::Error>(parse_workers(got.kvs()))
@@ -256,7 +266,7 @@ impl Cluster for EtcdCluster {
             }
             let targets = lineage(&all, &id, request.recursive);
             let key = keys.kill_request(id.as_str());
-            let put = client.put(key.clone(), json(&request), None);
+            let put = client.put(key.clone(), json(&request), with_lease(lease));
             if !matches!(tokio::time::timeout(OP_TIMEOUT, put).await, Ok(Ok(_))) {
                 let _ = reply.send(ApiResponse::Error {
                     message: "cannot write the kill request: etcd did not take it".into(),

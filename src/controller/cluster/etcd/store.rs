@@ -25,8 +25,11 @@ use super::super::super::admission::{AdmissionStore, Slot};
 use super::super::records::{Excluding, History, Snapshot, WorkerRecord};
 use super::{Link, json, with_lease};
 
-/// Most attempts one reservation makes when other nodes keep changing `workers/`.
+/// Most attempts one reservation makes when other nodes keep changing `workers/`, and
+/// the longest it may take: the engine waits on it, and the engine also hands the
+/// launcher its lease deadlines.
 const MAX_ATTEMPTS: u32 = 64;
+const MAX_RESERVE_TIME: Duration = Duration::from_secs(3);
 /// The largest value read from `workers/` or `history`; a larger one is not ours.
 const MAX_RECORD: usize = 512 * 1024;
 /// How long a release or cancel is retried in the background.
@@ -53,13 +56,15 @@ impl EtcdStore {
     /// Reads the admission state at one revision.
     fn read(&self) -> Result<(Snapshot, i64), String> {
         let keys = self.link.keys.clone();
-        let resp = self.link.call(move |mut c| async move {
-            c.txn(Txn::new().and_then([
-                TxnOp::get(keys.workers(), Some(GetOptions::new().with_prefix())),
-                TxnOp::get(keys.history(), None),
-                TxnOp::get(keys.kill_switch(), None),
-            ]))
-            .await
+        let resp = self.link.call(move |c| async move {
+            c.kv_client()
+                .max_decoding_message_size(super::MAX_ANSWER)
+                .txn(Txn::new().and_then([
+                    TxnOp::get(keys.workers(), Some(GetOptions::new().with_prefix())),
+                    TxnOp::get(keys.history(), None),
+                    TxnOp::get(keys.kill_switch(), None),
+                ]))
+                .await
         })?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
         let mut snap = Snapshot::default();
@@ -69,13 +74,10 @@ impl EtcdStore {
             };
             match i {
                 0 => {
+                    let workers_prefix = self.link.keys.workers();
                     for kv in get.kvs() {
-                        if kv.value().len() > MAX_RECORD {
-                            continue;
-                        }
-                        if let Ok(w) = serde_json::from_slice::<WorkerRecord>(kv.value()) {
-                            snap.workers.insert(w.worker_id.clone(), w);
-                        }
+                        let w = read_worker(kv, &workers_prefix)?;
+                        snap.workers.insert(w.worker_id.clone(), w);
                     }
                 }
                 1 => {
@@ -119,14 +121,21 @@ impl EtcdStore {
             ));
         }
         let own_key = keys.worker(own.worker_id.as_str());
-        let txn = Txn::new()
-            .when([
-                Compare::version(keys.kill_switch(), CompareOp::Equal, 0),
-                Compare::mod_revision(keys.workers(), CompareOp::Less, after).with_prefix(),
-                Compare::mod_revision(keys.history(), CompareOp::Less, after),
-                Compare::version(own_key, CompareOp::Equal, 0),
-            ])
-            .and_then(ops);
+        let mut when = vec![
+            Compare::version(keys.kill_switch(), CompareOp::Equal, 0),
+            Compare::mod_revision(keys.workers(), CompareOp::Less, after).with_prefix(),
+            Compare::mod_revision(keys.history(), CompareOp::Less, after),
+            Compare::version(own_key, CompareOp::Equal, 0),
+        ];
+        // A parent released since the read is not written back to life.
+        if let Some(p) = parent {
+            when.push(Compare::version(
+                keys.worker(p.worker_id.as_str()),
+                CompareOp::Greater,
+                0,
+            ));
+        }
+        let txn = Txn::new().when(when).and_then(ops);
         let resp = self
             .link
             .call(move |mut c| async move { c.txn(txn).await })?;
@@ -169,7 +178,11 @@ impl AdmissionStore for EtcdStore {
         if self.cache.local_kill_switch {
             return Decision::Deny(DenyReason::KillSwitch);
         }
+        let started = std::time::Instant::now();
         for _ in 0..MAX_ATTEMPTS {
+            if started.elapsed() >= MAX_RESERVE_TIME {
+                break;
+            }
             let lease = match self.link.admitting() {
                 Ok(l) => l,
                 Err(why) => return unavailable(why),
@@ -205,7 +218,8 @@ impl AdmissionStore for EtcdStore {
             }
         }
         unavailable(format!(
-            "other nodes changed the cluster's workers during {MAX_ATTEMPTS} attempts"
+            "other nodes kept changing the cluster's workers (tried for {} s)",
+            started.elapsed().as_secs()
         ))
     }
 
@@ -230,8 +244,11 @@ impl AdmissionStore for EtcdStore {
             async move {
                 let got = c.get(keys.history(), None).await?;
                 let (mut history, rev) = match got.kvs().first() {
+                    // Unreadable here: left as it is, never replaced by an empty one.
                     Some(kv) => (
-                        serde_json::from_slice::<History>(kv.value()).unwrap_or_default(),
+                        serde_json::from_slice::<History>(kv.value()).map_err(|e| {
+                            etcd_client::Error::InvalidArgs(format!("history unreadable: {e}"))
+                        })?,
                         kv.mod_revision(),
                     ),
                     None => (History::default(), 0),
@@ -290,6 +307,9 @@ impl AdmissionStore for EtcdStore {
 
     fn refresh(&mut self) {
         // Unreachable: the last state read stays; the reservation refuses on its own.
+        if self.link.admitting().is_err() {
+            return;
+        }
         if let Ok((snap, _)) = self.read() {
             self.cache = snap;
         }
@@ -305,6 +325,27 @@ impl AdmissionStore for EtcdStore {
             id,
         })
     }
+}
+
+/// A worker record as admission counts it: one this node cannot read (too large, another
+/// format, a key that names another worker) refuses admission rather than being left
+/// out of the count.
+fn read_worker(kv: &etcd_client::KeyValue, prefix: &str) -> Result<WorkerRecord, String> {
+    let key = kv.key_str().unwrap_or("?");
+    let unreadable = |why: String| {
+        format!(
+            "the worker record {key} is unreadable here ({why}); admission waits until it is removed or this node is upgraded"
+        )
+    };
+    if kv.value().len() > MAX_RECORD {
+        return Err(unreadable(format!("{} bytes", kv.value().len())));
+    }
+    let w: WorkerRecord =
+        serde_json::from_slice(kv.value()).map_err(|e| unreadable(e.to_string()))?;
+    if key.strip_prefix(prefix) != Some(w.worker_id.as_str()) {
+        return Err(unreadable(format!("it names {}", w.worker_id)));
+    }
+    Ok(w)
 }
 
 /// Every worker record in the cluster, by id (for `ps --cluster` and kill requests).
