@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Start-up cost of a sandbox against bubblewrap, measured alternately in one run.
-#   scripts/bench.sh [-n SAMPLES] [--pause-ms MS] [--extra "FLAGS"]
-# Prints the median (p10, p90) wall time of `hatchery run -- /bin/true`, of bubblewrap's
-# equivalent and of plain /bin/true, and the hatchery/bubblewrap ratio.
+#   scripts/bench.sh [-n SAMPLES] [--pause-ms MS] [--extra "FLAGS"] [--no-limits]
+#                    [--lanes N] [--lane-starts M] [--rounds R]
+# Prints, for `hatchery run --memory 256M --cpus 1 --pids 64 -- /bin/true` (--no-limits:
+# without the limits), bubblewrap's equivalent and plain /bin/true: the median (p10, p90)
+# wall time and CPU time (user + system of the whole process tree) of one start, and the
+# rate of starts with N loops at once; each with the hatchery/bubblewrap ratio.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 command -v bwrap >/dev/null || { echo "bench.sh: bubblewrap is not installed (apt-get install bubblewrap)" >&2; exit 1; }
