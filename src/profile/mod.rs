@@ -43,18 +43,22 @@ pub const MAX_PROFILE_BYTES: usize = 1 << 20;
 
 /// The shipped profiles as JSON of the same shape, made from the TOML at build time
 /// (`build.rs`): decoding JSON costs a one-shot `run` a fraction of parsing the TOML.
-const BUILTIN_JSON: &[(&str, &str)] = &[
+/// With each, the SHA-256 of its TOML, also computed at build time.
+const BUILTIN_JSON: &[(&str, &str, &str)] = &[
     (
         "default",
         include_str!(concat!(env!("OUT_DIR"), "/default.json")),
+        include_str!(concat!(env!("OUT_DIR"), "/default.sha256")),
     ),
     (
         "strict",
         include_str!(concat!(env!("OUT_DIR"), "/strict.json")),
+        include_str!(concat!(env!("OUT_DIR"), "/strict.sha256")),
     ),
     (
         "compat",
         include_str!(concat!(env!("OUT_DIR"), "/compat.json")),
+        include_str!(concat!(env!("OUT_DIR"), "/compat.sha256")),
     ),
 ];
 
@@ -158,10 +162,7 @@ impl Profile {
     /// (a manifest signs a name, never a file that could change, or that a worker could
     /// plant in the directory its supervisor happens to run in).
     pub fn builtin(name: &str) -> Result<Profile, ProfileError> {
-        let (Some((name, source)), Some((_, json))) = (
-            BUILTIN.iter().find(|(n, _)| *n == name),
-            BUILTIN_JSON.iter().find(|(n, _)| *n == name),
-        ) else {
+        let Some((name, json, sha256)) = BUILTIN_JSON.iter().find(|(n, _, _)| *n == name) else {
             return Err(ProfileError::Unknown(name.to_string()));
         };
         let origin = format!("builtin:{name}");
@@ -172,8 +173,10 @@ impl Profile {
             message: e.to_string(),
         })?;
         profile.origin = origin;
-        profile.sha256 = sha256_hex(source.as_bytes());
-        profile.validate(Some(source))?;
+        profile.sha256 = sha256.to_string();
+        // Not validated here: the JSON is the shipped TOML, which the build made it from and
+        // the unit tests validate (`the_build_time_json_of_every_shipped_profile_is_its_toml`);
+        // checking it again cost a third of what `run` did before the clone.
         Ok(profile)
     }
 
