@@ -2,12 +2,10 @@
 
 mod cli;
 
-use clap::Parser;
-
 fn main() {
     quiet_on_closed_stdout();
     let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let args = match cli::Cli::try_parse_from(&raw) {
+    let args = match cli::Cli::parse_args(&raw) {
         Ok(args) => args,
         Err(mut e) => {
             // `run`/`spawn`: say where the command goes, and write the report asked for.

@@ -168,6 +168,46 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// `hatchery run ...` parsed by a command tree that has `run` alone: building every
+/// subcommand's arguments (and dropping them again) was a quarter of what a one-shot
+/// `run` did itself before the clone. The global flags, texts and settings are `Cli`'s,
+/// so that what `run` accepts, refuses and prints is the same either way (the unit test
+/// `run_parses_the_same_without_the_other_subcommands` compares them).
+#[derive(Parser, Debug)]
+#[command(name = "hatchery", version, about = ABOUT, after_help = EXAMPLES, propagate_version = true)]
+struct RunCli {
+    /// Log format on stderr
+    #[arg(long, global = true, value_enum, default_value_t = logging::LogFormat::Human)]
+    log_format: logging::LogFormat,
+    /// More logging (-v info, -vv debug); HATCHERY_LOG overrides
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: RunOnly,
+}
+
+#[derive(Subcommand, Debug)]
+enum RunOnly {
+    /// Run one command in a new sandbox
+    Run(Box<run::RunArgs>),
+}
+
+impl Cli {
+    /// Parses the command line (`raw[0]` is the program), taking the short way for `run`.
+    pub fn parse_args(raw: &[std::ffi::OsString]) -> Result<Cli, clap::Error> {
+        if raw.get(1).is_some_and(|a| a == "run") {
+            return RunCli::try_parse_from(raw).map(|c| Cli {
+                log_format: c.log_format,
+                verbose: c.verbose,
+                command: match c.command {
+                    RunOnly::Run(args) => Command::Run(args),
+                },
+            });
+        }
+        Cli::try_parse_from(raw)
+    }
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run one command in a new sandbox
@@ -271,5 +311,84 @@ pub fn dispatch(command: Command) -> i32 {
         Command::Agent(args) => agent::main(*args),
         Command::Completions { shell } => completions(shell),
         Command::Man => man(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a parse gives, as text: the arguments, or the error's kind and message.
+    fn outcome(r: Result<Cli, clap::Error>) -> String {
+        match r {
+            Ok(cli) => format!("{cli:?}"),
+            Err(e) => format!("{:?}: {}", e.kind(), e.render()),
+        }
+    }
+
+    #[test]
+    fn run_parses_the_same_without_the_other_subcommands() {
+        let lines: &[&[&str]] = &[
+            &["run", "--", "/bin/true"],
+            &[
+                "run", "--memory", "256M", "--cpus", "1", "--pids", "64", "--", "true",
+            ],
+            &[
+                "run",
+                "-vv",
+                "--log-format",
+                "json",
+                "--ro",
+                "x",
+                "--",
+                "a",
+                "--b",
+            ],
+            &[
+                "run",
+                "--timeout",
+                "1m30s",
+                "--env",
+                "A=1",
+                "--env",
+                "B",
+                "--",
+                "sh",
+            ],
+            &[
+                "run",
+                "--profile",
+                "strict",
+                "--report",
+                "-",
+                "--",
+                "sh",
+                "-c",
+                "id",
+            ],
+            &["run"],
+            &["run", "--bogus", "--", "true"],
+            &["run", "--memmory", "1G", "--", "true"],
+            &["run", "--memory", "lots", "--", "true"],
+            &["run", "--cpus", "-1", "--", "true"],
+            &["run", "--hostname", "a_b", "--", "true"],
+            &["run", "--host-uid", "0", "--", "true"],
+            &["run", "--log-format", "xml", "--", "true"],
+            &["run", "--help"],
+            &["run", "-h"],
+            &["run", "--version"],
+            &["run", "-V"],
+        ];
+        for line in lines {
+            let raw: Vec<std::ffi::OsString> = std::iter::once("hatchery")
+                .chain(line.iter().copied())
+                .map(Into::into)
+                .collect();
+            assert_eq!(
+                outcome(Cli::parse_args(&raw)),
+                outcome(Cli::try_parse_from(&raw)),
+                "{line:?}"
+            );
+        }
     }
 }
