@@ -13,24 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::controller::{TestController, worker_cgroups};
-use common::etcd::{Etcd, EtcdCluster};
+use common::etcd::{Etcd, EtcdCluster, node, serial};
 use common::{code, process_exists, skip_unless_root, stderr, stdout};
 use serde_json::Value;
 
 const PREFIX: &str = "/hatchery/workers/";
-
-/// The host's worker cgroups and processes are counted: one test at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn node(url: &str, name: &str, contract: &str, extra: &[&str]) -> TestController {
-    let mut args = vec!["--cluster", url, "--node-id", name];
-    args.extend_from_slice(extra);
-    TestController::start(contract, &args)
-}
 
 /// Every PUT and DELETE under `workers/` since the first revision, in order: (deleted,
 /// key, value).

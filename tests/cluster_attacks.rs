@@ -7,21 +7,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::controller::TestController;
-use common::etcd::Etcd;
+use common::etcd::{Etcd, node, serial};
 use common::{code, process_exists, skip_unless_root, stderr, stdout};
-
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn node(url: &str, name: &str, contract: &str, extra: &[&str]) -> TestController {
-    let mut args = vec!["--cluster", url, "--node-id", name];
-    args.extend_from_slice(extra);
-    TestController::start(contract, &args)
-}
 
 /// Sends SIGCONT to `pid` when dropped (a stopped process is never left behind).
 struct Thaw(i32);

@@ -85,7 +85,7 @@ impl Launcher {
     /// the fence when a later deadline came; how long until the deadline, if one is due.
     fn fence_check(&mut self) -> Option<Duration> {
         let at = self.fence?;
-        let now = crate::controller::cluster::boottime_ms();
+        let now = crate::controller::cluster::clock::boottime_ms();
         if now >= at {
             if !self.fenced {
                 self.fenced = true;

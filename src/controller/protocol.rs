@@ -276,14 +276,14 @@ pub enum ApiResponse {
     ClusterKillSwitch {
         engaged: bool,
         killed: usize,
-        nodes: Vec<crate::controller::cluster::AckRecord>,
+        nodes: Vec<crate::controller::cluster::records::AckRecord>,
         missing: Vec<String>,
         elapsed_ms: u64,
     },
     /// Every node's workers, as the cluster holds them.
     ClusterWorkers {
-        nodes: Vec<crate::controller::cluster::NodeRecord>,
-        workers: Vec<crate::controller::cluster::WorkerRecord>,
+        nodes: Vec<crate::controller::cluster::records::NodeRecord>,
+        workers: Vec<crate::controller::cluster::records::WorkerRecord>,
         kill_switch: bool,
     },
     Status {

@@ -688,3 +688,23 @@ pub fn member_process_exists(dir: &Path) -> bool {
         })
         .unwrap_or(false)
 }
+
+/// The cluster tests count the host's worker cgroups and processes: one at a time within
+/// a test binary.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A controller that is node `name` of the cluster at `url`.
+pub fn node(
+    url: &str,
+    name: &str,
+    contract: &str,
+    extra: &[&str],
+) -> super::controller::TestController {
+    let mut args = vec!["--cluster", url, "--node-id", name];
+    args.extend_from_slice(extra);
+    super::controller::TestController::start(contract, &args)
+}

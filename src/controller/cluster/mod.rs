@@ -23,6 +23,7 @@
 //! The options, the key layout and the records are plain data, built without the
 //! `cluster` feature; the etcd client is in `etcd` (feature `cluster`).
 
+pub mod clock;
 pub mod options;
 pub mod records;
 
@@ -35,24 +36,12 @@ use crate::manifest::WorkerId;
 
 use super::protocol::ApiResponse;
 
+pub use clock::boottime_ms;
 pub use options::{ClusterArgs, ClusterOptions, ClusterTls, NodeId};
 pub use records::{
     AckRecord, AnchorRecord, ClusterWorker, History, KillRequest, KillSwitchRecord, NodeRecord,
     WorkerRecord,
 };
-
-/// Milliseconds on CLOCK_BOOTTIME: the clock a node's fence deadline is kept on, shared
-/// by the controller and its launcher, and running on through a suspend (etcd's clock
-/// does not stop when this machine sleeps).
-pub fn boottime_ms() -> u64 {
-    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME) {
-        Ok(t) => u64::try_from(t.tv_sec())
-            .unwrap_or(0)
-            .saturating_mul(1000)
-            .saturating_add(u64::try_from(t.tv_nsec() / 1_000_000).unwrap_or(0)),
-        Err(_) => 0,
-    }
-}
 
 /// What the engine asks of the cluster besides admission (which goes through its
 /// `AdmissionStore`): the effects of a controller that is one node of many.
