@@ -414,6 +414,14 @@ pub struct Start {
     pub session: String,
 }
 
+/// A trail's last synced entry, and the trail's name (its first entry's hash).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncedHead {
+    pub seq: u64,
+    pub hash: String,
+    pub trail: String,
+}
+
 /// The writer side: one per controller.
 pub struct AuditLog {
     /// The state directory, held open: every file of the trail is reached through it.
@@ -641,10 +649,15 @@ impl AuditLog {
         Ok(e)
     }
 
-    /// The last entry on disk (its sequence number and hash), when nothing appended is
-    /// waiting for a sync.
-    pub fn synced_head(&self) -> Option<(u64, String)> {
-        (self.pending.is_empty() && self.seq > 0).then(|| (self.seq, self.last_hash.clone()))
+    /// The last entry on disk (its sequence number and hash) and the trail's first hash
+    /// (its name), when nothing appended is waiting for a sync.
+    pub fn synced_head(&self) -> Option<SyncedHead> {
+        let trail = self.first_hash.clone()?;
+        (self.pending.is_empty() && self.seq > 0).then(|| SyncedHead {
+            seq: self.seq,
+            hash: self.last_hash.clone(),
+            trail,
+        })
     }
 
     pub fn len(&self) -> u64 {

@@ -444,11 +444,14 @@ fn ps_cluster_shows_every_nodes_lineage_and_kill_reaches_a_worker_on_another_nod
 fn anchored_seq(etcd: &Etcd, node: &str) -> u64 {
     let got = etcd.etcdctl(&[
         "get",
-        &format!("/hatchery/audit/{node}"),
+        "--prefix",
+        &format!("/hatchery/audit/{node}/"),
         "--print-value-only",
     ]);
-    serde_json::from_str::<Value>(got.trim()).unwrap_or(Value::Null)["seq"]
-        .as_u64()
+    got.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["seq"].as_u64())
+        .max()
         .unwrap_or(0)
 }
 
@@ -535,6 +538,124 @@ fn audit_verify_cluster_catches_a_trail_rolled_back_to_an_older_consistent_copy(
     );
     assert!(
         format!("{}{}", stdout(&checked), stderr(&checked)).contains("it was cut"),
+        "{}{}",
+        stdout(&checked),
+        stderr(&checked)
+    );
+}
+
+#[test]
+fn a_workers_manifest_from_one_node_verifies_with_the_key_file_every_node_holds() {
+    if skip_unless_root(
+        "a_workers_manifest_from_one_node_verifies_with_the_key_file_every_node_holds",
+    ) {
+        return;
+    }
+    let _serial = serial();
+    let etcd = Etcd::start();
+    let keys = common::shared_tempdir();
+    let key = keys.path().join("cluster.key");
+    let key_arg = key.to_string_lossy().to_string();
+    let contract = "max_replicas = 10\ncooldown_seconds = 0\n";
+    let a = node(&etcd.url(), "keyed-a", contract, &["--key", &key_arg]);
+    let b = node(&etcd.url(), "keyed-b", contract, &["--key", &key_arg]);
+    let id = match a.spawn(&["--no-controller"], "exec sleep 6501") {
+        Ok(id) => id,
+        Err(o) => panic!("{}", stderr(&o)),
+    };
+    let out = a.cli(&["inspect", "--json", &id]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let manifest = keys.path().join("manifest.json");
+    if let Err(e) = std::fs::write(&manifest, v["manifest"].to_string()) {
+        panic!("{e}");
+    }
+    let m = manifest.to_string_lossy().to_string();
+    // Signed with node a's session key; verified with nothing but the shared key file.
+    let out = common::hatchery_cmd(&["manifest", "verify", "--key", &key_arg, &m]);
+    assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!("valid: worker {id}")),
+        "{}",
+        stdout(&out)
+    );
+    // Another key file does not.
+    let other = keys.path().join("other.key");
+    let o = other.to_string_lossy().to_string();
+    let made = common::hatchery_cmd(&["manifest", "keygen", "--key", &o]);
+    assert_eq!(code(&made), 0, "{}", stderr(&made));
+    let out = common::hatchery_cmd(&["manifest", "verify", "--key", &o, &m]);
+    assert_ne!(code(&out), 0, "{}", stdout(&out));
+    drop(b);
+}
+
+#[test]
+fn audit_verify_cluster_catches_a_trail_replaced_by_a_new_one_under_the_same_node_id() {
+    if skip_unless_root(
+        "audit_verify_cluster_catches_a_trail_replaced_by_a_new_one_under_the_same_node_id",
+    ) {
+        return;
+    }
+    let _serial = serial();
+    let etcd = Etcd::start();
+    let mut a = node(&etcd.url(), "replaced", "max_replicas = 10\n", &[]);
+    let start = Instant::now();
+    while anchored_seq(&etcd, "replaced") == 0 {
+        assert!(start.elapsed() < Duration::from_secs(15), "no anchor");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    a.stop();
+    // Root on the node wipes the state directory (trail and key) and starts afresh
+    // under the same node id: a trail of its own, consistent, anchored too.
+    let state = a.state_dir().to_path_buf();
+    let _ = std::fs::remove_dir_all(&state);
+    a.restart();
+    let anchors = || {
+        etcd.etcdctl(&[
+            "get",
+            "--prefix",
+            "/hatchery/audit/replaced/",
+            "--keys-only",
+        ])
+        .split_whitespace()
+        .count()
+    };
+    let again = Instant::now();
+    while anchors() < 2 {
+        assert!(
+            again.elapsed() < Duration::from_secs(15),
+            "the new trail was not anchored"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    a.stop();
+    let s = state.to_string_lossy().to_string();
+    let plain = common::hatchery_cmd(&["audit", "verify", "--state-dir", &s]);
+    assert_eq!(
+        code(&plain),
+        0,
+        "locally the new trail is intact: {}",
+        stderr(&plain)
+    );
+    let url = etcd.url();
+    let checked = common::hatchery_cmd(&[
+        "audit",
+        "verify",
+        "--state-dir",
+        &s,
+        "--cluster",
+        &url,
+        "--node-id",
+        "replaced",
+    ]);
+    assert_eq!(
+        code(&checked),
+        1,
+        "{}{}",
+        stdout(&checked),
+        stderr(&checked)
+    );
+    assert!(
+        format!("{}{}", stdout(&checked), stderr(&checked)).contains("another trail"),
         "{}{}",
         stdout(&checked),
         stderr(&checked)

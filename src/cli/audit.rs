@@ -230,49 +230,69 @@ fn check_cluster_anchor(a: &VerifyArgs, url: &str, dir: &std::path::Path) -> Res
     let opts = hatchery::controller::cluster::ClusterOptions::resolve(&args, &Default::default())
         .map_err(|e| Failure::Key(anyhow::Error::msg(e)))?
         .ok_or_else(|| Failure::Key(anyhow::Error::msg("--cluster needs etcd://HOST:PORT")))?;
-    let head = read_cluster_anchor(&opts).map_err(|e| Failure::Key(anyhow::Error::msg(e)))?;
-    let Some(head) = head else {
+    let heads = read_cluster_anchors(&opts).map_err(|e| Failure::Key(anyhow::Error::msg(e)))?;
+    let entries = audit::read_entries(dir)?;
+    let anchor = format!("{url} (node {})", opts.node_id);
+    let rolled_back = |seq: u64, reason: String| {
+        Failure::Audit(audit::AuditError::RolledBack {
+            path: dir.join(audit::LOG_FILE),
+            anchor: anchor.clone(),
+            seq,
+            reason,
+        })
+    };
+    // The trail's name is its first entry's hash; the cluster holds one head per trail.
+    let trail = entries.first().map(|e| e.hash.clone()).unwrap_or_default();
+    if let Some(other) = heads.iter().find(|h| h.trail != trail) {
+        return Err(rolled_back(
+            other.seq,
+            format!(
+                "the cluster holds the head (entry {}, {}) of another trail of node {} (first hash {}): this trail replaced it",
+                other.seq,
+                audit::format_time(other.at_ms),
+                opts.node_id,
+                other.trail
+            ),
+        ));
+    }
+    let Some(head) = heads.into_iter().find(|h| h.trail == trail) else {
         return Err(Failure::Key(anyhow::Error::msg(format!(
             "the cluster holds no audit head for node {}: check --node-id and --cluster-prefix",
             opts.node_id
         ))));
     };
-    let entries = audit::read_entries(dir)?;
-    let anchor = format!("{url} (node {})", opts.node_id);
-    let rolled_back = |reason: String| {
-        Failure::Audit(audit::AuditError::RolledBack {
-            path: dir.join(audit::LOG_FILE),
-            anchor: anchor.clone(),
-            seq: head.seq,
-            reason,
-        })
-    };
     match entries.iter().find(|e| e.seq == head.seq) {
         Some(e) if e.hash == head.hash => Ok(()),
-        Some(e) => Err(rolled_back(format!(
-            "the cluster anchored hash {} for this entry; the trail has {}: it was rewritten",
-            head.hash, e.hash
-        ))),
-        None => Err(rolled_back(format!(
-            "the cluster anchored entry {} at {}; the trail ends at entry {}: it was cut",
+        Some(e) => Err(rolled_back(
             head.seq,
-            audit::format_time(head.at_ms),
-            entries.last().map_or(0, |e| e.seq)
-        ))),
+            format!(
+                "the cluster anchored hash {} for this entry; the trail has {}: it was rewritten",
+                head.hash, e.hash
+            ),
+        )),
+        None => Err(rolled_back(
+            head.seq,
+            format!(
+                "the cluster anchored entry {} at {}; the trail ends at entry {}: it was cut",
+                head.seq,
+                audit::format_time(head.at_ms),
+                entries.last().map_or(0, |e| e.seq)
+            ),
+        )),
     }
 }
 
 #[cfg(feature = "cluster")]
-fn read_cluster_anchor(
+fn read_cluster_anchors(
     opts: &hatchery::controller::cluster::ClusterOptions,
-) -> Result<Option<hatchery::controller::cluster::AnchorRecord>, String> {
-    hatchery::controller::cluster::etcd::read_anchor(opts)
+) -> Result<Vec<hatchery::controller::cluster::AnchorRecord>, String> {
+    hatchery::controller::cluster::etcd::read_anchors(opts)
 }
 
 #[cfg(not(feature = "cluster"))]
-fn read_cluster_anchor(
+fn read_cluster_anchors(
     _opts: &hatchery::controller::cluster::ClusterOptions,
-) -> Result<Option<hatchery::controller::cluster::AnchorRecord>, String> {
+) -> Result<Vec<hatchery::controller::cluster::AnchorRecord>, String> {
     Err("this hatchery was built without cluster support: build it with `cargo build --release --features cluster`".into())
 }
 

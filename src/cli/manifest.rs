@@ -224,6 +224,17 @@ fn read_manifest(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// The session keyring for the manifest's key id, where it names a session of a key in
+/// `keyring` (and the key id is not one of `keyring`'s own).
+fn session_keyring(keyring: &Keyring, bytes: &[u8]) -> Option<Keyring> {
+    let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let id = hatchery::manifest::KeyId::new(v.get("key_id")?.as_str()?).ok()?;
+    if keyring.key_ids().any(|k| k == &id) {
+        return None;
+    }
+    keyring.for_session_key_id(&id)
+}
+
 fn verify(args: VerifyArgs) -> i32 {
     let keyring = match Keyring::load(&args.key) {
         Ok(k) => k,
@@ -240,6 +251,9 @@ fn verify(args: VerifyArgs) -> i32 {
         }
     };
     let now = args.now.unwrap_or_else(unix_now);
+    // A manifest signed in a controller session names the session's key: derived again
+    // from the key file (any node of a cluster holding the same file verifies it).
+    let keyring = session_keyring(&keyring, &bytes).unwrap_or(keyring);
     let mut signer = ManifestSigner::new(keyring);
     let verdict = signer.verify_json(&bytes, now);
     if args.json {

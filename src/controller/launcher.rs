@@ -121,6 +121,9 @@ impl Launcher {
 
     fn launch(&mut self, spec: LaunchSpec, socket: Option<OwnedFd>) {
         let id = spec.worker_id.clone();
+        // By the clock, not the last pass's flag: a batch of launches can cross the
+        // deadline.
+        self.fence_check();
         if self.fenced {
             self.emit(&LauncherEvent::StartFailed {
                 worker_id: id,
@@ -168,6 +171,9 @@ impl Launcher {
                     },
                 );
                 self.emit(&ev);
+                // Its start may have crossed the deadline: then it is killed with the rest
+                // now, not at the next pass.
+                self.fence_check();
             }
             Err(error) => self.emit(&LauncherEvent::StartFailed {
                 worker_id: id,

@@ -182,7 +182,11 @@ impl Keyring {
     /// domain-separated label): the secret never leaves the keyring, and keys derived for
     /// different purposes are unrelated.
     fn derive(&self, purpose: &str) -> Result<SecretKey, KeyError> {
-        let mut mac = self.active_entry().mac.clone();
+        Self::derive_from(self.active_entry(), purpose)
+    }
+
+    fn derive_from(entry: &KeyEntry, purpose: &str) -> Result<SecretKey, KeyError> {
+        let mut mac = entry.mac.clone();
         hmac::Mac::update(&mut mac, b"hatchery derived key v1\0");
         hmac::Mac::update(&mut mac, purpose.as_bytes());
         let bytes: [u8; KEY_BYTES] = hmac::Mac::finalize(mac).into_bytes().into();
@@ -202,6 +206,17 @@ impl Keyring {
         let id = KeyId::new(format!("{}.s{}", self.active_key_id(), session))
             .map_err(|e| KeyError::Keyring(e.to_string()))?;
         Keyring::single(id, key)
+    }
+
+    /// The keyring that verifies manifests signed in a controller session under key id
+    /// `<id>.s<session>`, where `<id>` is a key of this keyring: the session key derived
+    /// again. So whoever holds the key file — any node of a cluster — verifies any
+    /// session's manifests, while each session signs with its own key.
+    pub fn for_session_key_id(&self, key_id: &KeyId) -> Option<Keyring> {
+        let (base, session) = key_id.as_str().rsplit_once(".s")?;
+        let entry = self.keys.iter().find(|e| e.id.as_str() == base)?;
+        let key = Self::derive_from(entry, &format!("session:{session}")).ok()?;
+        Keyring::single(key_id.clone(), key).ok()
     }
 
     /// Adds a freshly generated key and makes it active; the others keep verifying.
@@ -342,6 +357,15 @@ mod tests {
                 .starts_with(master.active_key_id().as_str())
         );
         let again = master.session("0011223344556677")?;
+        // Any holder of the key file derives a session's key again from its key id.
+        let derived = master.for_session_key_id(a.active_key_id());
+        assert_eq!(
+            derived
+                .as_ref()
+                .map(|k| k.active_entry().secret == a.active_entry().secret),
+            Some(true)
+        );
+        assert!(master.for_session_key_id(master.active_key_id()).is_none());
         assert!(
             a.active_entry().secret == again.active_entry().secret,
             "derivation is deterministic"

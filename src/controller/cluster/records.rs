@@ -133,8 +133,9 @@ pub struct KillRequest {
     pub by: String,
 }
 
-/// A node's audit head, under `audit/<node>`: its trail must hold entry `seq` with this
-/// hash (`audit verify --cluster`).
+/// A node's audit head, under `audit/<node>/<trail>`: that trail must hold entry `seq`
+/// with this hash (`audit verify --cluster`). One key per trail, so a trail replaced by
+/// a new one leaves the old one's head behind as evidence.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AnchorRecord {
@@ -142,6 +143,8 @@ pub struct AnchorRecord {
     pub session: String,
     pub seq: u64,
     pub hash: String,
+    /// The trail's first entry's hash: its name.
+    pub trail: String,
     pub at_ms: u64,
 }
 

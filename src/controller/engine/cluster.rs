@@ -28,6 +28,16 @@ impl Engine {
     pub(super) fn cluster_lease(&mut self, fence_at_ms: u64, rejoined: bool) {
         if rejoined {
             self.record(event::CLUSTER_REJOINED, "controller", None, json!({}), true);
+            // The acknowledgement went with the old lease: said again under the new one.
+            if let (Some((revision, killed, ms)), Some(engaged)) =
+                (self.last_ack, self.cluster_kill)
+            {
+                if revision == engaged {
+                    if let Some(c) = &mut self.cluster {
+                        c.ack(revision, killed, ms);
+                    }
+                }
+            }
         }
         let _ = self.send_launcher(
             &LauncherRequest::Fence {
@@ -144,7 +154,7 @@ impl Engine {
         if self.cluster.is_none() || now_ms < self.last_anchor.0.saturating_add(ANCHOR_EVERY_MS) {
             return;
         }
-        let Some((seq, hash)) = self.audit.synced_head() else {
+        let Some(crate::audit::SyncedHead { seq, hash, trail }) = self.audit.synced_head() else {
             return;
         };
         if seq == self.last_anchor.1 {
@@ -159,6 +169,7 @@ impl Engine {
                 session,
                 seq,
                 hash,
+                trail,
                 at_ms: now_ms,
             });
         }

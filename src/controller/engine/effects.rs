@@ -73,7 +73,7 @@ pub trait Trail: Send {
 
     /// The last entry on disk, when nothing is waiting for a sync (what a cluster
     /// anchors).
-    fn synced_head(&self) -> Option<(u64, String)> {
+    fn synced_head(&self) -> Option<crate::audit::SyncedHead> {
         None
     }
 }
@@ -97,7 +97,7 @@ impl Trail for AuditLog {
         AuditLog::len(self)
     }
 
-    fn synced_head(&self) -> Option<(u64, String)> {
+    fn synced_head(&self) -> Option<crate::audit::SyncedHead> {
         AuditLog::synced_head(self)
     }
 }

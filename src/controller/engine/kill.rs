@@ -186,7 +186,20 @@ impl Engine {
     pub(super) fn release_kill_switch(&mut self, actor: &str, reply: oneshot::Sender<ApiResponse>) {
         self.local_kill = false;
         self.settle_kill_switch();
-        self.record(event::KILL_SWITCH_RELEASED, actor, None, json!({}), true);
+        let cluster = self.cluster_kill.is_some();
+        self.record(
+            event::KILL_SWITCH_RELEASED,
+            actor,
+            None,
+            json!({ "cluster_kill_switch_engaged": cluster }),
+            true,
+        );
+        if cluster {
+            let _ = reply.send(ApiResponse::Error {
+                message: "this node's own kill switch is released, but the cluster's is engaged: nothing new starts until `hatchery kill-switch --cluster --release`".into(),
+            });
+            return;
+        }
         let _ = reply.send(ApiResponse::KillSwitch {
             engaged: false,
             killed: 0,
@@ -254,6 +267,7 @@ impl Engine {
                             if let Some(c) = &mut self.cluster {
                                 c.ack(revision, w.killed.len(), elapsed_ms);
                             }
+                            self.last_ack = Some((revision, w.killed.len(), elapsed_ms));
                             ApiResponse::KillSwitch {
                                 engaged: true,
                                 killed: w.killed.len(),

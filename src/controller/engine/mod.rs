@@ -106,6 +106,9 @@ pub struct Engine {
     cluster: Option<Box<dyn crate::controller::cluster::Cluster>>,
     /// The revision of the cluster's kill switch carried out here, while it is engaged.
     cluster_kill: Option<i64>,
+    /// The last acknowledgement of the cluster's kill switch (revision, killed, ms): said
+    /// again after a rejoin, whose new lease no longer holds the first.
+    last_ack: Option<(i64, usize, u64)>,
     /// This node's own kill switch (an operator's, a trail that cannot be written, a
     /// shutdown): released only by this node, never by the cluster's release.
     local_kill: bool,
@@ -168,6 +171,7 @@ impl Engine {
             cluster: None,
             cluster_kill: None,
             local_kill: false,
+            last_ack: None,
             last_anchor: (0, 0),
             finished: Some(finished),
         }

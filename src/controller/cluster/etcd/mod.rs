@@ -79,8 +79,11 @@ impl Keys {
     pub fn ack(&self, node: &str) -> String {
         format!("{}acks/{node}", self.prefix)
     }
-    pub fn anchor(&self, node: &str) -> String {
-        format!("{}audit/{node}", self.prefix)
+    pub fn anchors(&self, node: &str) -> String {
+        format!("{}audit/{node}/", self.prefix)
+    }
+    pub fn anchor(&self, node: &str, trail: &str) -> String {
+        format!("{}audit/{node}/{trail}", self.prefix)
     }
 }
 
@@ -102,11 +105,16 @@ pub struct Link {
     keys: Keys,
     node: String,
     lease: Arc<Mutex<LeaseState>>,
+    /// The lease's length: what the engine's waits on etcd are bounded by.
+    ttl: Duration,
     /// etcd failed to answer the engine: until a probe gets an answer, admission is
     /// refused at once instead of waiting on etcd again (the engine's thread must stay
     /// free for kills, the kill switch and the lease deadlines it hands the launcher).
     down: Arc<AtomicBool>,
 }
+
+/// The longest one admission waits on etcd (less with a short lease).
+const MAX_ADMISSION_WAIT: Duration = Duration::from_secs(3);
 
 /// Between two probes of an etcd that failed to answer.
 const PROBE_EVERY: Duration = Duration::from_millis(300);
@@ -177,21 +185,35 @@ pub fn connect_once(opts: &ClusterOptions) -> Result<(tokio::runtime::Runtime, C
     Ok((rt, client))
 }
 
-/// The audit head the cluster holds for `node` (what `audit verify --cluster` checks a
-/// trail against), if it anchored one.
-pub fn read_anchor(opts: &ClusterOptions) -> Result<Option<super::records::AnchorRecord>, String> {
-    let (rt, mut client) = connect_once(opts).map_err(|e| e.to_string())?;
-    let key = Keys::new(&opts.prefix).anchor(opts.node_id.as_str());
+/// The audit heads the cluster holds for a node, one per trail it has had (what `audit
+/// verify --cluster` checks a trail against).
+pub fn read_anchors(opts: &ClusterOptions) -> Result<Vec<super::records::AnchorRecord>, String> {
+    let (rt, client) = connect_once(opts).map_err(|e| e.to_string())?;
+    let prefix = Keys::new(&opts.prefix).anchors(opts.node_id.as_str());
     let got = rt
-        .block_on(async { tokio::time::timeout(OP_TIMEOUT, client.get(key, None)).await })
+        .block_on(async {
+            tokio::time::timeout(
+                OP_TIMEOUT,
+                client
+                    .kv_client()
+                    .max_decoding_message_size(MAX_ANSWER)
+                    .get(prefix, Some(etcd_client::GetOptions::new().with_prefix())),
+            )
+            .await
+        })
         .map_err(|_| "etcd did not answer".to_string())?
         .map_err(|e| format!("etcd: {e}"))?;
-    match got.kvs().first() {
-        None => Ok(None),
-        Some(kv) => serde_json::from_slice(kv.value())
-            .map(Some)
-            .map_err(|e| format!("the anchored head of {} is unreadable: {e}", opts.node_id)),
-    }
+    got.kvs()
+        .iter()
+        .map(|kv| {
+            serde_json::from_slice(kv.value()).map_err(|e| {
+                format!(
+                    "the anchored head {} is unreadable: {e}",
+                    kv.key_str().unwrap_or("?")
+                )
+            })
+        })
+        .collect()
 }
 
 impl Link {
@@ -251,6 +273,7 @@ impl Link {
             keys,
             node,
             lease,
+            ttl,
             down: Arc::new(AtomicBool::new(false)),
         })
     }
@@ -261,18 +284,37 @@ impl Link {
         T: Send + 'static,
         F: Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
     {
+        self.call_within(OP_TIMEOUT, op)
+    }
+
+    /// How long one admission may wait on etcd in all: a short lease's deadlines reach
+    /// the launcher through the engine, which must not be held for long.
+    fn admission_budget(&self) -> Duration {
+        self.ttl
+            .checked_div(4)
+            .unwrap_or_default()
+            .min(MAX_ADMISSION_WAIT)
+    }
+
+    /// [`Link::call`], waiting at most `limit` (and never more than [`OP_TIMEOUT`]).
+    fn call_within<T, F>(&self, limit: Duration, op: impl FnOnce(Client) -> F) -> Result<T, String>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+    {
+        let limit = limit.min(OP_TIMEOUT);
         let (tx, rx) = mpsc::sync_channel(1);
         let fut = op(self.client.clone());
         self.rt.spawn(async move {
-            let r = tokio::time::timeout(OP_TIMEOUT, fut).await;
+            let r = tokio::time::timeout(limit, fut).await;
             let _ = tx.send(r);
         });
-        let result = match rx.recv_timeout(OP_TIMEOUT.saturating_add(Duration::from_millis(200))) {
+        let result = match rx.recv_timeout(limit.saturating_add(Duration::from_millis(50))) {
             Ok(Ok(Ok(v))) => Ok(v),
             Ok(Ok(Err(e))) => Err(format!("etcd: {e}")),
             Ok(Err(_)) | Err(_) => Err(format!(
                 "etcd did not answer within {} ms",
-                OP_TIMEOUT.as_millis()
+                limit.as_millis()
             )),
         };
         if result.is_err() {

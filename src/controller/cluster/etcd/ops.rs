@@ -157,7 +157,7 @@ impl Cluster for EtcdCluster {
                         .collect();
                     let _ = reply.send(ApiResponse::ClusterKillSwitch {
                         engaged: true,
-                        killed: nodes.iter().map(|a| a.killed).sum(),
+                        killed: nodes.iter().fold(0usize, |n, a| n.saturating_add(a.killed)),
                         nodes,
                         missing,
                         elapsed_ms: started.elapsed().as_millis() as u64,
@@ -311,7 +311,7 @@ impl Cluster for EtcdCluster {
     }
 
     fn anchor(&mut self, head: AnchorRecord) {
-        let key = self.link.keys.anchor(&self.link.node);
+        let key = self.link.keys.anchor(&self.link.node, &head.trail);
         self.link
             .spawn_retrying(Duration::from_secs(5), move |mut c| {
                 let key = key.clone();

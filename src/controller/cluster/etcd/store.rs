@@ -25,11 +25,12 @@ use super::super::super::admission::{AdmissionStore, Slot};
 use super::super::records::{Excluding, History, Snapshot, WorkerRecord};
 use super::{Link, json, with_lease};
 
-/// Most attempts one reservation makes when other nodes keep changing `workers/`, and
-/// the longest it may take: the engine waits on it, and the engine also hands the
-/// launcher its lease deadlines.
+/// Most attempts one reservation makes when other nodes keep changing `workers/` (within
+/// the link's admission budget: the engine waits on it, and the engine also hands the
+/// launcher its lease deadlines).
 const MAX_ATTEMPTS: u32 = 64;
-const MAX_RESERVE_TIME: Duration = Duration::from_secs(3);
+/// A commit gets at least this long, even at the end of the budget.
+const MIN_COMMIT_WAIT: Duration = Duration::from_millis(100);
 /// The largest value read from `workers/` or `history`; a larger one is not ours.
 const MAX_RECORD: usize = 512 * 1024;
 /// How long a release or cancel is retried in the background.
@@ -53,10 +54,10 @@ impl EtcdStore {
         }
     }
 
-    /// Reads the admission state at one revision.
-    fn read(&self) -> Result<(Snapshot, i64), String> {
+    /// Reads the admission state at one revision, waiting at most `limit`.
+    fn read(&self, limit: Duration) -> Result<(Snapshot, i64), String> {
         let keys = self.link.keys.clone();
-        let resp = self.link.call(move |c| async move {
+        let resp = self.link.call_within(limit, move |c| async move {
             c.kv_client()
                 .max_decoding_message_size(super::MAX_ANSWER)
                 .txn(Txn::new().and_then([
@@ -102,6 +103,7 @@ impl EtcdStore {
         parent: Option<&WorkerRecord>,
         history: &History,
         lease: i64,
+        limit: Duration,
     ) -> Result<bool, String> {
         let keys = self.link.keys.clone();
         let after = revision.saturating_add(1);
@@ -138,7 +140,7 @@ impl EtcdStore {
         let txn = Txn::new().when(when).and_then(ops);
         let resp = self
             .link
-            .call(move |mut c| async move { c.txn(txn).await })?;
+            .call_within(limit, move |mut c| async move { c.txn(txn).await })?;
         Ok(resp.succeeded())
     }
 }
@@ -179,15 +181,17 @@ impl AdmissionStore for EtcdStore {
             return Decision::Deny(DenyReason::KillSwitch);
         }
         let started = std::time::Instant::now();
+        let budget = self.link.admission_budget();
         for _ in 0..MAX_ATTEMPTS {
-            if started.elapsed() >= MAX_RESERVE_TIME {
+            let left = budget.saturating_sub(started.elapsed());
+            if left.is_zero() {
                 break;
             }
             let lease = match self.link.admitting() {
                 Ok(l) => l,
                 Err(why) => return unavailable(why),
             };
-            let (snap, revision) = match self.read() {
+            let (snap, revision) = match self.read(left) {
                 Ok(s) => s,
                 Err(why) => return unavailable(why),
             };
@@ -199,7 +203,10 @@ impl AdmissionStore for EtcdStore {
             let (own, parent, history) =
                 self.cache
                     .reservation(&slot, &self.link.node, now, self.window);
-            match self.commit(revision, &own, parent.as_ref(), &history, lease.id) {
+            let left = budget
+                .saturating_sub(started.elapsed())
+                .max(MIN_COMMIT_WAIT);
+            match self.commit(revision, &own, parent.as_ref(), &history, lease.id, left) {
                 Ok(true) => {
                     if let Some(p) = parent {
                         self.cache.workers.insert(p.worker_id.clone(), p);
@@ -310,7 +317,7 @@ impl AdmissionStore for EtcdStore {
         if self.link.admitting().is_err() {
             return;
         }
-        if let Ok((snap, _)) = self.read() {
+        if let Ok((snap, _)) = self.read(self.link.admission_budget()) {
             self.cache = snap;
         }
     }
@@ -344,6 +351,9 @@ fn read_worker(kv: &etcd_client::KeyValue, prefix: &str) -> Result<WorkerRecord,
         serde_json::from_slice(kv.value()).map_err(|e| unreadable(e.to_string()))?;
     if key.strip_prefix(prefix) != Some(w.worker_id.as_str()) {
         return Err(unreadable(format!("it names {}", w.worker_id)));
+    }
+    if !w.cpu_limit.is_finite() || w.cpu_limit < 0.0 {
+        return Err(unreadable(format!("cpu_limit {}", w.cpu_limit)));
     }
     Ok(w)
 }

@@ -19,7 +19,7 @@ use super::{Keys, OP_TIMEOUT};
 /// The largest kill request read (a real one is far smaller).
 const MAX_VALUE: usize = 4096;
 /// Most pending kill requests read at once when a watch starts again.
-const MAX_PENDING: i64 = 1024;
+const MAX_PENDING: i64 = 4096;
 /// Between two attempts to start a broken watch.
 const AGAIN: Duration = Duration::from_millis(250);
 
@@ -54,33 +54,25 @@ async fn kill_switch_now(
     Ok((input, revision))
 }
 
-/// Pending kill requests now (each read on its own, bounded), and the revision read at.
+/// Pending kill requests now (one read, bounded in count and size), and the revision
+/// read at.
 async fn requests_now(
     client: &mut Client,
     keys: &Keys,
 ) -> Result<(Vec<Input>, i64), etcd_client::Error> {
     let listed = client
+        .kv_client()
+        .max_decoding_message_size(super::MAX_ANSWER)
         .get(
             keys.kill_requests(),
-            Some(
-                GetOptions::new()
-                    .with_prefix()
-                    .with_keys_only()
-                    .with_limit(MAX_PENDING),
-            ),
+            Some(GetOptions::new().with_prefix().with_limit(MAX_PENDING)),
         )
         .await?;
     let revision = listed.header().map(|h| h.revision()).unwrap_or(0);
-    let mut inputs = Vec::new();
-    for kv in listed.kvs() {
-        let got = client
-            .get(kv.key(), Some(GetOptions::new().with_revision(revision)))
-            .await?;
-        if let Some(input) = got.kvs().first().and_then(kill_request) {
-            inputs.push(input);
-        }
-    }
-    Ok((inputs, revision))
+    Ok((
+        listed.kvs().iter().filter_map(kill_request).collect(),
+        revision,
+    ))
 }
 
 /// Watches the kill-switch key until the engine is gone.
