@@ -661,3 +661,162 @@ fn audit_verify_cluster_catches_a_trail_replaced_by_a_new_one_under_the_same_nod
         stderr(&checked)
     );
 }
+
+/// An etcd member that speaks only TLS and asks clients for a certificate signed by the
+/// test's own CA (killed with the test).
+struct TlsEtcd {
+    child: Option<std::process::Child>,
+    port: u16,
+}
+
+impl Drop for TlsEtcd {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    match std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
+        Ok(a) => a.port(),
+        Err(e) => panic!("a free port: {e}"),
+    }
+}
+
+/// A throw-away CA, a server certificate for 127.0.0.1 and a client certificate, in `dir`.
+fn make_certs(dir: &std::path::Path) {
+    let script = r#"set -e
+openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=hatchery-test-ca 2>/dev/null
+for who in server client; do
+  openssl req -newkey rsa:2048 -nodes -keyout $who.key -out $who.csr -subj /CN=$who 2>/dev/null
+done
+printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > server.ext
+printf 'extendedKeyUsage=clientAuth\n' > client.ext
+for who in server client; do
+  openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out $who.pem -days 1 -extfile $who.ext 2>/dev/null
+done
+"#;
+    let out = common::run_with_timeout(
+        std::process::Command::new("sh")
+            .args(["-c", script])
+            .current_dir(dir),
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "openssl: {}", stderr(&out));
+}
+
+fn start_tls_etcd(dir: &std::path::Path) -> TlsEtcd {
+    let (port, peer) = (free_port(), free_port());
+    let client = format!("https://127.0.0.1:{port}");
+    let peer = format!("http://127.0.0.1:{peer}");
+    let log = std::fs::File::create(dir.join("etcd.log")).ok();
+    let child = std::process::Command::new("setpriv")
+        .args(["--pdeathsig", "KILL", "--", "etcd", "--name", "tls"])
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .args([
+            "--listen-client-urls",
+            &client,
+            "--advertise-client-urls",
+            &client,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+        ])
+        .args(["--initial-cluster", &format!("tls={peer}")])
+        .args(["--client-cert-auth", "--trusted-ca-file"])
+        .arg(dir.join("ca.pem"))
+        .arg("--cert-file")
+        .arg(dir.join("server.pem"))
+        .arg("--key-file")
+        .arg(dir.join("server.key"))
+        .args([
+            "--logger",
+            "zap",
+            "--log-outputs",
+            "stderr",
+            "--log-level",
+            "error",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log.map_or(std::process::Stdio::null(), std::process::Stdio::from))
+        .spawn();
+    let etcd = TlsEtcd {
+        child: Some(child.unwrap_or_else(|e| panic!("start etcd: {e}"))),
+        port,
+    };
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "etcd with TLS did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    etcd
+}
+
+#[test]
+fn a_controller_joins_an_etcd_that_requires_client_certificates_and_is_refused_without_one() {
+    if skip_unless_root(
+        "a_controller_joins_an_etcd_that_requires_client_certificates_and_is_refused_without_one",
+    ) {
+        return;
+    }
+    let _serial = serial();
+    let certs = common::shared_tempdir();
+    make_certs(certs.path());
+    let etcd = start_tls_etcd(certs.path());
+    let url = format!("etcd://127.0.0.1:{}", etcd.port);
+    let file = |n: &str| certs.path().join(n).to_string_lossy().to_string();
+    let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client.key"));
+    let contract = "max_replicas = 10\ncooldown_seconds = 0\n";
+    let a = node(
+        &url,
+        "tls-a",
+        contract,
+        &[
+            "--cluster-cacert",
+            &ca,
+            "--cluster-cert",
+            &cert,
+            "--cluster-key",
+            &key,
+        ],
+    );
+    if let Err(o) = a.spawn(&["--no-controller"], "true") {
+        panic!("a spawn through etcd over TLS: {}", stderr(&o));
+    }
+    // The CA alone (no client certificate): etcd refuses, so the controller does not start.
+    let dir = common::shared_tempdir();
+    let out = common::run_with_timeout(
+        std::process::Command::new(common::hatchery())
+            .arg("controller")
+            .arg("--socket")
+            .arg(dir.path().join("c.sock"))
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .args([
+                "--cluster",
+                &url,
+                "--node-id",
+                "tls-b",
+                "--cluster-cacert",
+                &ca,
+            ]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot reach etcd"),
+        "{}",
+        stderr(&out)
+    );
+    drop(a);
+}
