@@ -88,17 +88,25 @@ fn three_controllers_under_spawn_storms_never_hold_more_than_max_replicas_togeth
     }
     let _serial = serial();
     let etcd = Etcd::start();
-    let contract = "max_replicas = 5\nmax_depth = 3\ncooldown_seconds = 2\n";
+    let contract = "max_replicas = 8\nmax_depth = 3\ncooldown_seconds = 2\n";
     let nodes: Vec<TestController> = ["a", "b", "c"]
         .iter()
         .map(|n| node(&etcd.url(), &format!("storm-{n}"), contract, &[]))
         .collect();
-    // One long-lived root per node, whose children come in a storm too.
-    let roots: Vec<String> = nodes
+    // One long-lived lineage per node (a root and its child), whose children and
+    // grandchildren come in the storm too: three generations from three nodes at once.
+    let lineages: Vec<(String, String)> = nodes
         .iter()
-        .map(|n| match n.spawn(&["--no-controller"], "sleep 60") {
-            Ok(id) => id,
-            Err(o) => panic!("root: {}", stderr(&o)),
+        .map(|n| {
+            let root = match n.spawn(&["--no-controller"], "sleep 60") {
+                Ok(id) => id,
+                Err(o) => panic!("root: {}", stderr(&o)),
+            };
+            let mid = match n.spawn(&["--no-controller", "--parent", &root], "sleep 60") {
+                Ok(id) => id,
+                Err(o) => panic!("child: {}", stderr(&o)),
+            };
+            (root, mid)
         })
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
@@ -121,18 +129,18 @@ fn three_controllers_under_spawn_storms_never_hold_more_than_max_replicas_togeth
     };
     let admitted = AtomicUsize::new(0);
     std::thread::scope(|s| {
-        for (n, root) in nodes.iter().zip(&roots) {
+        for (n, (root, mid)) in nodes.iter().zip(&lineages) {
             let admitted = &admitted;
-            // Roots and children of this node's root, from this node, all at once.
+            // Roots, children and grandchildren, from this node, all at once.
             s.spawn(move || {
                 let start = Instant::now();
                 let mut i = 0u32;
-                while start.elapsed() < Duration::from_secs(4) {
+                while start.elapsed() < Duration::from_secs(5) {
                     i += 1;
-                    let flags: Vec<&str> = if i % 2 == 0 {
-                        vec!["--no-controller"]
-                    } else {
-                        vec!["--no-controller", "--parent", root]
+                    let flags: Vec<&str> = match i % 3 {
+                        0 => vec!["--no-controller"],
+                        1 => vec!["--no-controller", "--parent", root],
+                        _ => vec!["--no-controller", "--parent", mid],
                     };
                     if n.spawn(&flags, "sleep 0.5").is_ok() {
                         admitted.fetch_add(1, Ordering::Relaxed);
@@ -146,18 +154,24 @@ fn three_controllers_under_spawn_storms_never_hold_more_than_max_replicas_togeth
     let events = worker_history(watch_replay(&etcd.endpoint()));
     assert!(!events.is_empty(), "no history read from etcd");
     assert!(
-        most_at_once(&events) <= 5,
+        most_at_once(&events) <= 8,
         "more than max_replicas worker keys at one revision: {}",
         most_at_once(&events)
     );
     assert!(
-        most_cgroups.load(Ordering::Relaxed) <= 5,
+        most_cgroups.load(Ordering::Relaxed) <= 8,
         "more than max_replicas worker cgroups on the host at one instant: {}",
         most_cgroups.load(Ordering::Relaxed)
     );
     assert!(
         admitted.load(Ordering::Relaxed) >= 6,
         "the storm admitted too few to mean anything"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|(deleted, _, v)| !deleted && v.contains("\"depth\":2")),
+        "no grandchild was admitted: the storm did not reach three generations"
     );
     // Cooldowns: no parent's children reserved closer than cooldown_seconds apart.
     let mut by_parent: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();

@@ -246,6 +246,52 @@ mod tests {
     }
 
     #[test]
+    fn the_command_line_wins_over_the_contract_files_cluster_table() {
+        let file = crate::contract::ClusterConfig {
+            etcd: Some("etcd://10.0.0.5:2379".into()),
+            node_id: Some("from-file".into()),
+            prefix: Some("/fleet/".into()),
+            lease_ttl_seconds: Some(20),
+            ..Default::default()
+        };
+        let args = ClusterArgs {
+            node_id: Some("from-flag".into()),
+            ..Default::default()
+        };
+        let o = ClusterOptions::resolve(&args, &file).ok().flatten();
+        let o = o.as_ref();
+        assert_eq!(o.map(|o| o.node_id.as_str()), Some("from-flag"));
+        assert_eq!(o.map(|o| o.prefix.as_str()), Some("/fleet/"));
+        assert_eq!(o.map(|o| o.lease_ttl), Some(Duration::from_secs(20)));
+        assert_eq!(
+            o.map(|o| o.endpoints.clone()),
+            Some(vec!["10.0.0.5:2379".to_string()])
+        );
+        // The same table, as a contract file says it; an unknown key in it is refused.
+        let parsed = crate::contract::ContractConfig::from_toml(
+            "[cluster]\netcd = \"etcd://10.0.0.5:2379\"\nnode_id = \"from-file\"\nprefix = \"/fleet/\"\nlease_ttl_seconds = 20\n",
+            "test",
+        );
+        assert_eq!(parsed.map(|c| c.cluster).ok(), Some(file.clone()));
+        assert!(
+            crate::contract::ContractConfig::from_toml("[cluster]\nnode = \"x\"\n", "test")
+                .is_err()
+        );
+        // No cluster named anywhere: none, unless a cluster option is given alone.
+        let none = ClusterOptions::resolve(&ClusterArgs::default(), &Default::default());
+        assert_eq!(none, Ok(None));
+        assert!(ClusterOptions::resolve(&args, &Default::default()).is_err());
+        // A certificate without its key, or without the CA, is refused.
+        let half = ClusterArgs {
+            url: Some("etcd://127.0.0.1:2379".into()),
+            node_id: Some("n".into()),
+            cert: Some("c.pem".into()),
+            ..Default::default()
+        };
+        assert!(ClusterOptions::resolve(&half, &Default::default()).is_err());
+    }
+
+    #[test]
     fn node_ids_and_prefixes_are_key_safe() {
         assert!(NodeId::new("node-1.rack_a").is_ok());
         for bad in ["", "a/b", "-x", ".x", "a b", &"n".repeat(64)] {
