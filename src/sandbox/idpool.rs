@@ -10,13 +10,13 @@
 //! The range is the `hatchery` entry of `/etc/subuid` and `/etc/subgid` when there is
 //! one, else [`DEFAULT_RANGE`]. No two sandboxes running at the same time share an id; over
 //! time ids are reused (a random slot is tried first), as systemd's dynamic users are. A lease is a write lock on one byte of a lock file
-//! (`/run/hatchery/ids.lock`, an open-file-description lock): it is released when the
-//! last descriptor of the lease closes, also when the supervisor is killed, so a crash
-//! never leaks an id. The last id of the range is never leased: it is the "null" id that
+//! (`/run/hatchery/ids.lock`, an open-file-description lock, one description per process): it
+//! is released when the last handle on the lease is dropped, and with the description when
+//! the supervisor is killed, so a crash never leaks an id. The last id of the range is never leased: it is the "null" id that
 //! read-only idmapped mounts map, so that nothing on disk maps to a sandbox through them.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use nix::fcntl::{FcntlArg, fcntl};
@@ -80,9 +80,10 @@ impl IdRanges {
 }
 
 /// A leased uid/gid pair, held until every copy of it is dropped.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct IdLease {
-    lock: OwnedFd,
+    /// Held, not read: the byte is unlocked when the last handle goes.
+    _slot: std::sync::Arc<Slot>,
     pub uid: u32,
     pub gid: u32,
 }
@@ -90,23 +91,83 @@ pub struct IdLease {
 impl IdLease {
     /// A second handle on the same lease (the lease ends when the last one is dropped).
     pub fn try_clone(&self) -> io::Result<IdLease> {
-        Ok(IdLease {
-            lock: self.lock.try_clone()?,
-            uid: self.uid,
-            gid: self.gid,
-        })
+        Ok(self.clone())
     }
 }
 
-fn lock_byte(fd: &OwnedFd, slot: u32) -> nix::Result<()> {
+/// One locked byte of this process's lock description; unlocked when dropped.
+#[derive(Debug)]
+struct Slot {
+    lock: std::sync::Arc<OwnedFd>,
+    index: u32,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // A forked copy of a lease shares its parent's description: only the process that
+        // took the lease gives it back.
+        if OWNER.load(std::sync::atomic::Ordering::Relaxed) != std::process::id() {
+            return;
+        }
+        let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+        // An unlock that failed leaves the byte locked: it stays marked as held, so that
+        // this process never hands the id out twice.
+        if set_lock(&self.lock, self.index, libc::F_UNLCK).is_ok() {
+            if let Some(t) = table.as_mut() {
+                t.held.remove(&self.index);
+            }
+        }
+    }
+}
+
+/// The lock file as this process holds it: one open file description for every lease.
+///
+/// Why one: the kernel walks every lock of a file each time any descriptor of it is
+/// closed, in any process. A supervisor holding one description per lease (the
+/// controller's launcher, with hundreds of workers) leaves that many descriptors in every
+/// process it clones, each closed once; every start then cost the square of the running
+/// sandboxes in lock walks. A description's own locks never conflict with each other, so
+/// the bytes this process holds are also kept in `held`.
+struct LockTable {
+    lock: std::sync::Arc<OwnedFd>,
+    held: std::collections::HashSet<u32>,
+}
+
+static TABLE: std::sync::Mutex<Option<LockTable>> = std::sync::Mutex::new(None);
+
+fn set_lock(fd: &OwnedFd, slot: u32, kind: libc::c_int) -> nix::Result<()> {
     // SAFETY: `flock` is plain old data; all-zero is a valid value, then filled in below.
     let mut lk: libc::flock = unsafe { std::mem::zeroed() };
-    lk.l_type = libc::F_WRLCK as libc::c_short;
+    lk.l_type = kind as libc::c_short;
     lk.l_whence = libc::SEEK_SET as libc::c_short;
     lk.l_start = libc::off_t::from(slot);
     lk.l_len = 1;
     fcntl(fd, FcntlArg::F_OFD_SETLK(&lk)).map(drop)
 }
+
+/// This process's lock description, opened on first use (and again in a child process,
+/// whose copy of the table belongs to its parent's description).
+fn table(table: &mut Option<LockTable>) -> io::Result<&mut LockTable> {
+    let pid = std::process::id();
+    if OWNER.load(std::sync::atomic::Ordering::Relaxed) != pid {
+        *table = None;
+    }
+    if table.is_none() {
+        let dir = Dir::create(Path::new(LOCK_DIR), 0o755)?;
+        let lock = dir.open_lock(LOCK_FILE, 0o600)?;
+        *table = Some(LockTable {
+            lock: std::sync::Arc::new(lock),
+            held: std::collections::HashSet::new(),
+        });
+        OWNER.store(pid, std::sync::atomic::Ordering::Relaxed);
+    }
+    table
+        .as_mut()
+        .ok_or_else(|| io::Error::other("the id lock table is missing"))
+}
+
+/// The process that opened [`TABLE`]'s description.
+static OWNER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// Leases a free uid/gid pair from `ranges`.
 pub fn lease(ranges: &IdRanges) -> io::Result<IdLease> {
@@ -114,10 +175,8 @@ pub fn lease(ranges: &IdRanges) -> io::Result<IdLease> {
     if slots == 0 {
         return Err(io::Error::other("the id range has no ids to lease"));
     }
-    let dir = Dir::create(Path::new(LOCK_DIR), 0o755)?;
-    // A descriptor of its own: the lock belongs to this open file description, which no
-    // other lease shares (locks of one description never conflict with each other).
-    let lock = dir.open_lock(LOCK_FILE, 0o600)?;
+    let mut guard = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    let t = table(&mut guard)?;
     // Start at a random slot: concurrent supervisors rarely probe the same slots, and one
     // long-lived supervisor (the controller's launcher) does not hand the same id to every
     // worker it starts one after another.
@@ -126,10 +185,17 @@ pub fn lease(ranges: &IdRanges) -> io::Result<IdLease> {
     let start = u32::from_le_bytes(r) % slots;
     for i in 0..slots {
         let slot = (start + i) % slots;
-        match lock_byte(&lock, slot) {
+        if t.held.contains(&slot) {
+            continue;
+        }
+        match set_lock(&t.lock, slot, libc::F_WRLCK) {
             Ok(()) => {
+                t.held.insert(slot);
                 return Ok(IdLease {
-                    lock,
+                    _slot: std::sync::Arc::new(Slot {
+                        lock: t.lock.clone(),
+                        index: slot,
+                    }),
                     uid: ranges.uids.start + slot,
                     gid: ranges.gids.start + slot,
                 });
@@ -143,15 +209,12 @@ pub fn lease(ranges: &IdRanges) -> io::Result<IdLease> {
     )))
 }
 
-impl AsFd for IdLease {
-    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.lock.as_fd()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Slots are bytes of one file whatever the range: these tests take turns.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     #[test]
     fn the_null_id_is_the_last_of_the_range_and_never_a_slot() {
@@ -175,6 +238,7 @@ mod tests {
             eprintln!("SKIP: leases need /run/hatchery (root)");
             return Ok(());
         }
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let ranges = IdRanges {
             uids: SubIdRange {
                 start: 0x7100_0000,
@@ -195,6 +259,35 @@ mod tests {
         drop(keep);
         let c = lease(&ranges)?;
         assert_ne!(c.uid, b.uid);
+        Ok(())
+    }
+
+    #[test]
+    fn a_byte_locked_by_another_description_is_never_leased() -> io::Result<()> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: leases need /run/hatchery (root)");
+            return Ok(());
+        }
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let ranges = IdRanges {
+            uids: SubIdRange {
+                start: 0x7200_0000,
+                count: 3,
+            },
+            gids: SubIdRange {
+                start: 0x7200_0000,
+                count: 3,
+            },
+        };
+        // Another supervisor: its own description of the lock file, holding slot 0.
+        let other = Dir::create(Path::new(LOCK_DIR), 0o755)?.open_lock(LOCK_FILE, 0o600)?;
+        set_lock(&other, 0, libc::F_WRLCK).map_err(io::Error::from)?;
+        let a = lease(&ranges)?;
+        assert_eq!(a.uid, 0x7200_0001, "slot 0 is the other supervisor's");
+        assert!(lease(&ranges).is_err(), "slot 1 is ours, slot 0 theirs");
+        drop(other);
+        let b = lease(&ranges)?;
+        assert_eq!(b.uid, 0x7200_0000);
         Ok(())
     }
 }
