@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
 """Controller benchmarks (numbers, not verdicts):
 
-1. spawn rate: N workers requested through the API as fast as the controller answers,
-   timed until the launcher has started every one (each in its own sandbox and cgroup);
+1. spawn rate: N workers requested through the API from CLIENTS connections at once, timed
+   from the first request until every worker's command runs (it has registered with the
+   controller), each in its own sandbox and cgroup with seccomp and Landlock; against
+   bubblewrap (--unshare-all) starting N long-lived sandboxes from CLIENTS lanes, each
+   lane starting the next once its sandbox's command runs (it writes a byte). Alternated
+   over ROUNDS rounds; medians and the ratio. The audit trail is on the state directory's
+   filesystem (pass --state-dir to put it on another disk): every decision is durable
+   before it is answered or carried out;
 2. N idle workers heartbeating every second: the controller's CPU share and RSS over a
    window (and the launcher's, for completeness);
 3. kill-switch latency: from the request until the controller confirms that every sandbox
    is gone (processes and cgroups), checked independently afterwards.
 
-Run as root: scripts/bench-controller.sh [-n 1000] [--window 30]
+Run as root: scripts/bench-controller.sh [-n 1000] [--clients 8] [--rounds 3] [--window 30]
 """
-import argparse, json, os, shutil, signal, socket, struct, subprocess, sys, tempfile, time
+import argparse, json, os, shutil, signal, socket, statistics, struct, subprocess, sys, tempfile, threading, time
 
 def frame(obj):
     body = json.dumps(obj).encode()
@@ -62,21 +68,112 @@ def worker_cgroups():
             dirs[:] = []
     return n
 
+def bwrap_argv():
+    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        p = "/" + name
+        if os.path.islink(p):
+            argv += ["--symlink", os.readlink(p), p]
+        elif os.path.isdir(p):
+            argv += ["--ro-bind", p, p]
+    return argv + ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                   "/bin/sh", "-c", "echo; exec sleep 3600"]
+
+def spawn_hatchery(sock, n, clients, request):
+    """N spawns from CLIENTS connections; seconds until all were answered and until every
+    worker's command runs, and the median answer latency (ms)."""
+    status = Api(sock)
+    lat, errors = [], []
+    def client(count):
+        api = Api(sock)
+        for _ in range(count):
+            t = time.monotonic()
+            r = api.call({"op": "spawn", "parent": None, "request": request})
+            lat.append((time.monotonic() - t) * 1000)
+            if r.get("result") != "spawned":
+                errors.append(r)
+                return
+    shares = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
+    threads = [threading.Thread(target=client, args=(c,)) for c in shares if c]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    answered = time.monotonic() - t0
+    if errors:
+        sys.exit(f"a spawn failed: {errors[0]}")
+    while True:
+        st = status.call({"op": "status"})
+        if "running" not in st:
+            sys.exit(f"the controller's status has no running count: {st}")
+        if st["running"] >= n:
+            break
+        if time.monotonic() - t0 > 600:
+            sys.exit(f"only {st.get('running')} of {n} running after 600 s")
+        time.sleep(0.005)
+    return answered, time.monotonic() - t0, statistics.median(lat)
+
+def spawn_bwrap(n, lanes):
+    """N bubblewrap sandboxes from LANES lanes, each starting the next once its sandbox's
+    command runs; seconds until all run, and their pids (to stop them)."""
+    argv, pids, lock = bwrap_argv(), [], threading.Lock()
+    def lane(count):
+        for _ in range(count):
+            r, w = os.pipe()
+            pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=[(os.POSIX_SPAWN_DUP2, w, 1)])
+            os.close(w)
+            with lock:
+                pids.append(pid)
+            got = os.read(r, 1)
+            os.close(r)
+            if not got:
+                sys.exit("a bubblewrap sandbox ended before its command ran")
+    shares = [n // lanes + (1 if i < n % lanes else 0) for i in range(lanes)]
+    threads = [threading.Thread(target=lane, args=(c,)) for c in shares if c]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.monotonic() - t0, pids
+
+def stop_bwrap(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hatchery", required=True)
     ap.add_argument("--probe", required=True)
     ap.add_argument("-n", type=int, default=1000)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--window", type=int, default=30)
+    ap.add_argument("--state-dir", help="where the controller keeps its audit trail (default: a temporary directory)")
     a = ap.parse_args()
+    if shutil.which("bwrap") is None:
+        sys.exit("bench-controller: bubblewrap (bwrap) is needed for the peer: apt-get install bubblewrap")
     tmp = tempfile.mkdtemp(prefix="hatchery-bench-")
     sock = os.path.join(tmp, "c.sock")
+    # A directory of its own: a trail begun for this run only.
+    state = tempfile.mkdtemp(prefix="hatchery-bench-state-", dir=a.state_dir) if a.state_dir else os.path.join(tmp, "state")
     with open(os.path.join(tmp, "contract.toml"), "w") as f:
         f.write(f"max_depth = 3\nmax_replicas = {a.n + 10}\ncooldown_seconds = 0\nexpiration_seconds = 3600\n")
     log = open(os.path.join(tmp, "controller.log"), "w")
-    ctl = subprocess.Popen([a.hatchery, "controller", "--socket", sock, "--state-dir", os.path.join(tmp, "state"),
+    ctl = subprocess.Popen([a.hatchery, "controller", "--socket", sock, "--state-dir", state,
                             "--contract", os.path.join(tmp, "contract.toml"), "--heartbeat-timeout", "20s",
                             "--register-timeout", "120s"], stdout=log, stderr=log)
+    bwrap_pids = []
     try:
         for _ in range(200):
             if os.path.exists(sock):
@@ -89,33 +186,36 @@ def main():
                    "filesystem": {"read_only": [probe_dir], "read_write": []}, "profile": "default",
                    "command": [os.path.realpath(a.probe), "agent-idle", "3600"], "env": [], "cwd": None,
                    "state_snapshot": ""}
-        t0 = time.monotonic()
-        for i in range(a.n):
-            r = api.call({"op": "spawn", "parent": None, "request": request})
-            if r.get("result") != "spawned":
-                sys.exit(f"spawn {i} failed: {r}")
-        t_requested = time.monotonic() - t0
-        while True:
-            ws = api.call({"op": "ps"})["workers"]
-            started = sum(1 for w in ws if w["pid"] is not None)
-            if started >= a.n:
+        print(f"workers: {a.n}, clients: {a.clients}, rounds: {a.rounds}")
+        h_rates, b_rates, answers, lats, kills = [], [], [], [], []
+        for rnd in range(a.rounds):
+            answered, running, lat = spawn_hatchery(sock, a.n, a.clients, request)
+            h_rates.append(a.n / running)
+            answers.append(answered)
+            lats.append(lat)
+            print(f"  round {rnd + 1}: hatchery all answered in {answered:.2f} s (median answer {lat:.1f} ms), "
+                  f"all running in {running:.2f} s -> {a.n / running:.0f} workers/s", flush=True)
+            last = rnd == a.rounds - 1
+            if last:
                 break
-            if time.monotonic() - t0 > 600:
-                sys.exit(f"only {started} of {a.n} started after 600 s")
-            time.sleep(0.05)
-        t_started = time.monotonic() - t0
-        while True:
-            ws = api.call({"op": "ps"})["workers"]
-            running = sum(1 for w in ws if w["state"] == "running")
-            if running >= a.n:
-                break
-            if time.monotonic() - t0 > 900:
-                sys.exit(f"only {running} of {a.n} registered")
-            time.sleep(0.2)
-        t_running = time.monotonic() - t0
-        print(f"workers: {a.n}")
-        print(f"spawn: all requested in {t_requested:.2f} s, all started in {t_started:.2f} s "
-              f"-> {a.n / t_started:.0f} workers/s; all registered in {t_running:.2f} s")
+            t = time.monotonic()
+            r = api.call({"op": "kill_switch", "release": False})
+            kills.append((time.monotonic() - t) * 1000)
+            api.call({"op": "kill_switch", "release": True})
+            took, bwrap_pids = spawn_bwrap(a.n, a.clients)
+            b_rates.append(a.n / took)
+            print(f"  round {rnd + 1}: bwrap all running in {took:.2f} s -> {a.n / took:.0f} sandboxes/s", flush=True)
+            stop_bwrap(bwrap_pids)
+            bwrap_pids = []
+        if a.rounds > 1:
+            took, bwrap_pids = spawn_bwrap(a.n, a.clients)
+            b_rates.append(a.n / took)
+            print(f"  round {a.rounds}: bwrap all running in {took:.2f} s -> {a.n / took:.0f} sandboxes/s", flush=True)
+            stop_bwrap(bwrap_pids)
+            bwrap_pids = []
+        h, b = statistics.median(h_rates), statistics.median(b_rates) if b_rates else 0
+        print(f"spawn (median of {a.rounds}): hatchery {h:.0f} workers/s from request to command running, "
+              f"bwrap {b:.0f} sandboxes/s" + (f", ratio {h / b:.2f} (higher is faster)" if b else ""))
 
         launcher = children(ctl.pid)
         hz = os.sysconf("SC_CLK_TCK")
@@ -133,18 +233,23 @@ def main():
         t = time.monotonic()
         r = api.call({"op": "kill_switch", "release": False})
         dt = time.monotonic() - t
+        kills.append(dt * 1000)
         left_cg = worker_cgroups()
         left_ps = subprocess.run(["pgrep", "-f", "agent-idle"], capture_output=True, text=True).stdout.split()
         print(f"kill switch: {r.get('killed')} workers, confirmed after {dt * 1000:.0f} ms "
-              f"(controller's own measure {r.get('elapsed_ms')} ms); afterwards {len(left_ps)} processes, "
+              f"(controller's own measure {r.get('elapsed_ms')} ms; median over rounds "
+              f"{statistics.median(kills):.0f} ms); afterwards {len(left_ps)} processes, "
               f"{left_cg} worker cgroups left")
     finally:
+        stop_bwrap(bwrap_pids)
         ctl.send_signal(signal.SIGTERM)
         try:
             ctl.wait(timeout=60)
         except subprocess.TimeoutExpired:
             ctl.kill()
         shutil.rmtree(tmp, ignore_errors=True)
+        if a.state_dir:
+            shutil.rmtree(state, ignore_errors=True)
 
 if __name__ == "__main__":
     main()

@@ -72,6 +72,12 @@ impl Outbox {
     /// Queues `req` (with `fd`, a worker's socket) and writes what the launcher takes now.
     /// A request larger than a frame is refused here, where it is made, never sent.
     pub fn push(&mut self, req: &LauncherRequest, fd: Option<OwnedFd>) -> Result<(), LinkError> {
+        self.queue(req, fd)?;
+        self.flush()
+    }
+
+    /// Queues a request without writing it (see [`Outbox::flush`]).
+    pub fn queue(&mut self, req: &LauncherRequest, fd: Option<OwnedFd>) -> Result<(), LinkError> {
         let body = serde_json::to_vec(req).map_err(|e| LinkError::Encode(e.to_string()))?;
         if body.len() > wire::MAX_FRAME {
             return Err(LinkError::TooLarge(body.len()));
@@ -95,7 +101,7 @@ impl Outbox {
             fd,
             launch_of,
         });
-        self.flush()
+        Ok(())
     }
 
     /// Writes queued requests until the launcher stops taking them.

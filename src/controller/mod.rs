@@ -383,6 +383,10 @@ struct RunningEngine {
     thread: std::thread::JoinHandle<()>,
 }
 
+/// Most inputs decided before their decisions are made durable together: bounds how long
+/// the first of them waits for its answer.
+const MAX_BATCH: usize = 64;
+
 /// Builds the async runtime and starts the engine on its own thread, where it decides
 /// one input at a time until it has finished; it reaches the launcher, the clock and its
 /// timers through [`engine::HostEffects`].
@@ -423,8 +427,20 @@ fn start_engine(
     let thread = std::thread::Builder::new()
         .name("hatchery-engine".into())
         .spawn(move || {
+            // Whatever queued up while the last batch was decided is the next batch: one
+            // sync makes all of its decisions durable (group commit, see `engine::commit`).
             while let Ok(input) = rx.recv() {
-                engine.handle(input);
+                engine.take(input);
+                for _ in 1..MAX_BATCH {
+                    if engine.finished.is_none() {
+                        break;
+                    }
+                    let Ok(input) = rx.try_recv() else {
+                        break;
+                    };
+                    engine.take(input);
+                }
+                engine.commit();
                 if engine.finished.is_none() {
                     break;
                 }

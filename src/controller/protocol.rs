@@ -291,6 +291,8 @@ pub enum ApiResponse {
         session: String,
         kill_switch: bool,
         active: u64,
+        /// Active workers that registered: their command runs.
+        running: u64,
         lifetime_total: u64,
         audit_entries: u64,
     },

@@ -10,6 +10,7 @@ use crate::manifest::WorkerId;
 use crate::controller::input::Input;
 use crate::controller::launcher::{LauncherRequest, LiveUsage};
 use crate::controller::protocol::{ApiRequest, ApiResponse};
+use crate::controller::registry::WorkerState;
 
 use super::Engine;
 use super::admit::api_answer;
@@ -70,7 +71,7 @@ impl Engine {
                     None => self.spawn_root(*request, &actor),
                     Some(p) => self.spawn_child(&p, *request, &actor, None),
                 };
-                let _ = reply.send(api_answer(outcome));
+                self.answer(reply, api_answer(outcome));
             }
             ApiRequest::Ps(_) => self.ps_request(reply),
             ApiRequest::Kill {
@@ -92,32 +93,42 @@ impl Engine {
             ApiRequest::ClusterPs(_) => self.cluster_ps(reply),
             ApiRequest::Approvals(_) => {
                 let pending = self.pending_approvals.values().cloned().collect();
-                let _ = reply.send(ApiResponse::Approvals { pending });
+                self.answer(reply, ApiResponse::Approvals { pending });
             }
             ApiRequest::Approve { approval_id } => {
-                let _ = reply.send(self.decide(&approval_id, uid, None));
+                let response = self.decide(&approval_id, uid, None);
+                self.answer(reply, response);
             }
             ApiRequest::Deny {
                 approval_id,
                 reason,
             } => {
-                let _ = reply.send(self.decide(&approval_id, uid, Some(reason)));
+                let response = self.decide(&approval_id, uid, Some(reason));
+                self.answer(reply, response);
             }
             ApiRequest::Inspect { worker_id } => {
-                let _ = reply.send(self.inspect(&worker_id));
+                let response = self.inspect(&worker_id);
+                self.answer(reply, response);
             }
             ApiRequest::Logs { worker_id, offset } => {
-                let _ = reply.send(self.logs(&worker_id, offset));
+                let response = self.logs(&worker_id, offset);
+                self.answer(reply, response);
             }
             ApiRequest::Status(_) => {
-                let _ = reply.send(ApiResponse::Status {
+                let response = ApiResponse::Status {
                     pid: std::process::id(),
                     session: self.cfg.session.clone(),
                     kill_switch: self.store.kill_switch_engaged(),
                     active: self.registry.active().count() as u64,
+                    running: self
+                        .registry
+                        .active()
+                        .filter(|(_, w)| w.state == WorkerState::Registered)
+                        .count() as u64,
                     lifetime_total: self.store.lifetime_total(),
                     audit_entries: self.audit.entries(),
-                });
+                };
+                self.answer(reply, response);
             }
         }
     }
@@ -131,7 +142,8 @@ impl Engine {
             }
             self.pending_ps.push(reply);
         } else {
-            let _ = reply.send(self.ps(&self.last_usage));
+            let response = self.ps(&self.last_usage);
+            self.answer(reply, response);
         }
     }
 
@@ -185,8 +197,8 @@ impl Engine {
             return;
         }
         let resp = self.ps(&self.last_usage);
-        for reply in self.pending_ps.drain(..) {
-            let _ = reply.send(resp.clone());
+        for reply in std::mem::take(&mut self.pending_ps) {
+            self.answer(reply, resp.clone());
         }
     }
 

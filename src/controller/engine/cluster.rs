@@ -119,21 +119,27 @@ impl Engine {
         reply: oneshot::Sender<ApiResponse>,
     ) {
         let Some(cluster) = &mut self.cluster else {
-            let _ = reply.send(not_a_node());
+            self.answer(reply, not_a_node());
             return;
         };
         match cluster.set_kill_switch(!release, actor) {
             Err(e) => {
-                let _ = reply.send(ApiResponse::Error {
-                    message: format!("cannot write the cluster's kill switch: {e}"),
-                });
+                self.answer(
+                    reply,
+                    ApiResponse::Error {
+                        message: format!("cannot write the cluster's kill switch: {e}"),
+                    },
+                );
             }
             Ok(_) if release => {
-                let _ = reply.send(ApiResponse::KillSwitch {
-                    engaged: false,
-                    killed: 0,
-                    elapsed_ms: 0,
-                });
+                self.answer(
+                    reply,
+                    ApiResponse::KillSwitch {
+                        engaged: false,
+                        killed: 0,
+                        elapsed_ms: 0,
+                    },
+                );
             }
             Ok(revision) => cluster.await_acks(revision, ACK_LIMIT, reply),
         }
@@ -144,7 +150,7 @@ impl Engine {
         match &mut self.cluster {
             Some(c) => c.workers(reply),
             None => {
-                let _ = reply.send(not_a_node());
+                self.answer(reply, not_a_node());
             }
         }
     }

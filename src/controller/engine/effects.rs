@@ -30,7 +30,8 @@ pub trait Effects: Send {
     /// The monotonic clock the engine's own waits (kill, shutdown) are measured by.
     fn instant(&self) -> Instant;
 
-    /// Queues a request for the launcher; never blocks.
+    /// Queues a request for the launcher; writes nothing ([`Effects::flush_launcher`]
+    /// does) and never blocks.
     fn push_launcher(
         &mut self,
         req: &LauncherRequest,
@@ -141,7 +142,7 @@ impl Effects for HostEffects {
         req: &LauncherRequest,
         fd: Option<OwnedFd>,
     ) -> Result<(), LinkError> {
-        self.launcher.push(req, fd)
+        self.launcher.queue(req, fd)
     }
 
     fn flush_launcher(&mut self) -> Result<(), LinkError> {

@@ -115,9 +115,12 @@ impl Engine {
                 cluster.request_kill(worker_id, recursive, actor, WAIT_LIMIT, reply);
                 return;
             }
-            let _ = reply.send(ApiResponse::Error {
-                message: format!("no running worker {worker_id}"),
-            });
+            self.answer(
+                reply,
+                ApiResponse::Error {
+                    message: format!("no running worker {worker_id}"),
+                },
+            );
             return;
         }
         for id in &ids {
@@ -195,16 +198,19 @@ impl Engine {
             true,
         );
         if cluster {
-            let _ = reply.send(ApiResponse::Error {
+            self.answer(reply, ApiResponse::Error {
                 message: "this node's own kill switch is released, but the cluster's is engaged: nothing new starts until `hatchery kill-switch --cluster --release`".into(),
             });
             return;
         }
-        let _ = reply.send(ApiResponse::KillSwitch {
-            engaged: false,
-            killed: 0,
-            elapsed_ms: 0,
-        });
+        self.answer(
+            reply,
+            ApiResponse::KillSwitch {
+                engaged: false,
+                killed: 0,
+                elapsed_ms: 0,
+            },
+        );
     }
 
     pub(super) fn wait_for(
@@ -276,7 +282,7 @@ impl Engine {
                         }
                     }
                 };
-                let _ = w.reply.send(resp);
+                self.answer(w.reply, resp);
             }
         }
     }

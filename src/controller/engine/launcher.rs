@@ -27,7 +27,10 @@ impl Engine {
             return Err("the launcher is not running".into());
         }
         match self.effects.push_launcher(req, fd) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.flush_launcher();
+                Ok(())
+            }
             Err(LinkError::Gone(e)) => {
                 tracing::error!(error = %e, "the launcher is gone");
                 self.launcher_alive = false;
@@ -37,9 +40,10 @@ impl Engine {
         }
     }
 
-    /// Writes what the launcher will take of the queued requests.
+    /// Writes what the launcher will take of the queued requests, unless a decision that
+    /// asked for them is not durable yet (then [`Engine::commit`] writes them).
     pub(super) fn flush_launcher(&mut self) {
-        if self.launcher_alive {
+        if self.launcher_alive && !self.held.must_sync {
             if let Err(LinkError::Gone(e)) = self.effects.flush_launcher() {
                 tracing::error!(error = %e, "the launcher is gone");
                 self.launcher_alive = false;

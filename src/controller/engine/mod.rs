@@ -15,6 +15,7 @@ mod admit;
 mod api;
 mod approvals;
 mod cluster;
+mod commit;
 mod effects;
 mod kill;
 mod launcher;
@@ -114,6 +115,8 @@ pub struct Engine {
     local_kill: bool,
     /// When the audit head was last anchored in the cluster, and its sequence number.
     last_anchor: (u64, u64),
+    /// Answers and launches waiting for the batch's decisions to be durable.
+    held: commit::Held,
     /// Set when the engine is done; the server stops.
     pub finished: Option<oneshot::Sender<()>>,
 }
@@ -173,6 +176,7 @@ impl Engine {
             local_kill: false,
             last_ack: None,
             last_anchor: (0, 0),
+            held: commit::Held::default(),
             finished: Some(finished),
         }
     }
@@ -182,7 +186,8 @@ impl Engine {
         self.effects.now_ms() / 1000
     }
 
-    /// Appends an entry; `sync` makes it durable before returning (security decisions).
+    /// Appends an entry; `sync` (security decisions) makes it durable before anything the
+    /// batch decided leaves the engine (see `commit`).
     fn record(
         &mut self,
         ev: &str,
@@ -213,13 +218,7 @@ impl Engine {
         self.audit
             .append(ev, actor, worker.map(|w| w.as_str()), details);
         if sync {
-            if let Err(e) = self.audit.sync() {
-                // Without a durable trail no decision may take effect: stop everything.
-                tracing::error!(error = %e, "the audit trail cannot be written; engaging the kill switch");
-                self.engage_local_kill_switch();
-                self.kill_all_directly();
-                let _ = self.send_launcher(&LauncherRequest::KillAll, None);
-            }
+            self.held.must_sync = true;
         }
     }
 
@@ -249,13 +248,19 @@ impl Engine {
         self.registry.all().map(|(id, _)| id.clone()).collect()
     }
 
-    /// Takes one input; queued launcher requests go out before and after it.
+    /// Takes one input as a batch of its own (see [`Engine::take`] and [`Engine::commit`]).
     pub fn handle(&mut self, input: Input) {
+        self.take(input);
+        self.commit();
+    }
+
+    /// Decides one input of a batch; what it decided leaves the engine at
+    /// [`Engine::commit`] (at once, when nothing in the batch needs a sync).
+    pub fn take(&mut self, input: Input) {
         let began = Instant::now();
         let kind = input.kind();
         self.flush_launcher();
         self.dispatch(input);
-        self.flush_launcher();
         // Everything waits while one input is handled: a slow one is worth seeing.
         let took = began.elapsed();
         if took > SLOW_INPUT {
@@ -374,15 +379,21 @@ impl Engine {
     }
 
     fn finish(&mut self) {
-        for reply in self.pending_ps.drain(..) {
-            let _ = reply.send(ApiResponse::Error {
-                message: "the controller is stopping".into(),
-            });
+        for reply in std::mem::take(&mut self.pending_ps) {
+            self.answer(
+                reply,
+                ApiResponse::Error {
+                    message: "the controller is stopping".into(),
+                },
+            );
         }
-        for w in self.waiters.drain(..) {
-            let _ = w.reply.send(ApiResponse::Error {
-                message: "the controller is stopping".into(),
-            });
+        for w in std::mem::take(&mut self.waiters) {
+            self.answer(
+                w.reply,
+                ApiResponse::Error {
+                    message: "the controller is stopping".into(),
+                },
+            );
         }
         let active = self.registry.active().count();
         self.record(
@@ -392,6 +403,8 @@ impl Engine {
             json!({ "session": self.cfg.session, "active_workers": active }),
             true,
         );
+        // Durable before the server is told the engine is done.
+        self.commit();
         // Leaving the cluster frees this node's slots at once (its workers are gone).
         if let Some(c) = &mut self.cluster {
             c.leave();
@@ -415,10 +428,10 @@ impl Engine {
         }
     }
 
-    /// Queues a reply for a worker. A worker whose queue is full does not read what it is
-    /// sent: it is disconnected and stopped (its replies would otherwise pile up in the
-    /// controller without bound).
-    fn reply_worker(&mut self, id: &WorkerId, reply: WorkerReply) {
+    /// Hands a reply to a worker's connection. A worker whose queue is full does not read
+    /// what it is sent: it is disconnected and stopped (its replies would otherwise pile
+    /// up in the controller without bound).
+    fn deliver_worker(&mut self, id: &WorkerId, reply: WorkerReply) {
         let Some(conn) = self.registry.get(id).and_then(|w| w.conn.as_ref()) else {
             return;
         };

@@ -60,7 +60,8 @@ impl World {
     }
 }
 
-struct FakeEffects(Arc<World>, Instant);
+/// The world, the clock's origin, and the launcher requests queued but not written.
+struct FakeEffects(Arc<World>, Instant, Vec<Did>);
 
 impl Effects for FakeEffects {
     fn now_ms(&self) -> u64 {
@@ -78,7 +79,8 @@ impl Effects for FakeEffects {
         req: &LauncherRequest,
         _fd: Option<std::os::fd::OwnedFd>,
     ) -> std::result::Result<(), LinkError> {
-        self.0.push(match req {
+        // Queued, as the real outbox does: written (seen) only when flushed.
+        self.2.push(match req {
             LauncherRequest::Launch { spec } => Did::Launch(spec.worker_id.clone()),
             LauncherRequest::Kill { worker_id } => Did::Kill(worker_id.clone()),
             LauncherRequest::KillAll => Did::KillAll,
@@ -90,11 +92,22 @@ impl Effects for FakeEffects {
     }
 
     fn flush_launcher(&mut self) -> std::result::Result<(), LinkError> {
+        for d in self.2.drain(..) {
+            self.0.push(d);
+        }
         Ok(())
     }
 
     fn cancel_launches(&mut self) -> Vec<String> {
-        Vec::new()
+        let mut cancelled = Vec::new();
+        self.2.retain(|d| match d {
+            Did::Launch(id) => {
+                cancelled.push(id.clone());
+                false
+            }
+            _ => true,
+        });
+        cancelled
     }
 
     fn kill_launcher(&mut self) {}
@@ -161,7 +174,7 @@ fn engine(contract: &str) -> Result<(Engine, Arc<World>)> {
         ManifestSigner::new(Keyring::generate()?),
         Box::new(FakeTrail(world.clone(), 0)),
         Box::new(InMemoryStore::default()),
-        Box::new(FakeEffects(world.clone(), Instant::now())),
+        Box::new(FakeEffects(world.clone(), Instant::now(), Vec::new())),
         done,
     );
     Ok((e, world))
@@ -354,5 +367,85 @@ fn ps_waits_for_the_launcher_only_until_its_timer() -> Result {
     assert!(rx.try_recv().is_err());
     e.handle(Input::PsDeadline);
     assert!(matches!(rx.try_recv(), Ok(ApiResponse::Workers { .. })));
+    Ok(())
+}
+
+/// Takes a spawn request into the current batch; the receiver gets its answer.
+fn take_spawn(e: &mut Engine) -> Result<oneshot::Receiver<ApiResponse>> {
+    let (reply, rx) = oneshot::channel();
+    e.take(Input::Api {
+        peer_uid: 0,
+        request: Box::new(ApiRequest::Spawn {
+            parent: None,
+            request: Box::new(spawn_request()?),
+        }),
+        reply,
+    });
+    Ok(rx)
+}
+
+#[test]
+fn a_batch_of_spawns_is_made_durable_by_one_sync_before_any_answer_or_launch() -> Result {
+    let (mut e, world) = engine(
+        "max_depth = 3\nmax_replicas = 5\ncooldown_seconds = 0\nexpiration_seconds = 3600\n",
+    )?;
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(take_spawn(&mut e)?);
+    }
+    let before = world.did();
+    assert!(
+        !before
+            .iter()
+            .any(|d| matches!(d, Did::Sync | Did::Launch(_))),
+        "something left the batch before its sync: {before:?}"
+    );
+    for rx in &mut answers {
+        assert!(rx.try_recv().is_err(), "an answer left before its sync");
+    }
+    e.commit();
+    let did = world.did();
+    let syncs: Vec<usize> = did
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| **d == Did::Sync)
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(syncs.len(), 1, "one sync for the batch: {did:?}");
+    let launches: Vec<usize> = did
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| matches!(d, Did::Launch(_)))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(launches.len(), 3, "{did:?}");
+    assert!(
+        launches.iter().all(|l| syncs.iter().all(|s| s < l)),
+        "a launch was written before the sync: {did:?}"
+    );
+    for mut rx in answers {
+        spawned(rx.try_recv().ok());
+    }
+    Ok(())
+}
+
+#[test]
+fn a_batch_whose_sync_fails_answers_errors_and_launches_nothing() -> Result {
+    let (mut e, world) = engine(CONTRACT)?;
+    world.sync_fails.store(true, Ordering::SeqCst);
+    let mut answers = vec![take_spawn(&mut e)?, take_spawn(&mut e)?];
+    e.commit();
+    for rx in &mut answers {
+        match rx.try_recv() {
+            Ok(ApiResponse::Error { message }) => {
+                assert!(message.contains("audit trail"), "{message}")
+            }
+            other => panic!("a decision that is not durable was answered: {other:?}"),
+        }
+    }
+    let did = world.did();
+    assert!(!did.iter().any(|d| matches!(d, Did::Launch(_))), "{did:?}");
+    assert!(did.contains(&Did::KillAll), "{did:?}");
+    assert!(e.store.kill_switch_engaged());
     Ok(())
 }

@@ -8,7 +8,6 @@ use crate::manifest::WorkerId;
 use crate::sandbox::handle::KillHandle;
 
 use crate::controller::admission::reaping::{self, Patience, Phase, Reap, Vitals};
-use crate::controller::launcher::LauncherRequest;
 use crate::controller::protocol::ExitInfo;
 use crate::controller::registry::{WorkerRecord, WorkerState};
 
@@ -115,16 +114,9 @@ impl Engine {
         }
         self.expire_approvals(now_ms);
         self.settle_waiters();
-        let synced = self.audit.sync();
-        if synced.is_ok() {
+        // As for a decision's own sync: without a durable trail, nothing goes on.
+        if self.sync_trail() {
             self.cluster_anchor(now_ms);
-        }
-        if let Err(e) = synced {
-            // As for a decision's own sync: without a durable trail, nothing goes on.
-            tracing::error!(error = %e, "the audit trail cannot be written; engaging the kill switch");
-            self.engage_local_kill_switch();
-            self.kill_all_directly();
-            let _ = self.send_launcher(&LauncherRequest::KillAll, None);
         }
     }
 
