@@ -433,3 +433,48 @@ fn an_anchor_that_cannot_be_written_engages_the_kill_switch() {
     c.stop();
     drop(disk);
 }
+
+#[test]
+fn concurrent_spawns_sharing_syncs_are_each_answered_and_each_in_the_trail() {
+    if skip_unless_root("group commit") {
+        return;
+    }
+    // Clients at once: their decisions share syncs. Each is looked for in the trail as
+    // soon as it is answered (the order itself, answer after sync, is checked where the
+    // sync can be watched: the engine's own tests).
+    let mut c = TestController::start(CONTRACT, &[]);
+    let shared = &c;
+    let late: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..6)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut late = Vec::new();
+                    for _ in 0..4 {
+                        let id = match shared.spawn(&[], "true") {
+                            Ok(id) => id,
+                            Err(out) => panic!("spawn: {} {}", stderr(&out), shared.log()),
+                        };
+                        let written = shared
+                            .audit("replication_requested")
+                            .iter()
+                            .any(|e| e["worker_id"] == id.as_str());
+                        if !written {
+                            late.push(id);
+                        }
+                    }
+                    late
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    assert!(
+        late.is_empty(),
+        "answered before their decision was in the trail: {late:?}"
+    );
+    assert_eq!(c.audit("replication_requested").len(), 24);
+    c.stop();
+}
