@@ -100,24 +100,36 @@ impl IdLease {
 struct Slot {
     lock: std::sync::Arc<OwnedFd>,
     index: u32,
+    /// The process that took it.
+    owner: Owner,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         // A forked copy of a lease shares its parent's description: only the process that
         // took the lease gives it back.
-        if OWNER.load(std::sync::atomic::Ordering::Relaxed) != std::process::id() {
+        if current_owner() != Some(self.owner) {
             return;
         }
         let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
         // An unlock that failed leaves the byte locked: it stays marked as held, so that
         // this process never hands the id out twice.
         if set_lock(&self.lock, self.index, libc::F_UNLCK).is_ok() {
-            if let Some(t) = table.as_mut() {
+            if let Some(t) = table.as_mut().filter(|t| t.owner == self.owner) {
                 t.held.remove(&self.index);
             }
         }
     }
+}
+
+/// A process as the lock table knows it: its pid and its pid namespace (a child in a new
+/// pid namespace can have its parent's pid number, 1 included).
+type Owner = (u32, u64);
+
+fn current_owner() -> Option<Owner> {
+    use std::os::unix::fs::MetadataExt;
+    let ns = std::fs::metadata("/proc/self/ns/pid").ok()?.ino();
+    Some((std::process::id(), ns))
 }
 
 /// The lock file as this process holds it: one open file description for every lease.
@@ -131,6 +143,8 @@ impl Drop for Slot {
 struct LockTable {
     lock: std::sync::Arc<OwnedFd>,
     held: std::collections::HashSet<u32>,
+    /// The process that opened the description.
+    owner: Owner,
 }
 
 static TABLE: std::sync::Mutex<Option<LockTable>> = std::sync::Mutex::new(None);
@@ -148,8 +162,10 @@ fn set_lock(fd: &OwnedFd, slot: u32, kind: libc::c_int) -> nix::Result<()> {
 /// This process's lock description, opened on first use (and again in a child process,
 /// whose copy of the table belongs to its parent's description).
 fn table(table: &mut Option<LockTable>) -> io::Result<&mut LockTable> {
-    let pid = std::process::id();
-    if OWNER.load(std::sync::atomic::Ordering::Relaxed) != pid {
+    let owner = current_owner().ok_or_else(|| {
+        io::Error::other("cannot tell this process from its parent: /proc/self/ns/pid is unreadable (mount /proc)")
+    })?;
+    if table.as_ref().is_some_and(|t| t.owner != owner) {
         *table = None;
     }
     if table.is_none() {
@@ -158,16 +174,13 @@ fn table(table: &mut Option<LockTable>) -> io::Result<&mut LockTable> {
         *table = Some(LockTable {
             lock: std::sync::Arc::new(lock),
             held: std::collections::HashSet::new(),
+            owner,
         });
-        OWNER.store(pid, std::sync::atomic::Ordering::Relaxed);
     }
     table
         .as_mut()
         .ok_or_else(|| io::Error::other("the id lock table is missing"))
 }
-
-/// The process that opened [`TABLE`]'s description.
-static OWNER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// Leases a free uid/gid pair from `ranges`.
 pub fn lease(ranges: &IdRanges) -> io::Result<IdLease> {
@@ -195,6 +208,7 @@ pub fn lease(ranges: &IdRanges) -> io::Result<IdLease> {
                     _slot: std::sync::Arc::new(Slot {
                         lock: t.lock.clone(),
                         index: slot,
+                        owner: t.owner,
                     }),
                     uid: ranges.uids.start + slot,
                     gid: ranges.gids.start + slot,
@@ -288,6 +302,59 @@ mod tests {
         drop(other);
         let b = lease(&ranges)?;
         assert_eq!(b.uid, 0x7200_0000);
+        Ok(())
+    }
+
+    /// Whether a description of its own (another supervisor) could lock `slot` now.
+    fn another_can_take(slot: u32) -> io::Result<bool> {
+        let other = Dir::create(Path::new(LOCK_DIR), 0o755)?.open_lock(LOCK_FILE, 0o600)?;
+        Ok(set_lock(&other, slot, libc::F_WRLCK).is_ok())
+    }
+
+    #[test]
+    fn a_copy_of_a_lease_in_another_process_neither_frees_it_nor_leases_it_again() -> io::Result<()>
+    {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: leases need /run/hatchery (root)");
+            return Ok(());
+        }
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let r = SubIdRange {
+            start: 0x7300_0000,
+            count: 3,
+        };
+        let ranges = IdRanges { uids: r, gids: r };
+        let ours = lease(&ranges)?;
+        let slot = ours.uid - 0x7300_0000;
+        let Some((pid, ns)) = current_owner() else {
+            return Err(io::Error::other("no owner"));
+        };
+        // As a forked child (in a new pid namespace, pid 1 maybe) sees it: the same
+        // description and memory, another process.
+        for stranger in [(pid, ns.wrapping_add(1)), (pid.wrapping_add(1), ns)] {
+            let copy = Slot {
+                lock: ours._slot.lock.clone(),
+                index: slot,
+                owner: stranger,
+            };
+            drop(copy);
+            assert!(!another_can_take(slot)?, "a copy's drop freed the lease");
+        }
+        {
+            let mut guard = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(t) = guard.as_mut() {
+                t.owner = (pid, ns.wrapping_add(1));
+            }
+        }
+        // The stranger's own table is a description of its own: the byte is not its.
+        let theirs = lease(&ranges)?;
+        assert_ne!(theirs.uid, ours.uid);
+        drop(theirs);
+        drop(ours);
+        assert!(
+            another_can_take(slot)?,
+            "the lease ends with its last handle"
+        );
         Ok(())
     }
 }

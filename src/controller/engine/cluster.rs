@@ -33,9 +33,7 @@ impl Engine {
                 (self.last_ack, self.cluster_kill)
             {
                 if revision == engaged {
-                    if let Some(c) = &mut self.cluster {
-                        c.ack(revision, killed, ms);
-                    }
+                    self.ack_cluster(revision, killed, ms);
                 }
             }
         }

@@ -21,8 +21,13 @@ use super::Engine;
 pub(super) struct Held {
     /// A decision recorded since the last sync must be durable before anything leaves.
     pub(super) must_sync: bool,
+    /// A sync failed during this batch (a tick's, or a kill's): nothing it held is
+    /// answered as done, whatever a later sync does.
+    failed: bool,
     api: Vec<(oneshot::Sender<ApiResponse>, ApiResponse)>,
     workers: Vec<(WorkerId, WorkerReply)>,
+    /// This node's acknowledgements of the cluster's kill switch: (revision, killed, ms).
+    acks: Vec<(i64, usize, u64)>,
 }
 
 impl Engine {
@@ -46,6 +51,16 @@ impl Engine {
         }
     }
 
+    /// Acknowledges the cluster's kill switch (in a cluster), held like an answer: the
+    /// entry that says this node carried it out is durable first.
+    pub(super) fn ack_cluster(&mut self, revision: i64, killed: usize, elapsed_ms: u64) {
+        if self.held.must_sync {
+            self.held.acks.push((revision, killed, elapsed_ms));
+        } else if let Some(c) = &mut self.cluster {
+            c.ack(revision, killed, elapsed_ms);
+        }
+    }
+
     /// Makes every entry recorded so far durable. A trail that cannot be written stops
     /// everything: the kill switch, every sandbox killed through the controller's own
     /// handles, every queued launch cancelled, and the launcher told to kill too.
@@ -54,6 +69,7 @@ impl Engine {
         match self.audit.sync() {
             Ok(()) => true,
             Err(e) => {
+                self.held.failed = true;
                 tracing::error!(error = %e, "the audit trail cannot be written; engaging the kill switch");
                 self.engage_local_kill_switch();
                 self.kill_all_directly();
@@ -69,9 +85,11 @@ impl Engine {
         // Delivering to a worker can decide again (one that does not read its replies is
         // stopped, and that is recorded): a second round makes that durable too.
         for _ in 0..2 {
-            let durable = !self.held.must_sync || self.sync_trail();
+            let synced = !self.held.must_sync || self.sync_trail();
+            let durable = synced && !std::mem::take(&mut self.held.failed);
             let api = std::mem::take(&mut self.held.api);
             let workers = std::mem::take(&mut self.held.workers);
+            let acks = std::mem::take(&mut self.held.acks);
             for (reply, response) in api {
                 // A refusal changed nothing: it is answered as it is, whatever the trail.
                 let response = if durable || matches!(response, ApiResponse::Denied { .. }) {
@@ -86,6 +104,11 @@ impl Engine {
             if durable {
                 for (id, reply) in workers {
                     self.deliver_worker(&id, reply);
+                }
+                if let Some(c) = &mut self.cluster {
+                    for (revision, killed, ms) in acks {
+                        c.ack(revision, killed, ms);
+                    }
                 }
             }
             if !self.held.must_sync {

@@ -270,9 +270,7 @@ impl Engine {
                             elapsed_ms,
                         },
                         WaitKind::ClusterAck { revision } => {
-                            if let Some(c) = &mut self.cluster {
-                                c.ack(revision, w.killed.len(), elapsed_ms);
-                            }
+                            self.ack_cluster(revision, w.killed.len(), elapsed_ms);
                             self.last_ack = Some((revision, w.killed.len(), elapsed_ms));
                             ApiResponse::KillSwitch {
                                 engaged: true,

@@ -28,6 +28,7 @@ enum Did {
     Shutdown,
     Fence(u64),
     Wake(Duration, &'static str),
+    Ack(i64),
 }
 
 #[derive(Default)]
@@ -447,5 +448,83 @@ fn a_batch_whose_sync_fails_answers_errors_and_launches_nothing() -> Result {
     assert!(!did.iter().any(|d| matches!(d, Did::Launch(_))), "{did:?}");
     assert!(did.contains(&Did::KillAll), "{did:?}");
     assert!(e.store.kill_switch_engaged());
+    Ok(())
+}
+
+#[test]
+fn a_sync_failing_mid_batch_turns_the_batch_answers_into_errors() -> Result {
+    let (mut e, world) = engine(CONTRACT)?;
+    let mut rx = take_spawn(&mut e)?;
+    // The tick's own sync fails; the commit after it has nothing left to sync.
+    world.sync_fails.store(true, Ordering::SeqCst);
+    e.take(Input::Tick);
+    world.sync_fails.store(false, Ordering::SeqCst);
+    e.commit();
+    let got = rx.try_recv();
+    assert!(
+        !matches!(got, Ok(ApiResponse::Spawned { .. })),
+        "a spawn whose batch failed to sync was answered as spawned: {got:?}"
+    );
+    assert!(e.store.kill_switch_engaged());
+    Ok(())
+}
+
+/// A cluster that records its acknowledgements among the engine's other effects.
+struct FakeCluster(Arc<World>);
+
+impl crate::controller::cluster::Cluster for FakeCluster {
+    fn node_id(&self) -> &str {
+        "n1"
+    }
+    fn set_kill_switch(&mut self, _: bool, _: &str) -> std::result::Result<i64, String> {
+        Ok(5)
+    }
+    fn await_acks(&mut self, _: i64, _: Duration, _: oneshot::Sender<ApiResponse>) {}
+    fn ack(&mut self, revision: i64, _: usize, _: u64) {
+        self.0.push(Did::Ack(revision));
+    }
+    fn workers(&mut self, _: oneshot::Sender<ApiResponse>) {}
+    fn request_kill(
+        &mut self,
+        _: &WorkerId,
+        _: bool,
+        _: &str,
+        _: Duration,
+        _: oneshot::Sender<ApiResponse>,
+    ) {
+    }
+    fn kill_done(&mut self, _: &WorkerId) {}
+    fn anchor(&mut self, _: crate::controller::cluster::AnchorRecord) {}
+    fn leave(&mut self) {}
+}
+
+#[test]
+fn a_node_acknowledges_the_cluster_kill_switch_only_once_its_entry_is_durable() -> Result {
+    let (e, world) = engine(CONTRACT)?;
+    let mut e = e.with_cluster(Box::new(FakeCluster(world.clone())));
+    e.take(Input::ClusterKillSwitch {
+        engaged: true,
+        revision: 5,
+    });
+    e.commit();
+    let did = world.did();
+    let ack = did.iter().position(|d| *d == Did::Ack(5));
+    let sync = did.iter().position(|d| *d == Did::Sync);
+    assert!(
+        matches!((sync, ack), (Some(s), Some(a)) if s < a),
+        "acknowledged before its entry was durable: {did:?}"
+    );
+
+    // And not at all when the entry cannot be written.
+    let (e, world) = engine(CONTRACT)?;
+    let mut e = e.with_cluster(Box::new(FakeCluster(world.clone())));
+    world.sync_fails.store(true, Ordering::SeqCst);
+    e.take(Input::ClusterKillSwitch {
+        engaged: true,
+        revision: 5,
+    });
+    e.commit();
+    let did = world.did();
+    assert!(!did.contains(&Did::Ack(5)), "{did:?}");
     Ok(())
 }

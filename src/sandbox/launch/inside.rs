@@ -55,6 +55,10 @@ pub(super) fn contain(ctx: &ChildContext<'_>, chan: OwnedFd) -> ! {
 /// [`payload_steps`].
 fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, Step> {
     let spec = ctx.spec;
+    // Only what pid 1 and the payload use stays open. A host descriptor left open is a way
+    // out (see `process::close_fds_from`); and a launcher holds descriptors for every
+    // sandbox it runs, which the payload's fork would copy and close all over again.
+    process::close_fds_from(3, &kept_fds(ctx, chan));
     // pid 1 shows its own name, not the supervisor's command line and environment (the
     // payload can read /proc/1).
     if let Some(title) = ctx.title {
@@ -105,6 +109,16 @@ fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, S
         ForkResult::Child => payload(ctx, chan, &filters),
         ForkResult::Parent { child } => reap(child, chan),
     }
+}
+
+/// The supervisor's descriptors pid 1 and the payload use: the channel, the cgroup files,
+/// the prepared trees and the payload's descriptors.
+fn kept_fds(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Vec<RawFd> {
+    let mut keep = vec![chan.as_raw_fd()];
+    keep.extend_from_slice(&ctx.join_cgroup);
+    keep.extend_from_slice(&ctx.trees);
+    keep.extend(ctx.fds.iter().map(|(source, _)| *source));
+    keep
 }
 
 /// Moves pid 1 into its cgroup by writing `0` to the files the supervisor opened (where
