@@ -6,7 +6,8 @@
    controller), each in its own sandbox and cgroup with seccomp and Landlock; against
    bubblewrap (--unshare-all) starting N long-lived sandboxes from CLIENTS lanes, each
    lane starting the next once its sandbox's command runs (it writes a byte). Alternated
-   over ROUNDS rounds; medians and the ratio. The audit trail is on the state directory's
+   over ROUNDS rounds; medians and the ratio, of the rate and of the CPU the whole machine
+   spent per start (every process, the kernel's work included). The audit trail is on the state directory's
    filesystem (pass --state-dir to put it on another disk): every decision is durable
    before it is answered or carried out;
 2. N idle workers heartbeating every second: the controller's CPU share and RSS over a
@@ -79,6 +80,12 @@ def bwrap_argv():
             argv += ["--ro-bind", p, p]
     return argv + ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
                    "/bin/sh", "-c", "echo; exec sleep 3600"]
+
+def busy_ms():
+    """CPU time the whole machine spent busy so far (every process and the kernel), in ms."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) * 1000 / os.sysconf("SC_CLK_TCK")
 
 def spawn_hatchery(sock, n, clients, request):
     """N spawns from CLIENTS connections; seconds until all were answered and until every
@@ -187,14 +194,16 @@ def main():
                    "command": [os.path.realpath(a.probe), "agent-idle", "3600"], "env": [], "cwd": None,
                    "state_snapshot": ""}
         print(f"workers: {a.n}, clients: {a.clients}, rounds: {a.rounds}")
-        h_rates, b_rates, answers, lats, kills = [], [], [], [], []
+        h_rates, b_rates, answers, lats, kills, h_cpu, b_cpu = [], [], [], [], [], [], []
         for rnd in range(a.rounds):
+            c0 = busy_ms()
             answered, running, lat = spawn_hatchery(sock, a.n, a.clients, request)
+            h_cpu.append((busy_ms() - c0) / a.n)
             h_rates.append(a.n / running)
             answers.append(answered)
             lats.append(lat)
             print(f"  round {rnd + 1}: hatchery all answered in {answered:.2f} s (median answer {lat:.1f} ms), "
-                  f"all running in {running:.2f} s -> {a.n / running:.0f} workers/s", flush=True)
+                  f"all running in {running:.2f} s -> {a.n / running:.0f} workers/s, {h_cpu[-1]:.1f} ms CPU each", flush=True)
             last = rnd == a.rounds - 1
             if last:
                 break
@@ -202,20 +211,29 @@ def main():
             r = api.call({"op": "kill_switch", "release": False})
             kills.append((time.monotonic() - t) * 1000)
             api.call({"op": "kill_switch", "release": True})
+            c0 = busy_ms()
             took, bwrap_pids = spawn_bwrap(a.n, a.clients)
+            b_cpu.append((busy_ms() - c0) / a.n)
             b_rates.append(a.n / took)
-            print(f"  round {rnd + 1}: bwrap all running in {took:.2f} s -> {a.n / took:.0f} sandboxes/s", flush=True)
+            print(f"  round {rnd + 1}: bwrap all running in {took:.2f} s -> {a.n / took:.0f} sandboxes/s, "
+                  f"{b_cpu[-1]:.1f} ms CPU each", flush=True)
             stop_bwrap(bwrap_pids)
             bwrap_pids = []
         if a.rounds > 1:
+            c0 = busy_ms()
             took, bwrap_pids = spawn_bwrap(a.n, a.clients)
+            b_cpu.append((busy_ms() - c0) / a.n)
             b_rates.append(a.n / took)
-            print(f"  round {a.rounds}: bwrap all running in {took:.2f} s -> {a.n / took:.0f} sandboxes/s", flush=True)
+            print(f"  round {a.rounds}: bwrap all running in {took:.2f} s -> {a.n / took:.0f} sandboxes/s, "
+                  f"{b_cpu[-1]:.1f} ms CPU each", flush=True)
             stop_bwrap(bwrap_pids)
             bwrap_pids = []
         h, b = statistics.median(h_rates), statistics.median(b_rates) if b_rates else 0
         print(f"spawn (median of {a.rounds}): hatchery {h:.0f} workers/s from request to command running, "
               f"bwrap {b:.0f} sandboxes/s" + (f", ratio {h / b:.2f} (higher is faster)" if b else ""))
+        hc, bc = statistics.median(h_cpu), statistics.median(b_cpu) if b_cpu else 0
+        print(f"machine CPU per start (every process and the kernel, median): hatchery {hc:.1f} ms, "
+              f"bwrap {bc:.1f} ms" + (f", ratio {hc / bc:.2f}" if bc else ""))
 
         launcher = children(ctl.pid)
         hz = os.sysconf("SC_CLK_TCK")
