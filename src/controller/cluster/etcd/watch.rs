@@ -75,49 +75,64 @@ async fn requests_now(
     ))
 }
 
-/// Watches the kill-switch key until the engine is gone.
-pub async fn kill_switch(mut client: Client, keys: Keys, inputs: mpsc::Sender<Input>) {
-    loop {
-        let Ok(Ok((now, revision))) =
-            tokio::time::timeout(OP_TIMEOUT, kill_switch_now(&mut client, &keys)).await
-        else {
-            tokio::time::sleep(AGAIN).await;
-            continue;
-        };
-        if inputs.send(now).is_err() {
-            return;
+/// One of the two things a node watches.
+#[derive(Clone, Copy)]
+enum Watched {
+    KillSwitch,
+    KillRequests,
+}
+
+impl Watched {
+    fn key(self, keys: &Keys) -> String {
+        match self {
+            Watched::KillSwitch => keys.kill_switch(),
+            Watched::KillRequests => keys.kill_requests(),
         }
-        let options = WatchOptions::new().with_start_revision(revision.saturating_add(1));
-        let Ok(Ok(mut stream)) =
-            tokio::time::timeout(OP_TIMEOUT, client.watch(keys.kill_switch(), Some(options))).await
-        else {
-            tokio::time::sleep(AGAIN).await;
-            continue;
-        };
-        while let Ok(Some(resp)) = stream.message().await {
-            if resp.canceled() {
-                break;
-            }
-            for event in resp.events() {
-                let Some(kv) = event.kv() else { continue };
-                let input = Input::ClusterKillSwitch {
-                    engaged: event.event_type() != EventType::Delete,
-                    revision: kv.mod_revision(),
-                };
-                if inputs.send(input).is_err() {
-                    return;
-                }
-            }
+    }
+
+    /// What the keys hold now, as inputs, and the revision read at.
+    async fn now(
+        self,
+        client: &mut Client,
+        keys: &Keys,
+    ) -> Result<(Vec<Input>, i64), etcd_client::Error> {
+        match self {
+            Watched::KillSwitch => kill_switch_now(client, keys)
+                .await
+                .map(|(input, revision)| (vec![input], revision)),
+            Watched::KillRequests => requests_now(client, keys).await,
         }
-        tokio::time::sleep(AGAIN).await;
+    }
+
+    fn watch_options(self, after: i64) -> WatchOptions {
+        let options = WatchOptions::new().with_start_revision(after.saturating_add(1));
+        match self {
+            Watched::KillSwitch => options,
+            Watched::KillRequests => options.with_prefix(),
+        }
+    }
+
+    /// What one event means for the engine.
+    fn input(self, event: &etcd_client::Event) -> Option<Input> {
+        let kv = event.kv()?;
+        match self {
+            Watched::KillSwitch => Some(Input::ClusterKillSwitch {
+                engaged: event.event_type() != EventType::Delete,
+                revision: kv.mod_revision(),
+            }),
+            // A request removed was carried out (or its asker left): nothing to do.
+            Watched::KillRequests if event.event_type() == EventType::Delete => None,
+            Watched::KillRequests => kill_request(kv),
+        }
     }
 }
 
-/// Watches kill requests until the engine is gone.
-pub async fn kill_requests(mut client: Client, keys: Keys, inputs: mpsc::Sender<Input>) {
+/// Reads what `watched` holds now, then watches it from the next revision, again from a
+/// fresh read whenever the watch breaks, until the engine is gone.
+async fn follow(mut client: Client, keys: Keys, inputs: mpsc::Sender<Input>, watched: Watched) {
     loop {
         let Ok(Ok((now, revision))) =
-            tokio::time::timeout(OP_TIMEOUT, requests_now(&mut client, &keys)).await
+            tokio::time::timeout(OP_TIMEOUT, watched.now(&mut client, &keys)).await
         else {
             tokio::time::sleep(AGAIN).await;
             continue;
@@ -127,14 +142,9 @@ pub async fn kill_requests(mut client: Client, keys: Keys, inputs: mpsc::Sender<
                 return;
             }
         }
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(revision.saturating_add(1));
-        let Ok(Ok(mut stream)) = tokio::time::timeout(
-            OP_TIMEOUT,
-            client.watch(keys.kill_requests(), Some(options)),
-        )
-        .await
+        let options = watched.watch_options(revision);
+        let Ok(Ok(mut stream)) =
+            tokio::time::timeout(OP_TIMEOUT, client.watch(watched.key(&keys), Some(options))).await
         else {
             tokio::time::sleep(AGAIN).await;
             continue;
@@ -143,17 +153,22 @@ pub async fn kill_requests(mut client: Client, keys: Keys, inputs: mpsc::Sender<
             if resp.canceled() {
                 break;
             }
-            for event in resp.events() {
-                if event.event_type() == EventType::Delete {
-                    continue;
-                }
-                if let Some(input) = event.kv().and_then(kill_request) {
-                    if inputs.send(input).is_err() {
-                        return;
-                    }
+            for input in resp.events().iter().filter_map(|e| watched.input(e)) {
+                if inputs.send(input).is_err() {
+                    return;
                 }
             }
         }
         tokio::time::sleep(AGAIN).await;
     }
+}
+
+/// Watches the kill-switch key until the engine is gone.
+pub async fn kill_switch(client: Client, keys: Keys, inputs: mpsc::Sender<Input>) {
+    follow(client, keys, inputs, Watched::KillSwitch).await;
+}
+
+/// Watches kill requests until the engine is gone.
+pub async fn kill_requests(client: Client, keys: Keys, inputs: mpsc::Sender<Input>) {
+    follow(client, keys, inputs, Watched::KillRequests).await;
 }
