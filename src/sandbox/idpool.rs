@@ -9,11 +9,15 @@
 //!
 //! The range is the `hatchery` entry of `/etc/subuid` and `/etc/subgid` when there is
 //! one, else [`DEFAULT_RANGE`]. No two sandboxes running at the same time share an id; over
-//! time ids are reused (a random slot is tried first), as systemd's dynamic users are. A lease is a write lock on one byte of a lock file
-//! (`/run/hatchery/ids.lock`, an open-file-description lock, one description per process): it
-//! is released when the last handle on the lease is dropped, and with the description when
-//! the supervisor is killed, so a crash never leaks an id. The last id of the range is never leased: it is the "null" id that
-//! read-only idmapped mounts map, so that nothing on disk maps to a sandbox through them.
+//! time ids are reused (a random slot is tried first), as systemd's dynamic users are.
+//!
+//! A lease is a write lock on two bytes of a lock file, at the uid's and the gid's own
+//! numbers (`/run/hatchery/ids.lock`, open-file-description locks, one description per
+//! process): supervisors that read different ranges still never share an id. It is
+//! released when the last handle on the lease is dropped, and with the description when
+//! the supervisor is killed, so a crash never leaks an id. The last id of the range is
+//! never leased: it is the "null" id that read-only idmapped mounts map, so that nothing
+//! on disk maps to a sandbox through them.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -99,7 +103,8 @@ impl IdLease {
 #[derive(Debug)]
 struct Slot {
     lock: std::sync::Arc<OwnedFd>,
-    index: u32,
+    /// The bytes locked: the uid's and the gid's (see [`uid_byte`], [`gid_byte`]).
+    bytes: [i64; 2],
     /// The process that took it.
     owner: Owner,
 }
@@ -114,9 +119,11 @@ impl Drop for Slot {
         let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
         // An unlock that failed leaves the byte locked: it stays marked as held, so that
         // this process never hands the id out twice.
-        if set_lock(&self.lock, self.index, libc::F_UNLCK).is_ok() {
-            if let Some(t) = table.as_mut().filter(|t| t.owner == self.owner) {
-                t.held.remove(&self.index);
+        for byte in self.bytes {
+            if set_lock(&self.lock, byte, libc::F_UNLCK).is_ok() {
+                if let Some(t) = table.as_mut().filter(|t| t.owner == self.owner) {
+                    t.held.remove(&byte);
+                }
             }
         }
     }
@@ -142,19 +149,30 @@ fn current_owner() -> Option<Owner> {
 /// the bytes this process holds are also kept in `held`.
 struct LockTable {
     lock: std::sync::Arc<OwnedFd>,
-    held: std::collections::HashSet<u32>,
+    held: std::collections::HashSet<i64>,
     /// The process that opened the description.
     owner: Owner,
 }
 
 static TABLE: std::sync::Mutex<Option<LockTable>> = std::sync::Mutex::new(None);
 
-fn set_lock(fd: &OwnedFd, slot: u32, kind: libc::c_int) -> nix::Result<()> {
+/// The byte that stands for a uid: its own number, so that supervisors reading different
+/// ranges (an `/etc/subuid` edited meanwhile) still never lease the same uid twice.
+fn uid_byte(uid: u32) -> i64 {
+    i64::from(uid)
+}
+
+/// The byte that stands for a gid: past every uid's.
+fn gid_byte(gid: u32) -> i64 {
+    (1i64 << 32) + i64::from(gid)
+}
+
+fn set_lock(fd: &OwnedFd, byte: i64, kind: libc::c_int) -> nix::Result<()> {
     // SAFETY: `flock` is plain old data; all-zero is a valid value, then filled in below.
     let mut lk: libc::flock = unsafe { std::mem::zeroed() };
     lk.l_type = kind as libc::c_short;
     lk.l_whence = libc::SEEK_SET as libc::c_short;
-    lk.l_start = libc::off_t::from(slot);
+    lk.l_start = byte;
     lk.l_len = 1;
     fcntl(fd, FcntlArg::F_OFD_SETLK(&lk)).map(drop)
 }
@@ -198,25 +216,36 @@ pub fn lease(ranges: &IdRanges) -> io::Result<IdLease> {
     let start = u32::from_le_bytes(r) % slots;
     for i in 0..slots {
         let slot = (start + i) % slots;
-        if t.held.contains(&slot) {
+        let (uid, gid) = (ranges.uids.start + slot, ranges.gids.start + slot);
+        let bytes = [uid_byte(uid), gid_byte(gid)];
+        if bytes.iter().any(|b| t.held.contains(b)) {
             continue;
         }
-        match set_lock(&t.lock, slot, libc::F_WRLCK) {
-            Ok(()) => {
-                t.held.insert(slot);
-                return Ok(IdLease {
-                    _slot: std::sync::Arc::new(Slot {
-                        lock: t.lock.clone(),
-                        index: slot,
-                        owner: t.owner,
-                    }),
-                    uid: ranges.uids.start + slot,
-                    gid: ranges.gids.start + slot,
-                });
-            }
+        match set_lock(&t.lock, bytes[0], libc::F_WRLCK) {
+            Ok(()) => {}
             Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => continue,
             Err(e) => return Err(io::Error::from(e)),
         }
+        match set_lock(&t.lock, bytes[1], libc::F_WRLCK) {
+            Ok(()) => {}
+            Err(e) => {
+                let _ = set_lock(&t.lock, bytes[0], libc::F_UNLCK);
+                if matches!(e, nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) {
+                    continue;
+                }
+                return Err(io::Error::from(e));
+            }
+        }
+        t.held.extend(bytes);
+        return Ok(IdLease {
+            _slot: std::sync::Arc::new(Slot {
+                lock: t.lock.clone(),
+                bytes,
+                owner: t.owner,
+            }),
+            uid,
+            gid,
+        });
     }
     Err(io::Error::other(format!(
         "all {slots} sandbox ids are in use (add a larger `{RANGE_OWNER}` range to /etc/subuid and /etc/subgid)"
@@ -293,9 +322,9 @@ mod tests {
                 count: 3,
             },
         };
-        // Another supervisor: its own description of the lock file, holding slot 0.
+        // Another supervisor: its own description of the lock file, holding slot 0's uid.
         let other = Dir::create(Path::new(LOCK_DIR), 0o755)?.open_lock(LOCK_FILE, 0o600)?;
-        set_lock(&other, 0, libc::F_WRLCK).map_err(io::Error::from)?;
+        set_lock(&other, uid_byte(0x7200_0000), libc::F_WRLCK).map_err(io::Error::from)?;
         let a = lease(&ranges)?;
         assert_eq!(a.uid, 0x7200_0001, "slot 0 is the other supervisor's");
         assert!(lease(&ranges).is_err(), "slot 1 is ours, slot 0 theirs");
@@ -305,10 +334,44 @@ mod tests {
         Ok(())
     }
 
-    /// Whether a description of its own (another supervisor) could lock `slot` now.
-    fn another_can_take(slot: u32) -> io::Result<bool> {
+    #[test]
+    fn supervisors_reading_different_ranges_never_lease_the_same_uid() -> io::Result<()> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: leases need /run/hatchery (root)");
+            return Ok(());
+        }
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        // One range read before /etc/subuid was edited, one after: they overlap.
+        let before = SubIdRange {
+            start: 0x7400_0000,
+            count: 3,
+        };
+        let after = SubIdRange {
+            start: 0x7400_0001,
+            count: 3,
+        };
+        let mut leases = Vec::new();
+        for r in [before, before, after, after] {
+            if let Ok(l) = lease(&IdRanges { uids: r, gids: r }) {
+                leases.push(l);
+            }
+        }
+        let mut uids: Vec<u32> = leases.iter().map(|l| l.uid).collect();
+        uids.sort_unstable();
+        uids.dedup();
+        assert_eq!(uids.len(), leases.len(), "a uid leased twice: {uids:?}");
+        assert_eq!(
+            leases.len(),
+            3,
+            "0x74000000..=0x74000002 are the ids there are"
+        );
+        Ok(())
+    }
+
+    /// Whether a description of its own (another supervisor) could lock `uid` now.
+    fn another_can_take(uid: u32) -> io::Result<bool> {
         let other = Dir::create(Path::new(LOCK_DIR), 0o755)?.open_lock(LOCK_FILE, 0o600)?;
-        Ok(set_lock(&other, slot, libc::F_WRLCK).is_ok())
+        Ok(set_lock(&other, uid_byte(uid), libc::F_WRLCK).is_ok())
     }
 
     #[test]
@@ -325,7 +388,6 @@ mod tests {
         };
         let ranges = IdRanges { uids: r, gids: r };
         let ours = lease(&ranges)?;
-        let slot = ours.uid - 0x7300_0000;
         let Some((pid, ns)) = current_owner() else {
             return Err(io::Error::other("no owner"));
         };
@@ -334,11 +396,14 @@ mod tests {
         for stranger in [(pid, ns.wrapping_add(1)), (pid.wrapping_add(1), ns)] {
             let copy = Slot {
                 lock: ours._slot.lock.clone(),
-                index: slot,
+                bytes: ours._slot.bytes,
                 owner: stranger,
             };
             drop(copy);
-            assert!(!another_can_take(slot)?, "a copy's drop freed the lease");
+            assert!(
+                !another_can_take(ours.uid)?,
+                "a copy's drop freed the lease"
+            );
         }
         {
             let mut guard = TABLE.lock().unwrap_or_else(|e| e.into_inner());
@@ -350,9 +415,10 @@ mod tests {
         let theirs = lease(&ranges)?;
         assert_ne!(theirs.uid, ours.uid);
         drop(theirs);
+        let uid = ours.uid;
         drop(ours);
         assert!(
-            another_can_take(slot)?,
+            another_can_take(uid)?,
             "the lease ends with its last handle"
         );
         Ok(())

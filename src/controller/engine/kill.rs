@@ -56,11 +56,17 @@ impl Engine {
                 h.kill();
             }
         }
+        self.cancel_queued_launches();
+    }
+
+    /// Takes back every launch the launcher has not begun to read; each is a start that
+    /// failed.
+    pub(super) fn cancel_queued_launches(&mut self) {
         for worker_id in self.effects.cancel_launches() {
             let Ok(id) = WorkerId::new(worker_id) else {
                 continue;
             };
-            // Not synced here: this runs when a sync has just failed (see `record`).
+            // Not synced here: this runs when a sync has just failed (see `sync_trail`).
             self.start_failed(
                 &id,
                 "its launch was cancelled before the launcher read it",
@@ -133,7 +139,7 @@ impl Engine {
             );
             self.stop(id, &format!("killed by {actor}"));
         }
-        let _ = self.audit.sync();
+        self.sync_trail();
         self.wait_for(ids, WaitKind::Kill, reply);
     }
 

@@ -41,9 +41,17 @@ impl Engine {
     }
 
     /// Writes what the launcher will take of the queued requests, unless a decision that
-    /// asked for them is not durable yet (then [`Engine::commit`] writes them).
+    /// asked for them is not durable yet (then [`Engine::commit`] writes them, or a failed
+    /// sync cancels the launches and writes the rest).
     pub(super) fn flush_launcher(&mut self) {
-        if self.launcher_alive && !self.held.must_sync {
+        if !self.held.holding() {
+            self.write_launcher_queue();
+        }
+    }
+
+    /// Writes what the launcher will take of the queued requests, held or not.
+    pub(super) fn write_launcher_queue(&mut self) {
+        if self.launcher_alive {
             if let Err(LinkError::Gone(e)) = self.effects.flush_launcher() {
                 tracing::error!(error = %e, "the launcher is gone");
                 self.launcher_alive = false;

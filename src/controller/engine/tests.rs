@@ -528,3 +528,89 @@ fn a_node_acknowledges_the_cluster_kill_switch_only_once_its_entry_is_durable() 
     assert!(!did.contains(&Did::Ack(5)), "{did:?}");
     Ok(())
 }
+
+#[test]
+fn while_the_trail_cannot_be_written_nothing_is_acknowledged_in_a_later_batch() -> Result {
+    let (e, world) = engine(CONTRACT)?;
+    let mut e = e.with_cluster(Box::new(FakeCluster(world.clone())));
+    let a = spawned(spawn(&mut e)?);
+    world.sync_fails.store(true, Ordering::SeqCst);
+    let (reply, mut local) = oneshot::channel();
+    e.handle(Input::ClusterKillSwitch {
+        engaged: true,
+        revision: 5,
+    });
+    e.handle(Input::Api {
+        peer_uid: 0,
+        request: Box::new(ApiRequest::KillSwitch {
+            release: false,
+            cluster: false,
+        }),
+        reply,
+    });
+    // A later batch, the disk still failing: the worker's exit settles both waits.
+    exited(&mut e, &a);
+    e.handle(Input::Tick);
+    let did = world.did();
+    assert!(
+        !did.contains(&Did::Ack(5)),
+        "acknowledged without a durable entry: {did:?}"
+    );
+    let got = local.try_recv();
+    assert!(
+        !matches!(got, Ok(ApiResponse::KillSwitch { .. })),
+        "the kill switch was reported done without a durable entry: {got:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_kill_whose_sync_fails_engages_the_kill_switch() -> Result {
+    let (mut e, world) = engine(CONTRACT)?;
+    let a = spawned(spawn(&mut e)?);
+    world.sync_fails.store(true, Ordering::SeqCst);
+    let _ = api(
+        &mut e,
+        ApiRequest::Kill {
+            worker_id: a,
+            recursive: false,
+        },
+    );
+    assert!(e.store.kill_switch_engaged());
+    Ok(())
+}
+
+#[test]
+fn decisions_after_a_failed_sync_take_effect_only_as_they_are_answered() -> Result {
+    let (mut e, world) = engine(CONTRACT)?;
+    world.sync_fails.store(true, Ordering::SeqCst);
+    e.take(Input::Tick);
+    // The disk is back within the same batch: an operator releases, a spawn comes.
+    world.sync_fails.store(false, Ordering::SeqCst);
+    let (reply, mut release) = oneshot::channel();
+    e.take(Input::Api {
+        peer_uid: 0,
+        request: Box::new(ApiRequest::KillSwitch {
+            release: true,
+            cluster: false,
+        }),
+        reply,
+    });
+    let mut rx = take_spawn(&mut e)?;
+    e.commit();
+    let released = release.try_recv();
+    let got = rx.try_recv();
+    let launched = world.did().iter().any(|d| matches!(d, Did::Launch(_)));
+    assert_eq!(
+        launched,
+        matches!(got, Ok(ApiResponse::Spawned { .. })),
+        "launched: {launched}, answered: {got:?}"
+    );
+    assert_eq!(
+        e.store.kill_switch_engaged(),
+        !matches!(released, Ok(ApiResponse::KillSwitch { engaged: false, .. })),
+        "kill switch engaged: {}, release answered: {released:?}",
+        e.store.kill_switch_engaged()
+    );
+    Ok(())
+}
