@@ -253,6 +253,10 @@ impl Engine {
             .into_iter()
             .partition(|w| w.ids.is_empty() || w.started.elapsed() > WAIT_LIMIT);
         self.waiters = waiting;
+        if !done.is_empty() {
+            // What they report (the exits that ended the wait) is on disk before they do.
+            self.held.must_sync = true;
+        }
         for w in done {
             {
                 let elapsed_ms = w.started.elapsed().as_millis() as u64;

@@ -70,6 +70,8 @@ pub struct EngineConfig {
 
 /// At most one rate_limited / protocol_violation entry per worker per this many ms.
 const NOISY_AUDIT_MS: u64 = 10_000;
+/// Uids whose rejected connections are counted at once (see `rejections_due`).
+const MAX_REJECTED_UIDS: usize = 1024;
 /// What an audit entry adds to its details when written (seq, time, hashes, MAC).
 const ENTRY_OVERHEAD: usize = 320;
 /// How long a stopping controller waits for its launcher before killing it.
@@ -94,6 +96,8 @@ pub struct Engine {
     shutdown_deadlines: Vec<(WorkerId, u64)>,
     /// Per worker and kind of noisy entry: when the last was written, how many since.
     noisy: std::collections::HashMap<(WorkerId, &'static str), (u64, u64)>,
+    /// Per rejected uid: when its last `client_rejected` entry was written, how many since.
+    rejected: std::collections::HashMap<u32, (u64, u64)>,
     /// How much of the trail each worker may still cause.
     audit_budgets: AuditBudgets,
     pending_approvals: std::collections::BTreeMap<String, PendingApproval>,
@@ -165,6 +169,7 @@ impl Engine {
             waiters: Vec::new(),
             shutdown_deadlines: Vec::new(),
             noisy: Default::default(),
+            rejected: Default::default(),
             audit_budgets: AuditBudgets::default(),
             pending_approvals: Default::default(),
             owner_uid: nix::unistd::geteuid().as_raw(),
@@ -317,13 +322,17 @@ impl Engine {
                 }
             }
             Input::ClientRejected { uid, pid } => {
-                self.record(
-                    event::CLIENT_REJECTED,
-                    &format!("uid:{uid}"),
-                    None,
-                    json!({ "pid": pid }),
-                    false,
-                );
+                // Anyone who can reach the socket can be rejected as often as they like:
+                // one entry per uid per NOISY_AUDIT_MS, with how many were not written.
+                if let Some(suppressed) = self.rejections_due(uid) {
+                    self.record(
+                        event::CLIENT_REJECTED,
+                        &format!("uid:{uid}"),
+                        None,
+                        json!({ "pid": pid, "suppressed_since_last": suppressed }),
+                        false,
+                    );
+                }
             }
             Input::Launcher(ev) => self.launcher_event(ev),
             Input::LauncherGone => {
@@ -411,6 +420,24 @@ impl Engine {
         }
         if let Some(done) = self.finished.take() {
             let _ = done.send(());
+        }
+    }
+
+    /// Whether a `client_rejected` entry for `uid` is due (the first, then at most one per
+    /// [`NOISY_AUDIT_MS`]), with how many were suppressed since the last one. The table
+    /// is bounded: past [`MAX_REJECTED_UIDS`] uids it starts again.
+    fn rejections_due(&mut self, uid: u32) -> Option<u64> {
+        let now = self.effects.now_ms();
+        if self.rejected.len() >= MAX_REJECTED_UIDS && !self.rejected.contains_key(&uid) {
+            self.rejected.clear();
+        }
+        let (last, suppressed) = self.rejected.entry(uid).or_insert((0, 0));
+        if now.saturating_sub(*last) >= NOISY_AUDIT_MS {
+            *last = now;
+            Some(std::mem::take(suppressed))
+        } else {
+            *suppressed = suppressed.saturating_add(1);
+            None
         }
     }
 

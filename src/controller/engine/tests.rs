@@ -614,3 +614,46 @@ fn decisions_after_a_failed_sync_take_effect_only_as_they_are_answered() -> Resu
     );
     Ok(())
 }
+
+#[test]
+fn a_flood_of_rejected_connections_writes_one_entry_per_uid_per_interval() -> Result {
+    let (mut e, world) = engine(CONTRACT)?;
+    for pid in 0..1000 {
+        e.handle(Input::ClientRejected { uid: 65534, pid });
+    }
+    let rejected = |w: &World| {
+        w.did()
+            .iter()
+            .filter(|d| **d == Did::Append(event::CLIENT_REJECTED.into()))
+            .count()
+    };
+    assert_eq!(rejected(&world), 1);
+    world.advance(Duration::from_millis(NOISY_AUDIT_MS));
+    e.handle(Input::ClientRejected { uid: 65534, pid: 1 });
+    e.handle(Input::ClientRejected { uid: 1000, pid: 2 });
+    assert_eq!(rejected(&world), 3, "a new interval, and another uid");
+    Ok(())
+}
+
+#[test]
+fn a_kill_switch_is_answered_only_once_the_exits_it_waited_for_are_durable() -> Result {
+    let (mut e, world) = engine(CONTRACT)?;
+    let a = spawned(spawn(&mut e)?);
+    let (reply, mut rx) = oneshot::channel();
+    e.handle(Input::Api {
+        peer_uid: 0,
+        request: Box::new(ApiRequest::KillSwitch {
+            release: false,
+            cluster: false,
+        }),
+        reply,
+    });
+    world.sync_fails.store(true, Ordering::SeqCst);
+    exited(&mut e, &a);
+    let got = rx.try_recv();
+    assert!(
+        !matches!(got, Ok(ApiResponse::KillSwitch { .. })),
+        "reported the kill from an exit that is not on disk: {got:?}"
+    );
+    Ok(())
+}
