@@ -19,6 +19,8 @@ Run as root: scripts/bench-controller.sh [-n 1000] [--clients 8] [--rounds 3] [-
 """
 import argparse, json, os, shutil, signal, socket, statistics, struct, subprocess, sys, tempfile, threading, time
 
+from bench import bwrap_sandbox
+
 def frame(obj):
     body = json.dumps(obj).encode()
     return struct.pack(">I", len(body)) + body
@@ -70,16 +72,18 @@ def worker_cgroups():
     return n
 
 def bwrap_argv():
-    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
-    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        p = "/" + name
-        if os.path.islink(p):
-            argv += ["--symlink", os.readlink(p), p]
-        elif os.path.isdir(p):
-            argv += ["--ro-bind", p, p]
-    return argv + ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                   "/bin/sh", "-c", "echo; exec sleep 3600"]
+    return bwrap_sandbox() + ["/bin/sh", "-c", "echo; exec sleep 3600"]
+
+def in_lanes(n, lanes, work):
+    """Runs work(count) in LANES threads sharing N between them; seconds until all end."""
+    shares = [n // lanes + (1 if i < n % lanes else 0) for i in range(lanes)]
+    threads = [threading.Thread(target=work, args=(c,)) for c in shares if c]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.monotonic() - t0
 
 def busy_ms():
     """CPU time the whole machine spent busy so far (every process and the kernel), in ms."""
@@ -101,14 +105,8 @@ def spawn_hatchery(sock, n, clients, request):
             if r.get("result") != "spawned":
                 errors.append(r)
                 return
-    shares = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
-    threads = [threading.Thread(target=client, args=(c,)) for c in shares if c]
     t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    answered = time.monotonic() - t0
+    answered = in_lanes(n, clients, client)
     if errors:
         sys.exit(f"a spawn failed: {errors[0]}")
     while True:
@@ -137,14 +135,7 @@ def spawn_bwrap(n, lanes):
             os.close(r)
             if not got:
                 sys.exit("a bubblewrap sandbox ended before its command ran")
-    shares = [n // lanes + (1 if i < n % lanes else 0) for i in range(lanes)]
-    threads = [threading.Thread(target=lane, args=(c,)) for c in shares if c]
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return time.monotonic() - t0, pids
+    return in_lanes(n, lanes, lane), pids
 
 def stop_bwrap(pids):
     for pid in pids:
@@ -195,6 +186,17 @@ def main():
                    "state_snapshot": ""}
         print(f"workers: {a.n}, clients: {a.clients}, rounds: {a.rounds}")
         h_rates, b_rates, answers, lats, kills, h_cpu, b_cpu = [], [], [], [], [], [], []
+
+        def bwrap_round(number):
+            nonlocal bwrap_pids
+            c0 = busy_ms()
+            took, bwrap_pids = spawn_bwrap(a.n, a.clients)
+            b_cpu.append((busy_ms() - c0) / a.n)
+            b_rates.append(a.n / took)
+            print(f"  round {number}: bwrap all running in {took:.2f} s -> {a.n / took:.0f} sandboxes/s, "
+                  f"{b_cpu[-1]:.1f} ms CPU each", flush=True)
+            stop_bwrap(bwrap_pids)
+            bwrap_pids = []
         for rnd in range(a.rounds):
             c0 = busy_ms()
             answered, running, lat = spawn_hatchery(sock, a.n, a.clients, request)
@@ -211,23 +213,9 @@ def main():
             r = api.call({"op": "kill_switch", "release": False})
             kills.append((time.monotonic() - t) * 1000)
             api.call({"op": "kill_switch", "release": True})
-            c0 = busy_ms()
-            took, bwrap_pids = spawn_bwrap(a.n, a.clients)
-            b_cpu.append((busy_ms() - c0) / a.n)
-            b_rates.append(a.n / took)
-            print(f"  round {rnd + 1}: bwrap all running in {took:.2f} s -> {a.n / took:.0f} sandboxes/s, "
-                  f"{b_cpu[-1]:.1f} ms CPU each", flush=True)
-            stop_bwrap(bwrap_pids)
-            bwrap_pids = []
+            bwrap_round(rnd + 1)
         if a.rounds > 1:
-            c0 = busy_ms()
-            took, bwrap_pids = spawn_bwrap(a.n, a.clients)
-            b_cpu.append((busy_ms() - c0) / a.n)
-            b_rates.append(a.n / took)
-            print(f"  round {a.rounds}: bwrap all running in {took:.2f} s -> {a.n / took:.0f} sandboxes/s, "
-                  f"{b_cpu[-1]:.1f} ms CPU each", flush=True)
-            stop_bwrap(bwrap_pids)
-            bwrap_pids = []
+            bwrap_round(a.rounds)
         h, b = statistics.median(h_rates), statistics.median(b_rates) if b_rates else 0
         print(f"spawn (median of {a.rounds}): hatchery {h:.0f} workers/s from request to command running, "
               f"bwrap {b:.0f} sandboxes/s" + (f", ratio {h / b:.2f} (higher is faster)" if b else ""))

@@ -18,7 +18,8 @@ PR_SET_CHILD_SUBREAPER = 36
 DEFAULT_LIMITS = "--memory 256M --cpus 1 --pids 64"
 
 
-def bwrap_cmd():
+def bwrap_sandbox():
+    """bubblewrap's --unshare-all sandbox with read-only /usr and /etc, without a command."""
     argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -27,7 +28,11 @@ def bwrap_cmd():
             argv += ["--symlink", os.readlink(p), p]
         elif os.path.isdir(p):
             argv += ["--ro-bind", p, p]
-    return argv + ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/bin/true"]
+    return argv + ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+
+
+def bwrap_cmd():
+    return bwrap_sandbox() + ["/bin/true"]
 
 
 DEVNULL = os.open(os.devnull, os.O_RDWR)

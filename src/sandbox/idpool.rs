@@ -256,8 +256,23 @@ pub fn lease(ranges: &IdRanges) -> io::Result<IdLease> {
 mod tests {
     use super::*;
 
-    /// Slots are bytes of one file whatever the range: these tests take turns.
+    /// The lock file is one for every range: these tests take turns.
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// This test's turn with the lock file, or `None` (said) where leasing needs root.
+    fn leasing_turn() -> Option<std::sync::MutexGuard<'static, ()>> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: leases need /run/hatchery (root)");
+            return None;
+        }
+        Some(SERIAL.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The same `count` ids from `start` for uids and gids.
+    fn ranges(start: u32, count: u32) -> IdRanges {
+        let r = SubIdRange { start, count };
+        IdRanges { uids: r, gids: r }
+    }
 
     #[test]
     fn the_null_id_is_the_last_of_the_range_and_never_a_slot() {
@@ -277,21 +292,10 @@ mod tests {
 
     #[test]
     fn concurrent_leases_get_distinct_ids_and_a_dropped_one_is_free_again() -> io::Result<()> {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIP: leases need /run/hatchery (root)");
+        let Some(_turn) = leasing_turn() else {
             return Ok(());
-        }
-        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let ranges = IdRanges {
-            uids: SubIdRange {
-                start: 0x7100_0000,
-                count: 3,
-            },
-            gids: SubIdRange {
-                start: 0x7100_0000,
-                count: 3,
-            },
         };
+        let ranges = ranges(0x7100_0000, 3);
         let a = lease(&ranges)?;
         let b = lease(&ranges)?;
         assert_ne!(a.uid, b.uid);
@@ -307,21 +311,10 @@ mod tests {
 
     #[test]
     fn a_byte_locked_by_another_description_is_never_leased() -> io::Result<()> {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIP: leases need /run/hatchery (root)");
+        let Some(_turn) = leasing_turn() else {
             return Ok(());
-        }
-        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let ranges = IdRanges {
-            uids: SubIdRange {
-                start: 0x7200_0000,
-                count: 3,
-            },
-            gids: SubIdRange {
-                start: 0x7200_0000,
-                count: 3,
-            },
         };
+        let ranges = ranges(0x7200_0000, 3);
         // Another supervisor: its own description of the lock file, holding slot 0's uid.
         let other = Dir::create(Path::new(LOCK_DIR), 0o755)?.open_lock(LOCK_FILE, 0o600)?;
         set_lock(&other, uid_byte(0x7200_0000), libc::F_WRLCK).map_err(io::Error::from)?;
@@ -336,23 +329,14 @@ mod tests {
 
     #[test]
     fn supervisors_reading_different_ranges_never_lease_the_same_uid() -> io::Result<()> {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIP: leases need /run/hatchery (root)");
+        let Some(_turn) = leasing_turn() else {
             return Ok(());
-        }
-        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        };
         // One range read before /etc/subuid was edited, one after: they overlap.
-        let before = SubIdRange {
-            start: 0x7400_0000,
-            count: 3,
-        };
-        let after = SubIdRange {
-            start: 0x7400_0001,
-            count: 3,
-        };
+        let (before, after) = (ranges(0x7400_0000, 3), ranges(0x7400_0001, 3));
         let mut leases = Vec::new();
         for r in [before, before, after, after] {
-            if let Ok(l) = lease(&IdRanges { uids: r, gids: r }) {
+            if let Ok(l) = lease(&r) {
                 leases.push(l);
             }
         }
@@ -377,16 +361,10 @@ mod tests {
     #[test]
     fn a_copy_of_a_lease_in_another_process_neither_frees_it_nor_leases_it_again() -> io::Result<()>
     {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIP: leases need /run/hatchery (root)");
+        let Some(_turn) = leasing_turn() else {
             return Ok(());
-        }
-        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let r = SubIdRange {
-            start: 0x7300_0000,
-            count: 3,
         };
-        let ranges = IdRanges { uids: r, gids: r };
+        let ranges = ranges(0x7300_0000, 3);
         let ours = lease(&ranges)?;
         let Some((pid, ns)) = current_owner() else {
             return Err(io::Error::other("no owner"));

@@ -130,14 +130,7 @@ impl Engine {
                 );
             }
             Ok(_) if release => {
-                self.answer(
-                    reply,
-                    ApiResponse::KillSwitch {
-                        engaged: false,
-                        killed: 0,
-                        elapsed_ms: 0,
-                    },
-                );
+                self.answer(reply, super::kill::released());
             }
             Ok(revision) => cluster.await_acks(revision, ACK_LIMIT, reply),
         }

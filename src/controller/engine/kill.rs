@@ -36,6 +36,15 @@ pub(super) struct Waiter {
     pub(super) started: Instant,
 }
 
+/// The answer to a kill switch's release.
+pub(super) fn released() -> ApiResponse {
+    ApiResponse::KillSwitch {
+        engaged: false,
+        killed: 0,
+        elapsed_ms: 0,
+    }
+}
+
 /// How long `kill` and `kill-switch` wait for the launcher to confirm every exit.
 const WAIT_LIMIT: Duration = Duration::from_secs(30);
 
@@ -209,14 +218,7 @@ impl Engine {
             });
             return;
         }
-        self.answer(
-            reply,
-            ApiResponse::KillSwitch {
-                engaged: false,
-                killed: 0,
-                elapsed_ms: 0,
-            },
-        );
+        self.answer(reply, released());
     }
 
     pub(super) fn wait_for(

@@ -321,15 +321,7 @@ fn the_kill_switch_answers_once_every_worker_has_exited() -> Result {
     let (mut e, world) = engine(CONTRACT)?;
     let a = spawned(spawn(&mut e)?);
     let b = spawned(spawn(&mut e)?);
-    let (reply, mut rx) = oneshot::channel();
-    e.handle(Input::Api {
-        peer_uid: 0,
-        request: Box::new(ApiRequest::KillSwitch {
-            release: false,
-            cluster: false,
-        }),
-        reply,
-    });
+    let mut rx = kill_switch(&mut e, false);
     assert!(world.did().contains(&Did::KillAll));
     assert!(rx.try_recv().is_err(), "answered before the exits");
     exited(&mut e, &a);
@@ -369,6 +361,27 @@ fn ps_waits_for_the_launcher_only_until_its_timer() -> Result {
     e.handle(Input::PsDeadline);
     assert!(matches!(rx.try_recv(), Ok(ApiResponse::Workers { .. })));
     Ok(())
+}
+
+/// Takes `kill-switch [--release]` into the current batch; the receiver gets its answer.
+fn take_kill_switch(e: &mut Engine, release: bool) -> oneshot::Receiver<ApiResponse> {
+    let (reply, rx) = oneshot::channel();
+    e.take(Input::Api {
+        peer_uid: 0,
+        request: Box::new(ApiRequest::KillSwitch {
+            release,
+            cluster: false,
+        }),
+        reply,
+    });
+    rx
+}
+
+/// `kill-switch [--release]` as a batch of its own; the receiver gets its answer.
+fn kill_switch(e: &mut Engine, release: bool) -> oneshot::Receiver<ApiResponse> {
+    let rx = take_kill_switch(e, release);
+    e.commit();
+    rx
 }
 
 /// Takes a spawn request into the current batch; the receiver gets its answer.
@@ -587,15 +600,7 @@ fn decisions_after_a_failed_sync_take_effect_only_as_they_are_answered() -> Resu
     e.take(Input::Tick);
     // The disk is back within the same batch: an operator releases, a spawn comes.
     world.sync_fails.store(false, Ordering::SeqCst);
-    let (reply, mut release) = oneshot::channel();
-    e.take(Input::Api {
-        peer_uid: 0,
-        request: Box::new(ApiRequest::KillSwitch {
-            release: true,
-            cluster: false,
-        }),
-        reply,
-    });
+    let mut release = take_kill_switch(&mut e, true);
     let mut rx = take_spawn(&mut e)?;
     e.commit();
     let released = release.try_recv();
@@ -639,15 +644,7 @@ fn a_flood_of_rejected_connections_writes_one_entry_per_uid_per_interval() -> Re
 fn a_kill_switch_is_answered_only_once_the_exits_it_waited_for_are_durable() -> Result {
     let (mut e, world) = engine(CONTRACT)?;
     let a = spawned(spawn(&mut e)?);
-    let (reply, mut rx) = oneshot::channel();
-    e.handle(Input::Api {
-        peer_uid: 0,
-        request: Box::new(ApiRequest::KillSwitch {
-            release: false,
-            cluster: false,
-        }),
-        reply,
-    });
+    let mut rx = kill_switch(&mut e, false);
     world.sync_fails.store(true, Ordering::SeqCst);
     exited(&mut e, &a);
     let got = rx.try_recv();
