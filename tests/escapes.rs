@@ -40,6 +40,19 @@ impl Drop for Background {
     }
 }
 
+/// On drop, waits (up to 10 s, without panicking) until no process matches the pattern:
+/// a sandbox whose supervisor was killed dies a moment later.
+struct Gone<'a>(&'a str);
+
+impl Drop for Gone<'_> {
+    fn drop(&mut self) {
+        let start = Instant::now();
+        while process_exists(self.0) && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 fn background(args: &[String]) -> Background {
     let child = Command::new(hatchery())
         .args(args)
@@ -263,7 +276,11 @@ fn a_path_swapped_between_check_and_mount_never_exposes_an_unexposed_directory()
         .unwrap_or(0);
 
     // The attacker: a sandbox that can write `d` keeps exchanging the directory `a` and
-    // the symlink `s` (which leads to the secret's parent).
+    // the symlink `s` (which leads to the secret's parent). Dropped first (then `gone`,
+    // then the directories): its sandbox outlives its supervisor for a moment, and a swap
+    // then would keep the directory from being removed.
+    let swapping = format!("swap {}", s(&d.join("a")));
+    let _gone = Gone(&swapping);
     let attacker = background(&probe_args(
         &["--rw".into(), s(&d), "--timeout".into(), "40s".into()],
         &["swap", &s(&d.join("a")), &s(&d.join("s")), "30000"],
