@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::controller::{TestController, worker_cgroups};
-use common::etcd::{Etcd, EtcdCluster, node, serial};
+use common::etcd::{Etcd, EtcdCluster, node, refused_controller, serial};
 use common::{code, process_exists, skip_unless_root, stderr, stdout};
 use serde_json::Value;
 
@@ -543,19 +543,7 @@ fn audit_verify_cluster_catches_a_trail_rolled_back_to_an_older_consistent_copy(
         stderr(&plain)
     );
     let checked = verify(&state, true);
-    assert_eq!(
-        code(&checked),
-        1,
-        "{}{}",
-        stdout(&checked),
-        stderr(&checked)
-    );
-    assert!(
-        format!("{}{}", stdout(&checked), stderr(&checked)).contains("it was cut"),
-        "{}{}",
-        stdout(&checked),
-        stderr(&checked)
-    );
+    verify_fails(&checked, "it was cut");
 }
 
 #[test]
@@ -661,19 +649,14 @@ fn audit_verify_cluster_catches_a_trail_replaced_by_a_new_one_under_the_same_nod
         "--node-id",
         "replaced",
     ]);
-    assert_eq!(
-        code(&checked),
-        1,
-        "{}{}",
-        stdout(&checked),
-        stderr(&checked)
-    );
-    assert!(
-        format!("{}{}", stdout(&checked), stderr(&checked)).contains("another trail"),
-        "{}{}",
-        stdout(&checked),
-        stderr(&checked)
-    );
+    verify_fails(&checked, "another trail");
+}
+
+/// `audit verify` found the trail wrong (exit 1), saying `why`.
+fn verify_fails(out: &std::process::Output, why: &str) {
+    let said = format!("{}{}", stdout(out), stderr(out));
+    assert_eq!(code(out), 1, "{said}");
+    assert!(said.contains(why), "{said}");
 }
 
 /// An etcd member that speaks only TLS and asks clients for a certificate signed by the
@@ -808,22 +791,15 @@ fn a_controller_joins_an_etcd_that_requires_client_certificates_and_is_refused_w
         panic!("a spawn through etcd over TLS: {}", stderr(&o));
     }
     // The CA alone (no client certificate): etcd refuses, so the controller does not start.
-    let dir = common::shared_tempdir();
-    let out = common::run_with_timeout(
-        std::process::Command::new(common::hatchery())
-            .arg("controller")
-            .arg("--socket")
-            .arg(dir.path().join("c.sock"))
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .args([
-                "--cluster",
-                &url,
-                "--node-id",
-                "tls-b",
-                "--cluster-cacert",
-                &ca,
-            ]),
+    let out = refused_controller(
+        &[
+            "--cluster",
+            &url,
+            "--node-id",
+            "tls-b",
+            "--cluster-cacert",
+            &ca,
+        ],
         Duration::from_secs(30),
     );
     assert_eq!(code(&out), 1, "{}", stderr(&out));

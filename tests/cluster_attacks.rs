@@ -84,16 +84,9 @@ fn a_second_controller_with_a_live_node_id_is_refused_so_it_cannot_acknowledge_f
     let a1 = node(&etcd.url(), "dup", contract, &ttl);
     // A second controller with the same node id would answer the kill switch for the
     // first (frozen, say) one: it is refused at start.
-    let dir = common::shared_tempdir();
-    let out = common::run_with_timeout(
-        std::process::Command::new(common::hatchery())
-            .arg("controller")
-            .arg("--socket")
-            .arg(dir.path().join("c.sock"))
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .args(["--cluster", &etcd.url(), "--node-id", "dup"])
-            .args(ttl),
+    let url = etcd.url();
+    let out = common::etcd::refused_controller(
+        &["--cluster", &url, "--node-id", "dup", ttl[0], ttl[1]],
         Duration::from_secs(20),
     );
     assert_eq!(code(&out), 1, "{}", stderr(&out));

@@ -697,6 +697,22 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Starts a controller (socket and state in a directory of its own) that is expected to
+/// refuse to start; what it printed and its status. `limit` bounds the wait.
+pub fn refused_controller(args: &[&str], limit: Duration) -> Output {
+    let dir = super::shared_tempdir();
+    run_with_timeout(
+        Command::new(super::hatchery())
+            .arg("controller")
+            .arg("--socket")
+            .arg(dir.path().join("c.sock"))
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .args(args),
+        limit,
+    )
+}
+
 /// A controller that is node `name` of the cluster at `url`.
 pub fn node(
     url: &str,

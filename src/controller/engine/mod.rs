@@ -70,6 +70,19 @@ pub struct EngineConfig {
 
 /// At most one rate_limited / protocol_violation entry per worker per this many ms.
 const NOISY_AUDIT_MS: u64 = 10_000;
+/// Whether a noisy entry is due at `now` given (when the last was written, how many were
+/// suppressed since): the first, then at most one per [`NOISY_AUDIT_MS`], with how many
+/// were suppressed since the last one.
+fn due((last, suppressed): &mut (u64, u64), now: u64) -> Option<u64> {
+    if now.saturating_sub(*last) >= NOISY_AUDIT_MS {
+        *last = now;
+        Some(std::mem::take(suppressed))
+    } else {
+        *suppressed = suppressed.saturating_add(1);
+        None
+    }
+}
+
 /// Uids whose rejected connections are counted at once (see `rejections_due`).
 const MAX_REJECTED_UIDS: usize = 1024;
 /// What an audit entry adds to its details when written (seq, time, hashes, MAC).
@@ -423,36 +436,19 @@ impl Engine {
         }
     }
 
-    /// Whether a `client_rejected` entry for `uid` is due (the first, then at most one per
-    /// [`NOISY_AUDIT_MS`]), with how many were suppressed since the last one. The table
-    /// is bounded: past [`MAX_REJECTED_UIDS`] uids it starts again.
+    /// Whether a `client_rejected` entry for `uid` is due (see [`due`]). The table is
+    /// bounded: past [`MAX_REJECTED_UIDS`] uids it starts again.
     fn rejections_due(&mut self, uid: u32) -> Option<u64> {
-        let now = self.effects.now_ms();
         if self.rejected.len() >= MAX_REJECTED_UIDS && !self.rejected.contains_key(&uid) {
             self.rejected.clear();
         }
-        let (last, suppressed) = self.rejected.entry(uid).or_insert((0, 0));
-        if now.saturating_sub(*last) >= NOISY_AUDIT_MS {
-            *last = now;
-            Some(std::mem::take(suppressed))
-        } else {
-            *suppressed = suppressed.saturating_add(1);
-            None
-        }
+        due(self.rejected.entry(uid).or_default(), self.effects.now_ms())
     }
 
-    /// Whether an entry of `kind` for worker `id` is due (the first, then at most one per
-    /// [`NOISY_AUDIT_MS`]), with how many were suppressed since the last one.
+    /// Whether an entry of `kind` for worker `id` is due (see [`due`]).
     fn noisy_ok(&mut self, id: &WorkerId, kind: &'static str) -> Option<u64> {
         let now = self.effects.now_ms();
-        let (last, suppressed) = self.noisy.entry((id.clone(), kind)).or_insert((0, 0));
-        if now.saturating_sub(*last) >= NOISY_AUDIT_MS {
-            *last = now;
-            Some(std::mem::take(suppressed))
-        } else {
-            *suppressed = suppressed.saturating_add(1);
-            None
-        }
+        due(self.noisy.entry((id.clone(), kind)).or_default(), now)
     }
 
     /// Hands a reply to a worker's connection. A worker whose queue is full does not read
