@@ -622,3 +622,54 @@ fn audit_tampering_is_detected_for_edits_deletions_and_reordering() {
     assert_eq!(code_swap, 1, "{msg}");
     assert!(msg.contains("entry 2"), "{msg}");
 }
+
+#[test]
+fn a_workers_payload_holds_only_its_stdio_and_its_controller_socket() {
+    if skip("worker descriptors") {
+        return;
+    }
+    use common::fds::*;
+    // The controller is started holding descriptors it was never meant to pass on, and
+    // another worker is running: the launcher holds descriptors of every worker it runs.
+    let c =
+        TestController::start_under(&["sh", "-c", HOLD_EXTRA_FDS], &base_contract(""), None, &[]);
+    for fd in EXTRA_FDS {
+        assert!(
+            std::path::Path::new(&format!("/proc/{}/fd/{fd}", c.pid())).exists(),
+            "the controller does not hold fd {fd}: nothing to leak"
+        );
+    }
+    let other = spawned(&c, &[], &idle(60));
+    wait_running(&c, 1);
+    let dir = probe_dir().to_string_lossy().to_string();
+    let script = format!("exec '{}' fds", probe().display());
+    let id = spawned(&c, &["--ro", &dir], &script);
+    // Its log is complete once its exit is audited.
+    let start = std::time::Instant::now();
+    while !c
+        .audit("worker_exited")
+        .iter()
+        .any(|e| e["worker_id"] == id.as_str())
+    {
+        assert!(
+            start.elapsed() < LONG,
+            "the worker did not exit: {}",
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(c.worker(&other)["state"], "running", "{}", c.log());
+    let log = std::fs::read_to_string(c.state_dir().join("workers").join(format!("{id}.log")))
+        .unwrap_or_default();
+    let fds = probe_fds(&log);
+    let nums: Vec<i32> = fds.iter().map(|(fd, _)| *fd).collect();
+    assert_eq!(
+        nums,
+        [0, 1, 2, 3],
+        "a worker holds other descriptors than stdio and its socket: {fds:?}"
+    );
+    assert!(
+        fds.iter().any(|(fd, kind)| *fd == 3 && kind == "sock"),
+        "fd 3 is not the controller socket: {fds:?}"
+    );
+}

@@ -485,3 +485,38 @@ fn rootless_sandboxes_get_the_floor_their_own_loopback_the_proc_view_and_object_
         stderr(&out)
     );
 }
+
+#[test]
+fn rootless_payloads_hold_only_their_stdio_whatever_their_caller_left_open() {
+    if skip("rootless descriptors") {
+        return;
+    }
+    use common::fds::*;
+    assert_extra_fds_reach_a_plain_command();
+    let out = probe_as_nobody(&[], &["fds"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        probe_fd_numbers(&stdout(&out)),
+        [0, 1, 2],
+        "{}",
+        stdout(&out)
+    );
+
+    let mut cmd = holding_extra_fds("setpriv");
+    cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(hatchery())
+        .arg("run")
+        .arg("--ro")
+        .arg(probe_dir())
+        .arg("--")
+        .arg(probe())
+        .arg("fds");
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(60));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        probe_fd_numbers(&stdout(&out)),
+        [0, 1, 2],
+        "the caller's descriptors reached the payload: {}",
+        stdout(&out)
+    );
+}

@@ -718,3 +718,38 @@ fn set_uid_and_set_gid_files_cannot_be_made_in_an_rw_path() {
         }
     }
 }
+
+#[test]
+fn a_payload_holds_only_its_stdio_whatever_its_caller_left_open() {
+    if skip_unless_root("a_payload_holds_only_its_stdio_whatever_its_caller_left_open") {
+        return;
+    }
+    use common::fds::*;
+    assert_extra_fds_reach_a_plain_command();
+    // With an allowlist pid 1 also makes the egress listeners, which stay outside.
+    for flags in [&[][..], &["--allow-host", "127.0.0.1:9"][..]] {
+        let out = run_probe(flags, &["fds"]);
+        assert_eq!(code(&out), 0, "{flags:?}: {}", stderr(&out));
+        let fds = probe_fds(&stdout(&out));
+        let nums: Vec<i32> = fds.iter().map(|(fd, _)| *fd).collect();
+        assert_eq!(nums, [0, 1, 2], "{flags:?}: {fds:?}");
+
+        let mut cmd = holding_extra_fds(hatchery());
+        cmd.arg("run")
+            .args(flags)
+            .arg("--ro")
+            .arg(probe_dir())
+            .arg("--")
+            .arg(probe())
+            .arg("fds");
+        let out = run_with_timeout(&mut cmd, Duration::from_secs(60));
+        assert_eq!(code(&out), 0, "{flags:?}: {}", stderr(&out));
+        let fds = probe_fds(&stdout(&out));
+        let nums: Vec<i32> = fds.iter().map(|(fd, _)| *fd).collect();
+        assert_eq!(
+            nums,
+            [0, 1, 2],
+            "{flags:?}: the caller's descriptors reached the payload: {fds:?}"
+        );
+    }
+}

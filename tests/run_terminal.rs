@@ -16,6 +16,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::fds::{HOLD_EXTRA_FDS, assert_extra_fds_reach_a_plain_command, probe_fds};
 use common::terminal::{Session, Terminal, wait_child};
 use common::*;
 use serde_json::Value;
@@ -44,22 +45,6 @@ fn s(p: &Path) -> String {
 
 fn refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
-}
-
-/// The descriptors the probe's `fds` command saw, from its `ok 0=chr:N,1=...` line.
-fn probe_fds(screen: &str) -> Vec<(i32, String)> {
-    let Some(line) = screen
-        .lines()
-        .map(|l| l.trim_end_matches('\r'))
-        .find(|l| l.starts_with("ok 0="))
-    else {
-        panic!("the probe listed no descriptors; the screen shows: {screen:?}")
-    };
-    line.trim_start_matches("ok ")
-        .split(',')
-        .filter_map(|e| e.split_once('='))
-        .filter_map(|(fd, kind)| Some((fd.parse().ok()?, kind.to_string())))
-        .collect()
 }
 
 fn legacy_tiocsti() -> bool {
@@ -752,5 +737,59 @@ fn a_background_job_neither_changes_the_terminal_nor_reads_it() {
     assert_eq!(
         r["enforcement"]["stdio"]["stdin"], "pty relay (background job: output only)",
         "{r}"
+    );
+}
+
+#[test]
+fn on_a_terminal_a_payload_holds_only_its_own_pty_whatever_its_caller_left_open() {
+    let test = "on_a_terminal_a_payload_holds_only_its_own_pty_whatever_its_caller_left_open";
+    if skip_unless_root(test) {
+        return;
+    }
+    assert_extra_fds_reach_a_plain_command();
+    let mut term = Terminal::open(24, 80);
+    term.start_reading();
+    let (hatchery, dir, probe) = (s(&hatchery()), s(&probe_dir()), s(&probe()));
+    let args = [
+        "-c",
+        HOLD_EXTRA_FDS,
+        &hatchery,
+        "run",
+        "--timeout",
+        "30s",
+        "--ro",
+        &dir,
+        "--",
+        &probe,
+        "fds",
+    ];
+    let mut child = term.spawn(
+        Session::ControllingTerminal,
+        Path::new("sh"),
+        &args,
+        None,
+        None,
+    );
+    let status = wait_child(&mut child, LIMIT, "hatchery run");
+    assert!(
+        term.wait_for("ok 0=", Duration::from_secs(5)),
+        "{:?}",
+        term.screen_text()
+    );
+    let screen = term.screen_text();
+    assert_eq!(status.code(), Some(0), "{screen:?}");
+    let fds = probe_fds(&screen);
+    let nums: Vec<i32> = fds.iter().map(|(fd, _)| *fd).collect();
+    assert_eq!(
+        nums,
+        [0, 1, 2],
+        "the caller's descriptors reached the payload: {fds:?}"
+    );
+    // All three are the sandbox's own terminal, not the caller's.
+    let caller = format!("chr:{}", term.rdev());
+    assert!(
+        fds.iter()
+            .all(|(_, k)| k.starts_with("chr:") && *k != caller),
+        "{fds:?}"
     );
 }

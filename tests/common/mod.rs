@@ -7,6 +7,7 @@ pub mod agents;
 pub mod controller;
 pub mod egress_bed;
 pub mod etcd;
+pub mod fds;
 pub mod files;
 pub mod terminal;
 
