@@ -11,6 +11,7 @@ use clap::Args;
 use hatchery::audit::AnchorTarget;
 use hatchery::controller::client::ApiClient;
 use hatchery::controller::protocol::{ApiRequest, ApiResponse, ExitInfo, WorkerInfo};
+use hatchery::controller::warm_pool::MAX_WARM_POOL;
 use hatchery::controller::{self, ControllerOptions, ControllerPaths};
 use hatchery::manifest::{Manifest, WorkerId};
 use hatchery::units;
@@ -156,6 +157,12 @@ pub struct ControllerArgs {
     /// (repeatable)
     #[arg(long = "resolve", value_name = "NAME=ADDR", value_parser = super::egress::parse_resolve)]
     pub resolve: Vec<(String, std::net::IpAddr)>,
+    /// Keep N sandboxes prepared ahead of workers (namespaces, id maps, loopback, cgroup and
+    /// root filesystem made): a worker of the last started worker's kind takes one and
+    /// starts sooner. They run nothing and count against nothing; the kill switch removes
+    /// them [default: 0, max: 1024]
+    #[arg(long, value_name = "N", value_parser = parse_warm_pool)]
+    pub warm_pool: Option<usize>,
     /// Be one node of a cluster: admission (quota, cooldowns, budgets), lineage and the
     /// kill switch are kept in etcd and hold across every node (needs --node-id)
     #[arg(long, value_name = "etcd://HOST:PORT[,...]", help_heading = "Cluster")]
@@ -179,6 +186,16 @@ pub struct ControllerArgs {
     /// out, and its slots free up when it does [default: 10s]
     #[arg(long, value_name = "DUR", value_parser = units::parse_duration, help_heading = "Cluster")]
     pub cluster_lease_ttl: Option<Duration>,
+}
+
+/// `--warm-pool`: a count up to [`MAX_WARM_POOL`].
+fn parse_warm_pool(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n <= MAX_WARM_POOL => Ok(n),
+        _ => Err(format!(
+            "{s:?}: expected a number of sandboxes from 0 to {MAX_WARM_POOL}"
+        )),
+    }
 }
 
 /// A group by name (`/etc/group`, NSS) or by number.
@@ -209,6 +226,7 @@ pub fn controller_main(args: ControllerArgs) -> i32 {
         new_audit_trail: args.new_audit_trail,
         worker_output_cap: args.worker_output_cap,
         worker_output_total: args.worker_output_total,
+        warm_pool: args.warm_pool.unwrap_or(0),
         egress_resolution: {
             let mut r = hatchery::egress::Resolution::default();
             for (name, addr) in &args.resolve {

@@ -201,6 +201,9 @@ pub enum LauncherEvent {
         start_time: Option<u64>,
         cgroup: Option<PathBuf>,
         enforcement: serde_json::Value,
+        /// The sandbox came from the warm pool (prepared before the request).
+        #[serde(default)]
+        prepared_ahead: bool,
     },
     StartFailed {
         worker_id: String,

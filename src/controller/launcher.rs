@@ -20,11 +20,13 @@ use crate::paths::{Dir, check_host_path};
 use crate::profile::floor::Floor;
 use crate::profile::{Profile, SeccompProgram};
 use crate::sandbox::cgroup::Limits;
+use crate::sandbox::launch::warm::{self, ClaimError, Prepared};
 use crate::sandbox::output::{OutputBudget, OutputPump};
-use crate::sandbox::{self, Exposure, Host, RunRequest, Sandbox, spec, wait};
+use crate::sandbox::{self, Exposure, Host, RunRequest, Sandbox, SandboxSpec, spec, wait};
 
 pub use super::launch_protocol::{LaunchSpec, LauncherEvent, LauncherRequest, LiveUsage};
 use super::link::{Inbox, Incoming};
+use super::warm_pool::WarmPool;
 use super::wire::{self, FrameError};
 
 /// Where the hatchery binary appears inside workers (for `hatchery agent`).
@@ -36,12 +38,14 @@ const BROKER_STOP: Duration = Duration::from_secs(1);
 const EGRESS_PER_EVENT: usize = 64;
 
 /// A started worker: its sandbox, deadline, log pump and egress broker settings.
-type Launched = (
-    Sandbox,
-    Option<Instant>,
-    Option<OutputPump>,
-    Option<BrokerConfig>,
-);
+struct Launched {
+    sandbox: Sandbox,
+    deadline: Option<Instant>,
+    output: Option<OutputPump>,
+    egress: Option<BrokerConfig>,
+    /// Its sandbox came from the warm pool.
+    prepared_ahead: bool,
+}
 
 struct Running {
     sandbox: Sandbox,
@@ -78,6 +82,8 @@ struct Launcher {
     /// deadline comes, and whether it has passed (then nothing starts).
     fence: Option<u64>,
     fenced: bool,
+    /// Sandboxes prepared ahead of their workers.
+    pool: WarmPool,
 }
 
 impl Launcher {
@@ -132,7 +138,13 @@ impl Launcher {
             return;
         }
         match self.try_launch(spec, socket) {
-            Ok((mut sandbox, deadline, output, egress)) => {
+            Ok(Launched {
+                mut sandbox,
+                deadline,
+                output,
+                egress,
+                prepared_ahead,
+            }) => {
                 // Forked while the launcher is single-threaded, as every sandbox is.
                 let broker = match egress.map(|cfg| {
                     Broker::start(cfg, sandbox.take_egress_listeners())
@@ -159,6 +171,7 @@ impl Launcher {
                         .and_then(crate::sandbox::cgroup::process_start_time),
                     cgroup: sandbox.cgroup_path(),
                     enforcement: serde_json::to_value(&sandbox.enforcement).unwrap_or_default(),
+                    prepared_ahead,
                 };
                 self.running.insert(
                     id,
@@ -186,13 +199,83 @@ impl Launcher {
         if self.running.contains_key(&ls.worker_id) {
             return Err(format!("worker {} is already running", ls.worker_id));
         }
+        let egress = self.egress(&ls)?;
+        // A prepared sandbox runs as the ids it was prepared with: the spec names them.
+        let prepared = if egress.is_none() {
+            self.pool.take()
+        } else {
+            None
+        };
+        let host_ids = prepared.as_ref().and_then(Prepared::host_ids);
+        let mut spec = self.worker_spec(&ls, egress.as_ref(), host_ids)?;
+        let log = self
+            .workers
+            .create_new(&ls.log_name, 0o600, true)
+            .map_err(|e| e.to_string())?;
+        let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+        let err = log.try_clone().map_err(|e| e.to_string())?;
+        // Always through a pump: the worker's own cap and every worker's shared budget
+        // hold however the worker writes (a log written directly could fill the disk).
+        let (mut pump, [out, err]) =
+            OutputPump::new(ls.max_output_bytes, OwnedFd::from(log), OwnedFd::from(err))
+                .map_err(|e| format!("output pipes: {e}"))?;
+        pump.share_budget(self.output_budget.clone());
+        spec.stdio = Some([OwnedFd::from(null), out, err]);
+        let output = Some(pump);
+        if let Some(sock) = socket {
+            spec.pass_fds.push((sock, 3));
+        }
+        // Refusals name the controller's own way to go on degraded, not the spawner's.
+        let plan = sandbox::preflight(&spec, &self.host, sandbox::Asker::Controller)
+            .map_err(|e| e.to_string())?;
+        let claimed = match prepared {
+            Some(p) => match p.claim(&spec, &plan) {
+                Ok(sb) => Some(sb),
+                Err(ClaimError::Failed(e)) => return Err(e.to_string()),
+                // Another shape, or gone: started afresh, under the lease on the ids the
+                // spec names.
+                Err(ClaimError::Unclaimed(lease)) => {
+                    spec.id_lease = lease;
+                    None
+                }
+            },
+            None => None,
+        };
+        let prepared_ahead = claimed.is_some();
+        let sb = match claimed {
+            Some(sb) => sb,
+            None => sandbox::start(&spec, &plan, self.host.cgroups.as_deref())
+                .map_err(|e| e.to_string())?,
+        };
+        self.pool.started(&ls);
+        // `spec` (and with it the pipes' write ends) is dropped on return: only the
+        // sandbox holds them from here on.
+        Ok(Launched {
+            sandbox: sb,
+            deadline: ls
+                .timeout_ms
+                .and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms))),
+            output,
+            egress,
+            prepared_ahead,
+        })
+    }
+
+    /// The sandbox spec of a launch, without its stdio and descriptors: as its manifest
+    /// and the controller decided, running as `host_ids` when they are given (a prepared
+    /// sandbox's) or as ids leased for it.
+    fn worker_spec(
+        &mut self,
+        ls: &LaunchSpec,
+        egress: Option<&BrokerConfig>,
+        host_ids: Option<(u32, u32)>,
+    ) -> Result<SandboxSpec, String> {
         if ls.share_network {
             // Half of the host's network (its loopback services, its interfaces) is no
             // policy: a worker reaches named hosts through its broker, never the host's
             // network namespace.
             return Err("allow_external is refused: a worker never shares the host's network namespace; list the hosts it may reach in network_policy.allow_hosts".into());
         }
-        let egress = self.egress(&ls)?;
         let Compiled {
             mut profile,
             program,
@@ -229,13 +312,13 @@ impl Launcher {
                 cpus: ls.cpus,
                 pids: ls.pids,
             },
-            host_ids: None,
+            host_ids,
             hostname: ls.worker_id.clone(),
             allow_degraded: ls.allow_degraded,
             cgroup_name: ls.cgroup_name.clone(),
             extra_binds,
             payload_ids: ls.payload_ids,
-            egress_ports: egress.as_ref().map(|c| c.ports.clone()),
+            egress_ports: egress.map(|c| c.ports.clone()),
         };
         let floor = if profile.landlock.allow_exec.is_some() {
             &floor_allowlist
@@ -248,37 +331,26 @@ impl Launcher {
             spec.landlock.read.push(PathBuf::from(AGENT_BIN_DIR));
             spec.landlock.execute.push(PathBuf::from(AGENT_BIN_DIR));
         }
-        let log = self
-            .workers
-            .create_new(&ls.log_name, 0o600, true)
-            .map_err(|e| e.to_string())?;
-        let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
-        let err = log.try_clone().map_err(|e| e.to_string())?;
-        // Always through a pump: the worker's own cap and every worker's shared budget
-        // hold however the worker writes (a log written directly could fill the disk).
-        let (mut pump, [out, err]) =
-            OutputPump::new(ls.max_output_bytes, OwnedFd::from(log), OwnedFd::from(err))
-                .map_err(|e| format!("output pipes: {e}"))?;
-        pump.share_budget(self.output_budget.clone());
-        spec.stdio = Some([OwnedFd::from(null), out, err]);
-        let output = Some(pump);
-        if let Some(sock) = socket {
-            spec.pass_fds.push((sock, 3));
+        Ok(spec)
+    }
+
+    /// Prepares one sandbox for the warm pool, when it wants one.
+    fn prepare_one(&mut self) {
+        let Some(ls) = self.pool.wanted() else {
+            return;
+        };
+        let prepared = self.worker_spec(&ls, None, None).and_then(|spec| {
+            let plan = sandbox::preflight(&spec, &self.host, sandbox::Asker::Controller)
+                .map_err(|e| e.to_string())?;
+            warm::prepare(&spec, &plan, self.host.cgroups.as_deref()).map_err(|e| e.to_string())
+        });
+        match prepared {
+            Ok(p) => self.pool.add(p),
+            Err(error) => {
+                tracing::warn!(%error, "cannot prepare a sandbox for the warm pool; workers start the ordinary way");
+                self.pool.failed();
+            }
         }
-        // Refusals name the controller's own way to go on degraded, not the spawner's.
-        let plan = sandbox::preflight(&spec, &self.host, sandbox::Asker::Controller)
-            .map_err(|e| e.to_string())?;
-        let sb = sandbox::start(&spec, &plan, self.host.cgroups.as_deref())
-            .map_err(|e| e.to_string())?;
-        // `spec` (and with it the pipes' write ends) is dropped on return: only the
-        // sandbox holds them from here on.
-        Ok((
-            sb,
-            ls.timeout_ms
-                .and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms))),
-            output,
-            egress,
-        ))
     }
 
     /// The broker settings of a worker whose manifest allows hosts.
@@ -384,6 +456,7 @@ impl Launcher {
         for r in self.running.values() {
             r.sandbox.kill();
         }
+        self.pool.clear();
     }
 }
 
@@ -395,6 +468,7 @@ pub fn serve(
     workers: Dir,
     output_total: u64,
     resolution: Resolution,
+    warm_pool: usize,
 ) -> i32 {
     let mut requests = match Inbox::new(requests) {
         Ok(i) => i,
@@ -413,6 +487,7 @@ pub fn serve(
         resolution,
         fence: None,
         fenced: false,
+        pool: WarmPool::new(warm_pool),
     };
     let swept = l
         .host
@@ -435,12 +510,16 @@ pub fn serve(
             }
         }
         let fence_in = l.fence_check();
+        // The warm pool is filled only while nothing else is waiting: a poll that finds
+        // nothing ready prepares one sandbox.
+        let refill = !shutting_down && !l.fenced && l.pool.wants_more();
         let next = l
             .running
             .values()
             .filter(|r| !r.timed_out)
             .filter_map(|r| r.deadline)
             .chain(fence_in.and_then(|d| now.checked_add(d)))
+            .chain(refill.then_some(now))
             .min();
         let ids: Vec<String> = l.running.keys().cloned().collect();
         let (request_ready, exited) = {
@@ -464,7 +543,12 @@ pub fn serve(
                 }
             }
             match wait::poll_until(&mut fds, next, Some(Duration::from_secs(60))) {
-                Ok(0) => continue,
+                Ok(0) => {
+                    if refill {
+                        l.prepare_one();
+                    }
+                    continue;
+                }
                 Ok(_) => {}
                 Err(_) => break,
             }

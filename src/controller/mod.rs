@@ -30,6 +30,7 @@ pub mod protocol;
 pub mod registry;
 pub mod server;
 mod setup;
+pub mod warm_pool;
 pub mod wire;
 
 use std::path::{Path, PathBuf};
@@ -99,6 +100,8 @@ pub struct ControllerOptions {
     pub worker_output_total: u64,
     /// The operator's name resolution for workers' egress brokers (`--resolve`).
     pub egress_resolution: crate::egress::Resolution,
+    /// Sandboxes the launcher keeps prepared ahead of workers (`--warm-pool`).
+    pub warm_pool: usize,
     /// The cluster to join (`--cluster` and its options), over the contract file's.
     pub cluster: cluster::ClusterArgs,
 }
@@ -138,6 +141,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         workers,
         opts.worker_output_total,
         egress_resolution(&opts, &contract),
+        opts.warm_pool,
     )?;
     let pid_file = paths.state_dir.join("controller.pid");
     state
@@ -289,6 +293,7 @@ fn start_launcher(
     workers: Dir,
     output_total: u64,
     resolution: crate::egress::Resolution,
+    warm_pool: usize,
 ) -> Result<Launcher, ControllerError> {
     let engine_workers = workers
         .try_clone()
@@ -298,7 +303,7 @@ fn start_launcher(
     ))];
     tracing::debug!("starting the launcher (it starts and supervises the sandboxes)");
     let process = crate::sandbox::zygote::fork_launcher(&keep, move |req, ev| {
-        launcher::serve(req, ev, workers, output_total, resolution)
+        launcher::serve(req, ev, workers, output_total, resolution, warm_pool)
     })
     .map_err(|e| ControllerError::Setup(format!("cannot start the launcher: {e}")))?;
     let launcher_start =

@@ -120,21 +120,70 @@ pub const MAX_LISTENERS: usize = 72;
 
 /// Sends the egress listeners (SCM_RIGHTS) to the supervisor, from pid 1.
 pub fn send_listeners(fd: impl AsFd, listeners: &[OwnedFd]) -> io::Result<()> {
-    use nix::sys::socket::{ControlMessage, sendmsg};
     if listeners.len() > MAX_LISTENERS {
         return Err(io::Error::from_raw_os_error(libc::E2BIG));
     }
-    let raw: Vec<RawFd> = listeners.iter().map(|l| l.as_raw_fd()).collect();
-    let iov = [io::IoSlice::new(&[LISTENERS_TAG])];
+    let fds: Vec<BorrowedFd<'_>> = listeners.iter().map(|l| l.as_fd()).collect();
+    send_with_fds(fd.as_fd(), &[LISTENERS_TAG], &fds)
+}
+
+/// Sends one packet with `fds` attached (SCM_RIGHTS).
+fn send_with_fds(fd: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    use nix::sys::socket::{ControlMessage, sendmsg};
+    let raw: Vec<RawFd> = fds.iter().map(|l| l.as_raw_fd()).collect();
+    let iov = [io::IoSlice::new(bytes)];
     loop {
         match sendmsg::<()>(
-            fd.as_fd().as_raw_fd(),
+            fd.as_raw_fd(),
             &iov,
             &[ControlMessage::ScmRights(&raw)],
             MsgFlags::MSG_NOSIGNAL,
             None,
         ) {
             Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Receives one packet into `buf` with the descriptors attached to it (close-on-exec):
+/// its length and the descriptors. A packet longer than `buf`, or with more descriptors
+/// than `space` holds, is refused (its descriptors are closed).
+fn recv_with_fds(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+    space: &mut Vec<u8>,
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    use nix::sys::socket::{ControlMessageOwned, recvmsg};
+    use std::os::fd::FromRawFd;
+    let mut iov = [io::IoSliceMut::new(buf)];
+    loop {
+        match recvmsg::<()>(
+            fd.as_raw_fd(),
+            &mut iov,
+            Some(&mut *space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                for c in msg.cmsgs()? {
+                    if let ControlMessageOwned::ScmRights(received) = c {
+                        for raw in received {
+                            // SAFETY: SCM_RIGHTS installed these descriptors in this
+                            // process for us; nothing else owns them.
+                            fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
+                        }
+                    }
+                }
+                if msg
+                    .flags
+                    .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC)
+                {
+                    return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
+                }
+                return Ok((msg.bytes, fds));
+            }
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
         }
@@ -152,35 +201,9 @@ pub enum Handover {
 
 /// Receives the egress listeners sent by [`send_listeners`], or what came instead.
 pub fn recv_listeners(fd: impl AsFd) -> io::Result<Handover> {
-    use nix::sys::socket::{ControlMessageOwned, recvmsg};
-    use std::os::fd::FromRawFd;
     let mut buf = [0u8; MAX_MESSAGE];
     let mut space = nix::cmsg_space!([RawFd; MAX_LISTENERS]);
-    let mut iov = [io::IoSliceMut::new(&mut buf)];
-    let (n, fds) = loop {
-        match recvmsg::<()>(
-            fd.as_fd().as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Ok(msg) => {
-                let mut fds = Vec::new();
-                for c in msg.cmsgs()? {
-                    if let ControlMessageOwned::ScmRights(received) = c {
-                        for raw in received {
-                            // SAFETY: SCM_RIGHTS installed these descriptors in this
-                            // process for us; nothing else owns them.
-                            fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
-                        }
-                    }
-                }
-                break (msg.bytes, fds);
-            }
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    };
+    let (n, fds) = recv_with_fds(fd.as_fd(), &mut buf, &mut space)?;
     let bytes = buf.get(..n).unwrap_or_default();
     match bytes {
         [] => Ok(Handover::Closed),
@@ -193,6 +216,45 @@ pub fn recv_listeners(fd: impl AsFd) -> io::Result<Handover> {
                     "malformed message from the sandbox",
                 )
             }),
+    }
+}
+
+/// Tag of the message that turns a prepared sandbox into a worker (see
+/// [`super::launch::warm`]).
+const CLAIM_TAG: u8 = 4;
+/// Largest claim (the command line and environment, mostly); a larger one is started the
+/// ordinary way instead. Far below a socket's default send buffer, which bounds a packet.
+pub const MAX_CLAIM: usize = 64 << 10;
+/// Most descriptors a claim carries (stdio and the passed ones).
+pub const MAX_CLAIM_FDS: usize = 8;
+
+/// Sends a prepared sandbox its claim: `body`, with `fds` attached.
+pub fn send_claim(fd: impl AsFd, body: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    if body.len() > MAX_CLAIM || fds.len() > MAX_CLAIM_FDS {
+        return Err(io::Error::from_raw_os_error(libc::E2BIG));
+    }
+    let mut out = Vec::with_capacity(body.len().saturating_add(1));
+    out.push(CLAIM_TAG);
+    out.extend_from_slice(body);
+    send_with_fds(fd.as_fd(), &out, fds)
+}
+
+/// Receives a claim sent by [`send_claim`]: its body and descriptors. End of stream (the
+/// supervisor dropped the prepared sandbox) is `UnexpectedEof`.
+pub fn recv_claim(fd: impl AsFd) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    let mut buf = vec![0u8; MAX_CLAIM.saturating_add(1)];
+    let mut space = nix::cmsg_space!([RawFd; MAX_CLAIM_FDS]);
+    let (n, fds) = recv_with_fds(fd.as_fd(), &mut buf, &mut space)?;
+    match buf.get(..n) {
+        Some([]) | None => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the supervisor went away",
+        )),
+        Some([CLAIM_TAG, body @ ..]) => Ok((body.to_vec(), fds)),
+        Some(_) => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "malformed claim from the supervisor",
+        )),
     }
 }
 

@@ -43,6 +43,12 @@ pub(super) struct ChildContext<'a> {
     pub(super) argv: Vec<CString>,
     pub(super) env: Vec<CString>,
     pub(super) path_var: String,
+    pub(super) hostname: String,
+    /// The inside uid/gid the payload runs as.
+    pub(super) payload_ids: (u32, u32),
+    /// A prepared sandbox of a warm pool: pid 1 waits, after building its root, for the
+    /// claim that names its command, environment, hostname and descriptors (see [`warm`]).
+    pub(super) warm: bool,
     pub(super) landlock: bool,
     pub(super) unshare_cgroup: bool,
     /// The cgroup files the sandbox writes `0` to, first thing, to move itself in.
@@ -170,6 +176,28 @@ pub fn start(
     plan: &Plan,
     cgroups: Option<&dyn CgroupManager>,
 ) -> Result<Sandbox, SandboxError> {
+    let pid1 = clone_pid1(spec, plan, cgroups, false)?;
+    hand_over(pid1.sandbox, spec, plan.seccomp, pid1.attach)
+}
+
+/// A cloned pid 1, before the handshake.
+struct Pid1 {
+    sandbox: Sandbox,
+    /// The supervisor attaches it to its cgroup (it was neither born inside nor moves
+    /// itself in).
+    attach: bool,
+    /// What the prepared bind sources could not enforce.
+    tree_notes: Vec<String>,
+}
+
+/// Creates the sandbox's cgroup and its pid 1, in its namespaces; `warm`: pid 1 waits for
+/// a claim after building its root (see [`warm`]).
+fn clone_pid1(
+    spec: &SandboxSpec,
+    plan: &Plan,
+    cgroups: Option<&dyn CgroupManager>,
+    warm: bool,
+) -> Result<Pid1, SandboxError> {
     process::ensure_single_threaded().map_err(|e| SandboxError::Internal(e.to_string()))?;
     let started = Instant::now();
     let mut enforcement = plan.enforcement(spec);
@@ -188,7 +216,13 @@ pub fn start(
     };
     let fds = payload_fds(spec);
     let path_var = path_var(spec);
+    let planned_notes = enforcement.not_enforced.len();
     let prepared = prepare_trees(spec, &mut enforcement)?;
+    let tree_notes = enforcement
+        .not_enforced
+        .get(planned_notes..)
+        .unwrap_or_default()
+        .to_vec();
     let lease = spec
         .id_lease
         .as_ref()
@@ -213,6 +247,9 @@ pub fn start(
         argv: to_cstrings(spec.argv.iter().cloned())?,
         env: to_cstrings(spec.env.iter().map(|(k, v)| format!("{k}={v}")))?,
         path_var,
+        hostname: spec.hostname.clone(),
+        payload_ids: spec.identity.payload_ids,
+        warm,
         landlock: matches!(plan.landlock, LandlockPlan::Rules { .. }),
         unshare_cgroup: spec.namespaces.cgroup,
         join_cgroup: join_files.iter().map(|f| f.as_raw_fd()).collect(),
@@ -229,6 +266,7 @@ pub fn start(
         uts = spec.namespaces.uts,
         into_cgroup = into.is_some(),
         host_uid = spec.identity.host_uid,
+        warm,
         "creating the sandbox (user, mount and pid namespaces)"
     );
     let (attempt, born_inside) = namespaces::clone_sandbox(&spec.namespaces, into);
@@ -242,7 +280,7 @@ pub fn start(
                 unshare_cgroup: ctx.unshare_cgroup && !born_inside,
                 ..ctx
             };
-            inside::contain(&ctx, sandbox_end)
+            inside::contain(ctx, sandbox_end)
         }
         Ok(Cloned::Parent { pid, pidfd }) => (pid, pidfd),
         Err(e) => return Err(namespaces_refused(e)),
@@ -264,8 +302,11 @@ pub fn start(
         early: None,
     };
     // From here on, dropping `sandbox` on an error path kills it and removes its cgroup.
-    let attach = !born_inside && ctx.join_cgroup.is_empty();
-    hand_over(sandbox, spec, plan.seccomp, attach)
+    Ok(Pid1 {
+        sandbox,
+        attach: !born_inside && ctx.join_cgroup.is_empty(),
+        tree_notes,
+    })
 }
 
 /// The sandbox's cgroup, created before the sandbox: on v2 the sandbox is born inside it.
@@ -356,27 +397,14 @@ fn hand_over(
     seccomp: SeccompPlan,
     attach: bool,
 ) -> Result<Sandbox, SandboxError> {
-    let pid = sandbox.pid;
-    tracing::debug!(pid = pid.as_raw(), "writing the sandbox's uid and gid maps");
-    spec.identity
-        .write_maps(pid.as_raw())
-        .map_err(|e| SandboxError::Refused {
-            what: "user namespace".into(),
-            why: format!("cannot write the uid/gid maps: {e}"),
-            fix: "an unprivileged user may map only its own uid; see `hatchery doctor`".into(),
-        })?;
-    ToSandbox::IdentityReady
-        .send(&sandbox.channel)
-        .map_err(|e| SandboxError::Internal(format!("sandbox went away during setup: {e}")))?;
+    grant_identity(&sandbox, spec)?;
     // While the sandbox builds its root on the other processor: the filters (compiled
     // here when they were not already).
     tracing::debug!("compiling the seccomp filters (floor and profile)");
     let filters = spec.seccomp.compile()?;
     seccomp.record(&filters, &mut sandbox.enforcement);
     if attach {
-        if let Some(cg) = &sandbox.cgroup {
-            cg.attach(pid.as_raw()).map_err(cgroup_refused)?;
-        }
+        attach_cgroup(&sandbox)?;
     }
     // The sandbox may be gone already (a setup failure it reported): `wait` tells.
     tracing::debug!(
@@ -392,6 +420,31 @@ fn hand_over(
         receive_listeners(&mut sandbox, ports.len())?;
     }
     Ok(sandbox)
+}
+
+/// Writes the sandbox's uid and gid maps and tells it so: it may take its identity.
+fn grant_identity(sandbox: &Sandbox, spec: &SandboxSpec) -> Result<(), SandboxError> {
+    let pid = sandbox.pid;
+    tracing::debug!(pid = pid.as_raw(), "writing the sandbox's uid and gid maps");
+    spec.identity
+        .write_maps(pid.as_raw())
+        .map_err(|e| SandboxError::Refused {
+            what: "user namespace".into(),
+            why: format!("cannot write the uid/gid maps: {e}"),
+            fix: "an unprivileged user may map only its own uid; see `hatchery doctor`".into(),
+        })?;
+    ToSandbox::IdentityReady
+        .send(&sandbox.channel)
+        .map_err(|e| SandboxError::Internal(format!("sandbox went away during setup: {e}")))
+}
+
+/// Moves pid 1 into its cgroup from outside (where it is neither born inside nor moves
+/// itself in).
+fn attach_cgroup(sandbox: &Sandbox) -> Result<(), SandboxError> {
+    match &sandbox.cgroup {
+        Some(cg) => cg.attach(sandbox.pid.as_raw()).map_err(cgroup_refused),
+        None => Ok(()),
+    }
 }
 
 /// Takes the egress listeners pid 1 sends once it has its identity, or keeps what came
@@ -420,6 +473,7 @@ fn receive_listeners(sandbox: &mut Sandbox, ports: usize) -> Result<(), SandboxE
 }
 
 mod inside;
+pub mod warm;
 
 // ---------------------------------------------------------------------------------------
 // The supervisor's view of a running sandbox.

@@ -102,6 +102,29 @@ impl ProcView {
     }
 }
 
+impl ProcView {
+    /// The view without what each sandbox has of its own or reads off the clock (its
+    /// boot id, and the boot time that `stat` computes from the clock to the second):
+    /// two sandboxes with equal such views show the same machine.
+    pub fn machine(&self) -> ProcView {
+        ProcView {
+            files: self
+                .files
+                .iter()
+                .filter(|(path, _)| *path != "sys/kernel/random/boot_id")
+                .map(|(path, text)| {
+                    let text = text
+                        .lines()
+                        .filter(|l| !l.starts_with("btime "))
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    (*path, text)
+                })
+                .collect(),
+        }
+    }
+}
+
 /// How many processors the sandbox may run on (its affinity mask: what glibc's
 /// `get_nprocs` and `nproc` would count from `/proc/stat`). Not
 /// `std::thread::available_parallelism`, which reads cgroup files and the mount table.

@@ -169,6 +169,7 @@ impl Engine {
             start_time,
             cgroup,
             enforcement,
+            prepared_ahead,
         } = ev
         else {
             return;
@@ -197,7 +198,7 @@ impl Engine {
             event::WORKER_STARTED,
             "controller",
             Some(&id),
-            json!({ "pid": pid, "cgroup": cgroup, "not_enforced": not_enforced }),
+            json!({ "pid": pid, "cgroup": cgroup, "not_enforced": not_enforced, "prepared_ahead": prepared_ahead }),
             false,
         );
     }

@@ -38,7 +38,7 @@ fn await_supervisor(msg: ToSandbox, chan: &OwnedFd) {
 }
 
 /// The sandbox's pid 1. Never returns: it becomes the reaper or exits.
-pub(super) fn contain(ctx: &ChildContext<'_>, chan: OwnedFd) -> ! {
+pub(super) fn contain(ctx: ChildContext<'_>, chan: OwnedFd) -> ! {
     let result =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| contain_steps(ctx, &chan)));
     let failed = match result {
@@ -53,12 +53,12 @@ pub(super) fn contain(ctx: &ChildContext<'_>, chan: OwnedFd) -> ! {
 
 /// pid 1's part of the security order, one step a line; the payload's follows in
 /// [`payload_steps`].
-fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, Step> {
+fn contain_steps(mut ctx: ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, Step> {
     let spec = ctx.spec;
     // Only what pid 1 and the payload use stays open. A host descriptor left open is a way
     // out (see `process::close_fds_from`); and a launcher holds descriptors for every
     // sandbox it runs, which the payload's fork would copy and close all over again.
-    process::close_fds_from(3, &kept_fds(ctx, chan));
+    process::close_fds_from(3, &kept_fds(&ctx, chan));
     // pid 1 shows its own name, not the supervisor's command line and environment (the
     // payload can read /proc/1).
     if let Some(title) = ctx.title {
@@ -77,9 +77,6 @@ fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, S
     // Changing credentials cleared the parent-death signal: arm it again. (Should the
     // supervisor die in between, the next read from the channel ends us.)
     process::die_with_parent().step("parent death signal")?;
-    if spec.namespaces.uts {
-        nix::unistd::sethostname(&spec.hostname).step("hostname")?;
-    }
     if spec.namespaces.net {
         net::loopback_up().step("loopback")?;
     }
@@ -96,6 +93,17 @@ fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, S
     }
     // Every namespace and mount of the sandbox's own exists now: no more for anyone in it.
     limits.apply()?;
+    if ctx.warm {
+        // A prepared sandbox: everything above was done ahead of its worker.
+        match super::warm::take_claim(&mut ctx, chan.as_fd()) {
+            Err(super::warm::Unclaimed::Dropped) => supervisor_gone(),
+            Err(super::warm::Unclaimed::Bad(step)) => return Err(step),
+            Ok(()) => {}
+        }
+    }
+    if spec.namespaces.uts {
+        nix::unistd::sethostname(&ctx.hostname).step("hostname")?;
+    }
     // The filters the payload loads last (the supervisor compiled them meanwhile).
     let Ok(filters) = channel::recv_filters(chan) else {
         supervisor_gone()
@@ -106,7 +114,7 @@ fn contain_steps(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible, S
     init::block_signals();
     // SAFETY: this process is single-threaded (a clone of a single-threaded supervisor).
     match unsafe { nix::unistd::fork() }.step("fork the payload")? {
-        ForkResult::Child => payload(ctx, chan, &filters),
+        ForkResult::Child => payload(&ctx, chan, &filters),
         ForkResult::Parent { child } => reap(child, chan),
     }
 }
@@ -226,7 +234,7 @@ fn payload_steps(
     rlimits::apply(&spec.rlimits)
         .and_then(|()| rlimits::apply(&ctx.fallback_rlimits))
         .map_err(|(name, e)| Step::new(format!("rlimit {name}"), e as i32))?;
-    caps::drop_all(Some(spec.identity.payload_ids))
+    caps::drop_all(Some(ctx.payload_ids))
         .map_err(|e| Step::new(format!("capabilities ({})", e.step), e.errno))?;
     caps::no_new_privs().map_err(Step::from)?;
     // After the last credential change (which would clear it): die with pid 1.

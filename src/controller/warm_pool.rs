@@ -1,0 +1,131 @@
+//! The launcher's warm pool: sandboxes prepared while the launcher is idle, each with its
+//! namespaces, id maps, loopback, cgroup and root filesystem made, waiting for the next
+//! worker (see [`crate::sandbox::launch::warm`]). A launch takes one and sends it only what
+//! is the worker's own, instead of starting a sandbox from nothing.
+//!
+//! The pool prepares the shape of the last worker that started: workers started from one
+//! kind of manifest find their sandbox ready. A worker of another shape starts the
+//! ordinary way, and the pool turns to its shape. The operator sizes it
+//! (`--warm-pool N`). Prepared sandboxes are nobody's: they run no command, hold no
+//! worker's descriptors, count against no contract or budget, and the kill switch (and a
+//! fence, and the controller's stop) tears them down with the workers.
+
+use std::collections::VecDeque;
+
+use super::launch_protocol::LaunchSpec;
+use crate::sandbox::launch::warm::Prepared;
+
+/// Largest pool an operator may ask for.
+pub const MAX_WARM_POOL: usize = 1024;
+
+pub struct WarmPool {
+    size: usize,
+    ready: VecDeque<Prepared>,
+    /// The launch whose shape is prepared: the last worker's (`None`: prepare nothing).
+    template: Option<LaunchSpec>,
+    /// Numbers the prepared sandboxes' cgroups.
+    made: u64,
+}
+
+impl WarmPool {
+    pub fn new(size: usize) -> WarmPool {
+        WarmPool {
+            size: size.min(MAX_WARM_POOL),
+            ready: VecDeque::new(),
+            template: None,
+            made: 0,
+        }
+    }
+
+    /// A prepared sandbox for the next launch, if one is ready (ended ones are dropped).
+    pub fn take(&mut self) -> Option<Prepared> {
+        while let Some(p) = self.ready.pop_front() {
+            if !p.has_ended() {
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    /// A worker started from `ls`: prepare its shape from now on. Sandboxes prepared for
+    /// another kind of launch are dropped (they would not fit).
+    pub fn started(&mut self, ls: &LaunchSpec) {
+        // A worker with egress is never prepared ahead: its listeners are handed over
+        // before its broker starts.
+        if self.size == 0 || ls.egress.is_some() {
+            return;
+        }
+        if self.template.as_ref().is_some_and(|t| !same_kind(t, ls)) {
+            self.ready.clear();
+        }
+        // Its kind, not its command and environment (which may hold secrets): those come
+        // with each claim, and a prepared sandbox is cloned from this.
+        self.template = Some(LaunchSpec {
+            command: vec!["true".into()],
+            env: Vec::new(),
+            ..ls.clone()
+        });
+    }
+
+    /// The launch to prepare a sandbox for next, named for the pool, when one is wanted.
+    pub fn wanted(&mut self) -> Option<LaunchSpec> {
+        self.ready.retain(|p| !p.has_ended());
+        if self.ready.len() >= self.size {
+            return None;
+        }
+        let mut ls = self.template.clone()?;
+        self.made = self.made.wrapping_add(1);
+        // `_` is in no worker id: no worker's cgroup can have this name.
+        ls.worker_id = format!("warm{}", self.made);
+        ls.cgroup_name = crate::sandbox::cgroup::unique_name(&format!("_warm{}", self.made));
+        Some(ls)
+    }
+
+    /// Whether a sandbox should be prepared now.
+    pub fn wants_more(&self) -> bool {
+        self.template.is_some() && self.ready.len() < self.size
+    }
+
+    pub fn add(&mut self, p: Prepared) {
+        self.ready.push_back(p);
+    }
+
+    /// Preparing failed: stop until a worker starts again (no retry loop on a host that
+    /// refuses).
+    pub fn failed(&mut self) {
+        self.template = None;
+    }
+
+    /// Tears every prepared sandbox down and prepares nothing until a worker starts again
+    /// (the kill switch, a fence, the controller's stop).
+    pub fn clear(&mut self) {
+        self.ready.clear();
+        self.template = None;
+    }
+}
+
+/// Whether two launches make sandboxes of one shape as far as the manifest decides it
+/// (the claim checks the whole shape again).
+fn same_kind(a: &LaunchSpec, b: &LaunchSpec) -> bool {
+    (
+        &a.cwd,
+        &a.ro,
+        &a.rw,
+        a.memory,
+        a.pids,
+        &a.profile,
+        a.allow_degraded,
+        &a.agent_binary,
+        &a.allow_exec,
+    ) == (
+        &b.cwd,
+        &b.ro,
+        &b.rw,
+        b.memory,
+        b.pids,
+        &b.profile,
+        b.allow_degraded,
+        &b.agent_binary,
+        &b.allow_exec,
+    ) && a.cpus.map(f64::to_bits) == b.cpus.map(f64::to_bits)
+}

@@ -1,0 +1,276 @@
+//! The controller's warm pool, as root, with real sandboxes: a worker of the last worker's
+//! kind starts in a sandbox prepared before it was asked for, with nothing of that
+//! sandbox's past and all of its own limits; another kind starts afresh; the kill switch,
+//! a prepared sandbox killed from outside and the controller's stop leave nothing behind.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::agents::*;
+use common::controller::{TestController, worker_cgroups};
+use common::*;
+use serde_json::Value;
+
+/// The controller's launcher (its child named `hatchery-launcher`).
+fn launcher_pid(c: &TestController) -> u32 {
+    let pid = c.pid();
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    children
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.starts_with(b"hatchery-launcher"))
+        })
+        .unwrap_or_else(|| panic!("no launcher under the controller {pid}"))
+}
+
+/// The cgroup directories (every hierarchy's) of this controller's prepared sandboxes.
+fn prepared_cgroups(c: &TestController) -> Vec<PathBuf> {
+    let owner = format!("-{}-", launcher_pid(c));
+    worker_cgroups("_warm")
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(&owner))
+        .collect()
+}
+
+/// How many sandboxes are prepared (one name per sandbox, whatever the hierarchies).
+fn prepared(c: &TestController) -> usize {
+    let mut names: Vec<String> = prepared_cgroups(c)
+        .iter()
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().to_string()))
+        .collect();
+    names.sort();
+    names.dedup();
+    names.len()
+}
+
+fn wait_prepared(c: &TestController, n: usize, limit: Duration) {
+    let start = Instant::now();
+    while prepared(c) != n {
+        if start.elapsed() > limit {
+            panic!(
+                "{} prepared sandboxes, not {n}, after {limit:?}\n{}",
+                prepared(c),
+                c.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The `worker_started` entry of worker `id`.
+fn started(c: &TestController, id: &str) -> Value {
+    let start = Instant::now();
+    loop {
+        if let Some(e) = c
+            .audit("worker_started")
+            .into_iter()
+            .find(|e| e["worker_id"] == id)
+        {
+            return e["details"].clone();
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            panic!("{id} did not start: {}", c.log());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits for worker `id` to end; its log.
+fn output_of(c: &TestController, id: &str) -> String {
+    c.wait_for(&format!("{id} to end"), Duration::from_secs(30), |v| {
+        v["workers"].as_array().is_some_and(|ws| {
+            ws.iter()
+                .any(|w| w["worker_id"] == id && w["state"] == "exited")
+        })
+    });
+    stdout(&c.cli(&["logs", id]))
+}
+
+/// What a worker reports of itself: its hostname, ids, descriptors, environment and the
+/// kernel's view of its confinement.
+const SELF_REPORT: &str = "echo host=$(hostname) id=$HATCHERY_WORKER_ID uid=$(id -u); \
+     printf fds=; ls /proc/$$/fd | sort -n | tr '\\n' ' '; echo; \
+     echo secret=${POOL_SECRET:-none}; \
+     grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; \
+     cat /proc/sys/kernel/random/boot_id; sleep 2";
+
+/// The memory limit a cgroup directory of any version holds, in bytes.
+fn memory_limit(cgroup: &str) -> Option<u64> {
+    let dir = PathBuf::from(cgroup);
+    ["memory.max", "memory.limit_in_bytes"]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(dir.join(f)).ok())
+        .and_then(|s| s.trim().parse().ok())
+}
+
+#[test]
+fn a_worker_of_the_last_kind_starts_prepared_with_nothing_of_the_sandboxs_past() {
+    if skip("warm pool") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &["--warm-pool", "2"]);
+    // Nothing is prepared before a worker has shown what kind to prepare.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(prepared(&c), 0);
+    let first = spawned(
+        &c,
+        &[
+            "--memory",
+            "96M",
+            "--env",
+            "POOL_SECRET=first-workers-secret",
+        ],
+        SELF_REPORT,
+    );
+    assert_eq!(started(&c, &first)["prepared_ahead"], false);
+    let first_out = output_of(&c, &first);
+    assert!(
+        first_out.contains("secret=first-workers-secret"),
+        "{first_out}"
+    );
+    wait_prepared(&c, 2, Duration::from_secs(20));
+
+    let second = spawned(&c, &["--memory", "96M"], SELF_REPORT);
+    let details = started(&c, &second);
+    assert_eq!(details["prepared_ahead"], true, "{details}");
+    let cgroup = details["cgroup"].as_str().unwrap_or_default().to_string();
+    assert!(cgroup.contains("_warm"), "{details}");
+    assert_eq!(
+        memory_limit(&cgroup),
+        Some(96 << 20),
+        "the worker's memory limit holds in its prepared cgroup"
+    );
+    let out = output_of(&c, &second);
+    // Its own name, id and descriptors (stdio and its controller socket, nothing else),
+    // no trace of the worker the pool was shaped after, and the same confinement.
+    assert!(
+        out.contains(&format!("host={second} id={second} uid=0")),
+        "{out}"
+    );
+    assert!(out.contains("fds=0 1 2 3 \n"), "{out}");
+    assert!(out.contains("secret=none"), "{out}");
+    assert!(out.contains("CapEff:\t0000000000000000"), "{out}");
+    assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+    assert!(out.contains("Seccomp:\t2"), "{out}");
+    let boot_id = |o: &str| o.lines().last().unwrap_or_default().to_string();
+    assert_ne!(
+        boot_id(&out),
+        boot_id(&first_out),
+        "each sandbox has its own boot id"
+    );
+    // The pool fills again once the launcher is idle.
+    wait_prepared(&c, 2, Duration::from_secs(20));
+}
+
+#[test]
+fn a_worker_of_another_kind_starts_afresh_and_the_pool_turns_to_its_kind() {
+    if skip("warm pool") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
+    let a = spawned(&c, &["--memory", "64M"], "true");
+    assert_eq!(started(&c, &a)["prepared_ahead"], false);
+    wait_prepared(&c, 1, Duration::from_secs(20));
+    // Another memory limit is another cgroup: not the prepared one.
+    let b = spawned(&c, &["--memory", "128M"], "sleep 2");
+    let details = started(&c, &b);
+    assert_eq!(details["prepared_ahead"], false, "{details}");
+    let cgroup = details["cgroup"].as_str().unwrap_or_default();
+    assert!(!cgroup.contains("_warm"), "{details}");
+    assert_eq!(memory_limit(cgroup), Some(128 << 20));
+    wait_prepared(&c, 1, Duration::from_secs(20));
+    let third = spawned(&c, &["--memory", "128M"], "sleep 2");
+    let details = started(&c, &third);
+    assert_eq!(details["prepared_ahead"], true, "{details}");
+    assert_eq!(
+        memory_limit(details["cgroup"].as_str().unwrap_or_default()),
+        Some(128 << 20)
+    );
+    // Another exposure is another root filesystem: afresh too.
+    let dir = shared_tempdir();
+    let d = spawned(
+        &c,
+        &["--memory", "128M", "--ro", &dir.path().to_string_lossy()],
+        "true",
+    );
+    assert_eq!(started(&c, &d)["prepared_ahead"], false);
+}
+
+#[test]
+fn the_kill_switch_tears_the_pool_down_and_nothing_is_prepared_until_workers_start_again() {
+    if skip("warm pool") {
+        return;
+    }
+    let mut c = TestController::start(&base_contract(""), &["--warm-pool", "3"]);
+    spawned(&c, &[], "true");
+    wait_prepared(&c, 3, Duration::from_secs(30));
+    let out = c.cli(&["kill-switch"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    wait_prepared(&c, 0, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        prepared(&c),
+        0,
+        "nothing is prepared while the switch is engaged"
+    );
+    let out = c.cli(&["kill-switch", "--release"]);
+    assert_eq!(code(&out), 0);
+    let id = spawned(&c, &[], "true");
+    assert_eq!(started(&c, &id)["prepared_ahead"], false);
+    wait_prepared(&c, 3, Duration::from_secs(30));
+    // The controller's stop takes the prepared sandboxes and their cgroups with it.
+    let launcher = launcher_pid(&c);
+    let owner = format!("-{launcher}-");
+    c.stop();
+    let left: Vec<PathBuf> = worker_cgroups("_warm")
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(&owner))
+        .collect();
+    assert!(left.is_empty(), "cgroups left behind: {left:?}");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{launcher}")).exists(),
+        "the launcher outlived the controller"
+    );
+}
+
+#[test]
+fn a_prepared_sandbox_killed_from_outside_is_passed_over() {
+    if skip("warm pool") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
+    spawned(&c, &[], "true");
+    wait_prepared(&c, 1, Duration::from_secs(20));
+    let procs: Vec<i32> = prepared_cgroups(&c)
+        .iter()
+        .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect();
+    assert!(!procs.is_empty(), "the prepared sandbox has a process");
+    for p in procs {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let id = spawned(&c, &[], "echo started-anyway");
+    let details = started(&c, &id);
+    assert_eq!(details["prepared_ahead"], false, "{details}");
+    assert!(output_of(&c, &id).contains("started-anyway"));
+}
+
+#[test]
+fn a_warm_pool_larger_than_allowed_is_refused_before_anything_starts() {
+    let out = hatchery_cmd(&["controller", "--warm-pool", "1025"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("from 0 to 1024"), "{}", stderr(&out));
+}
