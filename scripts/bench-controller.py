@@ -61,15 +61,34 @@ def children(pid):
     except OSError:
         return []
 
-def worker_cgroups():
-    n = 0
+def cgroup_dirs(prefix):
+    """Cgroup directories whose names start with PREFIX, over every hierarchy."""
+    found = []
     for root, dirs, _ in os.walk("/sys/fs/cgroup"):
-        for d in dirs:
-            if d.startswith("hatchery-w-"):
-                n += 1
+        found += [os.path.join(root, d) for d in dirs if d.startswith(prefix)]
         if root.count("/") > 7:
             dirs[:] = []
-    return n
+    return found
+
+def worker_cgroups():
+    return len(cgroup_dirs("hatchery-w-"))
+
+def prime_pool(sock, request, size):
+    """Starts one worker of the benchmark's kind (the warm pool prepares the last started
+    worker's kind), kills it, and waits until SIZE sandboxes are prepared."""
+    api = Api(sock)
+    r = api.call({"op": "spawn", "parent": None, "request": request})
+    if r.get("result") != "spawned":
+        sys.exit(f"the priming spawn failed: {r}")
+    api.call({"op": "kill", "worker_id": r["worker_id"], "recursive": False})
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 600:
+        st = api.call({"op": "status"})
+        prepared = {os.path.basename(d) for d in cgroup_dirs("hatchery-_warm")}
+        if st.get("running", 1) == 0 and len(prepared) >= size:
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    sys.exit(f"the warm pool did not fill to {size} in 600 s")
 
 def bwrap_argv():
     return bwrap_sandbox() + ["/bin/sh", "-c", "echo; exec sleep 3600"]
@@ -158,6 +177,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--window", type=int, default=30)
     ap.add_argument("--state-dir", help="where the controller keeps its audit trail (default: a temporary directory)")
+    ap.add_argument("--warm-pool", type=int, default=0,
+                    help="run the controller with --warm-pool N, filled before each round (default 0: none)")
     a = ap.parse_args()
     if shutil.which("bwrap") is None:
         sys.exit("bench-controller: bubblewrap (bwrap) is needed for the peer: apt-get install bubblewrap")
@@ -170,7 +191,8 @@ def main():
     log = open(os.path.join(tmp, "controller.log"), "w")
     ctl = subprocess.Popen([a.hatchery, "controller", "--socket", sock, "--state-dir", state,
                             "--contract", os.path.join(tmp, "contract.toml"), "--heartbeat-timeout", "20s",
-                            "--register-timeout", "120s"], stdout=log, stderr=log)
+                            "--register-timeout", "120s", "--warm-pool", str(a.warm_pool)],
+                           stdout=log, stderr=log)
     bwrap_pids = []
     try:
         for _ in range(200):
@@ -184,7 +206,7 @@ def main():
                    "filesystem": {"read_only": [probe_dir], "read_write": []}, "profile": "default",
                    "command": [os.path.realpath(a.probe), "agent-idle", "3600"], "env": [], "cwd": None,
                    "state_snapshot": ""}
-        print(f"workers: {a.n}, clients: {a.clients}, rounds: {a.rounds}")
+        print(f"workers: {a.n}, clients: {a.clients}, rounds: {a.rounds}, warm pool: {a.warm_pool}")
         h_rates, b_rates, answers, lats, kills, h_cpu, b_cpu = [], [], [], [], [], [], []
 
         def bwrap_round(number):
@@ -198,6 +220,10 @@ def main():
             stop_bwrap(bwrap_pids)
             bwrap_pids = []
         for rnd in range(a.rounds):
+            if a.warm_pool:
+                # Prepared while the launcher is idle, before the requests: not timed.
+                filled = prime_pool(sock, request, a.warm_pool)
+                print(f"  round {rnd + 1}: warm pool of {a.warm_pool} filled in {filled:.2f} s (not timed)", flush=True)
             c0 = busy_ms()
             answered, running, lat = spawn_hatchery(sock, a.n, a.clients, request)
             h_cpu.append((busy_ms() - c0) / a.n)
@@ -240,12 +266,12 @@ def main():
         r = api.call({"op": "kill_switch", "release": False})
         dt = time.monotonic() - t
         kills.append(dt * 1000)
-        left_cg = worker_cgroups()
+        left_cg = worker_cgroups() + len(cgroup_dirs("hatchery-_warm"))
         left_ps = subprocess.run(["pgrep", "-f", "agent-idle"], capture_output=True, text=True).stdout.split()
         print(f"kill switch: {r.get('killed')} workers, confirmed after {dt * 1000:.0f} ms "
               f"(controller's own measure {r.get('elapsed_ms')} ms; median over rounds "
               f"{statistics.median(kills):.0f} ms); afterwards {len(left_ps)} processes, "
-              f"{left_cg} worker cgroups left")
+              f"{left_cg} worker or prepared cgroups left")
     finally:
         stop_bwrap(bwrap_pids)
         ctl.send_signal(signal.SIGTERM)

@@ -87,3 +87,50 @@ fn the_controllers_kill_switch_removes_every_worker_and_its_v2_cgroup() {
     assert_eq!(code(&out), 3, "new workers are refused: {}", stderr(&out));
     assert!(Path::new(&c.socket).exists());
 }
+
+#[test]
+fn a_prepared_sandbox_is_born_in_its_v2_cgroup_and_its_worker_keeps_the_limits_and_leaves_nothing()
+{
+    if skip_without_v2("warm pool on v2") {
+        return;
+    }
+    let c = TestController::start(
+        "max_depth = 2\nmax_replicas = 20\ncooldown_seconds = 0\nexpiration_seconds = 3600\n",
+        &[
+            "--register-timeout",
+            "300s",
+            "--heartbeat-timeout",
+            "300s",
+            "--warm-pool",
+            "1",
+        ],
+    );
+    let limits = ["--memory", "64M", "--cpus", "0.2", "--pids", "16"];
+    if let Err(out) = c.spawn(&limits, "true") {
+        panic!("spawn: {} {}", stdout(&out), stderr(&out));
+    }
+    c.wait_prepared(1, Duration::from_secs(240));
+    let id = match c.spawn(&limits, "cat /proc/self/cgroup; sleep 600") {
+        Ok(id) => id,
+        Err(out) => panic!("spawn: {} {}", stdout(&out), stderr(&out)),
+    };
+    let details = c.started_details(&id);
+    assert_eq!(details["prepared_ahead"], true, "{details}");
+    let cgroup = Path::new(details["cgroup"].as_str().unwrap_or_default()).to_path_buf();
+    let read = |f: &str| {
+        std::fs::read_to_string(cgroup.join(f))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(read("memory.max"), (64u64 << 20).to_string());
+    assert_eq!(read("pids.max"), "16");
+    assert!(
+        !read("cgroup.procs").is_empty(),
+        "the worker's processes are in its prepared cgroup"
+    );
+    let out = c.cli(&["kill-switch"]);
+    assert_eq!(code(&out), 0, "{} {}", stdout(&out), stderr(&out));
+    c.wait_prepared(0, Duration::from_secs(60));
+    assert!(!cgroup.exists(), "{} survived", cgroup.display());
+}

@@ -6,79 +6,11 @@
 mod common;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::agents::*;
 use common::controller::{TestController, worker_cgroups};
 use common::*;
-use serde_json::Value;
-
-/// The controller's launcher (its child named `hatchery-launcher`).
-fn launcher_pid(c: &TestController) -> u32 {
-    let pid = c.pid();
-    let children =
-        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-    children
-        .split_whitespace()
-        .filter_map(|p| p.parse::<u32>().ok())
-        .find(|p| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| c.starts_with(b"hatchery-launcher"))
-        })
-        .unwrap_or_else(|| panic!("no launcher under the controller {pid}"))
-}
-
-/// The cgroup directories (every hierarchy's) of this controller's prepared sandboxes.
-fn prepared_cgroups(c: &TestController) -> Vec<PathBuf> {
-    let owner = format!("-{}-", launcher_pid(c));
-    worker_cgroups("_warm")
-        .into_iter()
-        .filter(|p| p.to_string_lossy().contains(&owner))
-        .collect()
-}
-
-/// How many sandboxes are prepared (one name per sandbox, whatever the hierarchies).
-fn prepared(c: &TestController) -> usize {
-    let mut names: Vec<String> = prepared_cgroups(c)
-        .iter()
-        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().to_string()))
-        .collect();
-    names.sort();
-    names.dedup();
-    names.len()
-}
-
-fn wait_prepared(c: &TestController, n: usize, limit: Duration) {
-    let start = Instant::now();
-    while prepared(c) != n {
-        if start.elapsed() > limit {
-            panic!(
-                "{} prepared sandboxes, not {n}, after {limit:?}\n{}",
-                prepared(c),
-                c.log()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// The `worker_started` entry of worker `id`.
-fn started(c: &TestController, id: &str) -> Value {
-    let start = Instant::now();
-    loop {
-        if let Some(e) = c
-            .audit("worker_started")
-            .into_iter()
-            .find(|e| e["worker_id"] == id)
-        {
-            return e["details"].clone();
-        }
-        if start.elapsed() > Duration::from_secs(20) {
-            panic!("{id} did not start: {}", c.log());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// Waits for worker `id` to end; its log.
 fn output_of(c: &TestController, id: &str) -> String {
@@ -116,7 +48,7 @@ fn a_worker_of_the_last_kind_starts_prepared_with_nothing_of_the_sandboxs_past()
     let c = TestController::start(&base_contract(""), &["--warm-pool", "2"]);
     // Nothing is prepared before a worker has shown what kind to prepare.
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(prepared(&c), 0);
+    assert_eq!(c.prepared(), 0);
     let first = spawned(
         &c,
         &[
@@ -127,16 +59,16 @@ fn a_worker_of_the_last_kind_starts_prepared_with_nothing_of_the_sandboxs_past()
         ],
         SELF_REPORT,
     );
-    assert_eq!(started(&c, &first)["prepared_ahead"], false);
+    assert_eq!(c.started_details(&first)["prepared_ahead"], false);
     let first_out = output_of(&c, &first);
     assert!(
         first_out.contains("secret=first-workers-secret"),
         "{first_out}"
     );
-    wait_prepared(&c, 2, Duration::from_secs(20));
+    c.wait_prepared(2, Duration::from_secs(20));
 
     let second = spawned(&c, &["--memory", "96M"], SELF_REPORT);
-    let details = started(&c, &second);
+    let details = c.started_details(&second);
     assert_eq!(details["prepared_ahead"], true, "{details}");
     let cgroup = details["cgroup"].as_str().unwrap_or_default().to_string();
     assert!(cgroup.contains("_warm"), "{details}");
@@ -164,7 +96,7 @@ fn a_worker_of_the_last_kind_starts_prepared_with_nothing_of_the_sandboxs_past()
         "each sandbox has its own boot id"
     );
     // The pool fills again once the launcher is idle.
-    wait_prepared(&c, 2, Duration::from_secs(20));
+    c.wait_prepared(2, Duration::from_secs(20));
 }
 
 #[test]
@@ -174,18 +106,18 @@ fn a_worker_of_another_kind_starts_afresh_and_the_pool_turns_to_its_kind() {
     }
     let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
     let a = spawned(&c, &["--memory", "64M"], "true");
-    assert_eq!(started(&c, &a)["prepared_ahead"], false);
-    wait_prepared(&c, 1, Duration::from_secs(20));
+    assert_eq!(c.started_details(&a)["prepared_ahead"], false);
+    c.wait_prepared(1, Duration::from_secs(20));
     // Another memory limit is another cgroup: not the prepared one.
     let b = spawned(&c, &["--memory", "128M"], "sleep 2");
-    let details = started(&c, &b);
+    let details = c.started_details(&b);
     assert_eq!(details["prepared_ahead"], false, "{details}");
     let cgroup = details["cgroup"].as_str().unwrap_or_default();
     assert!(!cgroup.contains("_warm"), "{details}");
     assert_eq!(memory_limit(cgroup), Some(128 << 20));
-    wait_prepared(&c, 1, Duration::from_secs(20));
+    c.wait_prepared(1, Duration::from_secs(20));
     let third = spawned(&c, &["--memory", "128M"], "sleep 2");
-    let details = started(&c, &third);
+    let details = c.started_details(&third);
     assert_eq!(details["prepared_ahead"], true, "{details}");
     assert_eq!(
         memory_limit(details["cgroup"].as_str().unwrap_or_default()),
@@ -198,7 +130,7 @@ fn a_worker_of_another_kind_starts_afresh_and_the_pool_turns_to_its_kind() {
         &["--memory", "128M", "--ro", &dir.path().to_string_lossy()],
         "true",
     );
-    assert_eq!(started(&c, &d)["prepared_ahead"], false);
+    assert_eq!(c.started_details(&d)["prepared_ahead"], false);
 }
 
 #[test]
@@ -208,23 +140,23 @@ fn the_kill_switch_tears_the_pool_down_and_nothing_is_prepared_until_workers_sta
     }
     let mut c = TestController::start(&base_contract(""), &["--warm-pool", "3"]);
     spawned(&c, &[], "true");
-    wait_prepared(&c, 3, Duration::from_secs(30));
+    c.wait_prepared(3, Duration::from_secs(30));
     let out = c.cli(&["kill-switch"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    wait_prepared(&c, 0, Duration::from_secs(10));
+    c.wait_prepared(0, Duration::from_secs(10));
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
-        prepared(&c),
+        c.prepared(),
         0,
         "nothing is prepared while the switch is engaged"
     );
     let out = c.cli(&["kill-switch", "--release"]);
     assert_eq!(code(&out), 0);
     let id = spawned(&c, &[], "true");
-    assert_eq!(started(&c, &id)["prepared_ahead"], false);
-    wait_prepared(&c, 3, Duration::from_secs(30));
+    assert_eq!(c.started_details(&id)["prepared_ahead"], false);
+    c.wait_prepared(3, Duration::from_secs(30));
     // The controller's stop takes the prepared sandboxes and their cgroups with it.
-    let launcher = launcher_pid(&c);
+    let launcher = c.launcher_pid();
     let owner = format!("-{launcher}-");
     c.stop();
     let left: Vec<PathBuf> = worker_cgroups("_warm")
@@ -245,8 +177,9 @@ fn a_prepared_sandbox_killed_from_outside_is_passed_over() {
     }
     let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
     spawned(&c, &[], "true");
-    wait_prepared(&c, 1, Duration::from_secs(20));
-    let procs: Vec<i32> = prepared_cgroups(&c)
+    c.wait_prepared(1, Duration::from_secs(20));
+    let procs: Vec<i32> = c
+        .prepared_cgroups()
         .iter()
         .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
         .flat_map(|s| {
@@ -263,7 +196,7 @@ fn a_prepared_sandbox_killed_from_outside_is_passed_over() {
         );
     }
     let id = spawned(&c, &[], "echo started-anyway");
-    let details = started(&c, &id);
+    let details = c.started_details(&id);
     assert_eq!(details["prepared_ahead"], false, "{details}");
     assert!(output_of(&c, &id).contains("started-anyway"));
 }

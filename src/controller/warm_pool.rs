@@ -43,8 +43,19 @@ impl WarmPool {
             if !p.has_ended() {
                 return Some(p);
             }
+            self.ended_unclaimed();
         }
         None
+    }
+
+    /// A prepared sandbox ended before it was claimed (its set-up failed, or something
+    /// killed it): nothing more is prepared until a worker starts again, so that a kind
+    /// whose set-up fails is not prepared over and over.
+    fn ended_unclaimed(&mut self) {
+        tracing::warn!(
+            "a prepared sandbox ended before a worker claimed it; the warm pool waits for the next worker"
+        );
+        self.template = None;
     }
 
     /// A worker started from `ls`: prepare its shape from now on. Sandboxes prepared for
@@ -69,7 +80,11 @@ impl WarmPool {
 
     /// The launch to prepare a sandbox for next, named for the pool, when one is wanted.
     pub fn wanted(&mut self) -> Option<LaunchSpec> {
+        let before = self.ready.len();
         self.ready.retain(|p| !p.has_ended());
+        if self.ready.len() < before {
+            self.ended_unclaimed();
+        }
         if self.ready.len() >= self.size {
             return None;
         }

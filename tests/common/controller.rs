@@ -270,6 +270,75 @@ impl TestController {
     pub fn state_dir(&self) -> &Path {
         &self.state
     }
+
+    /// The controller's launcher (its child named `hatchery-launcher`).
+    pub fn launcher_pid(&self) -> u32 {
+        let pid = self.pid();
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok())
+            .find(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.starts_with(b"hatchery-launcher"))
+            })
+            .unwrap_or_else(|| panic!("no launcher under the controller {pid}"))
+    }
+
+    /// The cgroup directories (every hierarchy's) of this controller's prepared sandboxes
+    /// (its warm pool).
+    pub fn prepared_cgroups(&self) -> Vec<PathBuf> {
+        let owner = format!("-{}-", self.launcher_pid());
+        worker_cgroups("_warm")
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains(&owner))
+            .collect()
+    }
+
+    /// How many sandboxes are prepared (one name per sandbox, whatever the hierarchies).
+    pub fn prepared(&self) -> usize {
+        let mut names: Vec<String> = self
+            .prepared_cgroups()
+            .iter()
+            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().to_string()))
+            .collect();
+        names.sort();
+        names.dedup();
+        names.len()
+    }
+
+    pub fn wait_prepared(&self, n: usize, limit: Duration) {
+        let start = Instant::now();
+        while self.prepared() != n {
+            if start.elapsed() > limit {
+                panic!(
+                    "{} prepared sandboxes, not {n}, after {limit:?}\n{}",
+                    self.prepared(),
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The details of worker `id`'s `worker_started` audit entry (waits for it).
+    pub fn started_details(&self, id: &str) -> Value {
+        let start = Instant::now();
+        loop {
+            if let Some(e) = self
+                .audit("worker_started")
+                .into_iter()
+                .find(|e| e["worker_id"] == id)
+            {
+                return e["details"].clone();
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                panic!("{id} did not start: {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 impl Drop for TestController {
