@@ -276,3 +276,128 @@ fn a_warm_pool_larger_than_allowed_is_refused_before_anything_starts() {
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("from 0 to 1024"), "{}", stderr(&out));
 }
+
+/// Runs `mount ARGS` on the host (bounded), panicking with its error when it fails.
+fn host_mount(args: &[&str]) {
+    let out = run_with_timeout(
+        std::process::Command::new("mount").args(args),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&out), 0, "mount {args:?}: {}", stderr(&out));
+}
+
+/// Host mounts made by a test, lazily unmounted (last first) however the test ends.
+struct HostMounts(Vec<PathBuf>);
+
+impl Drop for HostMounts {
+    fn drop(&mut self) {
+        for p in self.0.iter().rev() {
+            let _ = run_with_timeout(
+                std::process::Command::new("umount").arg("-l").arg(p),
+                Duration::from_secs(10),
+            );
+        }
+    }
+}
+
+#[test]
+fn a_mount_the_host_removed_from_an_exposed_directory_is_gone_for_a_prepared_worker_too() {
+    if skip("warm pool") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let data = canonical(dir.path()).join("data");
+    let tenant = data.join("tenant");
+    std::fs::create_dir_all(&tenant).unwrap_or_else(|e| panic!("{e}"));
+    let mut mounts = HostMounts(Vec::new());
+    host_mount(&[
+        "-t",
+        "tmpfs",
+        "-o",
+        "size=1m",
+        "tenant",
+        &tenant.to_string_lossy(),
+    ]);
+    mounts.0.push(tenant.clone());
+    std::fs::write(tenant.join("secret"), "another-tenants-data\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
+    let ro = data.to_string_lossy().to_string();
+    spawned(&c, &["--ro", &ro], "true");
+    wait_prepared(&c, 1, Duration::from_secs(20));
+    // The host takes the volume away: a worker started now must not see it.
+    let out = run_with_timeout(
+        std::process::Command::new("umount").arg(&tenant),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    mounts.0.clear();
+    assert!(!tenant.join("secret").exists());
+    let script = format!(
+        "cat {}/secret 2>/dev/null || echo no-such-file",
+        tenant.display()
+    );
+    let id = spawned(&c, &["--ro", &ro], &script);
+    let details = started(&c, &id);
+    let out = output_of(&c, &id);
+    assert!(
+        !out.contains("another-tenants-data"),
+        "prepared_ahead={}: the worker read a volume the host had unmounted: {out}",
+        details["prepared_ahead"]
+    );
+}
+
+#[test]
+fn an_exposed_directory_the_host_made_read_only_is_read_only_for_a_prepared_worker_too() {
+    if skip("warm pool") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let data = canonical(dir.path()).join("data");
+    std::fs::create_dir_all(&data).unwrap_or_else(|e| panic!("{e}"));
+    let _ = std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o777));
+    let mut mounts = HostMounts(Vec::new());
+    let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
+    let rw = data.to_string_lossy().to_string();
+    spawned(&c, &["--rw", &rw], "true");
+    wait_prepared(&c, 1, Duration::from_secs(20));
+    // The operator freezes the data set (a read-only bind of it onto itself).
+    host_mount(&["--bind", &rw, &rw]);
+    mounts.0.push(data.clone());
+    host_mount(&["-o", "remount,bind,ro", &rw]);
+    let script = format!(
+        "if echo x > {}/written 2>/dev/null; then echo wrote; else echo refused; fi",
+        data.display()
+    );
+    let id = spawned(&c, &["--rw", &rw], &script);
+    let details = started(&c, &id);
+    let out = output_of(&c, &id);
+    assert!(
+        out.contains("refused"),
+        "prepared_ahead={}: the worker wrote to a directory the host had made read-only: {out}",
+        details["prepared_ahead"]
+    );
+    // A sandbox prepared after the change is read-only, as a fresh one is.
+    wait_prepared(&c, 1, Duration::from_secs(20));
+    let id = spawned(&c, &["--rw", &rw], &script);
+    assert!(output_of(&c, &id).contains("refused"));
+    drop(c);
+    drop(mounts);
+}
+
+#[test]
+fn a_worker_whose_command_and_environment_exceed_a_claim_starts_afresh() {
+    if skip("warm pool") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
+    spawned(&c, &[], "true");
+    wait_prepared(&c, 1, Duration::from_secs(20));
+    // Each within its own limit, more than a claim together.
+    let big = format!("BIG={}", "x".repeat(60 << 10));
+    let script = format!("echo big=${{#BIG}} # {}", "y".repeat(8 << 10));
+    let id = spawned(&c, &["--env", &big], &script);
+    assert_eq!(started(&c, &id)["prepared_ahead"], false);
+    let out = output_of(&c, &id);
+    assert!(out.contains(&format!("big={}", 60 << 10)), "{out}");
+}
