@@ -401,3 +401,58 @@ fn a_worker_whose_command_and_environment_exceed_a_claim_starts_afresh() {
     let out = output_of(&c, &id);
     assert!(out.contains(&format!("big={}", 60 << 10)), "{out}");
 }
+
+#[test]
+fn a_controller_killed_outright_takes_its_prepared_sandboxes_and_its_successor_their_cgroups() {
+    if skip("warm pool") {
+        return;
+    }
+    let mut c = TestController::start(&base_contract(""), &["--warm-pool", "2"]);
+    spawned(&c, &[], "true");
+    wait_prepared(&c, 2, Duration::from_secs(20));
+    let owner = format!("-{}-", launcher_pid(&c));
+    let left = || -> Vec<PathBuf> {
+        worker_cgroups("_warm")
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains(&owner))
+            .collect()
+    };
+    let pids: Vec<i32> = prepared_cgroups(&c)
+        .iter()
+        .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect();
+    assert!(!pids.is_empty());
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(c.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let start = Instant::now();
+    while pids
+        .iter()
+        .any(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "prepared sandboxes outlived their controller: {pids:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c.stop();
+    // Their cgroups stay, as workers' do, until the next controller sweeps them.
+    let successor = TestController::start(&base_contract(""), &[]);
+    let start = Instant::now();
+    while !left().is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "cgroups left behind: {:?}",
+            left()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(successor);
+}
