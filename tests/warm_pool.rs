@@ -456,3 +456,22 @@ fn a_controller_killed_outright_takes_its_prepared_sandboxes_and_its_successor_t
     }
     drop(successor);
 }
+
+#[test]
+fn a_worker_of_another_profile_in_a_prepared_sandbox_runs_under_its_own_filter() {
+    if skip("warm pool") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
+    // `compat` allows ptrace, `default` does not.
+    let traceme = "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); r = l.ptrace(0, 0, 0, 0); print(\"traceme\", r, ctypes.get_errno())'";
+    let a = spawned(&c, &["--profile", "compat"], traceme);
+    assert!(output_of(&c, &a).contains("traceme 0 0"));
+    wait_prepared(&c, 1, Duration::from_secs(20));
+    let b = spawned(&c, &["--profile", "default"], traceme);
+    // The profiles differ in their filters only: the prepared sandbox fits.
+    let details = started(&c, &b);
+    assert_eq!(details["prepared_ahead"], true, "{details}");
+    let out = output_of(&c, &b);
+    assert!(out.contains("traceme -1 1"), "{out}");
+}
