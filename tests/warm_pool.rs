@@ -24,9 +24,11 @@ fn output_of(c: &TestController, id: &str) -> String {
 }
 
 /// What a worker reports of itself: its hostname, ids, descriptors, environment and the
-/// kernel's view of its confinement.
+/// kernel's view of its confinement. Its descriptors are listed by a command that needs no
+/// pipe or redirection of the shell's (a pipeline's pipes are the shell's own until it
+/// has forked every stage, and a redirection may save a descriptor).
 const SELF_REPORT: &str = "echo host=$(hostname) id=$HATCHERY_WORKER_ID uid=$(id -u); \
-     printf fds=; ls /proc/$$/fd | sort -n | tr '\\n' ' '; echo; \
+     printf fds=; ls -m /proc/$$/fd; \
      echo secret=${POOL_SECRET:-none}; \
      grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; \
      cat /proc/sys/kernel/random/boot_id; sleep 2";
@@ -84,7 +86,7 @@ fn a_worker_of_the_last_kind_starts_prepared_with_nothing_of_the_sandboxs_past()
         out.contains(&format!("host={second} id={second} uid=0")),
         "{out}"
     );
-    assert!(out.contains("fds=0 1 2 3 \n"), "{out}");
+    assert!(out.contains("fds=0, 1, 2, 3\n"), "{out}");
     assert!(out.contains("secret=none"), "{out}");
     assert!(out.contains("CapEff:\t0000000000000000"), "{out}");
     assert!(out.contains("NoNewPrivs:\t1"), "{out}");
@@ -206,4 +208,203 @@ fn a_warm_pool_larger_than_allowed_is_refused_before_anything_starts() {
     let out = hatchery_cmd(&["controller", "--warm-pool", "1025"]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("from 0 to 1024"), "{}", stderr(&out));
+}
+
+/// Runs `mount ARGS` on the host (bounded), panicking with its error when it fails.
+fn host_mount(args: &[&str]) {
+    let out = run_with_timeout(
+        std::process::Command::new("mount").args(args),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&out), 0, "mount {args:?}: {}", stderr(&out));
+}
+
+/// Host mounts made by a test, lazily unmounted (last first) however the test ends.
+struct HostMounts(Vec<PathBuf>);
+
+impl Drop for HostMounts {
+    fn drop(&mut self) {
+        for p in self.0.iter().rev() {
+            let _ = run_with_timeout(
+                std::process::Command::new("umount").arg("-l").arg(p),
+                Duration::from_secs(10),
+            );
+        }
+    }
+}
+
+#[test]
+fn a_mount_the_host_removed_from_an_exposed_directory_is_gone_for_a_prepared_worker_too() {
+    if skip("warm pool") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let data = canonical(dir.path()).join("data");
+    let tenant = data.join("tenant");
+    std::fs::create_dir_all(&tenant).unwrap_or_else(|e| panic!("{e}"));
+    let mut mounts = HostMounts(Vec::new());
+    host_mount(&[
+        "-t",
+        "tmpfs",
+        "-o",
+        "size=1m",
+        "tenant",
+        &tenant.to_string_lossy(),
+    ]);
+    mounts.0.push(tenant.clone());
+    std::fs::write(tenant.join("secret"), "another-tenants-data\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
+    let ro = data.to_string_lossy().to_string();
+    spawned(&c, &["--ro", &ro], "true");
+    wait_prepared(&c, 1, Duration::from_secs(20));
+    // The host takes the volume away: a worker started now must not see it.
+    let out = run_with_timeout(
+        std::process::Command::new("umount").arg(&tenant),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    mounts.0.clear();
+    assert!(!tenant.join("secret").exists());
+    let script = format!(
+        "cat {}/secret 2>/dev/null || echo no-such-file",
+        tenant.display()
+    );
+    let id = spawned(&c, &["--ro", &ro], &script);
+    let details = started(&c, &id);
+    let out = output_of(&c, &id);
+    assert!(
+        !out.contains("another-tenants-data"),
+        "prepared_ahead={}: the worker read a volume the host had unmounted: {out}",
+        details["prepared_ahead"]
+    );
+}
+
+#[test]
+fn an_exposed_directory_the_host_made_read_only_is_read_only_for_a_prepared_worker_too() {
+    if skip("warm pool") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let data = canonical(dir.path()).join("data");
+    std::fs::create_dir_all(&data).unwrap_or_else(|e| panic!("{e}"));
+    let _ = std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o777));
+    let mut mounts = HostMounts(Vec::new());
+    let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
+    let rw = data.to_string_lossy().to_string();
+    spawned(&c, &["--rw", &rw], "true");
+    wait_prepared(&c, 1, Duration::from_secs(20));
+    // The operator freezes the data set (a read-only bind of it onto itself).
+    host_mount(&["--bind", &rw, &rw]);
+    mounts.0.push(data.clone());
+    host_mount(&["-o", "remount,bind,ro", &rw]);
+    let script = format!(
+        "if echo x > {}/written 2>/dev/null; then echo wrote; else echo refused; fi",
+        data.display()
+    );
+    let id = spawned(&c, &["--rw", &rw], &script);
+    let details = started(&c, &id);
+    let out = output_of(&c, &id);
+    assert!(
+        out.contains("refused"),
+        "prepared_ahead={}: the worker wrote to a directory the host had made read-only: {out}",
+        details["prepared_ahead"]
+    );
+    // A sandbox prepared after the change is read-only, as a fresh one is.
+    wait_prepared(&c, 1, Duration::from_secs(20));
+    let id = spawned(&c, &["--rw", &rw], &script);
+    assert!(output_of(&c, &id).contains("refused"));
+    drop(c);
+    drop(mounts);
+}
+
+#[test]
+fn a_worker_whose_command_and_environment_exceed_a_claim_starts_afresh() {
+    if skip("warm pool") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
+    spawned(&c, &[], "true");
+    wait_prepared(&c, 1, Duration::from_secs(20));
+    // Each within its own limit, more than a claim together.
+    let big = format!("BIG={}", "x".repeat(60 << 10));
+    let script = format!("echo big=${{#BIG}} # {}", "y".repeat(8 << 10));
+    let id = spawned(&c, &["--env", &big], &script);
+    assert_eq!(started(&c, &id)["prepared_ahead"], false);
+    let out = output_of(&c, &id);
+    assert!(out.contains(&format!("big={}", 60 << 10)), "{out}");
+}
+
+#[test]
+fn a_controller_killed_outright_takes_its_prepared_sandboxes_and_its_successor_their_cgroups() {
+    if skip("warm pool") {
+        return;
+    }
+    let mut c = TestController::start(&base_contract(""), &["--warm-pool", "2"]);
+    spawned(&c, &[], "true");
+    wait_prepared(&c, 2, Duration::from_secs(20));
+    let owner = format!("-{}-", launcher_pid(&c));
+    let left = || -> Vec<PathBuf> {
+        worker_cgroups("_warm")
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains(&owner))
+            .collect()
+    };
+    let pids: Vec<i32> = prepared_cgroups(&c)
+        .iter()
+        .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect();
+    assert!(!pids.is_empty());
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(c.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let start = Instant::now();
+    while pids
+        .iter()
+        .any(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "prepared sandboxes outlived their controller: {pids:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c.stop();
+    // Their cgroups stay, as workers' do, until the next controller sweeps them.
+    let successor = TestController::start(&base_contract(""), &[]);
+    let start = Instant::now();
+    while !left().is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "cgroups left behind: {:?}",
+            left()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(successor);
+}
+
+#[test]
+fn a_worker_of_another_profile_in_a_prepared_sandbox_runs_under_its_own_filter() {
+    if skip("warm pool") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
+    // `compat` allows ptrace, `default` does not.
+    let traceme = "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); r = l.ptrace(0, 0, 0, 0); print(\"traceme\", r, ctypes.get_errno())'";
+    let a = spawned(&c, &["--profile", "compat"], traceme);
+    assert!(output_of(&c, &a).contains("traceme 0 0"));
+    wait_prepared(&c, 1, Duration::from_secs(20));
+    let b = spawned(&c, &["--profile", "default"], traceme);
+    // The profiles differ in their filters only: the prepared sandbox fits.
+    let details = started(&c, &b);
+    assert_eq!(details["prepared_ahead"], true, "{details}");
+    let out = output_of(&c, &b);
+    assert!(out.contains("traceme -1 1"), "{out}");
 }

@@ -37,6 +37,8 @@ struct Shape {
     /// The owners of the bound host objects (an idmapped exposure maps writes to them;
     /// the binds' own equality is by object, not owner).
     owners: Vec<(u32, u32)>,
+    /// The host's mounts at, under and above the bind sources (see [`host_mounts`]).
+    host_mounts: Vec<Vec<u8>>,
     landlock: LandlockRules,
     landlock_min_abi: u8,
     rlimits: Vec<Rlimit>,
@@ -56,7 +58,8 @@ struct Shape {
 impl Shape {
     /// The shape of `spec` under `plan`; `None` for a sandbox that cannot be prepared
     /// ahead (one with egress listeners, which pid 1 makes and hands over before the
-    /// supervisor starts a broker for them).
+    /// supervisor starts a broker for them), or when the host's mount table cannot be
+    /// read.
     fn of(spec: &SandboxSpec, plan: &Plan) -> Option<Shape> {
         if spec.egress_ports.is_some() {
             return None;
@@ -69,9 +72,11 @@ impl Shape {
             .chain(&rootfs.exposures)
             .map(|b| (b.host.uid, b.host.gid))
             .collect();
+        let host_mounts = host_mounts(&rootfs)?;
         Some(Shape {
             rootfs,
             owners,
+            host_mounts,
             landlock: spec.landlock.clone(),
             landlock_min_abi: spec.landlock_min_abi,
             rlimits: spec.rlimits.clone(),
@@ -99,6 +104,7 @@ impl Shape {
         cmp!(
             rootfs,
             owners,
+            host_mounts,
             landlock,
             landlock_min_abi,
             rlimits,
@@ -117,6 +123,51 @@ impl Shape {
     }
 }
 
+/// The lines of this process's mount table (`/proc/self/mountinfo`, the namespace every
+/// sandbox copies its binds from) whose mount point is a bind source, lies under one or
+/// holds one. A bind copies the source's mount tree as it is when the sandbox is made:
+/// a volume the host unmounted, mounted or made read-only since is another shape (the
+/// bind's own object is the same). `None` when the table cannot be read.
+fn host_mounts(rootfs: &RootfsPlan) -> Option<Vec<Vec<u8>>> {
+    use std::os::unix::ffi::OsStrExt;
+    let table = std::fs::read("/proc/self/mountinfo").ok()?;
+    let sources: Vec<Vec<u8>> = (rootfs.system.iter())
+        .chain(&rootfs.exposures)
+        .map(|b| mountinfo_escaped(b.host.path.as_os_str().as_bytes()))
+        .collect();
+    Some(
+        table
+            .split(|&b| b == b'\n')
+            .filter(|line| {
+                line.split(|&b| b == b' ')
+                    .nth(4)
+                    .is_some_and(|at| sources.iter().any(|s| nested(at, s) || nested(s, at)))
+            })
+            .map(<[u8]>::to_vec)
+            .collect(),
+    )
+}
+
+/// A path as the mount table writes it (space, tab, newline and backslash in octal).
+fn mountinfo_escaped(path: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(path.len());
+    for &b in path {
+        match b {
+            b' ' | b'\t' | b'\n' | b'\\' => out.extend_from_slice(format!("\\{b:03o}").as_bytes()),
+            _ => out.push(b),
+        }
+    }
+    out
+}
+
+/// Whether `inner` is `outer` or a path under it.
+fn nested(inner: &[u8], outer: &[u8]) -> bool {
+    outer == b"/"
+        || inner
+            .strip_prefix(outer)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(b"/"))
+}
+
 /// A sandbox prepared ahead of its worker, waiting for its claim. Dropping it kills it and
 /// removes its cgroup (as for any [`Sandbox`]); its ids go back to the pool with it.
 pub struct Prepared {
@@ -133,7 +184,9 @@ pub fn prepare(
     cgroups: Option<&dyn super::CgroupManager>,
 ) -> Result<Prepared, SandboxError> {
     let shape = Shape::of(spec, plan).ok_or_else(|| {
-        SandboxError::Invalid("a sandbox with egress cannot be prepared ahead".into())
+        SandboxError::Invalid(
+            "a sandbox with egress, or on a host whose mount table cannot be read, cannot be prepared ahead".into(),
+        )
     })?;
     let pid1 = super::clone_pid1(spec, plan, cgroups, true)?;
     super::grant_identity(&pid1.sandbox, spec)?;
@@ -307,4 +360,23 @@ pub(super) fn take_claim(
         .zip(body.targets)
         .collect();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mount_point_is_related_to_a_bind_source_it_holds_or_lies_under_only() {
+        assert!(nested(b"/srv/data/vol", b"/srv/data"));
+        assert!(nested(b"/srv/data", b"/srv/data"));
+        assert!(nested(b"/srv/data", b"/"));
+        assert!(!nested(b"/srv/database", b"/srv/data"));
+        assert!(!nested(b"/srv", b"/srv/data"));
+    }
+
+    #[test]
+    fn a_bind_source_is_escaped_as_the_mount_table_writes_it() {
+        assert_eq!(mountinfo_escaped(b"/a b\\c"), b"/a\\040b\\134c".to_vec());
+    }
 }
