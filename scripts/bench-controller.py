@@ -80,8 +80,12 @@ def prime_pool(sock, request, size):
     r = api.call({"op": "spawn", "parent": None, "request": request})
     if r.get("result") != "spawned":
         sys.exit(f"the priming spawn failed: {r}")
-    api.call({"op": "kill", "worker_id": r["worker_id"], "recursive": False})
     t0 = time.monotonic()
+    while api.call({"op": "status"}).get("running", 0) < 1:
+        if time.monotonic() - t0 > 60:
+            sys.exit("the priming worker did not start in 60 s")
+        time.sleep(0.01)
+    api.call({"op": "kill", "worker_id": r["worker_id"], "recursive": False})
     while time.monotonic() - t0 < 600:
         st = api.call({"op": "status"})
         prepared = {os.path.basename(d) for d in cgroup_dirs("hatchery-_warm")}
@@ -239,6 +243,10 @@ def main():
             r = api.call({"op": "kill_switch", "release": False})
             kills.append((time.monotonic() - t) * 1000)
             api.call({"op": "kill_switch", "release": True})
+            # The launcher tears the prepared sandboxes down after the kill switch: the
+            # peer's round starts once it has.
+            while cgroup_dirs("hatchery-_warm"):
+                time.sleep(0.01)
             bwrap_round(rnd + 1)
         if a.rounds > 1:
             bwrap_round(a.rounds)
@@ -249,6 +257,14 @@ def main():
         print(f"machine CPU per start (every process and the kernel, median): hatchery {hc:.1f} ms, "
               f"bwrap {bc:.1f} ms" + (f", ratio {hc / bc:.2f}" if bc else ""))
 
+        if a.warm_pool:
+            # The pool refills once the launcher is idle: measure the idle controller after.
+            t = time.monotonic()
+            while len({os.path.basename(d) for d in cgroup_dirs("hatchery-_warm")}) < a.warm_pool:
+                if time.monotonic() - t > 600:
+                    sys.exit("the warm pool did not fill again in 600 s")
+                time.sleep(0.05)
+            print(f"the warm pool filled again in {time.monotonic() - t:.1f} s after the last round")
         launcher = children(ctl.pid)
         hz = os.sysconf("SC_CLK_TCK")
         time.sleep(2)
@@ -266,12 +282,17 @@ def main():
         r = api.call({"op": "kill_switch", "release": False})
         dt = time.monotonic() - t
         kills.append(dt * 1000)
-        left_cg = worker_cgroups() + len(cgroup_dirs("hatchery-_warm"))
+        left_cg = worker_cgroups()
         left_ps = subprocess.run(["pgrep", "-f", "agent-idle"], capture_output=True, text=True).stdout.split()
+        # The launcher tears the prepared sandboxes down once it has the kill switch.
+        while cgroup_dirs("hatchery-_warm") and time.monotonic() - t < 30:
+            time.sleep(0.01)
+        pool_gone, left_pool = time.monotonic() - t, len(cgroup_dirs("hatchery-_warm"))
         print(f"kill switch: {r.get('killed')} workers, confirmed after {dt * 1000:.0f} ms "
               f"(controller's own measure {r.get('elapsed_ms')} ms; median over rounds "
               f"{statistics.median(kills):.0f} ms); afterwards {len(left_ps)} processes, "
-              f"{left_cg} worker or prepared cgroups left")
+              f"{left_cg} worker cgroups left" + (f"; prepared sandboxes gone after {pool_gone * 1000:.0f} ms "
+                                              f"({left_pool} of their cgroups left)" if a.warm_pool else ""))
     finally:
         stop_bwrap(bwrap_pids)
         ctl.send_signal(signal.SIGTERM)

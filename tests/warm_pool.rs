@@ -6,7 +6,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::agents::*;
 use common::controller::{TestController, worker_cgroups};
@@ -197,6 +197,14 @@ fn a_prepared_sandbox_killed_from_outside_is_passed_over() {
             nix::sys::signal::Signal::SIGKILL,
         );
     }
+    // Reaped, and its cgroup removed, as soon as it ends: not left for the next launch.
+    c.wait_prepared(0, Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        c.prepared(),
+        0,
+        "a kind whose sandbox died is not prepared again at once"
+    );
     let id = spawned(&c, &[], "echo started-anyway");
     let details = c.started_details(&id);
     assert_eq!(details["prepared_ahead"], false, "{details}");
@@ -257,7 +265,7 @@ fn a_mount_the_host_removed_from_an_exposed_directory_is_gone_for_a_prepared_wor
     let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
     let ro = data.to_string_lossy().to_string();
     spawned(&c, &["--ro", &ro], "true");
-    wait_prepared(&c, 1, Duration::from_secs(20));
+    c.wait_prepared(1, Duration::from_secs(20));
     // The host takes the volume away: a worker started now must not see it.
     let out = run_with_timeout(
         std::process::Command::new("umount").arg(&tenant),
@@ -271,7 +279,7 @@ fn a_mount_the_host_removed_from_an_exposed_directory_is_gone_for_a_prepared_wor
         tenant.display()
     );
     let id = spawned(&c, &["--ro", &ro], &script);
-    let details = started(&c, &id);
+    let details = c.started_details(&id);
     let out = output_of(&c, &id);
     assert!(
         !out.contains("another-tenants-data"),
@@ -293,7 +301,7 @@ fn an_exposed_directory_the_host_made_read_only_is_read_only_for_a_prepared_work
     let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
     let rw = data.to_string_lossy().to_string();
     spawned(&c, &["--rw", &rw], "true");
-    wait_prepared(&c, 1, Duration::from_secs(20));
+    c.wait_prepared(1, Duration::from_secs(20));
     // The operator freezes the data set (a read-only bind of it onto itself).
     host_mount(&["--bind", &rw, &rw]);
     mounts.0.push(data.clone());
@@ -303,7 +311,7 @@ fn an_exposed_directory_the_host_made_read_only_is_read_only_for_a_prepared_work
         data.display()
     );
     let id = spawned(&c, &["--rw", &rw], &script);
-    let details = started(&c, &id);
+    let details = c.started_details(&id);
     let out = output_of(&c, &id);
     assert!(
         out.contains("refused"),
@@ -311,7 +319,7 @@ fn an_exposed_directory_the_host_made_read_only_is_read_only_for_a_prepared_work
         details["prepared_ahead"]
     );
     // A sandbox prepared after the change is read-only, as a fresh one is.
-    wait_prepared(&c, 1, Duration::from_secs(20));
+    c.wait_prepared(1, Duration::from_secs(20));
     let id = spawned(&c, &["--rw", &rw], &script);
     assert!(output_of(&c, &id).contains("refused"));
     drop(c);
@@ -325,12 +333,12 @@ fn a_worker_whose_command_and_environment_exceed_a_claim_starts_afresh() {
     }
     let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
     spawned(&c, &[], "true");
-    wait_prepared(&c, 1, Duration::from_secs(20));
+    c.wait_prepared(1, Duration::from_secs(20));
     // Each within its own limit, more than a claim together.
     let big = format!("BIG={}", "x".repeat(60 << 10));
     let script = format!("echo big=${{#BIG}} # {}", "y".repeat(8 << 10));
     let id = spawned(&c, &["--env", &big], &script);
-    assert_eq!(started(&c, &id)["prepared_ahead"], false);
+    assert_eq!(c.started_details(&id)["prepared_ahead"], false);
     let out = output_of(&c, &id);
     assert!(out.contains(&format!("big={}", 60 << 10)), "{out}");
 }
@@ -342,15 +350,16 @@ fn a_controller_killed_outright_takes_its_prepared_sandboxes_and_its_successor_t
     }
     let mut c = TestController::start(&base_contract(""), &["--warm-pool", "2"]);
     spawned(&c, &[], "true");
-    wait_prepared(&c, 2, Duration::from_secs(20));
-    let owner = format!("-{}-", launcher_pid(&c));
+    c.wait_prepared(2, Duration::from_secs(20));
+    let owner = format!("-{}-", c.launcher_pid());
     let left = || -> Vec<PathBuf> {
         worker_cgroups("_warm")
             .into_iter()
             .filter(|p| p.to_string_lossy().contains(&owner))
             .collect()
     };
-    let pids: Vec<i32> = prepared_cgroups(&c)
+    let pids: Vec<i32> = c
+        .prepared_cgroups()
         .iter()
         .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
         .flat_map(|s| {
@@ -400,10 +409,10 @@ fn a_worker_of_another_profile_in_a_prepared_sandbox_runs_under_its_own_filter()
     let traceme = "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); r = l.ptrace(0, 0, 0, 0); print(\"traceme\", r, ctypes.get_errno())'";
     let a = spawned(&c, &["--profile", "compat"], traceme);
     assert!(output_of(&c, &a).contains("traceme 0 0"));
-    wait_prepared(&c, 1, Duration::from_secs(20));
+    c.wait_prepared(1, Duration::from_secs(20));
     let b = spawned(&c, &["--profile", "default"], traceme);
     // The profiles differ in their filters only: the prepared sandbox fits.
-    let details = started(&c, &b);
+    let details = c.started_details(&b);
     assert_eq!(details["prepared_ahead"], true, "{details}");
     let out = output_of(&c, &b);
     assert!(out.contains("traceme -1 1"), "{out}");

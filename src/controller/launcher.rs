@@ -522,7 +522,7 @@ pub fn serve(
             .chain(refill.then_some(now))
             .min();
         let ids: Vec<String> = l.running.keys().cloned().collect();
-        let (request_ready, exited) = {
+        let (request_ready, exited, pool_ended) = {
             let mut fds = Vec::with_capacity(ids.len().saturating_add(1));
             if !shutting_down {
                 fds.push(PollFd::new(requests.socket().as_fd(), PollFlags::POLLIN));
@@ -542,6 +542,9 @@ pub fn serve(
                     fds.push(PollFd::new(fd, PollFlags::POLLIN));
                 }
             }
+            // Prepared sandboxes last: one that ends is reaped at once.
+            let pool_from = fds.len();
+            fds.extend(l.pool.pidfds().map(|fd| PollFd::new(fd, PollFlags::POLLIN)));
             match wait::poll_until(&mut fds, next, Some(Duration::from_secs(60))) {
                 Ok(0) => {
                     if refill {
@@ -561,8 +564,12 @@ pub fn serve(
                 .filter(|(i, _)| fds.get(i.saturating_add(offset)).is_some_and(ready))
                 .map(|(_, id)| id.clone())
                 .collect();
-            (request_ready, exited)
+            let pool_ended = fds.get(pool_from..).is_some_and(|f| f.iter().any(ready));
+            (request_ready, exited, pool_ended)
         };
+        if pool_ended {
+            l.pool.prune();
+        }
         // Cheap when nothing is ready: every read and write is non-blocking.
         let mut egress = Vec::new();
         for (id, r) in l.running.iter_mut() {
@@ -582,6 +589,7 @@ pub fn serve(
         for id in exited {
             l.reap(&id);
         }
+        l.pool.reap_retired();
         if request_ready {
             for incoming in requests.read() {
                 match incoming {

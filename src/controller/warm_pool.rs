@@ -25,6 +25,14 @@ pub struct WarmPool {
     template: Option<LaunchSpec>,
     /// Numbers the prepared sandboxes' cgroups.
     made: u64,
+    /// How many sandboxes may still be prepared: the pool's size to begin with, and one
+    /// more for each worker that starts (at most the size). A worker tree that alternates
+    /// kinds of manifest empties the pool at each start; this keeps the launcher's work to
+    /// one preparation per start rather than a pool's worth.
+    credit: usize,
+    /// Torn down, killed, and not yet reaped: reaped once the launcher has seen to the
+    /// workers (the kill switch's own exits come first).
+    retired: Vec<Prepared>,
 }
 
 impl WarmPool {
@@ -34,6 +42,8 @@ impl WarmPool {
             ready: VecDeque::new(),
             template: None,
             made: 0,
+            credit: size.min(MAX_WARM_POOL),
+            retired: Vec::new(),
         }
     }
 
@@ -63,7 +73,11 @@ impl WarmPool {
     pub fn started(&mut self, ls: &LaunchSpec) {
         // A worker with egress is never prepared ahead: its listeners are handed over
         // before its broker starts.
-        if self.size == 0 || ls.egress.is_some() {
+        if self.size == 0 {
+            return;
+        }
+        self.credit = self.credit.saturating_add(1).min(self.size);
+        if ls.egress.is_some() {
             return;
         }
         if self.template.as_ref().is_some_and(|t| !same_kind(t, ls)) {
@@ -80,15 +94,12 @@ impl WarmPool {
 
     /// The launch to prepare a sandbox for next, named for the pool, when one is wanted.
     pub fn wanted(&mut self) -> Option<LaunchSpec> {
-        let before = self.ready.len();
-        self.ready.retain(|p| !p.has_ended());
-        if self.ready.len() < before {
-            self.ended_unclaimed();
-        }
-        if self.ready.len() >= self.size {
+        self.prune();
+        if self.ready.len() >= self.size || self.credit == 0 {
             return None;
         }
         let mut ls = self.template.clone()?;
+        self.credit = self.credit.saturating_sub(1);
         self.made = self.made.wrapping_add(1);
         // `_` is in no worker id: no worker's cgroup can have this name.
         ls.worker_id = format!("warm{}", self.made);
@@ -98,7 +109,23 @@ impl WarmPool {
 
     /// Whether a sandbox should be prepared now.
     pub fn wants_more(&self) -> bool {
-        self.template.is_some() && self.ready.len() < self.size
+        self.template.is_some() && self.ready.len() < self.size && self.credit > 0
+    }
+
+    /// The prepared (and retired) sandboxes' pidfds, readable once one has ended, for the
+    /// launcher's poll.
+    pub fn pidfds(&self) -> impl Iterator<Item = std::os::fd::BorrowedFd<'_>> {
+        self.ready.iter().chain(&self.retired).map(Prepared::pidfd)
+    }
+
+    /// Drops the prepared sandboxes that have ended (reaping them and removing their
+    /// cgroups).
+    pub fn prune(&mut self) {
+        let before = self.ready.len();
+        self.ready.retain(|p| !p.has_ended());
+        if self.ready.len() < before {
+            self.ended_unclaimed();
+        }
     }
 
     pub fn add(&mut self, p: Prepared) {
@@ -114,8 +141,17 @@ impl WarmPool {
     /// Tears every prepared sandbox down and prepares nothing until a worker starts again
     /// (the kill switch, a fence, the controller's stop).
     pub fn clear(&mut self) {
-        self.ready.clear();
+        for p in &self.ready {
+            p.kill();
+        }
+        self.retired.extend(self.ready.drain(..));
         self.template = None;
+        self.credit = self.size;
+    }
+
+    /// Reaps what [`WarmPool::clear`] killed and removes its cgroups.
+    pub fn reap_retired(&mut self) {
+        self.retired.clear();
     }
 }
 

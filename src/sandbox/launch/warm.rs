@@ -238,6 +238,16 @@ impl Prepared {
         self.sandbox.pid()
     }
 
+    /// Kills it (it is reaped, and its cgroup removed, when it is dropped).
+    pub fn kill(&self) {
+        self.sandbox.kill();
+    }
+
+    /// Its pid 1's pidfd: readable once pid 1 has ended.
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.sandbox.pidfd()
+    }
+
     /// Whether its pid 1 has ended (killed from outside, or failed in set-up).
     pub fn has_ended(&self) -> bool {
         let mut fds = [nix::poll::PollFd::new(
