@@ -381,7 +381,7 @@ fn a_rootless_controller_uses_the_users_directories_and_runs_workers_degraded() 
             .env("XDG_STATE_HOME", &state);
         cmd
     };
-    let mut ctl = match as_user(&["controller", "--allow-degraded"])
+    let mut ctl = match as_user(&["controller", "--allow-degraded", "--warm-pool", "1"])
         .stdin(std::process::Stdio::null())
         .spawn()
     {
@@ -436,6 +436,30 @@ fn a_rootless_controller_uses_the_users_directories_and_runs_workers_degraded() 
                 || l.contains("worker_started") && l.contains("not_enforced")),
         "the audit trail records what was not enforced for the worker"
     );
+    // The warm pool works rootless too: the next worker of that kind takes the sandbox
+    // prepared meanwhile.
+    std::thread::sleep(Duration::from_secs(1));
+    let out = run_with_timeout(
+        &mut as_user(&["spawn", "--", "sh", "-c", "hatchery agent register; sleep 30"]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let second = stdout(&out).trim().to_string();
+    let start = std::time::Instant::now();
+    let started = loop {
+        let audit =
+            std::fs::read_to_string(state.join("hatchery/audit.jsonl")).unwrap_or_default();
+        let entry = audit
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|e| e["event"] == "worker_started" && e["worker_id"] == second.as_str());
+        match entry {
+            Some(e) => break e,
+            None if start.elapsed() > Duration::from_secs(30) => panic!("{second} did not start"),
+            None => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    assert_eq!(started["details"]["prepared_ahead"], true, "{started}");
     let out = run_with_timeout(&mut as_user(&["kill-switch"]), Duration::from_secs(60));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let _ = nix::sys::signal::kill(
