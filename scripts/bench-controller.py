@@ -73,6 +73,21 @@ def cgroup_dirs(prefix):
 def worker_cgroups():
     return len(cgroup_dirs("hatchery-w-"))
 
+def prepared_sandboxes():
+    """Prepared sandboxes waiting in the pool: cgroups of the pool's naming that hold one
+    process, pid 1 (a claimed worker's holds its payload too)."""
+    one_each = {}
+    for d in cgroup_dirs("hatchery-_warm"):
+        one_each.setdefault(os.path.basename(d), d)
+    n = 0
+    for d in one_each.values():
+        try:
+            with open(os.path.join(d, "cgroup.procs")) as f:
+                n += len(f.read().split()) == 1
+        except OSError:
+            pass
+    return n
+
 def prime_pool(sock, request, size):
     """Starts one worker of the benchmark's kind (the warm pool prepares the last started
     worker's kind), kills it, and waits until SIZE sandboxes are prepared."""
@@ -88,8 +103,7 @@ def prime_pool(sock, request, size):
     api.call({"op": "kill", "worker_id": r["worker_id"], "recursive": False})
     while time.monotonic() - t0 < 600:
         st = api.call({"op": "status"})
-        prepared = {os.path.basename(d) for d in cgroup_dirs("hatchery-_warm")}
-        if st.get("running", 1) == 0 and len(prepared) >= size:
+        if st.get("running", 1) == 0 and prepared_sandboxes() >= size:
             return time.monotonic() - t0
         time.sleep(0.05)
     sys.exit(f"the warm pool did not fill to {size} in 600 s")
@@ -260,7 +274,7 @@ def main():
         if a.warm_pool:
             # The pool refills once the launcher is idle: measure the idle controller after.
             t = time.monotonic()
-            while len({os.path.basename(d) for d in cgroup_dirs("hatchery-_warm")}) < a.warm_pool:
+            while prepared_sandboxes() < a.warm_pool:
                 if time.monotonic() - t > 600:
                     sys.exit("the warm pool did not fill again in 600 s")
                 time.sleep(0.05)
@@ -284,15 +298,16 @@ def main():
         kills.append(dt * 1000)
         left_cg = worker_cgroups()
         left_ps = subprocess.run(["pgrep", "-f", "agent-idle"], capture_output=True, text=True).stdout.split()
-        # The launcher tears the prepared sandboxes down once it has the kill switch.
+        # The launcher tears the prepared sandboxes down once the workers are gone (claimed
+        # workers' cgroups have the pool's naming too).
         while cgroup_dirs("hatchery-_warm") and time.monotonic() - t < 30:
             time.sleep(0.01)
         pool_gone, left_pool = time.monotonic() - t, len(cgroup_dirs("hatchery-_warm"))
         print(f"kill switch: {r.get('killed')} workers, confirmed after {dt * 1000:.0f} ms "
               f"(controller's own measure {r.get('elapsed_ms')} ms; median over rounds "
               f"{statistics.median(kills):.0f} ms); afterwards {len(left_ps)} processes, "
-              f"{left_cg} worker cgroups left" + (f"; prepared sandboxes gone after {pool_gone * 1000:.0f} ms "
-                                              f"({left_pool} of their cgroups left)" if a.warm_pool else ""))
+              f"{left_cg} worker cgroups left" + (f"; the pool's cgroups (prepared and claimed) gone after "
+                                              f"{pool_gone * 1000:.0f} ms ({left_pool} left)" if a.warm_pool else ""))
     finally:
         stop_bwrap(bwrap_pids)
         ctl.send_signal(signal.SIGTERM)

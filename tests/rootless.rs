@@ -440,15 +440,20 @@ fn a_rootless_controller_uses_the_users_directories_and_runs_workers_degraded() 
     // prepared meanwhile.
     std::thread::sleep(Duration::from_secs(1));
     let out = run_with_timeout(
-        &mut as_user(&["spawn", "--", "sh", "-c", "hatchery agent register; sleep 30"]),
+        &mut as_user(&[
+            "spawn",
+            "--",
+            "sh",
+            "-c",
+            "hatchery agent register; sleep 30",
+        ]),
         Duration::from_secs(60),
     );
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let second = stdout(&out).trim().to_string();
     let start = std::time::Instant::now();
     let started = loop {
-        let audit =
-            std::fs::read_to_string(state.join("hatchery/audit.jsonl")).unwrap_or_default();
+        let audit = std::fs::read_to_string(state.join("hatchery/audit.jsonl")).unwrap_or_default();
         let entry = audit
             .lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())

@@ -235,7 +235,9 @@ impl Launcher {
                 // Another shape, or gone: started afresh, under the lease on the ids the
                 // spec names.
                 Err(ClaimError::Unclaimed(lease)) => {
-                    spec.id_lease = lease;
+                    if lease.is_some() {
+                        spec.id_lease = lease;
+                    }
                     None
                 }
             },
@@ -487,7 +489,7 @@ pub fn serve(
         resolution,
         fence: None,
         fenced: false,
-        pool: WarmPool::new(warm_pool),
+        pool: WarmPool::new(warm_pool_within_fd_limit(warm_pool)),
     };
     let swept = l
         .host
@@ -618,11 +620,37 @@ pub fn serve(
                 }
             }
         }
+        l.pool.tear_down(l.running.is_empty());
     }
+    l.pool.shut_down();
     if let Some(m) = &l.host.cgroups {
         m.release();
     }
     0
+}
+
+/// Descriptors the launcher keeps for each prepared sandbox (pidfd, channel, the cgroup's
+/// directory on v2), with room to spare.
+const FDS_PER_PREPARED: u64 = 4;
+/// Descriptors kept free of the warm pool, for the launcher and the workers it starts.
+const FDS_FOR_WORKERS: u64 = 512;
+
+/// The warm pool the launcher's descriptor limit leaves room for: a pool that took every
+/// descriptor would make worker launches fail.
+fn warm_pool_within_fd_limit(asked: usize) -> usize {
+    use nix::sys::resource::{Resource, getrlimit};
+    let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft);
+    let room = usize::try_from(soft.saturating_sub(FDS_FOR_WORKERS) / FDS_PER_PREPARED)
+        .unwrap_or(usize::MAX);
+    if asked > room {
+        tracing::warn!(
+            asked,
+            room,
+            open_files = soft,
+            "the warm pool is cut to what the launcher's open-file limit leaves room for; raise it (LimitNOFILE=, ulimit -n) for a larger pool"
+        );
+    }
+    asked.min(room)
 }
 
 /// Reads one event (blocking), for tests and simple clients.

@@ -30,9 +30,11 @@ pub struct WarmPool {
     /// kinds of manifest empties the pool at each start; this keeps the launcher's work to
     /// one preparation per start rather than a pool's worth.
     credit: usize,
-    /// Torn down, killed, and not yet reaped: reaped once the launcher has seen to the
-    /// workers (the kill switch's own exits come first).
+    /// Killed, and not yet ended: each is reaped once its pidfd says it has ended.
     retired: Vec<Prepared>,
+    /// The kill switch (or a fence) cleared the pool: the prepared sandboxes are torn down
+    /// once the workers are gone, and none is claimed meanwhile.
+    stale: bool,
 }
 
 impl WarmPool {
@@ -44,11 +46,16 @@ impl WarmPool {
             made: 0,
             credit: size.min(MAX_WARM_POOL),
             retired: Vec::new(),
+            stale: false,
         }
     }
 
     /// A prepared sandbox for the next launch, if one is ready (ended ones are dropped).
     pub fn take(&mut self) -> Option<Prepared> {
+        if self.stale {
+            self.retire_all();
+            self.stale = false;
+        }
         while let Some(p) = self.ready.pop_front() {
             if !p.has_ended() {
                 return Some(p);
@@ -71,17 +78,17 @@ impl WarmPool {
     /// A worker started from `ls`: prepare its shape from now on. Sandboxes prepared for
     /// another kind of launch are dropped (they would not fit).
     pub fn started(&mut self, ls: &LaunchSpec) {
-        // A worker with egress is never prepared ahead: its listeners are handed over
-        // before its broker starts.
         if self.size == 0 {
             return;
         }
         self.credit = self.credit.saturating_add(1).min(self.size);
+        // A worker with egress is never prepared ahead: its listeners are handed over
+        // before its broker starts.
         if ls.egress.is_some() {
             return;
         }
         if self.template.as_ref().is_some_and(|t| !same_kind(t, ls)) {
-            self.ready.clear();
+            self.retire_all();
         }
         // Its kind, not its command and environment (which may hold secrets): those come
         // with each claim, and a prepared sandbox is cloned from this.
@@ -109,7 +116,7 @@ impl WarmPool {
 
     /// Whether a sandbox should be prepared now.
     pub fn wants_more(&self) -> bool {
-        self.template.is_some() && self.ready.len() < self.size && self.credit > 0
+        !self.stale && self.template.is_some() && self.ready.len() < self.size && self.credit > 0
     }
 
     /// The prepared (and retired) sandboxes' pidfds, readable once one has ended, for the
@@ -141,17 +148,43 @@ impl WarmPool {
     /// Tears every prepared sandbox down and prepares nothing until a worker starts again
     /// (the kill switch, a fence, the controller's stop).
     pub fn clear(&mut self) {
-        for p in &self.ready {
-            p.kill();
-        }
-        self.retired.extend(self.ready.drain(..));
+        self.stale = true;
         self.template = None;
         self.credit = self.size;
     }
 
-    /// Reaps what [`WarmPool::clear`] killed and removes its cgroups.
+    /// Kills what [`WarmPool::clear`] left, once the workers are gone (`workers_gone`):
+    /// prepared sandboxes run nothing, and the kernel's work of tearing a pool down would
+    /// otherwise slow the kill switch's own.
+    pub fn tear_down(&mut self, workers_gone: bool) {
+        if self.stale && workers_gone {
+            self.stale = false;
+            self.retire_all();
+        }
+    }
+
+    /// Kills every prepared sandbox; each is reaped (and its cgroup removed) once it has
+    /// ended, by [`WarmPool::reap_retired`], so the launcher never waits on one.
+    fn retire_all(&mut self) {
+        for p in &self.ready {
+            p.kill();
+        }
+        self.retired.extend(self.ready.drain(..));
+    }
+
+    /// Reaps the retired sandboxes that have ended and removes their cgroups.
     pub fn reap_retired(&mut self) {
+        self.retired.retain(|p| !p.has_ended());
+    }
+
+    /// Tears everything down, waiting for each sandbox to end (the launcher's exit: before
+    /// the cgroup backend gives back what it enabled, which it does only once no cgroup of
+    /// ours is left).
+    pub fn shut_down(&mut self) {
+        self.stale = false;
+        self.retire_all();
         self.retired.clear();
+        self.template = None;
     }
 }
 
