@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Controller benchmarks: spawn rate through the launcher, the controller's CPU and RSS
 # with N idle heartbeating workers, and kill-switch latency.
-#   scripts/bench-controller.sh [-n WORKERS] [--window SECONDS]      (as root)
+#   scripts/bench-controller.sh [-n WORKERS] [--window SECONDS] [--warm-pool N]   (as root)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ "$(id -u)" = 0 ] || { echo "bench-controller.sh: run as root" >&2; exit 1; }

@@ -401,18 +401,21 @@ fn a_rootless_controller_uses_the_users_directories_and_runs_workers_degraded() 
         state.join("hatchery/audit.jsonl").exists(),
         "its state is in $XDG_STATE_HOME/hatchery"
     );
-    let out = run_with_timeout(
-        &mut as_user(&[
-            "spawn",
-            "--",
-            "sh",
-            "-c",
-            "hatchery agent register; sleep 30",
-        ]),
-        Duration::from_secs(60),
-    );
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    let id = stdout(&out);
+    let spawn_agent = || {
+        let out = run_with_timeout(
+            &mut as_user(&[
+                "spawn",
+                "--",
+                "sh",
+                "-c",
+                "hatchery agent register; sleep 30",
+            ]),
+            Duration::from_secs(60),
+        );
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        stdout(&out).trim().to_string()
+    };
+    let id = spawn_agent();
     let start = std::time::Instant::now();
     let mut running = false;
     while start.elapsed() < Duration::from_secs(30) {
@@ -439,18 +442,7 @@ fn a_rootless_controller_uses_the_users_directories_and_runs_workers_degraded() 
     // The warm pool works rootless too: the next worker of that kind takes the sandbox
     // prepared meanwhile.
     std::thread::sleep(Duration::from_secs(1));
-    let out = run_with_timeout(
-        &mut as_user(&[
-            "spawn",
-            "--",
-            "sh",
-            "-c",
-            "hatchery agent register; sleep 30",
-        ]),
-        Duration::from_secs(60),
-    );
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    let second = stdout(&out).trim().to_string();
+    let second = spawn_agent();
     let start = std::time::Instant::now();
     let started = loop {
         let audit = std::fs::read_to_string(state.join("hatchery/audit.jsonl")).unwrap_or_default();

@@ -180,16 +180,7 @@ fn a_prepared_sandbox_killed_from_outside_is_passed_over() {
     let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
     spawned(&c, &[], "true");
     c.wait_prepared(1, Duration::from_secs(20));
-    let procs: Vec<i32> = c
-        .prepared_cgroups()
-        .iter()
-        .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
-        .flat_map(|s| {
-            s.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect::<Vec<i32>>()
-        })
-        .collect();
+    let procs = c.prepared_pids();
     assert!(!procs.is_empty(), "the prepared sandbox has a process");
     for p in procs {
         let _ = nix::sys::signal::kill(
@@ -358,16 +349,7 @@ fn a_controller_killed_outright_takes_its_prepared_sandboxes_and_its_successor_t
             .filter(|p| p.to_string_lossy().contains(&owner))
             .collect()
     };
-    let pids: Vec<i32> = c
-        .prepared_cgroups()
-        .iter()
-        .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
-        .flat_map(|s| {
-            s.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect::<Vec<i32>>()
-        })
-        .collect();
+    let pids = c.prepared_pids();
     assert!(!pids.is_empty());
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(c.pid() as i32),

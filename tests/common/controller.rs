@@ -296,6 +296,24 @@ impl TestController {
             .collect()
     }
 
+    /// The processes in this controller's prepared sandboxes (and in workers that claimed
+    /// one).
+    pub fn prepared_pids(&self) -> Vec<i32> {
+        let mut pids: Vec<i32> = self
+            .prepared_cgroups()
+            .iter()
+            .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+            .flat_map(|s| {
+                s.split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect::<Vec<i32>>()
+            })
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
     /// How many sandboxes are prepared (one name per sandbox, whatever the hierarchies).
     pub fn prepared(&self) -> usize {
         let mut names: Vec<String> = self
