@@ -399,3 +399,20 @@ fn a_worker_of_another_profile_in_a_prepared_sandbox_runs_under_its_own_filter()
     let out = output_of(&c, &b);
     assert!(out.contains("traceme -1 1"), "{out}");
 }
+
+#[test]
+fn a_request_that_fails_before_its_sandbox_starts_leaves_the_prepared_sandbox_for_the_next() {
+    if skip("warm pool") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &["--warm-pool", "1"]);
+    spawned(&c, &[], "true");
+    c.wait_prepared(1, Duration::from_secs(20));
+    let before = c.prepared_pids();
+    let missing = format!("/nonexistent-{}", std::process::id());
+    let out = c.cli(&["spawn", "--ro", &missing, "--", "true"]);
+    assert_eq!(code(&out), 125, "{} {}", stdout(&out), stderr(&out));
+    assert_eq!(c.prepared_pids(), before, "the same prepared sandbox waits");
+    let id = spawned(&c, &[], "true");
+    assert_eq!(c.started_details(&id)["prepared_ahead"], true);
+}

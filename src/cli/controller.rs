@@ -157,10 +157,10 @@ pub struct ControllerArgs {
     /// (repeatable)
     #[arg(long = "resolve", value_name = "NAME=ADDR", value_parser = super::egress::parse_resolve)]
     pub resolve: Vec<(String, std::net::IpAddr)>,
-    /// Keep N sandboxes prepared ahead of workers (namespaces, id maps, loopback, cgroup and
-    /// root filesystem made): a worker of the last started worker's kind takes one and
-    /// starts sooner. They run nothing and count against nothing; the kill switch removes
-    /// them [default: 0, max: 1024]
+    /// Keep up to N sandboxes prepared ahead of workers (namespaces, id maps, loopback,
+    /// cgroup and root filesystem made): a worker of the last started worker's kind takes
+    /// one and starts sooner. They run nothing and count against nothing; the kill switch
+    /// removes them [default: 0, max: 1024]
     #[arg(long, value_name = "N", value_parser = parse_warm_pool)]
     pub warm_pool: Option<usize>,
     /// Be one node of a cluster: admission (quota, cooldowns, budgets), lineage and the

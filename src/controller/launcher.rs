@@ -207,27 +207,17 @@ impl Launcher {
             None
         };
         let host_ids = prepared.as_ref().and_then(Prepared::host_ids);
-        let mut spec = self.worker_spec(&ls, egress.as_ref(), host_ids)?;
-        let log = self
-            .workers
-            .create_new(&ls.log_name, 0o600, true)
-            .map_err(|e| e.to_string())?;
-        let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
-        let err = log.try_clone().map_err(|e| e.to_string())?;
-        // Always through a pump: the worker's own cap and every worker's shared budget
-        // hold however the worker writes (a log written directly could fill the disk).
-        let (mut pump, [out, err]) =
-            OutputPump::new(ls.max_output_bytes, OwnedFd::from(log), OwnedFd::from(err))
-                .map_err(|e| format!("output pipes: {e}"))?;
-        pump.share_budget(self.output_budget.clone());
-        spec.stdio = Some([OwnedFd::from(null), out, err]);
-        let output = Some(pump);
-        if let Some(sock) = socket {
-            spec.pass_fds.push((sock, 3));
-        }
-        // Refusals name the controller's own way to go on degraded, not the spawner's.
-        let plan = sandbox::preflight(&spec, &self.host, sandbox::Asker::Controller)
-            .map_err(|e| e.to_string())?;
+        let (mut spec, plan, output) =
+            match self.worker_sandbox(&ls, egress.as_ref(), host_ids, socket) {
+                Ok(parts) => parts,
+                Err(e) => {
+                    // Nothing was sent to it: it waits for the next worker.
+                    if let Some(p) = prepared {
+                        self.pool.put_back(p);
+                    }
+                    return Err(e);
+                }
+            };
         let claimed = match prepared {
             Some(p) => match p.claim(&spec, &plan) {
                 Ok(sb) => Some(sb),
@@ -261,6 +251,38 @@ impl Launcher {
             egress,
             prepared_ahead,
         })
+    }
+
+    /// The sandbox spec of a launch with its stdio (through an output pump) and its socket,
+    /// and its plan.
+    fn worker_sandbox(
+        &mut self,
+        ls: &LaunchSpec,
+        egress: Option<&BrokerConfig>,
+        host_ids: Option<(u32, u32)>,
+        socket: Option<OwnedFd>,
+    ) -> Result<(SandboxSpec, sandbox::Plan, Option<OutputPump>), String> {
+        let mut spec = self.worker_spec(ls, egress, host_ids)?;
+        let log = self
+            .workers
+            .create_new(&ls.log_name, 0o600, true)
+            .map_err(|e| e.to_string())?;
+        let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+        let err = log.try_clone().map_err(|e| e.to_string())?;
+        // Always through a pump: the worker's own cap and every worker's shared budget
+        // hold however the worker writes (a log written directly could fill the disk).
+        let (mut pump, [out, err]) =
+            OutputPump::new(ls.max_output_bytes, OwnedFd::from(log), OwnedFd::from(err))
+                .map_err(|e| format!("output pipes: {e}"))?;
+        pump.share_budget(self.output_budget.clone());
+        spec.stdio = Some([OwnedFd::from(null), out, err]);
+        if let Some(sock) = socket {
+            spec.pass_fds.push((sock, 3));
+        }
+        // Refusals name the controller's own way to go on degraded, not the spawner's.
+        let plan = sandbox::preflight(&spec, &self.host, sandbox::Asker::Controller)
+            .map_err(|e| e.to_string())?;
+        Ok((spec, plan, Some(pump)))
     }
 
     /// The sandbox spec of a launch, without its stdio and descriptors: as its manifest
@@ -615,6 +637,9 @@ pub fn serve(
                         // The controller asked us to stop, or is gone: nothing may
                         // outlive it.
                         l.kill_all();
+                        // A stop does not wait for the workers to die first, as the kill
+                        // switch's answer does.
+                        l.pool.tear_down(true);
                         shutting_down = true;
                     }
                 }

@@ -114,6 +114,15 @@ impl WarmPool {
         Some(ls)
     }
 
+    /// A prepared sandbox taken for a launch that failed before anything was sent to it:
+    /// first in line again.
+    pub fn put_back(&mut self, p: Prepared) {
+        if self.stale || p.has_ended() {
+            return;
+        }
+        self.ready.push_front(p);
+    }
+
     /// Whether a sandbox should be prepared now.
     pub fn wants_more(&self) -> bool {
         !self.stale && self.template.is_some() && self.ready.len() < self.size && self.credit > 0
