@@ -416,3 +416,40 @@ fn a_request_that_fails_before_its_sandbox_starts_leaves_the_prepared_sandbox_fo
     let id = spawned(&c, &[], "true");
     assert_eq!(c.started_details(&id)["prepared_ahead"], true);
 }
+
+#[test]
+fn a_tree_alternating_kinds_costs_one_preparation_per_start_not_a_pool_each() {
+    if skip("warm pool") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &["--warm-pool", "4"]);
+    // Prepared sandboxes are numbered as they are made: the highest number seen is how
+    // many were made.
+    let made = || {
+        c.prepared_cgroups()
+            .iter()
+            .filter_map(|p| {
+                let name = p.file_name()?.to_string_lossy().to_string();
+                name.strip_prefix("hatchery-_warm")?
+                    .split('-')
+                    .next()?
+                    .parse::<u32>()
+                    .ok()
+            })
+            .max()
+            .unwrap_or(0)
+    };
+    spawned(&c, &["--memory", "64M"], "true");
+    c.wait_prepared(4, Duration::from_secs(30));
+    assert_eq!(made(), 4);
+    for round in 0..6 {
+        let memory = if round % 2 == 0 { "128M" } else { "64M" };
+        spawned(&c, &["--memory", memory], "true");
+        // Give the launcher time to prepare all it would.
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    // Each start allows one preparation: 4 for the first fill and one per start since.
+    // Without that bound each change of kind would prepare a whole pool (4 + 6 * 4).
+    assert!(made() <= 4 + 6, "{} sandboxes prepared", made());
+    assert!(made() > 4, "the pool still follows the kind of the workers");
+}
