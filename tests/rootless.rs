@@ -525,14 +525,8 @@ fn rootless_payloads_hold_only_their_stdio_whatever_their_caller_left_open() {
 
     let mut cmd = holding_extra_fds("setpriv");
     cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
-        .arg(hatchery())
-        .arg("run")
-        .arg("--ro")
-        .arg(probe_dir())
-        .arg("--")
-        .arg(probe())
-        .arg("fds");
-    let out = run_with_timeout(&mut cmd, Duration::from_secs(60));
+        .arg(hatchery());
+    let out = run_with_timeout(run_probe_fds(&mut cmd, &[]), Duration::from_secs(60));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(
         probe_fd_numbers(&stdout(&out)),

@@ -731,25 +731,22 @@ fn a_payload_holds_only_its_stdio_whatever_its_caller_left_open() {
         let out = run_probe(flags, &["fds"]);
         assert_eq!(code(&out), 0, "{flags:?}: {}", stderr(&out));
         let fds = probe_fds(&stdout(&out));
-        let nums: Vec<i32> = fds.iter().map(|(fd, _)| *fd).collect();
-        assert_eq!(nums, [0, 1, 2], "{flags:?}: {fds:?}");
-
-        let mut cmd = holding_extra_fds(hatchery());
-        cmd.arg("run")
-            .args(flags)
-            .arg("--ro")
-            .arg(probe_dir())
-            .arg("--")
-            .arg(probe())
-            .arg("fds");
-        let out = run_with_timeout(&mut cmd, Duration::from_secs(60));
-        assert_eq!(code(&out), 0, "{flags:?}: {}", stderr(&out));
-        let fds = probe_fds(&stdout(&out));
-        let nums: Vec<i32> = fds.iter().map(|(fd, _)| *fd).collect();
         assert_eq!(
-            nums,
+            probe_fd_numbers(&stdout(&out)),
             [0, 1, 2],
-            "{flags:?}: the caller's descriptors reached the payload: {fds:?}"
+            "{flags:?}: {fds:?}"
+        );
+
+        let out = run_with_timeout(
+            run_probe_fds(&mut holding_extra_fds(hatchery()), flags),
+            Duration::from_secs(60),
+        );
+        assert_eq!(code(&out), 0, "{flags:?}: {}", stderr(&out));
+        assert_eq!(
+            probe_fd_numbers(&stdout(&out)),
+            [0, 1, 2],
+            "{flags:?}: the caller's descriptors reached the payload: {}",
+            stdout(&out)
         );
     }
 }

@@ -25,6 +25,8 @@ pub struct WarmPool {
     template: Option<LaunchSpec>,
     /// Numbers the prepared sandboxes' cgroups.
     made: u64,
+    /// The launcher's part of their names (read once: the launcher does not change).
+    owner: String,
     /// How many sandboxes may still be prepared: the pool's size to begin with, and one
     /// more for each worker that starts (at most the size). A worker tree that alternates
     /// kinds of manifest empties the pool at each start; this keeps the launcher's work to
@@ -44,6 +46,7 @@ impl WarmPool {
             ready: VecDeque::new(),
             template: None,
             made: 0,
+            owner: crate::sandbox::cgroup::owner_suffix(),
             credit: size.min(MAX_WARM_POOL),
             retired: Vec::new(),
             stale: false,
@@ -52,10 +55,8 @@ impl WarmPool {
 
     /// A prepared sandbox for the next launch, if one is ready (ended ones are dropped).
     pub fn take(&mut self) -> Option<Prepared> {
-        if self.stale {
-            self.retire_all();
-            self.stale = false;
-        }
+        // A pool cleared by the kill switch is never claimed from.
+        self.tear_down(true);
         while let Some(p) = self.ready.pop_front() {
             if !p.has_ended() {
                 return Some(p);
@@ -110,7 +111,12 @@ impl WarmPool {
         self.made = self.made.wrapping_add(1);
         // `_` is in no worker id: no worker's cgroup can have this name.
         ls.worker_id = format!("warm{}", self.made);
-        ls.cgroup_name = crate::sandbox::cgroup::unique_name(&format!("_warm{}", self.made));
+        ls.cgroup_name = format!(
+            "{}_warm{}-{}",
+            crate::sandbox::cgroup::NAME_PREFIX,
+            self.made,
+            self.owner
+        );
         Some(ls)
     }
 

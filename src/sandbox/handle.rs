@@ -18,7 +18,6 @@ use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 use nix::fcntl::{OFlag, openat};
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 use nix::sys::stat::Mode;
 
@@ -78,11 +77,7 @@ impl KillHandle {
     /// Whether every process of the sandbox is gone (pid 1 has exited; the kernel lets it
     /// only after the rest of its namespace).
     pub fn exited(&self) -> bool {
-        let mut fds = [PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
-        match poll(&mut fds, PollTimeout::ZERO) {
-            Ok(n) => n > 0,
-            Err(_) => false,
-        }
+        super::wait::has_exited(self.pidfd.as_fd()).unwrap_or(false)
     }
 }
 

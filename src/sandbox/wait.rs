@@ -59,6 +59,13 @@ pub fn poll_until(
     }
 }
 
+/// Whether the process behind `pidfd` has exited, now (its pidfd is readable); an error
+/// of poll(2) is the caller's to weigh.
+pub fn has_exited(pidfd: BorrowedFd<'_>) -> nix::Result<bool> {
+    let mut fds = [PollFd::new(pidfd, nix::poll::PollFlags::POLLIN)];
+    poll(&mut fds, PollTimeout::ZERO).map(|n| n > 0)
+}
+
 /// Whether poll(2) reported anything (readiness, hang-up or error) for `fd`.
 pub fn is_ready(fd: &PollFd<'_>) -> bool {
     fd.revents().is_some_and(|r| !r.is_empty())

@@ -20,6 +20,18 @@ pub fn holding_extra_fds(program: impl AsRef<OsStr>) -> Command {
     cmd
 }
 
+/// `cmd` + `run FLAGS --ro PROBE_DIR -- PROBE fds`: the probe lists what the payload of a
+/// `hatchery run` holds open.
+pub fn run_probe_fds<'c>(cmd: &'c mut Command, flags: &[&str]) -> &'c mut Command {
+    cmd.arg("run")
+        .args(flags)
+        .arg("--ro")
+        .arg(super::probe_dir())
+        .arg("--")
+        .arg(super::probe())
+        .arg("fds")
+}
+
 /// The descriptors the probe's `fds` command listed, from its `ok 0=chr:N,1=...` line in
 /// `text` (`\r` line ends allowed, as a terminal shows them).
 pub fn probe_fds(text: &str) -> Vec<(i32, String)> {

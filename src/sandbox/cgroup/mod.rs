@@ -163,9 +163,15 @@ pub fn detect() -> Result<Option<Box<dyn CgroupManager>>, CgroupError> {
 /// A cgroup name unique to this process: `hatchery-<kind>-<pid>-<starttime>`. The start
 /// time lets the sweep tell a dead owner from a recycled pid.
 pub fn unique_name(kind: &str) -> String {
+    format!("{NAME_PREFIX}{kind}-{}", owner_suffix())
+}
+
+/// The `<pid>-<starttime>` that ends the names of this process's cgroups (see
+/// [`unique_name`]).
+pub fn owner_suffix() -> String {
     let pid = std::process::id();
     let start = process_start_time(pid).unwrap_or(0);
-    format!("{NAME_PREFIX}{kind}-{pid}-{start}")
+    format!("{pid}-{start}")
 }
 
 /// The start time (clock ticks since boot, field 22 of `/proc/PID/stat`) of a process.

@@ -250,14 +250,8 @@ impl Prepared {
 
     /// Whether its pid 1 has ended (killed from outside, or failed in set-up).
     pub fn has_ended(&self) -> bool {
-        let mut fds = [nix::poll::PollFd::new(
-            self.sandbox.pidfd.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        !matches!(
-            nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO),
-            Ok(0)
-        )
+        // Not knowing counts as ended: such a sandbox is never claimed.
+        super::super::wait::has_exited(self.sandbox.pidfd()).unwrap_or(true)
     }
 
     /// Turns it into the sandbox of `spec` (built with [`Prepared::host_ids`], its stdio

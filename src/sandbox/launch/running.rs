@@ -1,0 +1,236 @@
+//! The supervisor's view of a running sandbox: signals, accounting, waiting (with its
+//! output pump and forwarded signals), and the report of how it ended.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::sys::signalfd::SignalFd;
+use nix::sys::wait::WaitStatus;
+
+use super::super::cgroup::Usage;
+use super::super::channel::FromSandbox;
+use super::super::output::OutputPump;
+use super::super::{process, wait};
+use super::{Failure, Outcome, SETUP_FAILED, Sandbox};
+
+impl Sandbox {
+    /// The host pid of the sandbox's pid 1.
+    pub fn pid(&self) -> i32 {
+        self.pid.as_raw()
+    }
+
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
+    /// The egress listeners (DNS UDP, DNS TCP, proxy, then one per port), for the broker;
+    /// empty without egress, or once taken.
+    pub fn take_egress_listeners(&mut self) -> Vec<OwnedFd> {
+        std::mem::take(&mut self.egress)
+    }
+
+    pub fn cgroup_path(&self) -> Option<std::path::PathBuf> {
+        self.cgroup.as_ref().map(|c| c.path().to_path_buf())
+    }
+
+    /// Live accounting, while the sandbox runs.
+    pub fn usage(&self) -> Option<Usage> {
+        self.cgroup.as_ref().map(|c| c.usage())
+    }
+
+    /// Passes a signal to pid 1, which forwards it to the payload.
+    pub fn signal(&self, sig: Signal) -> io::Result<()> {
+        process::pidfd_signal(self.pidfd.as_fd(), sig)
+    }
+
+    /// Kills everything in the sandbox: pid 1 (the kernel then kills its namespace) and,
+    /// for good measure, the whole cgroup.
+    pub fn kill(&self) {
+        let _ = process::pidfd_signal(self.pidfd.as_fd(), Signal::SIGKILL);
+        if let Some(cg) = &self.cgroup {
+            let _ = cg.kill_all();
+        }
+    }
+
+    /// Waits for the sandbox to end, killing it at `timeout`, forwarding the signals that
+    /// arrive on `signals` to it, and moving its input and output through `output` (when
+    /// its stdio are the pump's pipes or terminal) as they come. A SIGWINCH resizes the
+    /// sandbox's terminal, when it has one, instead of being forwarded.
+    pub fn wait(
+        self,
+        timeout: Option<Duration>,
+        signals: Option<&SignalFd>,
+        mut output: Option<&mut OutputPump>,
+    ) -> Outcome {
+        use nix::poll::{PollFd, PollFlags};
+        let deadline = timeout.map(|t| self.started + t);
+        let mut timed_out = false;
+        loop {
+            if deadline.is_some_and(|d| d <= Instant::now()) {
+                timed_out = true;
+                self.kill();
+                break;
+            }
+            let (exited, signalled) = {
+                let mut fds = vec![PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
+                if let Some(s) = signals {
+                    fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
+                }
+                if let Some(pump) = output.as_deref() {
+                    fds.extend(pump.poll_fds());
+                }
+                match wait::poll_until(&mut fds, deadline, None) {
+                    Ok(0) => continue,
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+                let ready = |f: Option<&PollFd>| f.is_some_and(wait::is_ready);
+                (ready(fds.first()), signals.is_some() && ready(fds.get(1)))
+            };
+            if signalled {
+                if let Some(Ok(Some(info))) = signals.map(|s| s.read_signal()) {
+                    if let Ok(sig) = Signal::try_from(info.ssi_signo as i32) {
+                        // A sandbox with a terminal of its own learns of a new window size
+                        // from it: the kernel signals the terminal's foreground process
+                        // group when the relay copies the size. Forwarding too would
+                        // signal twice, and the wrong process when the payload is a shell.
+                        let resized = sig == Signal::SIGWINCH
+                            && output.as_deref().is_some_and(OutputPump::window_changed);
+                        if !resized {
+                            let _ = self.signal(sig);
+                        }
+                    }
+                }
+            }
+            if let Some(pump) = output.as_deref_mut() {
+                pump.progress();
+            }
+            if exited {
+                break;
+            }
+        }
+        let status = self.reap_status();
+        // Everything in the sandbox is gone now: what its pipes hold is all there is.
+        let summary = output.map(|pump| {
+            pump.drain(deadline);
+            pump.summary()
+        });
+        let mut outcome = self.finish(status, timed_out);
+        outcome.output = summary;
+        outcome
+    }
+
+    /// Waits for pid 1 to end and collects its status (`None` if it cannot be had).
+    pub fn reap_status(&self) -> Option<WaitStatus> {
+        wait::reap_pidfd(self.pidfd.as_fd())
+    }
+
+    /// Collects the report of an ended sandbox and removes its cgroup.
+    pub fn finish(mut self, pid1: Option<WaitStatus>, timed_out: bool) -> Outcome {
+        self.finished = true;
+        let wall = self.started.elapsed();
+        let mut failure = None;
+        let mut landlock = None;
+        let mut payload_status = None;
+        // What came while the supervisor waited for the egress listeners, then the rest.
+        let early = self.early.take();
+        let rest = std::iter::from_fn(|| FromSandbox::recv(&self.channel).ok().flatten());
+        for msg in early.into_iter().chain(rest) {
+            match msg {
+                FromSandbox::SetupFailed {
+                    step,
+                    errno,
+                    detail,
+                } => {
+                    failure.get_or_insert(Failure::Setup {
+                        step,
+                        errno,
+                        detail,
+                    });
+                }
+                FromSandbox::ExecFailed { errno } => {
+                    failure.get_or_insert(Failure::Exec { errno });
+                }
+                FromSandbox::Landlock { abi, status } => {
+                    tracing::debug!(abi, status = ?status, "the sandbox applied Landlock");
+                    landlock = Some((abi, status))
+                }
+                FromSandbox::Exited { status } => payload_status = Some(status),
+            }
+        }
+        let mut cleanup_error = None;
+        tracing::debug!(failure = ?failure, timed_out, "the sandbox ended; reading usage and removing its cgroup");
+        let usage = match self.cgroup.take() {
+            Some(mut cg) => {
+                let usage = cg.usage();
+                if let Err(e) = cg.destroy() {
+                    cleanup_error = Some(e.to_string());
+                }
+                usage
+            }
+            None => Usage::default(),
+        };
+        // The payload's own status when pid 1 reported it; else pid 1's (it was killed).
+        let (code, signal) = match (payload_status, pid1) {
+            (Some(raw), _) => decode_raw_status(raw),
+            (None, Some(WaitStatus::Signaled(_, sig, _))) => (128 + sig as i32, Some(sig as i32)),
+            (None, Some(WaitStatus::Exited(_, c))) => (c, None),
+            (None, _) => (SETUP_FAILED, None),
+        };
+        let oom_killed = usage.oom_kills > 0 && signal == Some(libc::SIGKILL);
+        let exit_code = if timed_out {
+            124
+        } else {
+            failure.as_ref().map_or(code, Failure::exit_code)
+        };
+        Outcome {
+            exit_code,
+            signal: if failure.is_none() { signal } else { None },
+            oom_killed,
+            timed_out,
+            wall,
+            usage,
+            landlock,
+            failure,
+            cleanup_error,
+            output: None,
+        }
+    }
+}
+
+fn decode_raw_status(raw: i32) -> (i32, Option<i32>) {
+    let sig = raw & 0x7f;
+    if sig == 0 {
+        ((raw >> 8) & 0xff, None)
+    } else {
+        (128 + sig, Some(sig))
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        // A sandbox handle dropped without `finish` (an error path): leave nothing behind.
+        let _ = process::pidfd_signal(self.pidfd.as_fd(), Signal::SIGKILL);
+        let _ = self.reap_status();
+        if let Some(mut cg) = self.cgroup.take() {
+            let _ = cg.destroy();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_statuses_decode_like_a_shell() {
+        assert_eq!(decode_raw_status(3 << 8), (3, None));
+        assert_eq!(decode_raw_status(libc::SIGKILL), (137, Some(9)));
+        assert_eq!(decode_raw_status(libc::SIGSEGV | 0x80), (139, Some(11)));
+    }
+}
