@@ -417,10 +417,21 @@ impl SeccompPolicy {
             .map_err(|e| err("bad arch action", e))?;
         // The sandbox sets no_new_privs itself, before Landlock; libseccomp must not.
         ctx.set_ctl_nnp(false).map_err(|e| err("nnp", e))?;
+        let rules = self.expanded_rules()?;
+        // Syscalls in a binary tree rather than one list: a syscall the filter checks runs a
+        // few comparisons instead of one per listed syscall, and loading the filter costs
+        // the kernel less (it runs the filter once per syscall number and architecture to
+        // find those with a fixed verdict, with interrupts off; with the list that was
+        // most of the 0.27 ms two filters took to load). Not for a handful of rules, where
+        // a list is as short, and where libseccomp before 2.5.4 could drop the default
+        // action from a tree (its bug #370; runc draws the same line).
+        if rules.len() >= TREE_FROM_RULES {
+            ctx.set_ctl_optimize(2).map_err(|e| err("optimize", e))?;
+        }
         for arch in self.arches()?.into_iter().skip(1) {
             ctx.add_arch(arch).map_err(|e| err("add arch", e))?;
         }
-        for rule in self.expanded_rules()? {
+        for rule in rules {
             let sc = resolve_syscall(&rule.syscall)?;
             let res = if rule.conditions.is_empty() {
                 ctx.add_rule(rule.action.to_scmp(), sc)
@@ -458,6 +469,9 @@ impl SeccompPolicy {
         Ok(text)
     }
 }
+
+/// Fewest rules for which a filter is compiled as a binary tree (see `filter_context`).
+const TREE_FROM_RULES: usize = 8;
 
 fn memfd(name: &str) -> Result<std::fs::File, String> {
     nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_CLOEXEC)

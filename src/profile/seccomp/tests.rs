@@ -96,3 +96,90 @@ fn compiled_programs_are_whole_instructions() -> Result<(), String> {
     assert_eq!(prog.instructions().count(), prog.len());
     Ok(())
 }
+
+/// The list-form program libseccomp makes by default, for comparison with the binary tree.
+fn compile_as_list(p: &SeccompPolicy) -> Result<SeccompProgram, String> {
+    let mut ctx = p.filter_context()?;
+    ctx.set_ctl_optimize(1).map_err(|e| e.to_string())?;
+    let mut memfd = memfd("hatchery-bpf-list")?;
+    ctx.export_bpf(&memfd).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    memfd
+        .rewind()
+        .and_then(|_| memfd.read_to_end(&mut bytes))
+        .map_err(|e| e.to_string())?;
+    SeccompProgram::from_bytes(bytes)
+}
+
+#[test]
+fn the_binary_tree_filter_decides_every_call_as_the_list_filter_does()
+-> Result<(), Box<dyn std::error::Error>> {
+    use crate::profile::Profile;
+    use crate::profile::abi::Abi;
+    use crate::profile::bpf::SeccompData;
+    use crate::profile::explore::{ArgSpace, explore_joint};
+    use crate::profile::floor::Floor;
+    let mut policies: Vec<(String, SeccompPolicy)> = Vec::new();
+    for (name, _) in crate::profile::BUILTIN {
+        let p = Profile::resolve(name)?;
+        policies.push(((*name).to_string(), p.seccomp.clone()));
+        for allow in [false, true] {
+            policies.push((
+                format!("floor under {name} (allowlist {allow})"),
+                Floor::new(&p.seccomp, allow)?.policy,
+            ));
+        }
+    }
+    let docker = crate::profile::oci::parse(
+        include_str!("../../../tests/fixtures/docker-default-seccomp.json"),
+        "docker",
+    )?;
+    let docker = crate::profile::oci::import(
+        &docker,
+        &crate::profile::oci::ImportOptions {
+            name: "docker".into(),
+            source: "docker".into(),
+            kernel: crate::profile::oci::KernelVersion(6, 1, 0),
+        },
+    )?;
+    policies.push(("docker".into(), docker.profile.seccomp.clone()));
+    let arches = [
+        Abi::X86_64.audit_arch(),
+        Abi::X86.audit_arch(),
+        Abi::Aarch64.audit_arch(),
+        Abi::Arm.audit_arch(),
+        0,
+        0xc000_00f3, // riscv64
+    ];
+    let mut checked = 0usize;
+    for (name, p) in &policies {
+        let tree = p.compile()?;
+        let list = compile_as_list(p)?;
+        assert_ne!(tree, list, "{name}: optimize 2 made no tree");
+        let mut nrs: Vec<i32> = (-2..1100).collect();
+        nrs.extend((0..1100).map(|n| n | 0x4000_0000));
+        nrs.extend([i32::MAX, i32::MIN, 0x3fff_ffff, 0x4000_0000 - 1]);
+        for &arch in &arches {
+            for &nr in &nrs {
+                let base = SeccompData {
+                    nr,
+                    arch,
+                    ..SeccompData::default()
+                };
+                for j in explore_joint(&[&tree, &list], &base, &ArgSpace::any())? {
+                    checked += 1;
+                    assert_eq!(
+                        j.rets.first(),
+                        j.rets.get(1),
+                        "{name}: arch {arch:#x} nr {nr} args {:x?}: tree {:?} list {:?}",
+                        j.witness,
+                        j.actions.first(),
+                        j.actions.get(1)
+                    );
+                }
+            }
+        }
+    }
+    assert!(checked > 10_000, "{checked}");
+    Ok(())
+}
