@@ -799,3 +799,23 @@ fn the_sandbox_sees_neither_host_load_nor_host_memory_nor_the_host_boot() {
             .is_ok_and(|m| !m.file_type().is_fifo())
     );
 }
+
+// ------------------------------------------------------------ 12. pid 1
+
+#[test]
+fn pid_1_is_closed_to_the_payload_while_a_process_of_the_payloads_own_is_open() {
+    if skip_unless_root("pid 1") {
+        return;
+    }
+    // pid 1 keeps its capabilities in the sandbox until the payload has started. The
+    // attack is real: a process the payload starts, same uid, is open to it (environment,
+    // descriptors, memory map); pid 1 is not (the rootless test, where pid 1's change of
+    // identity is no change, shows it open without its own non-dumpable step).
+    let out = hatchery_cmd(&["run", "--memory", "64M", "--", "sh", "-c", PID1_PROBE]);
+    assert_eq!(
+        stdout(&out).lines().collect::<Vec<_>>(),
+        PID1_CLOSED,
+        "{}",
+        stderr(&out)
+    );
+}

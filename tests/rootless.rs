@@ -535,3 +535,19 @@ fn rootless_payloads_hold_only_their_stdio_whatever_their_caller_left_open() {
         stdout(&out)
     );
 }
+
+#[test]
+fn rootless_pid_1_is_closed_to_the_payload() {
+    if skip("rootless pid 1") {
+        return;
+    }
+    // Rootless, pid 1's change to uid 0 inside changes nothing the kernel counts, so only
+    // its own non-dumpable step (taken before the payload exists) closes it.
+    let out = as_nobody(&["run", "--", "sh", "-c", PID1_PROBE]);
+    assert_eq!(
+        stdout(&out).lines().collect::<Vec<_>>(),
+        PID1_CLOSED,
+        "{}",
+        stderr(&out)
+    );
+}

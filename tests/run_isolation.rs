@@ -750,3 +750,67 @@ fn a_payload_holds_only_its_stdio_whatever_its_caller_left_open() {
         );
     }
 }
+
+/// Runs `script` with `sh` in a user and mount namespace of its own that maps every id to
+/// itself: root there may lower its namespace's `user.*` limits, which bind every sandbox
+/// made inside, without touching the host's.
+fn in_own_user_namespace(script: &str, limit: Duration) -> Output {
+    const HELPER: &str = r#"
+import os, sys, ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+ready_r, ready_w = os.pipe()
+go_r, go_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(ready_r); os.close(go_w)
+    if libc.unshare(0x10000000 | 0x00020000) != 0:
+        os._exit(99)
+    os.write(ready_w, b"x"); os.close(ready_w)
+    os.read(go_r, 1)
+    os.execvp("sh", ["sh", "-c", sys.argv[1]])
+os.close(ready_w); os.close(go_r)
+os.read(ready_r, 1)
+for f in ("uid_map", "gid_map"):
+    with open(f"/proc/{pid}/{f}", "w") as m:
+        m.write("0 0 4294967295\n")
+os.write(go_w, b"x")
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"#;
+    run_with_timeout(
+        Command::new("python3")
+            .args(["-c", HELPER, script])
+            .env("HATCHERY", hatchery())
+            .current_dir("/"),
+        limit,
+    )
+}
+
+#[test]
+fn a_network_namespace_the_kernel_refuses_fails_every_run_with_125_and_says_why() {
+    if skip_unless_root("network namespace refused") {
+        return;
+    }
+    // pid 1 makes its network namespace itself, first thing, and may fail before the
+    // supervisor has granted its identity: each run must still report that failure.
+    let runs = 100;
+    let out = in_own_user_namespace(
+        &format!(
+            "echo 0 > /proc/sys/user/max_net_namespaces || exit 99
+             for i in $(seq {runs}); do \"$HATCHERY\" run -- /bin/echo PAYLOAD-RAN; echo \"rc=$?\"; done"
+        ),
+        Duration::from_secs(120),
+    );
+    assert_eq!(code(&out), 0, "{} / {}", stdout(&out), stderr(&out));
+    let (o, e) = (stdout(&out), stderr(&out));
+    assert!(!o.contains("PAYLOAD-RAN"), "a payload ran: {o}");
+    assert_eq!(o.matches("rc=125").count(), runs, "{o}\n{e}");
+    let lines: Vec<&str> = e.lines().collect();
+    assert_eq!(lines.len(), runs, "{e}");
+    for line in lines {
+        assert!(
+            line.contains("network namespace") && line.contains("user.max_net_namespaces"),
+            "the refusal does not say why: {line}"
+        );
+    }
+}

@@ -353,6 +353,126 @@ fn signals_to_run_reach_the_command() {
     );
 }
 
+/// A FUSE file system whose one file, `prog`, never finishes opening
+/// (tests/support/slow_fs.py): a hung network file system. Unmounted when dropped.
+struct SlowFs {
+    server: std::process::Child,
+    mountpoint: std::path::PathBuf,
+    events: std::sync::mpsc::Receiver<String>,
+}
+
+impl SlowFs {
+    /// Mounts it at `mountpoint` (made here); `None` where FUSE is not available.
+    fn mount(mountpoint: &Path) -> Option<SlowFs> {
+        use std::io::BufRead;
+        if !Path::new("/dev/fuse").exists() {
+            return None;
+        }
+        std::fs::create_dir(mountpoint).ok()?;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/slow_fs.py");
+        let mut server = Command::new("timeout")
+            .args(["-s", "KILL", "120", "python3"])
+            .arg(script)
+            .arg(mountpoint)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .ok()?;
+        let stdout = server.stdout.take()?;
+        let (tx, events) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line);
+            }
+        });
+        let fs = SlowFs {
+            server,
+            mountpoint: mountpoint.to_path_buf(),
+            events,
+        };
+        fs.saw("mounted", Duration::from_secs(10)).then_some(fs)
+    }
+
+    /// Whether the server reports `event` within `limit`.
+    fn saw(&self, event: &str, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match self.events.recv_timeout(left) {
+                Ok(line) if line == event => return true,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+}
+
+impl Drop for SlowFs {
+    fn drop(&mut self) {
+        // The server's end closing fails whatever still waits on the file system. SIGTERM,
+        // which `timeout` passes on to the server (SIGKILL would leave the server running).
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.server.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.server.wait();
+        let _ = nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+#[test]
+fn a_signal_to_run_stops_a_command_whose_start_hangs_on_a_slow_file_system() {
+    if skip_unless_root("slow file system") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let mnt = canonical(dir.path()).join("slow");
+    let Some(fs) = SlowFs::mount(&mnt) else {
+        eprintln!("SKIP slow file system: no FUSE here");
+        return;
+    };
+    let prog = mnt.join("prog").to_string_lossy().to_string();
+    let mnt_s = mnt.to_string_lossy().to_string();
+    // The command's execve waits for the file system: the payload is still being started.
+    let mut child = match Command::new(hatchery())
+        .args(["run", "--timeout", "60s", "--ro", &mnt_s, "--", &prog])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("spawn: {e}"),
+    };
+    assert!(
+        fs.saw("open", Duration::from_secs(30)),
+        "the command never reached the slow file system"
+    );
+    // ^C or a service manager's stop: as for a command that has started, the run ends
+    // (the interrupted open fails the start), well before its timeout.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let start = std::time::Instant::now();
+    let mut status = None;
+    while status.is_none() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+        status = child.try_wait().ok().flatten();
+    }
+    // Still waiting: the file system goes away, so that the start fails and the run
+    // ends (and cleans up) by itself.
+    drop(fs);
+    let status = status.map(|s| s.code()).unwrap_or_else(|| {
+        let ended = common::terminal::wait_child(&mut child, Duration::from_secs(30), "run");
+        panic!(
+            "SIGTERM did not end the run; it ended ({ended:?}) only once its file system went away"
+        )
+    });
+    assert_eq!(status, Some(128 + libc::SIGTERM));
+}
+
 #[test]
 fn a_killed_run_takes_its_sandbox_along() {
     if skip_unless_root("run killed") {

@@ -401,8 +401,7 @@ fn load_profile(args: &RunArgs) -> Result<Profile, SandboxError> {
     Ok(profile)
 }
 
-/// What this host can enforce; cgroups left by hatchery processes that no longer exist
-/// are removed on the way.
+/// What this host can enforce.
 fn detect_host() -> Host {
     let host = Host::detect();
     tracing::debug!(
@@ -412,12 +411,17 @@ fn detect_host() -> Host {
         seccomp = host.seccomp,
         "detected what this host can enforce"
     );
+    host
+}
+
+/// Removes cgroups left by hatchery processes that no longer exist: done while the
+/// sandbox runs, not before it starts (nothing about starting depends on it).
+fn sweep_stale_cgroups(host: &Host) {
     if let Some(m) = &host.cgroups {
         for stale in m.sweep_stale() {
             tracing::info!(path = %stale.display(), "removed a cgroup left by a hatchery process that no longer exists");
         }
     }
-    host
 }
 
 /// How a supervised sandbox ended, what was enforced, and what its broker recorded.
@@ -464,6 +468,7 @@ fn supervise(
         spec.stdio = None;
         let mut enforcement = sb.enforcement.clone();
         enforcement.stdio = Some(stdio.report.clone());
+        sweep_stale_cgroups(host);
         let outcome = sb.wait(timeout, signals.as_ref(), stdio.pump.as_mut());
         // The sandbox is gone: its connections go with the broker.
         let egress = broker.and_then(super::egress::RunningBroker::stop);

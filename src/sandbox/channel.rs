@@ -110,6 +110,42 @@ impl ToSandbox {
     }
 }
 
+/// Most cgroup files a sandbox is sent to move itself in with (one per v1 hierarchy).
+pub const MAX_JOIN_FILES: usize = 8;
+
+/// Tells the sandbox its cgroup is ready, with the files it writes `0` to, to move itself
+/// in (v1; none where it was born inside or attached from outside).
+pub fn send_cgroup_ready(fd: impl AsFd, join: &[BorrowedFd<'_>]) -> io::Result<()> {
+    if join.len() > MAX_JOIN_FILES {
+        return Err(io::Error::from_raw_os_error(libc::E2BIG));
+    }
+    let tag = [ToSandbox::CgroupReady.tag()];
+    if join.is_empty() {
+        send_bytes(fd.as_fd(), &tag)
+    } else {
+        send_with_fds(fd.as_fd(), &tag, join)
+    }
+}
+
+/// Waits for [`send_cgroup_ready`]'s message: the join files it carries. Anything else,
+/// or end of stream, is an error (and closes what came with it).
+pub fn recv_cgroup_ready(fd: impl AsFd) -> io::Result<Vec<OwnedFd>> {
+    let mut buf = [0u8; 8];
+    let mut space = nix::cmsg_space!([RawFd; MAX_JOIN_FILES]);
+    let (n, fds) = recv_with_fds(fd.as_fd(), &mut buf, &mut space)?;
+    match buf.get(..n) {
+        Some([tag]) if *tag == ToSandbox::CgroupReady.tag() => Ok(fds),
+        Some([]) | None => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the supervisor went away",
+        )),
+        Some(_) => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "unexpected message from the supervisor",
+        )),
+    }
+}
+
 /// Tag of the message carrying the sandbox's filters.
 const FILTERS_TAG: u8 = 3;
 /// Tag of the message carrying the egress listeners (distinct from every [`FromSandbox`]
@@ -449,6 +485,35 @@ mod tests {
             Some(FromSandbox::SetupFailed { .. })
         ));
         assert_eq!(FromSandbox::recv(&supervisor)?, None);
+        Ok(())
+    }
+
+    #[test]
+    fn the_cgroup_go_ahead_carries_the_join_files_and_nothing_else() -> io::Result<()> {
+        let (a, b) = pair()?;
+        let files: Vec<std::fs::File> = (0..3)
+            .map(|_| std::fs::File::open("/dev/null"))
+            .collect::<io::Result<_>>()?;
+        let borrowed: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
+        send_cgroup_ready(&a, &borrowed)?;
+        assert_eq!(recv_cgroup_ready(&b)?.len(), 3);
+        send_cgroup_ready(&a, &[])?;
+        assert!(recv_cgroup_ready(&b)?.is_empty());
+        // More files than a sandbox takes are not sent; a packet carrying them is refused.
+        let many: Vec<BorrowedFd<'_>> = (0..=MAX_JOIN_FILES)
+            .map(|i| borrowed[i % borrowed.len()])
+            .collect();
+        assert!(send_cgroup_ready(&a, &many).is_err());
+        send_with_fds(a.as_fd(), &[ToSandbox::CgroupReady.tag()], &many)?;
+        assert!(recv_cgroup_ready(&b).is_err());
+        // Another go-ahead is not this one, and neither is end of stream.
+        ToSandbox::IdentityReady.send(&a)?;
+        assert!(recv_cgroup_ready(&b).is_err());
+        drop(a);
+        assert_eq!(
+            recv_cgroup_ready(&b).map_err(|e| e.kind()).err(),
+            Some(io::ErrorKind::UnexpectedEof)
+        );
         Ok(())
     }
 

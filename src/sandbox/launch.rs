@@ -3,8 +3,9 @@
 //!
 //! Read [`contain_steps`] and [`payload_steps`] top to bottom for the whole security order
 //! (every step fails with one [`Step`] error):
-//! identity → hostname → loopback → root filesystem → cgroup namespace → fork the
-//! payload; in the payload: session → descriptors → controlling terminal (the sandbox's
+//! network namespace → identity → loopback → root filesystem → cgroup → cgroup namespace
+//! → hostname → not dumpable → fork the payload; in the payload: session → descriptors →
+//! controlling terminal (the sandbox's
 //! own pty, when it has one) → cwd → rlimits → capabilities → no_new_privs → Landlock →
 //! seccomp (the floor, then the profile's filter, last) → execve.
 //!
@@ -13,17 +14,17 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use nix::unistd::Pid;
 
-use super::cgroup::{CgroupManager, SandboxCgroup, Usage};
+use super::cgroup::{CgroupManager, CgroupVersion, SandboxCgroup, Usage};
 use super::channel::{self, FromSandbox, ToSandbox};
 use super::mounts;
 use super::namespaces::{self, Cloned};
 use super::output::OutputSummary;
-use super::preflight::{CgroupPlan, LandlockPlan, Plan, SeccompPlan};
+use super::preflight::{CgroupPlan, LandlockPlan, Plan};
 use super::process;
 use super::seccomp::LoadableFilter;
 use super::userns;
@@ -47,8 +48,6 @@ pub(super) struct ChildContext<'a> {
     pub(super) warm: bool,
     pub(super) landlock: bool,
     pub(super) unshare_cgroup: bool,
-    /// The cgroup files the sandbox writes `0` to, first thing, to move itself in.
-    pub(super) join_cgroup: Vec<RawFd>,
     /// (source fd, target number) pairs for the payload, stdio included.
     pub(super) fds: Vec<(RawFd, RawFd)>,
     /// rlimits standing in for limits no cgroup enforces (degraded runs).
@@ -173,17 +172,29 @@ pub fn start(
     cgroups: Option<&dyn CgroupManager>,
 ) -> Result<Sandbox, SandboxError> {
     let pid1 = clone_pid1(spec, plan, cgroups, false)?;
-    hand_over(pid1.sandbox, spec, plan.seccomp, pid1.attach)
+    hand_over(pid1, spec, plan, cgroups)
 }
 
 /// A cloned pid 1, before the handshake.
 struct Pid1 {
     sandbox: Sandbox,
-    /// The supervisor attaches it to its cgroup (it was neither born inside nor moves
-    /// itself in).
-    attach: bool,
+    /// How it gets into its cgroup.
+    into_cgroup: IntoCgroup,
     /// What the prepared bind sources could not enforce.
     tree_notes: Vec<String>,
+}
+
+/// How a cloned pid 1 gets into its cgroup.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum IntoCgroup {
+    /// Born inside it (v2, `CLONE_INTO_CGROUP`), or there is none.
+    Born,
+    /// The supervisor moves it in from outside (v2 kernels without `CLONE_INTO_CGROUP`).
+    Attached,
+    /// It moves itself in (v1, see [`SandboxCgroup::self_join_files`]), with files the
+    /// supervisor sends once it has made the cgroup, after the clone: meanwhile, on the
+    /// other processor, the sandbox makes its network namespace and builds its root.
+    JoinsItself,
 }
 
 /// Creates the sandbox's cgroup and its pid 1, in its namespaces; `warm`: pid 1 waits for
@@ -199,17 +210,19 @@ fn clone_pid1(
     let mut enforcement = plan.enforcement(spec);
     // Each step is logged at debug level (`-vv`, `HATCHERY_LOG=debug`) before it is taken,
     // so that a refusal can be read against the last step shown.
-    let cgroup = create_cgroup(spec, plan.cgroup, cgroups)?;
+    // On v1 the sandbox moves itself in, so its cgroup is made after the clone (in
+    // `settle_cgroup`); elsewhere it is born inside, or attached.
+    let joins_itself = cgroups.is_some_and(|m| m.version() == CgroupVersion::V1);
+    let cgroup = if joins_itself {
+        None
+    } else {
+        create_cgroup(spec, plan.cgroup, cgroups)?
+    };
     enforcement.cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
     let into = cgroup
         .as_ref()
         .and_then(|c| c.clone_into_fd())
         .map(|fd| fd.as_raw_fd());
-    // Where the sandbox is not born inside, it moves itself in (v1) or is attached.
-    let join_files = match &cgroup {
-        Some(cg) if into.is_none() => cg.self_join_files().map_err(cgroup_refused)?,
-        _ => Vec::new(),
-    };
     let fds = payload_fds(spec);
     let path_var = path_var(spec);
     let planned_notes = enforcement.not_enforced.len();
@@ -248,7 +261,6 @@ fn clone_pid1(
         warm,
         landlock: matches!(plan.landlock, LandlockPlan::Rules { .. }),
         unshare_cgroup: spec.namespaces.cgroup,
-        join_cgroup: join_files.iter().map(|f| f.as_raw_fd()).collect(),
         fds,
         fallback_rlimits: plan.fallback_rlimits.clone(),
         trees: prepared.raw(),
@@ -283,7 +295,6 @@ fn clone_pid1(
     };
     drop(sandbox_end);
     // The sandbox has its own copies.
-    drop(join_files);
     drop(prepared);
     let sandbox = Sandbox {
         pid,
@@ -298,14 +309,21 @@ fn clone_pid1(
         early: None,
     };
     // From here on, dropping `sandbox` on an error path kills it and removes its cgroup.
+    let into_cgroup = if joins_itself {
+        IntoCgroup::JoinsItself
+    } else if born_inside || sandbox.cgroup.is_none() {
+        IntoCgroup::Born
+    } else {
+        IntoCgroup::Attached
+    };
     Ok(Pid1 {
         sandbox,
-        attach: !born_inside && ctx.join_cgroup.is_empty(),
+        into_cgroup,
         tree_notes,
     })
 }
 
-/// The sandbox's cgroup, created before the sandbox: on v2 the sandbox is born inside it.
+/// The sandbox's cgroup with its limits applied.
 fn create_cgroup(
     spec: &SandboxSpec,
     plan: CgroupPlan,
@@ -385,28 +403,35 @@ fn prepare_trees(
 }
 
 /// The supervisor's side of the handshake with a cloned sandbox: its id maps, then (while
-/// it builds its root) the filters, its cgroup (`attach` where it was neither born inside
-/// nor moves itself in), and the go-ahead.
+/// it builds its root) its cgroup with the go-ahead, and the filters.
 fn hand_over(
-    mut sandbox: Sandbox,
+    pid1: Pid1,
     spec: &SandboxSpec,
-    seccomp: SeccompPlan,
-    attach: bool,
+    plan: &Plan,
+    cgroups: Option<&dyn CgroupManager>,
 ) -> Result<Sandbox, SandboxError> {
-    grant_identity(&sandbox, spec)?;
+    let mut sandbox = pid1.sandbox;
+    if let Err(e) = grant_identity(&sandbox, spec) {
+        // pid 1 may have failed and left before its maps were written: its report, not
+        // the closed channel, says why.
+        return match sent_report(&sandbox) {
+            Some(report) => {
+                sandbox.early = Some(report);
+                Ok(sandbox)
+            }
+            None => Err(e),
+        };
+    }
+    // The sandbox may be gone already (a setup failure it reported): `wait` tells.
+    let _ = settle_cgroup(&mut sandbox, pid1.into_cgroup, spec, plan, cgroups)?;
     // While the sandbox builds its root on the other processor: the filters (compiled
     // here when they were not already).
     tracing::debug!("compiling the seccomp filters (floor and profile)");
     let filters = spec.seccomp.compile()?;
-    seccomp.record(&filters, &mut sandbox.enforcement);
-    if attach {
-        attach_cgroup(&sandbox)?;
-    }
-    // The sandbox may be gone already (a setup failure it reported): `wait` tells.
+    plan.seccomp.record(&filters, &mut sandbox.enforcement);
     tracing::debug!(
-        "handing over the filters; the sandbox now joins its cgroup, sets its hostname and loopback, builds its root, drops capabilities, applies Landlock and seccomp, and runs the command"
+        "handing over the filters; the sandbox now sets its hostname, drops capabilities, applies Landlock and seccomp, and runs the command"
     );
-    let _ = ToSandbox::CgroupReady.send(&sandbox.channel);
     let _ = channel::send_filters(
         &sandbox.channel,
         &LoadableFilter::new(&filters.floor),
@@ -434,13 +459,54 @@ fn grant_identity(sandbox: &Sandbox, spec: &SandboxSpec) -> Result<(), SandboxEr
         .map_err(|e| SandboxError::Internal(format!("sandbox went away during setup: {e}")))
 }
 
-/// Moves pid 1 into its cgroup from outside (where it is neither born inside nor moves
-/// itself in).
-fn attach_cgroup(sandbox: &Sandbox) -> Result<(), SandboxError> {
-    match &sandbox.cgroup {
-        Some(cg) => cg.attach(sandbox.pid.as_raw()).map_err(cgroup_refused),
-        None => Ok(()),
+/// A report pid 1 has already sent (a failed step), taken without waiting for one.
+fn sent_report(sandbox: &Sandbox) -> Option<FromSandbox> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut fds = [PollFd::new(sandbox.channel.as_fd(), PollFlags::POLLIN)];
+    let ready = poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0)
+        && fds
+            .first()
+            .and_then(|f| f.revents())
+            .is_some_and(|r| r.contains(PollFlags::POLLIN));
+    if !ready {
+        return None;
     }
+    FromSandbox::recv(&sandbox.channel).ok().flatten()
+}
+
+/// Gets pid 1 into its cgroup as `into` says and gives it the go-ahead: where it moves
+/// itself in, the cgroup is made now and the files it writes to travel with the go-ahead;
+/// where it is attached, it is moved in from outside first. The outer error is a cgroup
+/// that could not be made or entered (the caller drops the sandbox, which kills it); the
+/// inner one a sandbox that is gone already (its own report tells why).
+fn settle_cgroup(
+    sandbox: &mut Sandbox,
+    into: IntoCgroup,
+    spec: &SandboxSpec,
+    plan: &Plan,
+    cgroups: Option<&dyn CgroupManager>,
+) -> Result<io::Result<()>, SandboxError> {
+    let cgroup = match into {
+        IntoCgroup::JoinsItself => {
+            let made = create_cgroup(spec, plan.cgroup, cgroups)?;
+            sandbox.enforcement.cgroup_path = made.as_ref().map(|c| c.path().to_path_buf());
+            sandbox.cgroup = made;
+            sandbox.cgroup.as_deref()
+        }
+        IntoCgroup::Attached => {
+            if let Some(cg) = &sandbox.cgroup {
+                cg.attach(sandbox.pid.as_raw()).map_err(cgroup_refused)?;
+            }
+            None
+        }
+        IntoCgroup::Born => None,
+    };
+    let join = match cgroup {
+        Some(cg) => cg.self_join_files().map_err(cgroup_refused)?,
+        None => Vec::new(),
+    };
+    let borrowed: Vec<_> = join.iter().map(|f| f.as_fd()).collect();
+    Ok(channel::send_cgroup_ready(&sandbox.channel, &borrowed))
 }
 
 /// Takes the egress listeners pid 1 sends once it has its identity, or keeps what came

@@ -215,3 +215,16 @@ pub fn wait_process(pattern: &str, present: bool, limit: Duration, what: &str) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A payload's look at pid 1 and at a process of its own (same uid, started by it): one
+/// line for each thing it can read.
+pub const PID1_PROBE: &str = "sleep 30 & s=$!; \
+     cat /proc/$s/environ >/dev/null && echo own-environ; \
+     ls /proc/$s/fd >/dev/null && echo own-fd; \
+     head -c1 /proc/$s/maps >/dev/null && echo own-maps; \
+     cat /proc/1/environ >/dev/null 2>&1 && echo pid1-environ; \
+     ls /proc/1/fd >/dev/null 2>&1 && echo pid1-fd; \
+     head -c1 /proc/1/maps >/dev/null 2>&1 && echo pid1-maps; \
+     kill $s";
+/// What [`PID1_PROBE`] prints where pid 1 is closed to the payload.
+pub const PID1_CLOSED: [&str; 3] = ["own-environ", "own-fd", "own-maps"];

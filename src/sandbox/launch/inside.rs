@@ -3,7 +3,7 @@
 //! async-signal-safe work happens here in a process that may have had threads.
 
 use std::convert::Infallible;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use nix::unistd::{ForkResult, Pid};
 
@@ -59,6 +59,10 @@ fn contain_steps(mut ctx: ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible
     // out (see `process::close_fds_from`); and a launcher holds descriptors for every
     // sandbox it runs, which the payload's fork would copy and close all over again.
     process::close_fds_from(3, &kept_fds(&ctx, chan));
+    // Off the host's network before anything else runs (see `namespaces::unshare_net`).
+    if spec.namespaces.net {
+        namespaces::unshare_net()?;
+    }
     // pid 1 shows its own name, not the supervisor's command line and environment (the
     // payload can read /proc/1).
     if let Some(title) = ctx.title {
@@ -67,8 +71,6 @@ fn contain_steps(mut ctx: ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible
     if let Some(bits) = ctx.securebits {
         userns::restore_securebits(bits).step("securebits")?;
     }
-    // Into the cgroup before anything is charged to another one.
-    join_cgroup(&ctx.join_cgroup)?;
     // If the supervisor dies from now on, so do we. (Before this point its death shows as
     // end-of-stream on the channel, below.)
     process::die_with_parent().step("parent death signal")?;
@@ -87,7 +89,11 @@ fn contain_steps(mut ctx: ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible
     }
     let limits = userns::KernelObjectLimits::open()?;
     mounts::build_root(&spec.rootfs, &ctx.trees)?;
-    await_supervisor(ToSandbox::CgroupReady, chan);
+    // Into the cgroup (the supervisor made it meanwhile) before the payload exists.
+    let Ok(join) = channel::recv_cgroup_ready(chan) else {
+        supervisor_gone()
+    };
+    join_cgroup(join)?;
     if ctx.unshare_cgroup {
         namespaces::unshare_cgroup()?;
     }
@@ -112,6 +118,9 @@ fn contain_steps(mut ctx: ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible
     // block what pid 1 collects with sigwaitinfo.
     process::reset_signals();
     init::block_signals();
+    // Unreadable by the payload (ptrace, /proc/1/mem, /proc/1/fd) before the payload
+    // exists: pid 1 keeps its capabilities in the sandbox until the payload has started.
+    caps::not_dumpable().map_err(Step::from)?;
     // SAFETY: this process is single-threaded (a clone of a single-threaded supervisor).
     match unsafe { nix::unistd::fork() }.step("fork the payload")? {
         ForkResult::Child => payload(&ctx, chan, &filters),
@@ -119,23 +128,19 @@ fn contain_steps(mut ctx: ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible
     }
 }
 
-/// The supervisor's descriptors pid 1 and the payload use: the channel, the cgroup files,
-/// the prepared trees and the payload's descriptors.
+/// The supervisor's descriptors pid 1 and the payload use: the channel, the prepared trees
+/// and the payload's descriptors.
 fn kept_fds(ctx: &ChildContext<'_>, chan: &OwnedFd) -> Vec<RawFd> {
     let mut keep = vec![chan.as_raw_fd()];
-    keep.extend_from_slice(&ctx.join_cgroup);
     keep.extend_from_slice(&ctx.trees);
     keep.extend(ctx.fds.iter().map(|(source, _)| *source));
     keep
 }
 
-/// Moves pid 1 into its cgroup by writing `0` to the files the supervisor opened (where
-/// the sandbox was not born inside it).
-fn join_cgroup(files: &[RawFd]) -> Result<(), Step> {
-    for &fd in files {
-        // SAFETY: `fd` is this process's copy (made by the clone) of a `tasks` file the
-        // supervisor opened; nothing else in this process uses or closes it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+/// Moves pid 1 into its cgroup by writing `0` to the files the supervisor opened and sent
+/// (where the sandbox was not born inside it).
+fn join_cgroup(files: Vec<OwnedFd>) -> Result<(), Step> {
+    for fd in files {
         nix::unistd::write(&fd, b"0").step("join the cgroup")?;
     }
     Ok(())
@@ -147,7 +152,6 @@ fn reap(payload: Pid, chan: &OwnedFd) -> ! {
     process::close_fds_from(0, &[chan.as_raw_fd()]);
     let _ = caps::drop_all(None);
     let _ = caps::no_new_privs();
-    let _ = caps::not_dumpable();
     init::reap_until_exit(payload, chan.as_fd())
 }
 

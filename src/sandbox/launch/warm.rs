@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::super::channel::{self, ToSandbox};
+use super::super::channel;
 use super::super::idpool::IdLease;
 use super::super::landlock::LandlockRules;
 use super::super::mounts::RootfsPlan;
@@ -188,13 +188,9 @@ pub fn prepare(
             "a sandbox with egress, or on a host whose mount table cannot be read, cannot be prepared ahead".into(),
         )
     })?;
-    let pid1 = super::clone_pid1(spec, plan, cgroups, true)?;
+    let mut pid1 = super::clone_pid1(spec, plan, cgroups, true)?;
     super::grant_identity(&pid1.sandbox, spec)?;
-    if pid1.attach {
-        super::attach_cgroup(&pid1.sandbox)?;
-    }
-    ToSandbox::CgroupReady
-        .send(&pid1.sandbox.channel)
+    super::settle_cgroup(&mut pid1.sandbox, pid1.into_cgroup, spec, plan, cgroups)?
         .map_err(|e| SandboxError::Internal(format!("sandbox went away during setup: {e}")))?;
     Ok(Prepared {
         sandbox: pid1.sandbox,
