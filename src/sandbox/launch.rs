@@ -461,16 +461,10 @@ fn grant_identity(sandbox: &Sandbox, spec: &SandboxSpec) -> Result<(), SandboxEr
 
 /// A report pid 1 has already sent (a failed step), taken without waiting for one.
 fn sent_report(sandbox: &Sandbox) -> Option<FromSandbox> {
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-    let mut fds = [PollFd::new(sandbox.channel.as_fd(), PollFlags::POLLIN)];
-    let ready = poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0)
-        && fds
-            .first()
-            .and_then(|f| f.revents())
-            .is_some_and(|r| r.contains(PollFlags::POLLIN));
-    if !ready {
+    if !super::wait::ready_now(sandbox.channel.as_fd()).unwrap_or(false) {
         return None;
     }
+    // A closed channel with nothing in it reads as end of stream: no report.
     FromSandbox::recv(&sandbox.channel).ok().flatten()
 }
 

@@ -62,7 +62,12 @@ pub fn poll_until(
 /// Whether the process behind `pidfd` has exited, now (its pidfd is readable); an error
 /// of poll(2) is the caller's to weigh.
 pub fn has_exited(pidfd: BorrowedFd<'_>) -> nix::Result<bool> {
-    let mut fds = [PollFd::new(pidfd, nix::poll::PollFlags::POLLIN)];
+    ready_now(pidfd)
+}
+
+/// Whether `fd` has something to read (or its peer hung up), now, without waiting.
+pub fn ready_now(fd: BorrowedFd<'_>) -> nix::Result<bool> {
+    let mut fds = [PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
     poll(&mut fds, PollTimeout::ZERO).map(|n| n > 0)
 }
 
