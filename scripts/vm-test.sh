@@ -134,12 +134,20 @@ boot_suite() { # SUITE LAYOUT BINARY...
         "$VM/boot.sh" -t "${HATCHERY_VM_TIMEOUT:-420}" "${envs[@]}" \
             -e HATCHERY_VM_TEST_TIMEOUT="${HATCHERY_VM_TEST_TIMEOUT:-300}" \
             -e HATCHERY_VM_TEST_THREADS="${HATCHERY_VM_TEST_THREADS:-2}" \
-            "$dir" "$REPO" -- sh "$VM/guest-suite.sh" "$@" | tee "$log" || rc=$?
+            "$dir" "$REPO" -- sh "$VM/guest-suite.sh" "$@" 2>&1 | tee "$log" || rc=$?
         # An emulator fault, not a test's: the guest kernel oopsed on a breakpoint left by
         # its own text patching (QEMU TCG's cross-vCPU code modification), so the suite
         # never finished. Boot once more, loudly; a second crash fails.
         if [ $rc = 125 ] && [ $try = 1 ] && grep -q 'Oops: int3' "$log"; then
             say "the $kver guest kernel crashed in its own text patching (an emulator fault): booting it again"
+            verdict="PASS (2nd boot)"
+            continue
+        fi
+        # The guest itself stopped (no sign of life from its init for a minute or more,
+        # boot.sh): not a test that hung, which keeps the guest alive and fails. Once more,
+        # loudly; a second stall fails.
+        if [ $rc = 124 ] && [ $try = 1 ] && grep -q 'the guest stalled' "$log"; then
+            say "the $kver guest stalled (no sign of life from its init): booting it again"
             verdict="PASS (2nd boot)"
             continue
         fi

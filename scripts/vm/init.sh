@@ -121,8 +121,13 @@ stage2() {
     export HOME=/root TERM=dumb
     cd "$VM_REPO" || fail "cannot enter $VM_REPO"
     : > /run/ctl/booted    # the command starts: from here on boot.sh will not retry
+    # A sign of life every 5 s: boot.sh tells a guest that stalled (its kernel or the
+    # emulator) from a command that ran too long by how old this file is.
+    ( while :; do : > /run/ctl/alive; $BB sleep 5; done ) &
+    alive=$!
     /bin/sh /run/ctl/cmd < /dev/null > /dev/console 2>&1
     rc=$?
+    kill $alive 2> /dev/null
     echo "$rc" > /run/ctl/rc
     $BB sync
     $BB umount "$VM_REPO" 2> /dev/null
