@@ -85,6 +85,9 @@ pub struct Sandbox {
     egress: Vec<OwnedFd>,
     /// A message that came while the supervisor waited for the listeners.
     early: Option<FromSandbox>,
+    /// The cgroup's accounting as the payload ended (read while pid 1 exits), if the
+    /// supervisor heard of its end before pid 1 was gone.
+    usage_at_exit: Option<super::cgroup::Usage>,
 }
 
 /// Why the payload never ran.
@@ -307,6 +310,7 @@ fn clone_pid1(
         enforcement,
         egress: Vec::new(),
         early: None,
+        usage_at_exit: None,
     };
     // From here on, dropping `sandbox` on an error path kills it and removes its cgroup.
     let into_cgroup = if joins_itself {

@@ -176,10 +176,19 @@ pub fn owner_suffix() -> String {
 
 /// The start time (clock ticks since boot, field 22 of `/proc/PID/stat`) of a process.
 pub fn process_start_time(pid: u32) -> Option<u64> {
+    proc_stat(pid).map(|(_, start)| start)
+}
+
+/// A process's state letter (field 3 of `/proc/PID/stat`) and start time (field 22), from
+/// one read.
+fn proc_stat(pid: u32) -> Option<(String, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may contain spaces and parentheses: split after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.to_string();
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
 }
 
 /// Whether a hatchery cgroup name belongs to a process that no longer exists.
@@ -195,20 +204,10 @@ pub(crate) fn is_stale(name: &str) -> bool {
         return false;
     };
     // A zombie owner (dead, not yet reaped — its parent died too) counts as gone.
-    process_start_time(pid) != Some(start) || is_zombie(pid)
-}
-
-/// Whether a process has exited and waits to be reaped (state Z or X in /proc/PID/stat).
-fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let rest = stat.get(stat.rfind(')')? + 1..)?;
-            rest.split_whitespace()
-                .next()
-                .map(|state| matches!(state, "Z" | "X"))
-        })
-        .unwrap_or(false)
+    match proc_stat(pid) {
+        Some((state, now)) => now != start || matches!(state.as_str(), "Z" | "X"),
+        None => true,
+    }
 }
 
 pub(crate) fn read_string(path: &Path) -> Option<String> {
@@ -340,6 +339,31 @@ mod tests {
         assert!(is_stale("hatchery-run-999999999-1"));
         assert!(!is_stale("not-ours-1-2"));
         assert!(!is_stale("hatchery-garbage"));
+    }
+
+    #[test]
+    fn a_name_whose_owner_is_a_zombie_or_another_process_is_stale() -> std::io::Result<()> {
+        let mut child = std::process::Command::new("true").spawn()?;
+        let pid = child.id();
+        let start = process_start_time(pid).unwrap_or(0);
+        let name = format!("hatchery-run-{pid}-{start}");
+        // Not reaped: once it has exited it is a zombie, and its cgroups are stale.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while proc_stat(pid).is_some_and(|(state, _)| state != "Z")
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let zombie = is_stale(&name);
+        let _ = child.wait();
+        assert!(zombie, "{name}: a zombie owner counts as gone");
+        let me = std::process::id();
+        let own = process_start_time(me).unwrap_or(0);
+        assert!(is_stale(&format!(
+            "hatchery-run-{me}-{}",
+            own.wrapping_add(1)
+        )));
+        Ok(())
     }
 
     #[test]

@@ -59,7 +59,7 @@ impl Sandbox {
     /// its stdio are the pump's pipes or terminal) as they come. A SIGWINCH resizes the
     /// sandbox's terminal, when it has one, instead of being forwarded.
     pub fn wait(
-        self,
+        mut self,
         timeout: Option<Duration>,
         signals: Option<&SignalFd>,
         mut output: Option<&mut OutputPump>,
@@ -67,16 +67,25 @@ impl Sandbox {
         use nix::poll::{PollFd, PollFlags};
         let deadline = timeout.map(|t| self.started + t);
         let mut timed_out = false;
+        let mut told = Told::default();
+        // pid 1's messages are read as they come, until the payload's status: then the
+        // accounting is read while pid 1 exits (the sandbox's mount namespace goes with
+        // it), instead of after.
+        let mut listening = true;
         loop {
             if deadline.is_some_and(|d| d <= Instant::now()) {
                 timed_out = true;
                 self.kill();
                 break;
             }
-            let (exited, signalled) = {
+            let (exited, signalled, message) = {
                 let mut fds = vec![PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
                 if let Some(s) = signals {
                     fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
+                }
+                let channel_at = fds.len();
+                if listening {
+                    fds.push(PollFd::new(self.channel.as_fd(), PollFlags::POLLIN));
                 }
                 if let Some(pump) = output.as_deref() {
                     fds.extend(pump.poll_fds());
@@ -87,8 +96,24 @@ impl Sandbox {
                     Err(_) => break,
                 }
                 let ready = |f: Option<&PollFd>| f.is_some_and(wait::is_ready);
-                (ready(fds.first()), signals.is_some() && ready(fds.get(1)))
+                (
+                    ready(fds.first()),
+                    signals.is_some() && ready(fds.get(1)),
+                    listening && ready(fds.get(channel_at)),
+                )
             };
+            if message {
+                // Readable (or closed): one receive does not block.
+                match FromSandbox::recv(&self.channel) {
+                    Ok(Some(msg)) => {
+                        if told.take(msg) {
+                            listening = false;
+                            self.usage_at_exit = self.usage();
+                        }
+                    }
+                    Ok(None) | Err(_) => listening = false,
+                }
+            }
             if signalled {
                 if let Some(Ok(Some(info))) = signals.map(|s| s.read_signal()) {
                     if let Ok(sig) = Signal::try_from(info.ssi_signo as i32) {
@@ -117,7 +142,7 @@ impl Sandbox {
             pump.drain(deadline);
             pump.summary()
         });
-        let mut outcome = self.finish(status, timed_out);
+        let mut outcome = self.finish_told(told, status, timed_out);
         outcome.output = summary;
         outcome
     }
@@ -128,43 +153,31 @@ impl Sandbox {
     }
 
     /// Collects the report of an ended sandbox and removes its cgroup.
-    pub fn finish(mut self, pid1: Option<WaitStatus>, timed_out: bool) -> Outcome {
+    pub fn finish(self, pid1: Option<WaitStatus>, timed_out: bool) -> Outcome {
+        self.finish_told(Told::default(), pid1, timed_out)
+    }
+
+    /// [`Sandbox::finish`], with what pid 1 already told while the supervisor waited.
+    fn finish_told(mut self, mut told: Told, pid1: Option<WaitStatus>, timed_out: bool) -> Outcome {
         self.finished = true;
         let wall = self.started.elapsed();
-        let mut failure = None;
-        let mut landlock = None;
-        let mut payload_status = None;
         // What came while the supervisor waited for the egress listeners, then the rest.
         let early = self.early.take();
         let rest = std::iter::from_fn(|| FromSandbox::recv(&self.channel).ok().flatten());
         for msg in early.into_iter().chain(rest) {
-            match msg {
-                FromSandbox::SetupFailed {
-                    step,
-                    errno,
-                    detail,
-                } => {
-                    failure.get_or_insert(Failure::Setup {
-                        step,
-                        errno,
-                        detail,
-                    });
-                }
-                FromSandbox::ExecFailed { errno } => {
-                    failure.get_or_insert(Failure::Exec { errno });
-                }
-                FromSandbox::Landlock { abi, status } => {
-                    tracing::debug!(abi, status = ?status, "the sandbox applied Landlock");
-                    landlock = Some((abi, status))
-                }
-                FromSandbox::Exited { status } => payload_status = Some(status),
-            }
+            told.take(msg);
         }
+        let Told {
+            failure,
+            landlock,
+            payload_status,
+        } = told;
         let mut cleanup_error = None;
         tracing::debug!(failure = ?failure, timed_out, "the sandbox ended; reading usage and removing its cgroup");
+        let usage_at_exit = self.usage_at_exit.take();
         let usage = match self.cgroup.take() {
             Some(mut cg) => {
-                let usage = cg.usage();
+                let usage = usage_at_exit.unwrap_or_else(|| cg.usage());
                 if let Err(e) = cg.destroy() {
                     cleanup_error = Some(e.to_string());
                 }
@@ -197,6 +210,47 @@ impl Sandbox {
             cleanup_error,
             output: None,
         }
+    }
+}
+
+/// What pid 1 and the payload's set-up told the supervisor about how the sandbox ended.
+/// Fixed in size however many messages come: each kind keeps its first (a failure) or
+/// last (Landlock, the status) value.
+#[derive(Default)]
+struct Told {
+    failure: Option<Failure>,
+    landlock: Option<(u8, String)>,
+    payload_status: Option<i32>,
+}
+
+impl Told {
+    /// Takes one message in; true when it was the payload's status, pid 1's last word.
+    fn take(&mut self, msg: FromSandbox) -> bool {
+        match msg {
+            FromSandbox::SetupFailed {
+                step,
+                errno,
+                detail,
+            } => {
+                self.failure.get_or_insert(Failure::Setup {
+                    step,
+                    errno,
+                    detail,
+                });
+            }
+            FromSandbox::ExecFailed { errno } => {
+                self.failure.get_or_insert(Failure::Exec { errno });
+            }
+            FromSandbox::Landlock { abi, status } => {
+                tracing::debug!(abi, status = ?status, "the sandbox applied Landlock");
+                self.landlock = Some((abi, status));
+            }
+            FromSandbox::Exited { status } => {
+                self.payload_status = Some(status);
+                return true;
+            }
+        }
+        false
     }
 }
 
