@@ -106,7 +106,8 @@ impl Sandbox {
                 // Readable (or closed): one receive does not block.
                 match FromSandbox::recv(&self.channel) {
                     Ok(Some(msg)) => {
-                        if told.take(msg) {
+                        told.take(msg);
+                        if told.payload_status.is_some() {
                             listening = false;
                             self.usage_at_exit = self.usage();
                         }
@@ -117,6 +118,15 @@ impl Sandbox {
             if signalled {
                 if let Some(Ok(Some(info))) = signals.map(|s| s.read_signal()) {
                     if let Ok(sig) = Signal::try_from(info.ssi_signo as i32) {
+                        // A stop asked for before the command has started (pid 1 waits,
+                        // its signals pending, until the payload's execve completes,
+                        // however long its file system takes): the start is abandoned,
+                        // as the command itself would have ended.
+                        if !told.started && STOPPING.contains(&sig) {
+                            told.stopped_by.get_or_insert(sig as i32);
+                            self.kill();
+                            continue;
+                        }
                         // A sandbox with a terminal of its own learns of a new window size
                         // from it: the kernel signals the terminal's foreground process
                         // group when the relay copies the size. Forwarding too would
@@ -171,6 +181,8 @@ impl Sandbox {
             failure,
             landlock,
             payload_status,
+            stopped_by,
+            ..
         } = told;
         let mut cleanup_error = None;
         tracing::debug!(failure = ?failure, timed_out, "the sandbox ended; reading usage and removing its cgroup");
@@ -185,12 +197,16 @@ impl Sandbox {
             }
             None => Usage::default(),
         };
-        // The payload's own status when pid 1 reported it; else pid 1's (it was killed).
-        let (code, signal) = match (payload_status, pid1) {
-            (Some(raw), _) => decode_raw_status(raw),
-            (None, Some(WaitStatus::Signaled(_, sig, _))) => (128 + sig as i32, Some(sig as i32)),
-            (None, Some(WaitStatus::Exited(_, c))) => (c, None),
-            (None, _) => (SETUP_FAILED, None),
+        // The payload's own status when pid 1 reported it; else the signal that abandoned
+        // its start; else pid 1's (it was killed).
+        let (code, signal) = match (payload_status, stopped_by, pid1) {
+            (Some(raw), _, _) => decode_raw_status(raw),
+            (None, Some(sig), _) => (128 + sig, Some(sig)),
+            (None, None, Some(WaitStatus::Signaled(_, sig, _))) => {
+                (128 + sig as i32, Some(sig as i32))
+            }
+            (None, None, Some(WaitStatus::Exited(_, c))) => (c, None),
+            (None, None, _) => (SETUP_FAILED, None),
         };
         let oom_killed = usage.oom_kills > 0 && signal == Some(libc::SIGKILL);
         let exit_code = if timed_out {
@@ -213,6 +229,14 @@ impl Sandbox {
     }
 }
 
+/// The signals that, arriving before the command has started, abandon its start.
+const STOPPING: [Signal; 4] = [
+    Signal::SIGHUP,
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGTERM,
+];
+
 /// What pid 1 and the payload's set-up told the supervisor about how the sandbox ended.
 /// Fixed in size however many messages come: each kind keeps its first (a failure) or
 /// last (Landlock, the status) value.
@@ -221,11 +245,16 @@ struct Told {
     failure: Option<Failure>,
     landlock: Option<(u8, String)>,
     payload_status: Option<i32>,
+    /// pid 1 said the payload's start is over.
+    started: bool,
+    /// The signal that abandoned the start, when one did (not a message: the supervisor's
+    /// own decision, kept with the rest of how the sandbox ended).
+    stopped_by: Option<i32>,
 }
 
 impl Told {
-    /// Takes one message in; true when it was the payload's status, pid 1's last word.
-    fn take(&mut self, msg: FromSandbox) -> bool {
+    /// Takes one message in.
+    fn take(&mut self, msg: FromSandbox) {
         match msg {
             FromSandbox::SetupFailed {
                 step,
@@ -245,12 +274,9 @@ impl Told {
                 tracing::debug!(abi, status = ?status, "the sandbox applied Landlock");
                 self.landlock = Some((abi, status));
             }
-            FromSandbox::Exited { status } => {
-                self.payload_status = Some(status);
-                return true;
-            }
+            FromSandbox::Exited { status } => self.payload_status = Some(status),
+            FromSandbox::Started => self.started = true,
         }
-        false
     }
 }
 
