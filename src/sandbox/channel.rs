@@ -38,9 +38,6 @@ pub enum FromSandbox {
     ExecFailed { errno: i32 },
     /// The payload ended; a raw wait(2) status.
     Exited { status: i32 },
-    /// The payload's start is over: its `execve` succeeded, or its set-up ended (and said
-    /// why). Until then no command of the user's runs that a signal could be passed to.
-    Started,
 }
 
 /// Creates the socketpair: (supervisor end, sandbox end), both close-on-exec.
@@ -376,7 +373,6 @@ impl FromSandbox {
                 out.push(3);
                 out.extend_from_slice(&errno.to_le_bytes());
             }
-            FromSandbox::Started => out.push(5),
             FromSandbox::Exited { status } => {
                 out.push(4);
                 out.extend_from_slice(&status.to_le_bytes());
@@ -413,7 +409,6 @@ impl FromSandbox {
             4 => FromSandbox::Exited {
                 status: get_i32(buf, &mut at)?,
             },
-            5 => FromSandbox::Started,
             _ => return None,
         };
         (at == buf.len()).then_some(msg)
@@ -457,7 +452,6 @@ mod tests {
             },
             FromSandbox::ExecFailed { errno: 2 },
             FromSandbox::Exited { status: 256 },
-            FromSandbox::Started,
         ] {
             assert_eq!(FromSandbox::decode(&m.encode()), Some(m));
         }

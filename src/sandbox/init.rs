@@ -31,10 +31,11 @@ pub fn wait_set() -> SigSet {
     set
 }
 
-/// Blocks the signals pid 1 will collect with sigwaitinfo, before the payload is forked
-/// (so none arrives unhandled in between).
+/// Blocks exactly the signals pid 1 will collect with sigwaitinfo (and unblocks the rest),
+/// before the payload starts: none arrives unhandled in between, and one already pending
+/// stays so.
 pub fn block_signals() {
-    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&wait_set()), None);
+    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&wait_set()), None);
 }
 
 fn raw_status(status: WaitStatus) -> Option<i32> {

@@ -181,91 +181,16 @@ pub fn die_with_parent() -> nix::Result<()> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
 }
 
-/// Size of the stack a payload's set-up runs on before its `execve` (see
-/// [`spawn_sharing_memory`]): far more than the Landlock, capability and filter steps use.
-const SPAWN_STACK: usize = 1 << 20;
-
-/// Starts `run` in a child process that shares this process's memory until it calls
-/// `execve` or exits, on a stack of its own, while this process waits (`CLONE_VM |
-/// CLONE_VFORK`, the way posix_spawn(3) starts a program). Unlike fork, nothing is copied:
-/// no page tables to duplicate, no copy-on-write faults in either process, and no copied
-/// address space for `execve` to tear down.
-///
-/// Sound only because: this process is single-threaded (no lock can be held by a thread
-/// that is not there), it does not run until the child has left the shared memory (so the
-/// two never run at once), the child never returns into this process's frames (`run`
-/// ends in `execve` or `_exit`, and the child exits should it return), and the child has
-/// its own descriptor table, signal dispositions and credentials (no `CLONE_FILES`,
-/// `CLONE_SIGHAND` or `CLONE_THREAD`). What the child allocates stays allocated here: a
-/// payload's set-up is a few kilobytes. A caller that must not be readable by the payload
-/// makes itself non-dumpable first: dumpability belongs to the memory, so the child is
-/// non-dumpable too until its `execve`.
-///
-/// The cost: this process waits inside the clone, with its signals pending, until the
-/// child's `execve` completes, however long a file system takes to answer it. pid 1 tells
-/// the supervisor when that wait is over (`FromSandbox::Started`), and `run` stops a
-/// sandbox whose start a termination signal interrupts itself.
-pub fn spawn_sharing_memory<F: FnOnce()>(run: F) -> io::Result<nix::unistd::Pid> {
-    extern "C" fn start<F: FnOnce()>(arg: *mut libc::c_void) -> libc::c_int {
-        // SAFETY: `arg` is the `Option<F>` below, alive in the parent's frame, which waits
-        // until this child has called execve or exited.
-        let slot = unsafe { &mut *arg.cast::<Option<F>>() };
-        if let Some(run) = slot.take() {
-            run();
-        }
-        // `run` ends in execve or _exit; should it return, the child leaves all the same.
-        // SAFETY: leave without running anything of the parent's.
-        unsafe { libc::_exit(125) }
-    }
-    // SAFETY: a fresh private anonymous mapping, unmapped below; nothing else refers to it.
-    let stack = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            SPAWN_STACK,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
-            -1,
-            0,
-        )
-    };
-    if stack == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    let mut slot = Some(run);
-    // SAFETY: the stack grows down from the end of the mapping above; `start` never
-    // returns into this frame (see above); with CLONE_VFORK this call returns only once
-    // the child has called execve or exited, so `slot` and everything `run` borrows
-    // outlive its use, and the child never runs at the same time as this process.
-    let pid = unsafe {
-        libc::clone(
-            start::<F>,
-            stack.cast::<u8>().add(SPAWN_STACK).cast(),
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&mut slot as *mut Option<F>).cast(),
-        )
-    };
-    let spawned = if pid < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(nix::unistd::Pid::from_raw(pid))
-    };
-    // SAFETY: the child has left this memory (execve or exit); the mapping is ours.
-    unsafe {
-        libc::munmap(stack, SPAWN_STACK);
-    }
-    spawned
-}
-
 /// Unblocks every signal, dispositions untouched: for a payload started by a pid 1 that
-/// already restored them ([`reset_signals`]) and blocked what it collects.
+/// already restored them ([`reset_dispositions`]) and blocked what it collects.
 pub fn unblock_signals() {
     let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
 }
 
-/// Unblocks every signal and restores default dispositions (the supervisor blocks some
-/// for its signalfd and ignores SIGPIPE; a payload must start with neither).
-pub fn reset_signals() {
-    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+/// Restores every signal's default disposition, the mask untouched (the supervisor
+/// ignores SIGPIPE; a launcher ignores termination signals; a payload must start with
+/// neither).
+pub fn reset_dispositions() {
     for sig in 1..=64 {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {
             continue;

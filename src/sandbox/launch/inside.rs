@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
-use nix::unistd::Pid;
+use nix::unistd::{ForkResult, Pid};
 
 use super::super::SandboxSpec;
 use super::super::caps;
@@ -57,7 +57,7 @@ fn contain_steps(mut ctx: ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible
     let spec = ctx.spec;
     // Only what pid 1 and the payload use stays open. A host descriptor left open is a way
     // out (see `process::close_fds_from`); and a launcher holds descriptors for every
-    // sandbox it runs, which the payload would otherwise have to close all over again.
+    // sandbox it runs, which the payload's fork would copy and close all over again.
     process::close_fds_from(3, &kept_fds(&ctx, chan));
     // Off the host's network before anything else runs (see `namespaces::unshare_net`).
     if spec.namespaces.net {
@@ -114,18 +114,20 @@ fn contain_steps(mut ctx: ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible
     let Ok(filters) = channel::recv_filters(chan) else {
         supervisor_gone()
     };
-    // Start from default dispositions (a launcher ignores termination signals), then
-    // block what pid 1 collects with sigwaitinfo.
-    process::reset_signals();
+    // Block exactly what pid 1 collects with sigwaitinfo, then start from default
+    // dispositions (a launcher ignores termination signals). In that order: a signal
+    // passed on before the payload exists stays pending for the payload (unblocked with
+    // its default action, the kernel would drop it: this is a pid namespace's init).
     init::block_signals();
+    process::reset_dispositions();
     // Unreadable by the payload (ptrace, /proc/1/mem, /proc/1/fd) before the payload
     // exists: pid 1 keeps its capabilities in the sandbox until the payload has started.
     caps::not_dumpable().map_err(Step::from)?;
-    // pid 1 waits while the payload sets itself up in pid 1's memory, until its execve.
-    let child = process::spawn_sharing_memory(|| payload(&ctx, chan, &filters))
-        .step("start the payload")?;
-    FromSandbox::Started.send(chan);
-    reap(child, chan)
+    // SAFETY: this process is single-threaded (a clone of a single-threaded supervisor).
+    match unsafe { nix::unistd::fork() }.step("fork the payload")? {
+        ForkResult::Child => payload(&ctx, chan, &filters),
+        ForkResult::Parent { child } => reap(child, chan),
+    }
 }
 
 /// The supervisor's descriptors pid 1 and the payload use: the channel, the prepared trees
@@ -146,7 +148,7 @@ fn join_cgroup(files: Vec<OwnedFd>) -> Result<(), Step> {
     Ok(())
 }
 
-/// pid 1 once the payload has started: keeps no privilege it does not need to reap and
+/// pid 1 once the payload is forked: keeps no privilege it does not need to reap and
 /// forward signals.
 fn reap(payload: Pid, chan: &OwnedFd) -> ! {
     process::close_fds_from(0, &[chan.as_raw_fd()]);
@@ -218,7 +220,7 @@ fn payload_steps(
     (floor, filter): &(LoadableFilter, LoadableFilter),
 ) -> Result<Infallible, Stop> {
     let spec = ctx.spec;
-    // pid 1 restored every disposition before starting this process: what it blocked for
+    // pid 1 restored every disposition before forking this process: what it blocked for
     // itself is unblocked.
     process::unblock_signals();
     // A new session: no controlling terminal. The caller's terminal is never among the

@@ -103,30 +103,11 @@ impl Sandbox {
                 )
             };
             if message {
-                // Readable (or closed): one receive does not block.
-                match FromSandbox::recv(&self.channel) {
-                    Ok(Some(msg)) => {
-                        told.take(msg);
-                        if told.payload_status.is_some() {
-                            listening = false;
-                            self.usage_at_exit = self.usage();
-                        }
-                    }
-                    Ok(None) | Err(_) => listening = false,
-                }
+                listening = self.hear(&mut told);
             }
             if signalled {
                 if let Some(Ok(Some(info))) = signals.map(|s| s.read_signal()) {
                     if let Ok(sig) = Signal::try_from(info.ssi_signo as i32) {
-                        // A stop asked for before the command has started (pid 1 waits,
-                        // its signals pending, until the payload's execve completes,
-                        // however long its file system takes): the start is abandoned,
-                        // as the command itself would have ended.
-                        if !told.started && STOPPING.contains(&sig) {
-                            told.stopped_by.get_or_insert(sig as i32);
-                            self.kill();
-                            continue;
-                        }
                         // A sandbox with a terminal of its own learns of a new window size
                         // from it: the kernel signals the terminal's foreground process
                         // group when the relay copies the size. Forwarding too would
@@ -157,6 +138,29 @@ impl Sandbox {
         outcome
     }
 
+    /// Reads what pid 1 has sent, never waiting for more: at most [`HEARD_AT_ONCE`]
+    /// messages, each only once the channel is readable (or closed). Once the payload's
+    /// status is in, reads the accounting. Returns whether to go on listening (false once
+    /// the status came, or the channel closed or failed).
+    fn hear(&mut self, told: &mut Told) -> bool {
+        for _ in 0..HEARD_AT_ONCE {
+            match wait::ready_now(self.channel.as_fd()) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(_) => return false,
+            }
+            match FromSandbox::recv(&self.channel) {
+                Ok(Some(msg)) => told.take(msg),
+                Ok(None) | Err(_) => return false,
+            }
+            if told.payload_status.is_some() {
+                self.usage_at_exit = self.usage();
+                return false;
+            }
+        }
+        true
+    }
+
     /// Waits for pid 1 to end and collects its status (`None` if it cannot be had).
     pub fn reap_status(&self) -> Option<WaitStatus> {
         wait::reap_pidfd(self.pidfd.as_fd())
@@ -181,8 +185,6 @@ impl Sandbox {
             failure,
             landlock,
             payload_status,
-            stopped_by,
-            ..
         } = told;
         let mut cleanup_error = None;
         tracing::debug!(failure = ?failure, timed_out, "the sandbox ended; reading usage and removing its cgroup");
@@ -197,16 +199,12 @@ impl Sandbox {
             }
             None => Usage::default(),
         };
-        // The payload's own status when pid 1 reported it; else the signal that abandoned
-        // its start; else pid 1's (it was killed).
-        let (code, signal) = match (payload_status, stopped_by, pid1) {
-            (Some(raw), _, _) => decode_raw_status(raw),
-            (None, Some(sig), _) => (128 + sig, Some(sig)),
-            (None, None, Some(WaitStatus::Signaled(_, sig, _))) => {
-                (128 + sig as i32, Some(sig as i32))
-            }
-            (None, None, Some(WaitStatus::Exited(_, c))) => (c, None),
-            (None, None, _) => (SETUP_FAILED, None),
+        // The payload's own status when pid 1 reported it; else pid 1's (it was killed).
+        let (code, signal) = match (payload_status, pid1) {
+            (Some(raw), _) => decode_raw_status(raw),
+            (None, Some(WaitStatus::Signaled(_, sig, _))) => (128 + sig as i32, Some(sig as i32)),
+            (None, Some(WaitStatus::Exited(_, c))) => (c, None),
+            (None, _) => (SETUP_FAILED, None),
         };
         let oom_killed = usage.oom_kills > 0 && signal == Some(libc::SIGKILL);
         let exit_code = if timed_out {
@@ -229,13 +227,8 @@ impl Sandbox {
     }
 }
 
-/// The signals that, arriving before the command has started, abandon its start.
-const STOPPING: [Signal; 4] = [
-    Signal::SIGHUP,
-    Signal::SIGINT,
-    Signal::SIGQUIT,
-    Signal::SIGTERM,
-];
+/// Most messages read from pid 1 in one go (it sends a handful in a sandbox's life).
+const HEARD_AT_ONCE: usize = 8;
 
 /// What pid 1 and the payload's set-up told the supervisor about how the sandbox ended.
 /// Fixed in size however many messages come: each kind keeps its first (a failure) or
@@ -245,11 +238,6 @@ struct Told {
     failure: Option<Failure>,
     landlock: Option<(u8, String)>,
     payload_status: Option<i32>,
-    /// pid 1 said the payload's start is over.
-    started: bool,
-    /// The signal that abandoned the start, when one did (not a message: the supervisor's
-    /// own decision, kept with the rest of how the sandbox ended).
-    stopped_by: Option<i32>,
 }
 
 impl Told {
@@ -275,7 +263,6 @@ impl Told {
                 self.landlock = Some((abi, status));
             }
             FromSandbox::Exited { status } => self.payload_status = Some(status),
-            FromSandbox::Started => self.started = true,
         }
     }
 }
