@@ -1,0 +1,184 @@
+//! How `run` passes on signals that come while the command starts. Most tests hold `run`
+//! (SIGSTOP) at a chosen moment of the start, as a loaded machine or a shell's `^Z` then
+//! `kill %1` would, and let the sandbox go on meanwhile; the sandbox runs under
+//! `--cpus 0.01` so that its start is slow enough for the moment to be chosen reliably.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// The direct children of `pid` (from /proc/*/stat).
+fn children(pid: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let rest = s.get(s.rfind(')')? + 2..)?.to_string();
+                    rest.split_whitespace().nth(1)?.parse::<i32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// The signals `pid` catches (SigCgt of /proc/PID/status).
+fn caught(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The sandbox's payload (a child of pid 1, itself a child of `run`) once it catches `sig`.
+fn payload_catching(run: i32, sig: Signal, limit: Duration) -> Option<i32> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        for pid1 in children(run) {
+            for p in children(pid1) {
+                if caught(p) & (1u64 << (sig as i32 - 1)) != 0 {
+                    return Some(p);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    None
+}
+
+/// Starts `run -vv --cpus 0.01 -- sh -c SCRIPT` and stops it (SIGSTOP) as soon as it says
+/// it waits for the sandbox: the filters are handed over, nothing pid 1 sends is read yet.
+fn start_and_hold(script: &str) -> Child {
+    let mut child = Command::new(hatchery())
+        .args([
+            "run",
+            "-vv",
+            "--cpus",
+            "0.01",
+            "--timeout",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn run: {e}"));
+    let pid = Pid::from_raw(child.id() as i32);
+    let (tx, rx) = mpsc::channel();
+    let err = child.stderr.take();
+    std::thread::spawn(move || {
+        let Some(err) = err else { return };
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if line.contains("waiting for it to end") {
+                let _ = kill(pid, Signal::SIGSTOP);
+                let _ = tx.send(());
+            }
+        }
+    });
+    if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("run never started its sandbox");
+    }
+    child
+}
+
+#[test]
+fn a_term_to_a_held_up_run_whose_command_started_and_traps_it_reaches_the_command() {
+    if skip_unless_root("cpu quota") {
+        return;
+    }
+    // The command has started and catches TERM before `run` gets to read pid 1's messages:
+    // the TERM is the command's to handle, exit 7.
+    let mut run = start_and_hold("trap 'exit 7' TERM; while :; do sleep 0.1; done");
+    let pid = Pid::from_raw(run.id() as i32);
+    let trapped = payload_catching(run.id() as i32, Signal::SIGTERM, Duration::from_secs(30));
+    let _ = kill(pid, Signal::SIGTERM);
+    let _ = kill(pid, Signal::SIGCONT);
+    let status = common::terminal::wait_child(&mut run, Duration::from_secs(60), "run");
+    assert!(trapped.is_some(), "the command never trapped TERM");
+    assert_eq!(
+        status.code(),
+        Some(7),
+        "the command had started and trapped TERM, yet the TERM did not reach it"
+    );
+}
+
+#[test]
+fn a_usr1_to_run_before_its_command_starts_is_passed_on_not_lost() {
+    if skip_unless_root("cpu quota") {
+        return;
+    }
+    // SIGUSR1 comes before the command starts: passed on once it has, it ends the command
+    // (138, the default action) like a USR1 sent a moment later. pid 1 gets it while it
+    // still has the supervisor's mask; were it unblocked with its default action, the
+    // kernel would discard it (this is a pid namespace's init).
+    let mut run = start_and_hold("sleep 3");
+    let pid = Pid::from_raw(run.id() as i32);
+    let _ = kill(pid, Signal::SIGUSR1);
+    let _ = kill(pid, Signal::SIGCONT);
+    let status = common::terminal::wait_child(&mut run, Duration::from_secs(60), "run");
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGUSR1),
+        "the SIGUSR1 sent to run before its command started was lost"
+    );
+}
+
+#[test]
+fn a_term_sent_once_the_command_traps_it_reaches_the_command_under_a_cpu_quota() {
+    if skip_unless_root("cpu quota") {
+        return;
+    }
+    // No hold-up of run this time: the command has started and catches TERM, then run gets
+    // a TERM. Under a CPU quota (or a loaded host) the payload may run well before pid 1
+    // runs again after starting it: nothing may depend on pid 1 having run since.
+    let mut outcomes = Vec::new();
+    for _ in 0..5 {
+        let mut run = Command::new(hatchery())
+            .args([
+                "run",
+                "--cpus",
+                "0.01",
+                "--timeout",
+                "60s",
+                "--",
+                "sh",
+                "-c",
+                "trap 'exit 7' TERM; while :; do sleep 0.1; done",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn run: {e}"));
+        let trapped = payload_catching(run.id() as i32, Signal::SIGTERM, Duration::from_secs(30));
+        let _ = kill(Pid::from_raw(run.id() as i32), Signal::SIGTERM);
+        let status = common::terminal::wait_child(&mut run, Duration::from_secs(60), "run");
+        assert!(trapped.is_some(), "the command never trapped TERM");
+        outcomes.push(status.code());
+    }
+    assert!(
+        outcomes.iter().all(|c| *c == Some(7)),
+        "a command that had started and trapped TERM was killed instead (128+15): {outcomes:?}"
+    );
+}
