@@ -34,11 +34,47 @@ fn filter_build_id() -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Links libseccomp from its static archive where the system has one (Debian's and
+/// Ubuntu's libseccomp-dev ship it): a short-lived `run` then has one shared object fewer
+/// for the dynamic loader to find, map, relocate and resolve before its first instruction
+/// (docs/performance.md). The archive is found the way the C compiler finds libraries;
+/// where there is none, libseccomp stays a shared library as `libseccomp-sys` asks. The
+/// archive comes first on the link line, so the shared library is then not needed.
+fn link_libseccomp_statically() {
+    println!("cargo:rerun-if-env-changed=CC");
+    println!("cargo:rerun-if-env-changed=HATCHERY_SHARED_LIBSECCOMP");
+    if std::env::var_os("HATCHERY_SHARED_LIBSECCOMP").is_some() {
+        return;
+    }
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let Ok(out) = std::process::Command::new(cc)
+        .arg("-print-file-name=libseccomp.a")
+        .output()
+    else {
+        return;
+    };
+    let found = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let archive = Path::new(&found);
+    // Without the archive the compiler prints the bare name back.
+    let Some(dir) = archive
+        .is_absolute()
+        .then(|| archive.canonicalize().ok())
+        .flatten()
+        .filter(|a| a.is_file())
+        .and_then(|a| a.parent().map(Path::to_path_buf))
+    else {
+        return;
+    };
+    println!("cargo:rustc-link-search=native={}", dir.display());
+    println!("cargo:rustc-link-lib=static=seccomp");
+}
+
 fn main() {
     println!(
         "cargo:rustc-env=HATCHERY_FILTER_BUILD_ID={}",
         filter_build_id()
     );
+    link_libseccomp_statically();
     let out = std::env::var("OUT_DIR").unwrap_or_else(|_| ".".into());
     for name in PROFILES {
         let src = format!("profiles/{name}.toml");
