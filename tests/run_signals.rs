@@ -61,23 +61,20 @@ fn payload_catching(run: i32, sig: Signal, limit: Duration) -> Option<i32> {
     None
 }
 
+/// `run --cpus 0.01 --timeout 60s [FLAGS] -- sh -c SCRIPT`, stdin empty.
+fn quota_run(flags: &[&str], script: &str) -> Command {
+    let mut cmd = Command::new(hatchery());
+    cmd.args(["run", "--cpus", "0.01", "--timeout", "60s"])
+        .args(flags)
+        .args(["--", "sh", "-c", script])
+        .stdin(Stdio::null());
+    cmd
+}
+
 /// Starts `run -vv --cpus 0.01 -- sh -c SCRIPT` and stops it (SIGSTOP) as soon as it says
 /// it waits for the sandbox: the filters are handed over, nothing pid 1 sends is read yet.
 fn start_and_hold(script: &str) -> Child {
-    let mut child = Command::new(hatchery())
-        .args([
-            "run",
-            "-vv",
-            "--cpus",
-            "0.01",
-            "--timeout",
-            "60s",
-            "--",
-            "sh",
-            "-c",
-            script,
-        ])
-        .stdin(Stdio::null())
+    let mut child = quota_run(&["-vv"], script)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -102,6 +99,14 @@ fn start_and_hold(script: &str) -> Child {
     child
 }
 
+/// Sends `sig` to a held-up `run`, lets it go on, and waits for it to end.
+fn signal_and_release(run: &mut Child, sig: Signal) -> std::process::ExitStatus {
+    let pid = Pid::from_raw(run.id() as i32);
+    let _ = kill(pid, sig);
+    let _ = kill(pid, Signal::SIGCONT);
+    common::terminal::wait_child(run, Duration::from_secs(60), "run")
+}
+
 #[test]
 fn a_term_to_a_held_up_run_whose_command_started_and_traps_it_reaches_the_command() {
     if skip_unless_root("cpu quota") {
@@ -110,11 +115,8 @@ fn a_term_to_a_held_up_run_whose_command_started_and_traps_it_reaches_the_comman
     // The command has started and catches TERM before `run` gets to read pid 1's messages:
     // the TERM is the command's to handle, exit 7.
     let mut run = start_and_hold("trap 'exit 7' TERM; while :; do sleep 0.1; done");
-    let pid = Pid::from_raw(run.id() as i32);
     let trapped = payload_catching(run.id() as i32, Signal::SIGTERM, Duration::from_secs(30));
-    let _ = kill(pid, Signal::SIGTERM);
-    let _ = kill(pid, Signal::SIGCONT);
-    let status = common::terminal::wait_child(&mut run, Duration::from_secs(60), "run");
+    let status = signal_and_release(&mut run, Signal::SIGTERM);
     assert!(trapped.is_some(), "the command never trapped TERM");
     assert_eq!(
         status.code(),
@@ -133,10 +135,7 @@ fn a_usr1_to_run_before_its_command_starts_is_passed_on_not_lost() {
     // still has the supervisor's mask; were it unblocked with its default action, the
     // kernel would discard it (this is a pid namespace's init).
     let mut run = start_and_hold("sleep 3");
-    let pid = Pid::from_raw(run.id() as i32);
-    let _ = kill(pid, Signal::SIGUSR1);
-    let _ = kill(pid, Signal::SIGCONT);
-    let status = common::terminal::wait_child(&mut run, Duration::from_secs(60), "run");
+    let status = signal_and_release(&mut run, Signal::SIGUSR1);
     assert_eq!(
         status.code(),
         Some(128 + libc::SIGUSR1),
@@ -154,19 +153,7 @@ fn a_term_sent_once_the_command_traps_it_reaches_the_command_under_a_cpu_quota()
     // runs again after starting it: nothing may depend on pid 1 having run since.
     let mut outcomes = Vec::new();
     for _ in 0..5 {
-        let mut run = Command::new(hatchery())
-            .args([
-                "run",
-                "--cpus",
-                "0.01",
-                "--timeout",
-                "60s",
-                "--",
-                "sh",
-                "-c",
-                "trap 'exit 7' TERM; while :; do sleep 0.1; done",
-            ])
-            .stdin(Stdio::null())
+        let mut run = quota_run(&[], "trap 'exit 7' TERM; while :; do sleep 0.1; done")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
