@@ -350,6 +350,16 @@ fn get_i32(buf: &[u8], at: &mut usize) -> Option<i32> {
     Some(v)
 }
 
+/// What [`FromSandbox::recv_now`] found.
+#[derive(Debug, PartialEq)]
+pub enum Heard {
+    /// Nothing sent yet.
+    Nothing,
+    Message(FromSandbox),
+    /// End of stream, or a malformed or failed read: nothing more is worth reading.
+    Closed,
+}
+
 impl FromSandbox {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64);
@@ -419,6 +429,18 @@ impl FromSandbox {
         let _ = send_bytes(fd.as_fd(), &self.encode());
     }
 
+    /// Takes one message if one is there, never waiting for it.
+    pub fn recv_now(fd: impl AsFd) -> Heard {
+        match super::wait::ready_now(fd.as_fd()) {
+            Ok(false) => Heard::Nothing,
+            Ok(true) => match FromSandbox::recv(fd) {
+                Ok(Some(msg)) => Heard::Message(msg),
+                Ok(None) | Err(_) => Heard::Closed,
+            },
+            Err(_) => Heard::Closed,
+        }
+    }
+
     /// Reads one message; `Ok(None)` when the sandbox side has closed its end.
     pub fn recv(fd: impl AsFd) -> io::Result<Option<FromSandbox>> {
         let mut buf = [0u8; MAX_MESSAGE];
@@ -455,6 +477,28 @@ mod tests {
         ] {
             assert_eq!(FromSandbox::decode(&m.encode()), Some(m));
         }
+    }
+
+    #[test]
+    fn a_message_is_taken_without_waiting_and_garbage_or_an_end_closes_the_channel()
+    -> io::Result<()> {
+        let (ours, theirs) = pair()?;
+        assert_eq!(FromSandbox::recv_now(&ours), Heard::Nothing);
+        FromSandbox::Exited { status: 256 }.send(&theirs);
+        assert_eq!(
+            FromSandbox::recv_now(&ours),
+            Heard::Message(FromSandbox::Exited { status: 256 })
+        );
+        // A frame no sandbox sends (an unknown tag, a message cut short): nothing more
+        // from that channel is trusted.
+        send_bytes(theirs.as_fd(), &[0xff, 1, 2, 3])?;
+        assert_eq!(FromSandbox::recv_now(&ours), Heard::Closed);
+        let cut = FromSandbox::Exited { status: 1 }.encode();
+        send_bytes(theirs.as_fd(), cut.get(..2).unwrap_or_default())?;
+        assert_eq!(FromSandbox::recv_now(&ours), Heard::Closed);
+        drop(theirs);
+        assert_eq!(FromSandbox::recv_now(&ours), Heard::Closed);
+        Ok(())
     }
 
     #[test]

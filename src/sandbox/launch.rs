@@ -85,9 +85,6 @@ pub struct Sandbox {
     egress: Vec<OwnedFd>,
     /// A message that came while the supervisor waited for the listeners.
     early: Option<FromSandbox>,
-    /// The cgroup's accounting as the payload ended (read while pid 1 exits), if the
-    /// supervisor heard of its end before pid 1 was gone.
-    usage_at_exit: Option<super::cgroup::Usage>,
 }
 
 /// Why the payload never ran.
@@ -310,7 +307,6 @@ fn clone_pid1(
         enforcement,
         egress: Vec::new(),
         early: None,
-        usage_at_exit: None,
     };
     // From here on, dropping `sandbox` on an error path kills it and removes its cgroup.
     let into_cgroup = if joins_itself {
@@ -465,11 +461,10 @@ fn grant_identity(sandbox: &Sandbox, spec: &SandboxSpec) -> Result<(), SandboxEr
 
 /// A report pid 1 has already sent (a failed step), taken without waiting for one.
 fn sent_report(sandbox: &Sandbox) -> Option<FromSandbox> {
-    if !super::wait::ready_now(sandbox.channel.as_fd()).unwrap_or(false) {
-        return None;
+    match FromSandbox::recv_now(&sandbox.channel) {
+        channel::Heard::Message(report) => Some(report),
+        channel::Heard::Nothing | channel::Heard::Closed => None,
     }
-    // A closed channel with nothing in it reads as end of stream: no report.
-    FromSandbox::recv(&sandbox.channel).ok().flatten()
 }
 
 /// Gets pid 1 into its cgroup as `into` says and gives it the go-ahead: where it moves

@@ -181,12 +181,12 @@ pub fn process_start_time(pid: u32) -> Option<u64> {
 
 /// A process's state letter (field 3 of `/proc/PID/stat`) and start time (field 22), from
 /// one read.
-fn proc_stat(pid: u32) -> Option<(String, u64)> {
+fn proc_stat(pid: u32) -> Option<(char, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may contain spaces and parentheses: split after the last ')'.
     let rest = stat.get(stat.rfind(')')? + 1..)?;
     let mut fields = rest.split_whitespace();
-    let state = fields.next()?.to_string();
+    let state = fields.next()?.chars().next()?;
     let start = fields.nth(18)?.parse().ok()?;
     Some((state, start))
 }
@@ -205,7 +205,7 @@ pub(crate) fn is_stale(name: &str) -> bool {
     };
     // A zombie owner (dead, not yet reaped — its parent died too) counts as gone.
     match proc_stat(pid) {
-        Some((state, now)) => now != start || matches!(state.as_str(), "Z" | "X"),
+        Some((state, now)) => now != start || matches!(state, 'Z' | 'X'),
         None => true,
     }
 }
@@ -349,7 +349,7 @@ mod tests {
         let name = format!("hatchery-run-{pid}-{start}");
         // Not reaped: once it has exited it is a zombie, and its cgroups are stale.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while proc_stat(pid).is_some_and(|(state, _)| state != "Z")
+        while proc_stat(pid).is_some_and(|(state, _)| state != 'Z')
             && std::time::Instant::now() < deadline
         {
             std::thread::sleep(std::time::Duration::from_millis(5));

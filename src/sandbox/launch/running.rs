@@ -10,7 +10,7 @@ use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::WaitStatus;
 
 use super::super::cgroup::Usage;
-use super::super::channel::FromSandbox;
+use super::super::channel::{FromSandbox, Heard};
 use super::super::output::OutputPump;
 use super::super::{process, wait};
 use super::{Failure, Outcome, SETUP_FAILED, Sandbox};
@@ -59,7 +59,7 @@ impl Sandbox {
     /// its stdio are the pump's pipes or terminal) as they come. A SIGWINCH resizes the
     /// sandbox's terminal, when it has one, instead of being forwarded.
     pub fn wait(
-        mut self,
+        self,
         timeout: Option<Duration>,
         signals: Option<&SignalFd>,
         mut output: Option<&mut OutputPump>,
@@ -72,6 +72,7 @@ impl Sandbox {
         // accounting is read while pid 1 exits (the sandbox's mount namespace goes with
         // it), instead of after.
         let mut listening = true;
+        let mut usage_at_exit = None;
         loop {
             if deadline.is_some_and(|d| d <= Instant::now()) {
                 timed_out = true;
@@ -104,6 +105,9 @@ impl Sandbox {
             };
             if message {
                 listening = self.hear(&mut told);
+                if told.payload_status.is_some() && usage_at_exit.is_none() {
+                    usage_at_exit = self.usage();
+                }
             }
             if signalled {
                 if let Some(Ok(Some(info))) = signals.map(|s| s.read_signal()) {
@@ -133,28 +137,22 @@ impl Sandbox {
             pump.drain(deadline);
             pump.summary()
         });
-        let mut outcome = self.finish_told(told, status, timed_out);
+        let mut outcome = self.finish_told(told, usage_at_exit, status, timed_out);
         outcome.output = summary;
         outcome
     }
 
     /// Reads what pid 1 has sent, never waiting for more: at most [`HEARD_AT_ONCE`]
-    /// messages, each only once the channel is readable (or closed). Once the payload's
-    /// status is in, reads the accounting. Returns whether to go on listening (false once
-    /// the status came, or the channel closed or failed).
-    fn hear(&mut self, told: &mut Told) -> bool {
+    /// messages. Returns whether to go on listening (false once the payload's status
+    /// came, or the channel closed or sent what no sandbox sends).
+    fn hear(&self, told: &mut Told) -> bool {
         for _ in 0..HEARD_AT_ONCE {
-            match wait::ready_now(self.channel.as_fd()) {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(_) => return false,
-            }
-            match FromSandbox::recv(&self.channel) {
-                Ok(Some(msg)) => told.take(msg),
-                Ok(None) | Err(_) => return false,
+            match FromSandbox::recv_now(&self.channel) {
+                Heard::Nothing => break,
+                Heard::Closed => return false,
+                Heard::Message(msg) => told.take(msg),
             }
             if told.payload_status.is_some() {
-                self.usage_at_exit = self.usage();
                 return false;
             }
         }
@@ -168,11 +166,18 @@ impl Sandbox {
 
     /// Collects the report of an ended sandbox and removes its cgroup.
     pub fn finish(self, pid1: Option<WaitStatus>, timed_out: bool) -> Outcome {
-        self.finish_told(Told::default(), pid1, timed_out)
+        self.finish_told(Told::default(), None, pid1, timed_out)
     }
 
-    /// [`Sandbox::finish`], with what pid 1 already told while the supervisor waited.
-    fn finish_told(mut self, mut told: Told, pid1: Option<WaitStatus>, timed_out: bool) -> Outcome {
+    /// [`Sandbox::finish`], with what pid 1 already told while the supervisor waited and
+    /// the accounting read as the payload ended, if it was.
+    fn finish_told(
+        mut self,
+        mut told: Told,
+        usage_at_exit: Option<Usage>,
+        pid1: Option<WaitStatus>,
+        timed_out: bool,
+    ) -> Outcome {
         self.finished = true;
         let wall = self.started.elapsed();
         // What came while the supervisor waited for the egress listeners, then the rest.
@@ -188,7 +193,6 @@ impl Sandbox {
         } = told;
         let mut cleanup_error = None;
         tracing::debug!(failure = ?failure, timed_out, "the sandbox ended; reading usage and removing its cgroup");
-        let usage_at_exit = self.usage_at_exit.take();
         let usage = match self.cgroup.take() {
             Some(mut cg) => {
                 let usage = usage_at_exit.unwrap_or_else(|| cg.usage());
