@@ -473,6 +473,75 @@ fn a_signal_to_run_stops_a_command_whose_start_hangs_on_a_slow_file_system() {
     assert_eq!(status, Some(128 + libc::SIGTERM));
 }
 
+/// The processes whose parent is `pid` (from /proc/*/stat).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let after = stat.get(stat.rfind(')')? + 1..)?.to_string();
+                    after.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn a_payload_killed_during_its_set_up_ends_the_run_with_that_signal() {
+    if skip_unless_root("slow file system") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let mnt = canonical(dir.path()).join("slow");
+    let Some(fs) = SlowFs::mount(&mnt) else {
+        eprintln!("SKIP slow file system: no FUSE here");
+        return;
+    };
+    let report = dir.path().join("report.json");
+    let stall = mnt.join("stall").to_string_lossy().to_string();
+    let mnt_s = mnt.to_string_lossy().to_string();
+    let r = report.to_string_lossy().to_string();
+    // The payload's set-up waits in its chdir, before its execve, while pid 1 waits for it.
+    let mut child = match Command::new(hatchery())
+        .args(["run", "--timeout", "60s", "--ro", &mnt_s, "--cwd", &stall])
+        .args(["--report", &r, "--", "/bin/true"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("spawn: {e}"),
+    };
+    assert!(
+        fs.saw("lookup stall", Duration::from_secs(30)),
+        "the payload's set-up never reached the slow file system"
+    );
+    // What an OOM kill or a ^C typed into the sandbox's terminal does to it there.
+    let pid1 = children_of(child.id());
+    let setup: Vec<u32> = pid1.iter().flat_map(|p| children_of(*p)).collect();
+    assert_eq!(
+        setup.len(),
+        1,
+        "run's pid 1 {pid1:?} has children {setup:?}"
+    );
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(setup[0] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let ended = common::terminal::wait_child(&mut child, Duration::from_secs(20), "run");
+    drop(fs);
+    assert_eq!(ended.code(), Some(128 + libc::SIGKILL));
+    let v = read_report(&report);
+    assert_eq!(v["signal"], libc::SIGKILL, "{v}");
+    assert_eq!(v["exit_code"], 128 + libc::SIGKILL, "{v}");
+}
+
 #[test]
 fn a_killed_run_takes_its_sandbox_along() {
     if skip_unless_root("run killed") {

@@ -145,6 +145,8 @@ impl Launcher {
                 egress,
                 prepared_ahead,
             }) => {
+                // Workers are killed, never passed a signal: no one reads the gate.
+                sandbox.forget_start_gate();
                 // Forked while the launcher is single-threaded, as every sandbox is.
                 let broker = match egress.map(|cfg| {
                     Broker::start(cfg, sandbox.take_egress_listeners())

@@ -294,21 +294,50 @@ pub fn recv_claim(fd: impl AsFd) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     }
 }
 
-/// Sends the sandbox its seccomp filters, the floor's first (one packet).
+/// The start gate: (the supervisor's read end, the write end the payload's set-up holds
+/// until its `execve`), both close-on-exec. The write end travels with the filters
+/// ([`send_filters`]) straight to the payload's set-up: pid 1 never holds it. So the read
+/// end reports end of file exactly when the payload's `execve` is past its point of no
+/// return (the kernel closes close-on-exec descriptors there, before the command's first
+/// instruction) or the set-up has ended: before that, no command of the user's has run.
+pub fn start_gate() -> io::Result<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)
+}
+
+/// Whether the start gate's read end is at end of file (see [`start_gate`]): the payload
+/// has reached its `execve`, or its set-up ended. Never waits.
+pub fn start_is_over(gate: BorrowedFd<'_>) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut fds = [PollFd::new(gate, PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(0) => false,
+        // Nothing is ever written: readable means the last write end is closed.
+        Ok(_) => fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLIN)),
+        // Cannot tell: as before the gate existed, the signal is passed on.
+        Err(_) => true,
+    }
+}
+
+/// Sends the sandbox its seccomp filters, the floor's first, with the write end of the
+/// start gate attached (one packet; the payload's set-up receives it).
 pub fn send_filters(
     fd: impl AsFd,
     floor: &LoadableFilter,
     profile: &LoadableFilter,
+    gate: BorrowedFd<'_>,
 ) -> io::Result<()> {
     let mut out = Vec::with_capacity(5 + 8 * (floor.len() + profile.len()));
     out.push(FILTERS_TAG);
     floor.to_bytes(&mut out);
     profile.to_bytes(&mut out);
-    send_bytes(fd.as_fd(), &out)
+    send_with_fds(fd.as_fd(), &out, &[gate])
 }
 
-/// Receives the filters sent by [`send_filters`]: (floor, profile).
-pub fn recv_filters(fd: impl AsFd) -> io::Result<(LoadableFilter, LoadableFilter)> {
+/// Receives the filters sent by [`send_filters`]: (floor, profile, the start gate's write
+/// end, close-on-exec).
+pub fn recv_filters(fd: impl AsFd) -> io::Result<(LoadableFilter, LoadableFilter, OwnedFd)> {
     let bad = || {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -316,8 +345,17 @@ pub fn recv_filters(fd: impl AsFd) -> io::Result<(LoadableFilter, LoadableFilter
         )
     };
     let mut buf = vec![0u8; 1 + 2 * (2 + 8 * super::seccomp::MAX_INSTRUCTIONS)];
-    let n = recv_bytes(fd.as_fd(), &mut buf)?
-        .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "the supervisor went away"))?;
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let (n, fds) = recv_with_fds(fd.as_fd(), &mut buf, &mut space)?;
+    if n == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the supervisor went away",
+        ));
+    }
+    let Ok::<[OwnedFd; 1], _>([gate]) = fds.try_into() else {
+        return Err(bad());
+    };
     let msg = buf.get(..n).ok_or_else(bad)?;
     let (&tag, rest) = msg.split_first().ok_or_else(bad)?;
     if tag != FILTERS_TAG {
@@ -328,7 +366,7 @@ pub fn recv_filters(fd: impl AsFd) -> io::Result<(LoadableFilter, LoadableFilter
     if !rest.is_empty() {
         return Err(bad());
     }
-    Ok((floor, profile))
+    Ok((floor, profile, gate))
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
@@ -360,6 +398,12 @@ pub enum Heard {
     Closed,
 }
 
+/// [`FromSandbox::Exited`]'s packet: its tag and the status.
+fn exited_packet(status: i32) -> [u8; 5] {
+    let [a, b, c, d] = status.to_le_bytes();
+    [4, a, b, c, d]
+}
+
 impl FromSandbox {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64);
@@ -383,12 +427,16 @@ impl FromSandbox {
                 out.push(3);
                 out.extend_from_slice(&errno.to_le_bytes());
             }
-            FromSandbox::Exited { status } => {
-                out.push(4);
-                out.extend_from_slice(&status.to_le_bytes());
-            }
+            FromSandbox::Exited { status } => out.extend_from_slice(&exited_packet(*status)),
         }
         out
+    }
+
+    /// Sends [`FromSandbox::Exited`] from the stack, touching no heap: for a pid 1 whose
+    /// payload's set-up, sharing its memory, may have died halfway through changing it
+    /// (see `spawn`). Best effort, as [`FromSandbox::send`].
+    pub fn send_exited(fd: impl AsFd, status: i32) {
+        let _ = send_bytes(fd.as_fd(), &exited_packet(status));
     }
 
     pub fn decode(buf: &[u8]) -> Option<FromSandbox> {
@@ -558,6 +606,41 @@ mod tests {
             recv_cgroup_ready(&b).map_err(|e| e.kind()).err(),
             Some(io::ErrorKind::UnexpectedEof)
         );
+        Ok(())
+    }
+
+    #[test]
+    fn the_filters_carry_the_start_gate_which_ends_when_its_last_holder_closes() -> io::Result<()> {
+        // One instruction: return ALLOW.
+        let allow = crate::profile::SeccompProgram::from_bytes(vec![6, 0, 0, 0, 0, 0, 0xff, 0x7f])
+            .map_err(io::Error::other)?;
+        let allow = LoadableFilter::new(&allow);
+        let (a, b) = pair()?;
+        let (gate, token) = start_gate()?;
+        send_filters(&a, &allow, &allow, token.as_fd())?;
+        drop(token);
+        // In flight, then received: open until the receiver closes it.
+        assert!(!start_is_over(gate.as_fd()));
+        let (_, _, held) = recv_filters(&b)?;
+        assert!(!start_is_over(gate.as_fd()));
+        drop(held);
+        assert!(start_is_over(gate.as_fd()));
+        // A filters packet without its gate, or with two, is refused.
+        let mut bytes = vec![FILTERS_TAG];
+        allow.to_bytes(&mut bytes);
+        allow.to_bytes(&mut bytes);
+        send_bytes(a.as_fd(), &bytes)?;
+        assert!(recv_filters(&b).is_err());
+        let (_gate2, token2) = start_gate()?;
+        send_with_fds(a.as_fd(), &bytes, &[token2.as_fd(), token2.as_fd()])?;
+        assert!(recv_filters(&b).is_err());
+        // Never received: held by the socket until the sandbox's end closes.
+        let (gate3, token3) = start_gate()?;
+        send_filters(&a, &allow, &allow, token3.as_fd())?;
+        drop(token3);
+        assert!(!start_is_over(gate3.as_fd()));
+        drop(b);
+        assert!(start_is_over(gate3.as_fd()));
         Ok(())
     }
 

@@ -65,7 +65,7 @@ pub fn reap_until_exit(payload: Pid, channel: BorrowedFd<'_>) -> ! {
                 Ok(status) => {
                     if status.pid() == Some(payload) {
                         if let Some(raw) = raw_status(status) {
-                            FromSandbox::Exited { status: raw }.send(channel);
+                            FromSandbox::send_exited(channel, raw);
                         }
                         // SAFETY: _exit ends the process without running destructors that
                         // belong to the supervisor whose memory image we share.
@@ -75,4 +75,24 @@ pub fn reap_until_exit(payload: Pid, channel: BorrowedFd<'_>) -> ! {
             }
         }
     }
+}
+
+/// pid 1 when the payload's set-up ended before its `execve` (see [`super::spawn::Left`]):
+/// waits for it, reports its status and exits, touching no heap (the set-up shared pid
+/// 1's memory and may have died halfway through changing it). Nothing else runs in the
+/// sandbox yet: no orphan to reap, no command to pass a signal on to.
+pub fn report_early_end(payload: Pid, channel: BorrowedFd<'_>) -> ! {
+    let status = loop {
+        match waitpid(payload, None) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Ok(status) => break raw_status(status),
+            Err(_) => break None,
+        }
+    };
+    if let Some(raw) = status {
+        FromSandbox::send_exited(channel, raw);
+    }
+    // SAFETY: _exit ends the process without running destructors that belong to the
+    // supervisor whose memory image we share.
+    unsafe { libc::_exit(0) }
 }

@@ -4,10 +4,11 @@
 //! Read [`contain_steps`] and [`payload_steps`] top to bottom for the whole security order
 //! (every step fails with one [`Step`] error):
 //! network namespace → identity → loopback → root filesystem → cgroup → cgroup namespace
-//! → hostname → not dumpable → fork the payload; in the payload: session → descriptors →
-//! controlling terminal (the sandbox's
-//! own pty, when it has one) → cwd → rlimits → capabilities → no_new_privs → Landlock →
-//! seccomp (the floor, then the profile's filter, last) → execve.
+//! → hostname → not dumpable → start the payload (in pid 1's memory until its execve, see
+//! [`super::spawn`]); in the payload: session → descriptors → controlling terminal (the
+//! sandbox's own pty, when it has one) → cwd → rlimits → capabilities → no_new_privs →
+//! the filters and the start gate → Landlock → seccomp (the floor, then the profile's
+//! filter, last) → execve.
 //!
 //! Starting a sandbox is fork-like: it must happen in a single-threaded process (the
 //! `run` command, or the controller's launcher forked before its async runtime starts).
@@ -26,7 +27,6 @@ use super::namespaces::{self, Cloned};
 use super::output::OutputSummary;
 use super::preflight::{CgroupPlan, LandlockPlan, Plan};
 use super::process;
-use super::seccomp::LoadableFilter;
 use super::userns;
 use super::{Enforcement, SandboxError, SandboxSpec};
 
@@ -85,6 +85,9 @@ pub struct Sandbox {
     egress: Vec<OwnedFd>,
     /// A message that came while the supervisor waited for the listeners.
     early: Option<FromSandbox>,
+    /// The start gate's read end (see `channel::start_gate`): at end of file once the
+    /// command is past its `execve`, or its set-up ended.
+    start_gate: Option<OwnedFd>,
 }
 
 /// Why the payload never ran.
@@ -307,6 +310,7 @@ fn clone_pid1(
         enforcement,
         egress: Vec::new(),
         early: None,
+        start_gate: None,
     };
     // From here on, dropping `sandbox` on an error path kills it and removes its cgroup.
     let into_cgroup = if joins_itself {
@@ -432,11 +436,7 @@ fn hand_over(
     tracing::debug!(
         "handing over the filters; the sandbox now sets its hostname, drops capabilities, applies Landlock and seccomp, and runs the command"
     );
-    let _ = channel::send_filters(
-        &sandbox.channel,
-        &LoadableFilter::new(&filters.floor),
-        &LoadableFilter::new(&filters.profile),
-    );
+    sandbox.hand_filters(&filters)?;
     if let Some(ports) = &spec.egress_ports {
         receive_listeners(&mut sandbox, ports.len())?;
     }

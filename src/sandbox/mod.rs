@@ -31,6 +31,7 @@ pub mod process;
 pub mod procfs;
 pub mod rlimits;
 pub mod seccomp;
+pub mod spawn;
 pub mod spec;
 pub mod step;
 pub mod tty;

@@ -213,13 +213,18 @@ pub fn exec(argv: &[CString], env: &[CString], path_var: &str) -> i32 {
     let mut env_ptrs: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
     env_ptrs.push(std::ptr::null());
     let try_exec = |path: &CStr| -> i32 {
+        // Between the two marks only the kernel runs: a payload started in pid 1's memory
+        // that dies in there leaves that memory as it was (see `spawn`).
+        super::spawn::at_execve(true);
         // SAFETY: both arrays are NULL-terminated and point at CStrings that outlive the call.
         unsafe {
             libc::execve(path.as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr());
         }
-        io::Error::last_os_error()
+        let errno = io::Error::last_os_error()
             .raw_os_error()
-            .unwrap_or(libc::ENOENT)
+            .unwrap_or(libc::ENOENT);
+        super::spawn::at_execve(false);
+        errno
     };
     if prog.as_bytes().contains(&b'/') {
         return try_exec(prog);

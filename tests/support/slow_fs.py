@@ -3,7 +3,8 @@
   slow_fs.py MOUNTPOINT
 
 Mounts, prints "mounted", and serves one executable file, `prog`, whose open(2) is never
-answered: a process that executes it waits in the kernel until it is interrupted. An
+answered: a process that executes it waits in the kernel until it is interrupted. A lookup
+of `stall` is never answered either ("lookup stall"): a process entering it waits likewise. An
 interrupt (what the kernel sends when that process gets a fatal signal) fails the open with
 EINTR, as a well-behaved network file system does. Each open prints "open", each interrupt
 "interrupt". Speaks the kernel's FUSE protocol (7.31) on /dev/fuse directly; needs root.
@@ -51,8 +52,11 @@ def main():
             body = struct.pack("<IIIIHHIIHHII", 7, 31, readahead, 0, 16, 12, 65536, 1, 32, 0, 0, 0)
             reply(unique, 0, body + b"\0" * 24)
         elif op == FUSE_LOOKUP:
-            if buf[40:].split(b"\0")[0] == b"prog":
+            name = buf[40:].split(b"\0")[0]
+            if name == b"prog":
                 reply(unique, 0, struct.pack("<QQQQII", 2, 0, 0, 0, 0, 0) + attr(2))
+            elif name == b"stall":
+                print("lookup stall", flush=True)  # never answered
             else:
                 reply(unique, ENOENT)
         elif op == FUSE_GETATTR:

@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
-use nix::unistd::{ForkResult, Pid};
+use nix::unistd::Pid;
 
 use super::super::SandboxSpec;
 use super::super::caps;
@@ -17,7 +17,7 @@ use super::super::namespaces;
 use super::super::net;
 use super::super::process;
 use super::super::rlimits;
-use super::super::seccomp::LoadableFilter;
+use super::super::spawn::{self, Left};
 use super::super::step::{Step, StepResult};
 use super::super::tty;
 use super::super::userns;
@@ -57,7 +57,7 @@ fn contain_steps(mut ctx: ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible
     let spec = ctx.spec;
     // Only what pid 1 and the payload use stays open. A host descriptor left open is a way
     // out (see `process::close_fds_from`); and a launcher holds descriptors for every
-    // sandbox it runs, which the payload's fork would copy and close all over again.
+    // sandbox it runs, which the payload would otherwise have to close all over again.
     process::close_fds_from(3, &kept_fds(&ctx, chan));
     // Off the host's network before anything else runs (see `namespaces::unshare_net`).
     if spec.namespaces.net {
@@ -110,10 +110,6 @@ fn contain_steps(mut ctx: ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible
     if spec.namespaces.uts {
         nix::unistd::sethostname(&ctx.hostname).step("hostname")?;
     }
-    // The filters the payload loads last (the supervisor compiled them meanwhile).
-    let Ok(filters) = channel::recv_filters(chan) else {
-        supervisor_gone()
-    };
     // Block exactly what pid 1 collects with sigwaitinfo, then start from default
     // dispositions (a launcher ignores termination signals). In that order: a signal
     // passed on before the payload exists stays pending for the payload (unblocked with
@@ -123,10 +119,11 @@ fn contain_steps(mut ctx: ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible
     // Unreadable by the payload (ptrace, /proc/1/mem, /proc/1/fd) before the payload
     // exists: pid 1 keeps its capabilities in the sandbox until the payload has started.
     caps::not_dumpable().map_err(Step::from)?;
-    // SAFETY: this process is single-threaded (a clone of a single-threaded supervisor).
-    match unsafe { nix::unistd::fork() }.step("fork the payload")? {
-        ForkResult::Child => payload(&ctx, chan, &filters),
-        ForkResult::Parent { child } => reap(child, chan),
+    // pid 1 waits while the payload sets itself up in pid 1's memory, until its execve
+    // (this process is single-threaded: a clone of a single-threaded supervisor).
+    match spawn::spawn_sharing_memory(|| payload(&ctx, chan)).step("start the payload")? {
+        (child, Left::AtExecve) => reap(child, chan),
+        (child, Left::Early) => init::report_early_end(child, chan.as_fd()),
     }
 }
 
@@ -148,7 +145,7 @@ fn join_cgroup(files: Vec<OwnedFd>) -> Result<(), Step> {
     Ok(())
 }
 
-/// pid 1 once the payload is forked: keeps no privilege it does not need to reap and
+/// pid 1 once the payload has started: keeps no privilege it does not need to reap and
 /// forward signals.
 fn reap(payload: Pid, chan: &OwnedFd) -> ! {
     process::close_fds_from(0, &[chan.as_raw_fd()]);
@@ -181,16 +178,12 @@ pub(super) fn never_ran_code(exec_errno: Option<i32>) -> i32 {
 }
 
 /// The payload process: locks itself down and becomes the user's command.
-fn payload(
-    ctx: &ChildContext<'_>,
-    chan: &OwnedFd,
-    filters: &(LoadableFilter, LoadableFilter),
-) -> ! {
+fn payload(ctx: &ChildContext<'_>, chan: &OwnedFd) -> ! {
     // Where a failure is reported: the channel's number, until the descriptors are
     // installed and it may have been moved out of the way of one passed to the command.
     let report_on = std::cell::Cell::new(chan.as_raw_fd());
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        payload_steps(ctx, chan, &report_on, filters)
+        payload_steps(ctx, chan, &report_on)
     }));
     let stop = match result {
         Ok(Err(stop)) => stop,
@@ -217,10 +210,9 @@ fn payload_steps(
     ctx: &ChildContext<'_>,
     chan: &OwnedFd,
     report_on: &std::cell::Cell<RawFd>,
-    (floor, filter): &(LoadableFilter, LoadableFilter),
 ) -> Result<Infallible, Stop> {
     let spec = ctx.spec;
-    // pid 1 restored every disposition before forking this process: what it blocked for
+    // pid 1 restored every disposition before starting this process: what it blocked for
     // itself is unblocked.
     process::unblock_signals();
     // A new session: no controlling terminal. The caller's terminal is never among the
@@ -247,6 +239,18 @@ fn payload_steps(
     caps::no_new_privs().map_err(Step::from)?;
     // After the last credential change (which would clear it): die with pid 1.
     process::die_with_parent().step("parent death signal")?;
+    // The filters loaded last (the supervisor compiled them meanwhile), with the start
+    // gate: held here alone, open until the execve below is past its point of no return
+    // (see `channel::start_gate`). Received after the descriptors are installed, so no
+    // target number can close it early.
+    let (floor, filter, _gate) = match channel::recv_filters(moved_chan) {
+        Ok(received) => received,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => supervisor_gone(),
+        Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(libc::EIO);
+            return Err(Step::new("receive the filters", errno).into());
+        }
+    };
     if ctx.landlock {
         restrict_filesystem(spec, moved_chan)?;
     }

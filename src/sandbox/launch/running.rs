@@ -10,8 +10,10 @@ use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::WaitStatus;
 
 use super::super::cgroup::Usage;
-use super::super::channel::{FromSandbox, Heard};
+use super::super::channel::{self, FromSandbox, Heard};
 use super::super::output::OutputPump;
+use super::super::seccomp::LoadableFilter;
+use super::super::{Filters, SandboxError};
 use super::super::{process, wait};
 use super::{Failure, Outcome, SETUP_FAILED, Sandbox};
 
@@ -33,6 +35,38 @@ impl Sandbox {
 
     pub fn cgroup_path(&self) -> Option<std::path::PathBuf> {
         self.cgroup.as_ref().map(|c| c.path().to_path_buf())
+    }
+
+    /// Sends the sandbox its seccomp filters with the start gate's write end, keeping the
+    /// read end (see `channel::start_gate`). A gate that cannot be made is an error: the
+    /// sandbox would wait for its filters for ever. A send that fails is not: the sandbox
+    /// is gone already (a setup failure it reported), and `wait` tells.
+    pub(super) fn hand_filters(&mut self, filters: &Filters) -> Result<(), SandboxError> {
+        let (gate, token) = channel::start_gate().map_err(|e| {
+            SandboxError::Internal(format!("cannot make the sandbox's start gate: {e}"))
+        })?;
+        let _ = channel::send_filters(
+            &self.channel,
+            &LoadableFilter::new(&filters.floor),
+            &LoadableFilter::new(&filters.profile),
+            token.as_fd(),
+        );
+        self.start_gate = Some(gate);
+        Ok(())
+    }
+
+    /// For a supervisor that passes no signals on (the controller's launcher): the start
+    /// gate is closed, one descriptor fewer per running sandbox for every clone to copy.
+    pub fn forget_start_gate(&mut self) {
+        self.start_gate = None;
+    }
+
+    /// Whether the command is past its `execve` (or its set-up ended): false while pid 1
+    /// waits for the start, when a signal passed on to it would wait too.
+    fn start_is_over(&self) -> bool {
+        self.start_gate
+            .as_ref()
+            .is_none_or(|gate| channel::start_is_over(gate.as_fd()))
     }
 
     /// Live accounting, while the sandbox runs.
@@ -112,6 +146,17 @@ impl Sandbox {
             if signalled {
                 if let Some(Ok(Some(info))) = signals.map(|s| s.read_signal()) {
                     if let Ok(sig) = Signal::try_from(info.ssi_signo as i32) {
+                        // A stop asked for before the command has started: pid 1 waits
+                        // in the start, its signals pending, however long the command's
+                        // file system takes to answer the execve. The start is abandoned,
+                        // as the command would have ended had it been running. Decided
+                        // by the start gate, which the kernel closes at the execve: a
+                        // command that has run one instruction gets the signal.
+                        if STOPPING.contains(&sig) && !self.start_is_over() {
+                            told.stopped_by.get_or_insert(sig as i32);
+                            self.kill();
+                            continue;
+                        }
                         // A sandbox with a terminal of its own learns of a new window size
                         // from it: the kernel signals the terminal's foreground process
                         // group when the relay copies the size. Forwarding too would
@@ -190,6 +235,7 @@ impl Sandbox {
             failure,
             landlock,
             payload_status,
+            stopped_by,
         } = told;
         let mut cleanup_error = None;
         tracing::debug!(failure = ?failure, timed_out, "the sandbox ended; reading usage and removing its cgroup");
@@ -204,11 +250,16 @@ impl Sandbox {
             None => Usage::default(),
         };
         // The payload's own status when pid 1 reported it; else pid 1's (it was killed).
-        let (code, signal) = match (payload_status, pid1) {
-            (Some(raw), _) => decode_raw_status(raw),
-            (None, Some(WaitStatus::Signaled(_, sig, _))) => (128 + sig as i32, Some(sig as i32)),
-            (None, Some(WaitStatus::Exited(_, c))) => (c, None),
-            (None, _) => (SETUP_FAILED, None),
+        // The payload's own status when pid 1 reported it; else the signal that abandoned
+        // its start; else pid 1's (it was killed).
+        let (code, signal) = match (payload_status, stopped_by, pid1) {
+            (Some(raw), _, _) => decode_raw_status(raw),
+            (None, Some(sig), _) => (128 + sig, Some(sig)),
+            (None, None, Some(WaitStatus::Signaled(_, sig, _))) => {
+                (128 + sig as i32, Some(sig as i32))
+            }
+            (None, None, Some(WaitStatus::Exited(_, c))) => (c, None),
+            (None, None, _) => (SETUP_FAILED, None),
         };
         let oom_killed = usage.oom_kills > 0 && signal == Some(libc::SIGKILL);
         let exit_code = if timed_out {
@@ -242,7 +293,18 @@ struct Told {
     failure: Option<Failure>,
     landlock: Option<(u8, String)>,
     payload_status: Option<i32>,
+    /// The signal that abandoned the start, when one did (the supervisor's own decision,
+    /// kept with the rest of how the sandbox ended).
+    stopped_by: Option<i32>,
 }
+
+/// The signals that, arriving before the command has started, abandon its start.
+const STOPPING: [Signal; 4] = [
+    Signal::SIGHUP,
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGTERM,
+];
 
 impl Told {
     /// Takes one message in.

@@ -21,7 +21,6 @@ use super::super::idpool::IdLease;
 use super::super::landlock::LandlockRules;
 use super::super::mounts::RootfsPlan;
 use super::super::preflight::{CgroupPlan, LandlockPlan, Plan, SeccompPlan};
-use super::super::seccomp::LoadableFilter;
 use super::super::step::Step;
 use super::super::userns::Identity;
 use super::super::{SandboxError, SandboxSpec};
@@ -301,12 +300,7 @@ impl Prepared {
         plan.seccomp.record(&filters, &mut enforcement);
         sandbox.enforcement = enforcement;
         sandbox.started = Instant::now();
-        // The sandbox may be gone already (a setup failure it reported): `wait` tells.
-        let _ = channel::send_filters(
-            &sandbox.channel,
-            &LoadableFilter::new(&filters.floor),
-            &LoadableFilter::new(&filters.profile),
-        );
+        sandbox.hand_filters(&filters).map_err(ClaimError::Failed)?;
         Ok(sandbox)
     }
 }
