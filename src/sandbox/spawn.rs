@@ -29,6 +29,10 @@ static AT_EXECVE: AtomicBool = AtomicBool::new(false);
 /// and filter steps use.
 const STACK: usize = 1 << 20;
 
+/// The inaccessible page below that stack: an overflow faults instead of writing into
+/// whatever pid 1 has mapped there.
+const GUARD: usize = 4096;
+
 /// How the child left pid 1's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Left {
@@ -75,7 +79,7 @@ pub fn spawn_sharing_memory<F: FnOnce()>(run: F) -> io::Result<(Pid, Left)> {
     let stack = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            STACK,
+            GUARD + STACK,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
             -1,
@@ -85,16 +89,24 @@ pub fn spawn_sharing_memory<F: FnOnce()>(run: F) -> io::Result<(Pid, Left)> {
     if stack == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: the lowest page of the mapping just made.
+    if unsafe { libc::mprotect(stack, GUARD, libc::PROT_NONE) } != 0 {
+        let e = io::Error::last_os_error();
+        // SAFETY: the mapping above, used by nothing yet.
+        unsafe { libc::munmap(stack, GUARD + STACK) };
+        return Err(e);
+    }
     AT_EXECVE.store(false, Ordering::SeqCst);
     let mut slot = Some(run);
-    // SAFETY: the stack grows down from the end of the mapping above; `start` never
-    // returns into this frame (see above); with CLONE_VFORK this call returns only once
-    // the child has called execve or exited, so `slot` and everything `run` borrows
-    // outlive its use, and the child never runs at the same time as this process.
+    // SAFETY: the stack grows down from the end of the mapping above, to its guard page;
+    // `start` never returns into this frame (see above); with CLONE_VFORK this call
+    // returns only once the child has called execve or exited, so `slot` and everything
+    // `run` borrows outlive its use, and the child never runs at the same time as this
+    // process.
     let pid = unsafe {
         libc::clone(
             start::<F>,
-            stack.cast::<u8>().add(STACK).cast(),
+            stack.cast::<u8>().add(GUARD + STACK).cast(),
             libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
             (&mut slot as *mut Option<F>).cast(),
         )
@@ -111,7 +123,7 @@ pub fn spawn_sharing_memory<F: FnOnce()>(run: F) -> io::Result<(Pid, Left)> {
     };
     // SAFETY: the child has left this memory (execve or exit); the mapping is ours.
     unsafe {
-        libc::munmap(stack, STACK);
+        libc::munmap(stack, GUARD + STACK);
     }
     spawned
 }
