@@ -5,10 +5,10 @@
 //! (every step fails with one [`Step`] error):
 //! network namespace → identity → loopback → root filesystem → cgroup → cgroup namespace
 //! → hostname → not dumpable → start the payload (in pid 1's memory until its execve, see
-//! [`super::spawn`]); in the payload: session → descriptors → controlling terminal (the
-//! sandbox's own pty, when it has one) → cwd → rlimits → capabilities → no_new_privs →
-//! the filters and the start gate → Landlock → seccomp (the floor, then the profile's
-//! filter, last) → execve.
+//! [`super::spawn`]); in the payload: session → descriptors → the filters and the start
+//! gate → controlling terminal (the sandbox's own pty, when it has one) → cwd → rlimits →
+//! capabilities → no_new_privs → Landlock → seccomp (the floor, then the profile's filter,
+//! last) → execve.
 //!
 //! Starting a sandbox is fork-like: it must happen in a single-threaded process (the
 //! `run` command, or the controller's launcher forked before its async runtime starts).

@@ -223,6 +223,19 @@ fn payload_steps(
     // channel (close-on-exec, kept to report an exec failure).
     let moved_chan = process::install_descriptors(&ctx.fds, chan)?;
     report_on.set(moved_chan.as_raw_fd());
+    // The filters loaded last (the supervisor compiled them meanwhile), with the start
+    // gate: held here alone, open until the execve below is past its point of no return
+    // (see `channel::start_gate`). Received after the descriptors are installed, so no
+    // target number can close it early, and before the rlimits, so a small `nofile`
+    // cannot refuse it.
+    let (floor, filter, _gate) = match channel::recv_filters(moved_chan) {
+        Ok(received) => received,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => supervisor_gone(),
+        Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(libc::EIO);
+            return Err(Step::new("receive the filters", errno).into());
+        }
+    };
     if spec.controlling_terminal {
         // The sandbox's own pty on fd 0: ^C and ^Z typed at the caller's keyboard become
         // signals here, and job control works inside, as under `docker run -it`.
@@ -239,18 +252,6 @@ fn payload_steps(
     caps::no_new_privs().map_err(Step::from)?;
     // After the last credential change (which would clear it): die with pid 1.
     process::die_with_parent().step("parent death signal")?;
-    // The filters loaded last (the supervisor compiled them meanwhile), with the start
-    // gate: held here alone, open until the execve below is past its point of no return
-    // (see `channel::start_gate`). Received after the descriptors are installed, so no
-    // target number can close it early.
-    let (floor, filter, _gate) = match channel::recv_filters(moved_chan) {
-        Ok(received) => received,
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => supervisor_gone(),
-        Err(e) => {
-            let errno = e.raw_os_error().unwrap_or(libc::EIO);
-            return Err(Step::new("receive the filters", errno).into());
-        }
-    };
     if ctx.landlock {
         restrict_filesystem(spec, moved_chan)?;
     }
