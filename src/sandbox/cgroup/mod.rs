@@ -134,8 +134,13 @@ pub trait SandboxCgroup: Send {
         Ok(Vec::new())
     }
     fn usage(&self) -> Usage;
-    /// Kills every process in the cgroup.
+    /// Kills every process in the cgroup and waits until it is empty.
     fn kill_all(&self) -> Result<(), CgroupError>;
+    /// Sends SIGKILL to every process in the cgroup once (`cgroup.kill`, where the kernel
+    /// has it) and returns without waiting for any to end: a supervisor that kills many
+    /// sandboxes at once (the kill switch) lets the kernel tear them down side by side and
+    /// reaps each as it ends; [`SandboxCgroup::destroy`] waits for what is left.
+    fn kill_now(&self);
     fn is_empty(&self) -> bool;
     /// Kills what is left, waits until the cgroup is empty, and removes it.
     fn destroy(&mut self) -> Result<(), CgroupError>;
@@ -236,6 +241,16 @@ pub(crate) fn procs(dir: &Path) -> Vec<i32> {
     read_string(&dir.join("cgroup.procs"))
         .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
+}
+
+/// SIGKILLs the processes a cgroup lists now, once, without waiting.
+pub(crate) fn kill_procs_once(dir: &Path) {
+    for pid in procs(dir) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
 }
 
 /// SIGKILLs the processes of a cgroup until it is empty or the deadline passes.

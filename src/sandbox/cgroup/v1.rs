@@ -249,6 +249,12 @@ impl SandboxCgroup for V1Cgroup {
         super::kill_procs_until_empty(&self.primary, Instant::now() + Duration::from_secs(2))
     }
 
+    fn kill_now(&self) {
+        if !self.primary.as_os_str().is_empty() {
+            super::kill_procs_once(&self.primary);
+        }
+    }
+
     fn is_empty(&self) -> bool {
         super::procs(&self.primary).is_empty()
     }

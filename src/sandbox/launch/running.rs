@@ -80,11 +80,13 @@ impl Sandbox {
     }
 
     /// Kills everything in the sandbox: pid 1 (the kernel then kills its namespace) and,
-    /// for good measure, the whole cgroup.
+    /// for good measure, the whole cgroup. Returns without waiting for any of it to end:
+    /// the pidfd says when pid 1 has, and [`Sandbox::finish`] removes the cgroup once it
+    /// is empty.
     pub fn kill(&self) {
         let _ = process::pidfd_signal(self.pidfd.as_fd(), Signal::SIGKILL);
         if let Some(cg) = &self.cgroup {
-            let _ = cg.kill_all();
+            cg.kill_now();
         }
     }
 
