@@ -522,7 +522,7 @@ fn a_payload_killed_during_its_set_up_ends_the_run_with_that_signal() {
         fs.saw("lookup stall", Duration::from_secs(30)),
         "the payload's set-up never reached the slow file system"
     );
-    // What an OOM kill or a ^C typed into the sandbox's terminal does to it there.
+    // What a SIGKILL or a ^C typed into the sandbox's terminal does to it there.
     let pid1 = children_of(child.id());
     let setup: Vec<u32> = pid1.iter().flat_map(|p| children_of(*p)).collect();
     assert_eq!(

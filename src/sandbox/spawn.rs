@@ -12,8 +12,8 @@
 //!   end of a pipe whose only write end the child holds, close-on-exec (see
 //!   `channel::start_gate`); the kernel closes it at the `execve`, before any instruction
 //!   of the command runs.
-//! - A child that dies before its `execve` (a ^C typed into the sandbox's terminal, an
-//!   OOM kill, a filter that kills) may leave pid 1's heap half-changed. The child says
+//! - A child that dies before its `execve` (a ^C typed into the sandbox's terminal, a
+//!   SIGKILL, a filter that kills) may leave pid 1's heap half-changed. The child says
 //!   when it is at rest in `execve` ([`at_execve`]); when it ended anywhere else, pid 1
 //!   only reports its status and exits, touching no heap ([`Left::Early`]).
 

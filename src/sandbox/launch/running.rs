@@ -251,7 +251,6 @@ impl Sandbox {
             }
             None => Usage::default(),
         };
-        // The payload's own status when pid 1 reported it; else pid 1's (it was killed).
         // The payload's own status when pid 1 reported it; else the signal that abandoned
         // its start; else pid 1's (it was killed).
         let (code, signal) = match (payload_status, stopped_by, pid1) {
