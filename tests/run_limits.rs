@@ -422,15 +422,24 @@ impl Drop for SlowFs {
     }
 }
 
-#[test]
-fn a_signal_to_run_stops_a_command_whose_start_hangs_on_a_slow_file_system() {
+/// A temporary directory with a [`SlowFs`] mounted at `slow` in it; `None` (the test
+/// skips) without root or FUSE.
+fn slow_fs_bed() -> Option<(tempfile::TempDir, std::path::PathBuf, SlowFs)> {
     if skip_unless_root("slow file system") {
-        return;
+        return None;
     }
     let dir = shared_tempdir();
     let mnt = canonical(dir.path()).join("slow");
     let Some(fs) = SlowFs::mount(&mnt) else {
         eprintln!("SKIP slow file system: no FUSE here");
+        return None;
+    };
+    Some((dir, mnt, fs))
+}
+
+#[test]
+fn a_signal_to_run_stops_a_command_whose_start_hangs_on_a_slow_file_system() {
+    let Some((_dir, mnt, fs)) = slow_fs_bed() else {
         return;
     };
     let prog = mnt.join("prog").to_string_lossy().to_string();
@@ -494,13 +503,7 @@ fn children_of(pid: u32) -> Vec<u32> {
 
 #[test]
 fn a_payload_killed_during_its_set_up_ends_the_run_with_that_signal() {
-    if skip_unless_root("slow file system") {
-        return;
-    }
-    let dir = shared_tempdir();
-    let mnt = canonical(dir.path()).join("slow");
-    let Some(fs) = SlowFs::mount(&mnt) else {
-        eprintln!("SKIP slow file system: no FUSE here");
+    let Some((dir, mnt, fs)) = slow_fs_bed() else {
         return;
     };
     let report = dir.path().join("report.json");
