@@ -422,6 +422,19 @@ impl Drop for SlowFs {
     }
 }
 
+/// Starts hatchery with `args`, its output discarded.
+fn spawn_quietly(args: &[&str]) -> std::process::Child {
+    match Command::new(hatchery())
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("spawn: {e}"),
+    }
+}
+
 /// A temporary directory with a [`SlowFs`] mounted at `slow` in it; `None` (the test
 /// skips) without root or FUSE.
 fn slow_fs_bed() -> Option<(tempfile::TempDir, std::path::PathBuf, SlowFs)> {
@@ -445,15 +458,7 @@ fn a_signal_to_run_stops_a_command_whose_start_hangs_on_a_slow_file_system() {
     let prog = mnt.join("prog").to_string_lossy().to_string();
     let mnt_s = mnt.to_string_lossy().to_string();
     // The command's execve waits for the file system: the payload is still being started.
-    let mut child = match Command::new(hatchery())
-        .args(["run", "--timeout", "60s", "--ro", &mnt_s, "--", &prog])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => panic!("spawn: {e}"),
-    };
+    let mut child = spawn_quietly(&["run", "--timeout", "60s", "--ro", &mnt_s, "--", &prog]);
     assert!(
         fs.saw("open", Duration::from_secs(30)),
         "the command never reached the slow file system"
@@ -511,16 +516,19 @@ fn a_payload_killed_during_its_set_up_ends_the_run_with_that_signal() {
     let mnt_s = mnt.to_string_lossy().to_string();
     let r = report.to_string_lossy().to_string();
     // The payload's set-up waits in its chdir, before its execve, while pid 1 waits for it.
-    let mut child = match Command::new(hatchery())
-        .args(["run", "--timeout", "60s", "--ro", &mnt_s, "--cwd", &stall])
-        .args(["--report", &r, "--", "/bin/true"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => panic!("spawn: {e}"),
-    };
+    let mut child = spawn_quietly(&[
+        "run",
+        "--timeout",
+        "60s",
+        "--ro",
+        &mnt_s,
+        "--cwd",
+        &stall,
+        "--report",
+        &r,
+        "--",
+        "/bin/true",
+    ]);
     assert!(
         fs.saw("lookup stall", Duration::from_secs(30)),
         "the payload's set-up never reached the slow file system"
