@@ -136,10 +136,14 @@ pub trait SandboxCgroup: Send {
     fn usage(&self) -> Usage;
     /// Kills every process in the cgroup and waits until it is empty.
     fn kill_all(&self) -> Result<(), CgroupError>;
-    /// Sends SIGKILL to every process in the cgroup once (`cgroup.kill`, where the kernel
-    /// has it) and returns without waiting for any to end: a supervisor that kills many
-    /// sandboxes at once (the kill switch) lets the kernel tear them down side by side and
-    /// reaps each as it ends; [`SandboxCgroup::destroy`] waits for what is left.
+    /// Kills every process in the cgroup through `cgroup.kill`, where the kernel has it, and
+    /// returns without waiting for any to end: a supervisor that kills many sandboxes at
+    /// once (the kill switch) lets the kernel tear them down side by side and reaps each as
+    /// it ends; [`SandboxCgroup::destroy`] waits for what is left. For good measure only:
+    /// the SIGKILL to a sandbox's pid 1 already takes its whole pid namespace along. So
+    /// nothing is signalled by a number read from `cgroup.procs` here (without
+    /// `cgroup.kill`: cgroup v1, or Linux before 5.14), which the host may have reused by
+    /// the time it is signalled, while the kernel reaps the namespace.
     fn kill_now(&self);
     fn is_empty(&self) -> bool;
     /// Kills what is left, waits until the cgroup is empty, and removes it.
@@ -241,16 +245,6 @@ pub(crate) fn procs(dir: &Path) -> Vec<i32> {
     read_string(&dir.join("cgroup.procs"))
         .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
-}
-
-/// SIGKILLs the processes a cgroup lists now, once, without waiting.
-pub(crate) fn kill_procs_once(dir: &Path) {
-    for pid in procs(dir) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
 }
 
 /// SIGKILLs the processes of a cgroup until it is empty or the deadline passes.

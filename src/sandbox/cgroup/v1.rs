@@ -250,9 +250,7 @@ impl SandboxCgroup for V1Cgroup {
     }
 
     fn kill_now(&self) {
-        if !self.primary.as_os_str().is_empty() {
-            super::kill_procs_once(&self.primary);
-        }
+        // No cgroup.kill on v1: pid 1's SIGKILL takes the sandbox along (see the trait).
     }
 
     fn is_empty(&self) -> bool {

@@ -351,11 +351,8 @@ impl SandboxCgroup for V2Cgroup {
     }
 
     fn kill_now(&self) {
-        // cgroup.kill also stops a fork racing the kill; without it (before Linux 5.14),
-        // one pass over the processes listed now.
-        if write_file(&self.dir.join("cgroup.kill"), "1").is_err() {
-            super::kill_procs_once(&self.dir);
-        }
+        // Without it (before Linux 5.14), pid 1's SIGKILL alone (see the trait).
+        let _ = write_file(&self.dir.join("cgroup.kill"), "1");
     }
 
     fn is_empty(&self) -> bool {

@@ -80,7 +80,8 @@ impl Sandbox {
     }
 
     /// Kills everything in the sandbox: pid 1 (the kernel then kills its namespace) and,
-    /// for good measure, the whole cgroup. Returns without waiting for any of it to end:
+    /// for good measure, the whole cgroup where the kernel can do that itself
+    /// (`cgroup.kill`). Returns without waiting for any of it to end:
     /// the pidfd says when pid 1 has, and [`Sandbox::finish`] removes the cgroup once it
     /// is empty.
     pub fn kill(&self) {
