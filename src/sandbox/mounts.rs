@@ -279,11 +279,17 @@ pub fn build_root(plan: &RootfsPlan, prepared: &[RawFd]) -> Result<(), MountErro
         nodes.push((name, tree));
     }
 
-    // 2. The empty root.
+    // 2. The empty root: the sandbox's one tmpfs, which also holds `/tmp` and `/dev/shm`
+    //    (see `writable_dir`), so sized for them, with a mebibyte for its own few files
+    //    (0, no cap, stays 0).
+    let size = match plan.tmp_size {
+        0 => 0,
+        n => n.saturating_add(1 << 20),
+    };
     mount_tmpfs(
         Path::new(STAGE),
         "0755",
-        1 << 20,
+        size,
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
     )?;
     let root = nix::fcntl::open(
@@ -307,13 +313,7 @@ pub fn build_root(plan: &RootfsPlan, prepared: &[RawFd]) -> Result<(), MountErro
     }
 
     // 3. Private /tmp.
-    mount_point(&root, Path::new("/tmp"), true)?;
-    mount_tmpfs(
-        &stage_path(Path::new("/tmp")),
-        "1777",
-        plan.tmp_size,
-        tmp_flags(plan),
-    )?;
+    writable_dir(&root, Path::new("/tmp"), tmp_attrs(plan))?;
 
     // 4. Minimal /dev.
     build_dev(&root, plan, nodes)?;
@@ -328,14 +328,7 @@ pub fn build_root(plan: &RootfsPlan, prepared: &[RawFd]) -> Result<(), MountErro
         attach(&src.tree, &at).map_err(fail(format!("mount {}", src.bind.target.display())))?;
     }
 
-    // 7. Read-only /dev (its tmpfs holds only mount points now) and pivot.
-    set_attrs(
-        libc::AT_FDCWD,
-        Some(&stage_path(Path::new("/dev"))),
-        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
-        false,
-    )
-    .map_err(fail("read-only /dev"))?;
+    // 7. Pivot.
     drop(root);
     nix::unistd::chdir(STAGE).map_err(nix_fail("chdir to the new root"))?;
     nix::unistd::pivot_root(".", ".").map_err(nix_fail("pivot_root"))?;
@@ -443,14 +436,38 @@ fn lexical_join(dir: &Path, link: &Path) -> PathBuf {
     out
 }
 
-/// Mount flags of the writable tmpfs mounts (`/tmp`, `/dev/shm`).
-fn tmp_flags(plan: &RootfsPlan) -> MsFlags {
-    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+/// Mount attributes of the writable directories (`/tmp`, `/dev/shm`).
+fn tmp_attrs(plan: &RootfsPlan) -> u64 {
+    let attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
     if plan.noexec_tmp {
-        flags | MsFlags::MS_NOEXEC
+        attrs | MOUNT_ATTR_NOEXEC
     } else {
-        flags
+        attrs
     }
+}
+
+/// A writable directory of the root's tmpfs at `target` (`/tmp`, `/dev/shm`): made with
+/// mode 1777 and bound onto itself with `attrs`, so that it stays writable when the root
+/// is made read-only. The sandbox's files never cross it: a link or rename to the rest of
+/// the root crosses a mount (EXDEV), and the rest is read-only.
+///
+/// Why not a tmpfs of its own, as the two were: each file system a sandbox keeps is one
+/// more the kernel walks each time any memory cgroup on the host goes offline (its
+/// memory-accounted lists are reparented), so the cost of every sandbox's end grows with
+/// the file systems of all the sandboxes alive. `/tmp` and `/dev/shm` share the root's cap
+/// (`tmp_size`), as their pages always shared the memory limit.
+fn writable_dir(root: &OwnedFd, target: &Path, attrs: u64) -> Result<(), MountError> {
+    let at = mount_point(root, target, true)?;
+    // By path: only pid 1 runs in this mount namespace yet, and the path is its own.
+    std::fs::set_permissions(
+        stage_path(target),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .map_err(fail(format!("mode of {}", target.display())))?;
+    let tree = clone_fd_tree(at.as_raw_fd()).map_err(fail(format!("bind {}", target.display())))?;
+    set_attrs(tree.as_raw_fd(), None, attrs, false)
+        .map_err(fail(format!("flag {}", target.display())))?;
+    attach(&tree, &at).map_err(fail(format!("mount {}", target.display())))
 }
 
 fn build_dev(
@@ -458,14 +475,9 @@ fn build_dev(
     plan: &RootfsPlan,
     nodes: Vec<(&str, OwnedFd)>,
 ) -> Result<(), MountError> {
+    // A directory of the root's tmpfs, read-only with it: mount points and links.
     let dev = Path::new("/dev");
     mount_point(root, dev, true)?;
-    mount_tmpfs(
-        &stage_path(dev),
-        "0755",
-        64 << 10,
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-    )?;
     for (name, tree) in nodes {
         let at = mount_point(root, &dev.join(name), false)?;
         attach(&tree, &at).map_err(fail(format!("mount /dev/{name}")))?;
@@ -481,9 +493,7 @@ fn build_dev(
     )
     .map_err(nix_fail("devpts on /dev/pts"))?;
     if plan.dev_shm {
-        let shm = dev.join("shm");
-        mount_point(root, &shm, true)?;
-        mount_tmpfs(&stage_path(&shm), "1777", plan.tmp_size, tmp_flags(plan))?;
+        writable_dir(root, &dev.join("shm"), tmp_attrs(plan))?;
     }
     for (link, text) in [
         ("ptmx", "pts/ptmx"),
