@@ -129,6 +129,33 @@ fn writes_outside_rw_paths_and_tmp_fail() {
 }
 
 #[test]
+fn tmp_and_dev_shm_are_the_only_writable_places_of_the_sandboxs_one_tmpfs() {
+    if skip_unless_root("one tmpfs") {
+        return;
+    }
+    // Each file system a sandbox keeps is walked whenever any memory cgroup goes offline:
+    // the root, /tmp, /dev and /dev/shm are one tmpfs, and only /tmp and /dev/shm of it are
+    // writable, and nothing crosses between them.
+    let script = r#"
+        for p in / /dev /proc; do touch "$p/x" 2>/dev/null && echo "wrote $p"; done
+        touch /tmp/a /dev/shm/b || echo "not writable"
+        ln /tmp/a /dev/shm/c 2>/dev/null && echo "linked across"
+        ln /tmp/a /tmp/c || echo "no link within /tmp"
+        echo "devices $(stat -c %d / /tmp /dev/shm /dev | sort -u | wc -l)"
+        echo "tmpfs $(awk '{for (i = 7; i <= NF; i++) if ($i == "-") { if ($(i + 1) == "tmpfs") print $3; break }}' /proc/self/mountinfo | sort -u | wc -l)"
+        echo "modes $(stat -c %a /tmp /dev/shm | tr '\n' ' ')"
+    "#;
+    let out = hatchery_cmd(&["run", "--", "sh", "-c", script]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "devices 1\ntmpfs 1\nmodes 1777 1777",
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
 fn secrets_outside_exposed_paths_cannot_be_read() {
     if skip_unless_root("reads") {
         return;

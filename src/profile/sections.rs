@@ -104,10 +104,11 @@ pub struct MountPolicy {
     /// links (or directories) of the host follow `/usr` as the host has them.
     #[serde(default = "default_system_mounts")]
     pub system: Vec<PathBuf>,
-    /// Size cap of the private `/tmp` tmpfs (its pages are also charged to the memory limit).
+    /// Size cap of the sandbox's tmpfs, which holds its private `/tmp` and `/dev/shm` (its
+    /// pages are also charged to the memory limit).
     #[serde(default = "default_tmp_size")]
     pub tmp_size: String,
-    /// Mount a private `/dev/shm` tmpfs (shares `tmp_size`'s cap).
+    /// A private, writable `/dev/shm` (in the same tmpfs as `/tmp`, under `tmp_size`'s cap).
     #[serde(default = "yes")]
     pub dev_shm: bool,
 }
