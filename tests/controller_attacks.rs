@@ -39,18 +39,6 @@ fn log_of(c: &TestController, id: &str) -> String {
         .unwrap_or_default()
 }
 
-/// Resident memory of a process, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 fn verify_trail(c: &TestController) -> std::process::Output {
     let mut cmd = Command::new(hatchery());
     cmd.args(["audit", "verify", "--state-dir"])

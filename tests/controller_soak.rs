@@ -94,17 +94,6 @@ fn replicator(rounds: u32) -> String {
     )
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_fuzzing_worker_neither_stops_stalls_nor_grows_the_controller() {
     if skip("soak") {

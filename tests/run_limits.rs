@@ -487,25 +487,6 @@ fn a_signal_to_run_stops_a_command_whose_start_hangs_on_a_slow_file_system() {
     assert_eq!(status, Some(128 + libc::SIGTERM));
 }
 
-/// The processes whose parent is `pid` (from /proc/*/stat).
-fn children_of(pid: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    let after = stat.get(stat.rfind(')')? + 1..)?.to_string();
-                    after.split_whitespace().nth(1)?.parse::<u32>().ok()
-                })
-                == Some(pid)
-        })
-        .collect()
-}
-
 #[test]
 fn a_payload_killed_during_its_set_up_ends_the_run_with_that_signal() {
     let Some((dir, mnt, fs)) = slow_fs_bed() else {

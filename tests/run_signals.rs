@@ -14,43 +14,19 @@ use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-/// The direct children of `pid` (from /proc/*/stat).
-fn children(pid: i32) -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat"))
-                .ok()
-                .and_then(|s| {
-                    let rest = s.get(s.rfind(')')? + 2..)?.to_string();
-                    rest.split_whitespace().nth(1)?.parse::<i32>().ok()
-                })
-                == Some(pid)
-        })
-        .collect()
-}
-
 /// The signals `pid` catches (SigCgt of /proc/PID/status).
-fn caught(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("SigCgt:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
+fn caught(pid: u32) -> u64 {
+    proc_status(pid, "SigCgt")
+        .and_then(|v| u64::from_str_radix(&v, 16).ok())
         .unwrap_or(0)
 }
 
 /// The sandbox's payload (a child of pid 1, itself a child of `run`) once it catches `sig`.
-fn payload_catching(run: i32, sig: Signal, limit: Duration) -> Option<i32> {
+fn payload_catching(run: u32, sig: Signal, limit: Duration) -> Option<u32> {
     let start = Instant::now();
     while start.elapsed() < limit {
-        for pid1 in children(run) {
-            for p in children(pid1) {
+        for pid1 in children_of(run) {
+            for p in children_of(pid1) {
                 if caught(p) & (1u64 << (sig as i32 - 1)) != 0 {
                     return Some(p);
                 }
@@ -115,7 +91,7 @@ fn a_term_to_a_held_up_run_whose_command_started_and_traps_it_reaches_the_comman
     // The command has started and catches TERM before `run` gets to read pid 1's messages:
     // the TERM is the command's to handle, exit 7.
     let mut run = start_and_hold("trap 'exit 7' TERM; while :; do sleep 0.1; done");
-    let trapped = payload_catching(run.id() as i32, Signal::SIGTERM, Duration::from_secs(30));
+    let trapped = payload_catching(run.id(), Signal::SIGTERM, Duration::from_secs(30));
     let status = signal_and_release(&mut run, Signal::SIGTERM);
     assert!(trapped.is_some(), "the command never trapped TERM");
     assert_eq!(
@@ -158,7 +134,7 @@ fn a_term_sent_once_the_command_traps_it_reaches_the_command_under_a_cpu_quota()
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("spawn run: {e}"));
-        let trapped = payload_catching(run.id() as i32, Signal::SIGTERM, Duration::from_secs(30));
+        let trapped = payload_catching(run.id(), Signal::SIGTERM, Duration::from_secs(30));
         let _ = kill(Pid::from_raw(run.id() as i32), Signal::SIGTERM);
         let status = common::terminal::wait_child(&mut run, Duration::from_secs(60), "run");
         assert!(trapped.is_some(), "the command never trapped TERM");

@@ -305,19 +305,11 @@ pub fn start_gate() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// Whether the start gate's read end is at end of file (see [`start_gate`]): the payload
-/// has reached its `execve`, or its set-up ended. Never waits.
+/// has reached its `execve`, or its set-up ended. Never waits. Nothing is ever written to
+/// the gate, so readable means its last write end is closed; where poll(2) cannot tell,
+/// the signal is passed on, as before the gate existed.
 pub fn start_is_over(gate: BorrowedFd<'_>) -> bool {
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-    let mut fds = [PollFd::new(gate, PollFlags::POLLIN)];
-    match poll(&mut fds, PollTimeout::ZERO) {
-        Ok(0) => false,
-        // Nothing is ever written: readable means the last write end is closed.
-        Ok(_) => fds[0]
-            .revents()
-            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLIN)),
-        // Cannot tell: as before the gate existed, the signal is passed on.
-        Err(_) => true,
-    }
+    super::wait::ready_now(gate).unwrap_or(true)
 }
 
 /// Sends the sandbox its seccomp filters, the floor's first, with the write end of the

@@ -64,12 +64,7 @@ pub fn reap_until_exit(payload: Pid, channel: BorrowedFd<'_>) -> ! {
                 Ok(WaitStatus::StillAlive) | Err(_) => break,
                 Ok(status) => {
                     if status.pid() == Some(payload) {
-                        if let Some(raw) = raw_status(status) {
-                            FromSandbox::send_exited(channel, raw);
-                        }
-                        // SAFETY: _exit ends the process without running destructors that
-                        // belong to the supervisor whose memory image we share.
-                        unsafe { libc::_exit(0) };
+                        report_and_exit(channel, raw_status(status));
                     }
                 }
             }
@@ -89,6 +84,12 @@ pub fn report_early_end(payload: Pid, channel: BorrowedFd<'_>) -> ! {
             Err(_) => break None,
         }
     };
+    report_and_exit(channel, status)
+}
+
+/// pid 1's last word: the payload's raw status, if it has one, sent from the stack; then
+/// pid 1 leaves, and the kernel kills whatever is left in the namespace.
+fn report_and_exit(channel: BorrowedFd<'_>, status: Option<i32>) -> ! {
     if let Some(raw) = status {
         FromSandbox::send_exited(channel, raw);
     }

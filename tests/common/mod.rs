@@ -228,3 +228,39 @@ pub const PID1_PROBE: &str = "sleep 30 & s=$!; \
      kill $s";
 /// What [`PID1_PROBE`] prints where pid 1 is closed to the payload.
 pub const PID1_CLOSED: [&str; 3] = ["own-environ", "own-fd", "own-maps"];
+
+/// The direct children of `pid`, from `/proc/*/stat` (the parent pid is the second field
+/// after the last `)`: the command name before it may hold spaces and parentheses).
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let after = stat.get(stat.rfind(')')?.checked_add(1)?..)?.to_string();
+                    after.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// The value of `key` (`VmRSS`, `SigCgt`, ...) in `/proc/PID/status`, trimmed.
+pub fn proc_status(pid: u32, key: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k == key).then(|| v.trim().to_string())
+    })
+}
+
+/// Resident memory of a process, in KiB (0 when it cannot be read).
+pub fn rss_kib(pid: u32) -> u64 {
+    proc_status(pid, "VmRSS")
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}

@@ -191,9 +191,14 @@ pub fn process_start_time(pid: u32) -> Option<u64> {
 /// A process's state letter (field 3 of `/proc/PID/stat`) and start time (field 22), from
 /// one read.
 fn proc_stat(pid: u32) -> Option<(char, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may contain spaces and parentheses: split after the last ')'.
-    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// [`proc_stat`]'s parse of the file's text. The command name is the process's own choice
+/// (any 15 bytes, spaces and parentheses included): the fields are taken after the last
+/// `)`, which the kernel writes after the name and nowhere later.
+fn parse_stat(stat: &str) -> Option<(char, u64)> {
+    let rest = stat.get(stat.rfind(')')?.checked_add(1)?..)?;
     let mut fields = rest.split_whitespace();
     let state = fields.next()?.chars().next()?;
     let start = fields.nth(18)?.parse().ok()?;
@@ -339,6 +344,19 @@ pub(crate) const CFS_PERIOD_US: u64 = 100_000;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_command_name_made_to_look_like_fields_does_not_move_the_state_or_start_time() {
+        let tail = "S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 4242 0 0";
+        // A name that plays the state and the fields after it, with parentheses.
+        let forged = format!("77 (Z 1 ) Z 9 9) {tail}\n");
+        assert_eq!(parse_stat(&forged), Some(('S', 4242)));
+        assert_eq!(parse_stat(&format!("77 (sh) {tail}")), Some(('S', 4242)));
+        // Cut short, or no name at all: nothing is made up.
+        assert_eq!(parse_stat("77 (sh) S 1 1"), None);
+        assert_eq!(parse_stat("77 sh S 1"), None);
+        assert_eq!(parse_stat(""), None);
+    }
 
     #[test]
     fn names_of_live_processes_are_not_stale() {

@@ -368,4 +368,34 @@ mod tests {
         assert_eq!(decode_raw_status(libc::SIGKILL), (137, Some(9)));
         assert_eq!(decode_raw_status(libc::SIGSEGV | 0x80), (139, Some(11)));
     }
+
+    #[test]
+    fn a_flood_of_messages_keeps_the_first_failure_and_the_last_word_in_fixed_space() {
+        let mut told = Told::default();
+        told.take(FromSandbox::ExecFailed {
+            errno: libc::ENOENT,
+        });
+        for i in 0..10_000 {
+            told.take(FromSandbox::SetupFailed {
+                step: "forged".into(),
+                errno: i,
+                detail: String::new(),
+            });
+            told.take(FromSandbox::Landlock {
+                abi: 1,
+                status: format!("status {i}"),
+            });
+            told.take(FromSandbox::Exited { status: i });
+        }
+        // A failure is never replaced by a later one; the rest keep only their last value.
+        assert_eq!(
+            told.failure,
+            Some(Failure::Exec {
+                errno: libc::ENOENT
+            })
+        );
+        assert_eq!(told.landlock, Some((1, "status 9999".to_string())));
+        assert_eq!(told.payload_status, Some(9999));
+        assert_eq!(told.stopped_by, None);
+    }
 }
