@@ -9,7 +9,9 @@ Prints, for each variant and as a hatchery/bubblewrap ratio:
     (bubblewrap's parent exits without reaping its sandbox's pid 1) is reaped here and
     counted too (getrusage RUSAGE_CHILDREN before and after);
   - the rate of back-to-back starts with LANES loops running at once (starts per second;
-    each loop starts the next as soon as the command exits, as a shell loop would).
+    each loop starts the next as soon as the command exits, as a shell loop would);
+  - as root, what making and removing a memory cgroup costs on this host (see
+    cgroup_cost: it depends on the host's past, and hatchery pays it at every start).
 No assertions: numbers, not verdicts."""
 import argparse, ctypes, os, resource, statistics, subprocess, sys, time
 
@@ -98,6 +100,39 @@ def lanes_rate(argv, lanes, starts):
     return lanes * starts / (time.perf_counter() - t)
 
 
+def cgroup_cost(n=100):
+    """Median time to make and remove a memory cgroup (and a pids cgroup, for scale), or
+    None where this cannot be measured (not root, no such hierarchy).
+
+    hatchery makes one per start and bubblewrap none. The kernel sizes a memory cgroup's
+    shrinker map to the highest shrinker id in use since boot (one per mounted file system
+    at the busiest moment, every sandbox's included), and walks it when the cgroup is made
+    and taken offline: a host that once held thousands of mounts at the same time pays
+    for it at every start until it reboots. Printed so that figures from two hosts, or
+    two hours of one host, can be told apart."""
+    base = "/sys/fs/cgroup"
+    if os.geteuid() != 0:
+        return None
+    v1 = os.path.isdir(f"{base}/memory") and os.path.isdir(f"{base}/pids")
+    if not v1 and not os.path.exists(f"{base}/cgroup.controllers"):
+        return None
+    out = {}
+    for ctrl in ("memory", "pids") if v1 else ("all",):
+        d = f"{base}/{ctrl}/bench-cgroup-probe-{os.getpid()}" if v1 \
+            else f"{base}/bench-cgroup-probe-{os.getpid()}"
+        times = []
+        try:
+            for _ in range(n):
+                t = time.perf_counter_ns()
+                os.mkdir(d)
+                os.rmdir(d)
+                times.append((time.perf_counter_ns() - t) / 1e6)
+        except OSError:
+            return None
+        out[ctrl] = statistics.median(times)
+    return out
+
+
 def q(xs, f):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(f * len(xs)))]
@@ -153,6 +188,13 @@ def main():
     # to it), which holds up better when the machine's speed drifts during the run.
     pairs = [h / b for h, b in zip(wall["hatchery"], wall["bwrap"]) if b > 0]
     print(f"ratio hatchery/bwrap (median of alternated pairs): wall {statistics.median(pairs):.2f}")
+    cost = cgroup_cost()
+    if cost and "memory" in cost:
+        print(f"this host: a memory cgroup made and removed {cost['memory']:.2f} ms "
+              f"(a pids cgroup {cost['pids']:.2f} ms; hatchery makes one of each per start)")
+    elif cost:
+        print(f"this host: a cgroup made and removed {cost['all']:.2f} ms "
+              f"(with every controller of the root's subtree_control)")
     if rate["hatchery"]:
         h, b = med(rate, "hatchery"), med(rate, "bwrap")
         print(f"{a.lanes} lanes, {a.lane_starts} starts each, {a.rounds} alternated rounds: "
