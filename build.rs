@@ -55,9 +55,14 @@ fn link_libseccomp_statically() {
 }
 
 /// The static archive `name` where the C compiler would find it, or `None` (the compiler
-/// prints the bare name back when it has none).
+/// prints the bare name back when it has none). Only for a build for this machine: the
+/// compiler asked is the host's, whose archives would not fit another target. The build
+/// script runs again when the archive changes or goes (a compiler upgrade moves it).
 fn compiler_archive(name: &str) -> Option<PathBuf> {
     println!("cargo:rerun-if-env-changed=CC");
+    if std::env::var("TARGET").ok() != std::env::var("HOST").ok() {
+        return None;
+    }
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = std::process::Command::new(cc)
         .arg(format!("-print-file-name={name}"))
@@ -65,26 +70,40 @@ fn compiler_archive(name: &str) -> Option<PathBuf> {
         .ok()?;
     let found = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let archive = Path::new(&found);
-    archive
+    let archive = archive
         .is_absolute()
         .then(|| archive.canonicalize().ok())
         .flatten()
-        .filter(|a| a.is_file())
+        .filter(|a| a.is_file())?;
+    println!("cargo:rerun-if-changed={}", archive.display());
+    Some(archive)
 }
 
-/// Links GCC's unwinder from its static archive (`libgcc_eh.a`, what `gcc -static-libgcc`
-/// links) instead of `libgcc_s.so.1`: one shared object fewer to find, map and initialise
-/// (its constructor asks the processor for its features, a trap to the hypervisor per
-/// question in a VM), and one fewer in the scope of every symbol the loader resolves, at
-/// every start. 0.94x the wall time of a `run` (docs/performance.md). Where the C compiler
-/// has no such archive, the shared library stays; `HATCHERY_SHARED_LIBGCC=1` at build time
+/// Links GCC's unwinder from its static archive (`libgcc_eh.a`, with `libgcc.a`: what
+/// `gcc -static-libgcc` links) instead of `libgcc_s.so.1`: one shared object fewer to
+/// find, map and initialise (its constructor asks the processor for its features, a trap
+/// to the hypervisor per question in a VM), and one fewer in the scope of every symbol the
+/// loader resolves, at every start. 0.94x the wall time of a `run` (docs/performance.md).
+/// The archive of GCC 12 and later asks glibc for `_dl_find_object`, so the binary then
+/// needs glibc 2.35 where it runs. Where the C compiler has no such archive, or for
+/// another target, the shared library stays; `HATCHERY_SHARED_LIBGCC=1` at build time
 /// keeps it too.
 fn link_unwinder_statically() {
     println!("cargo:rerun-if-env-changed=HATCHERY_SHARED_LIBGCC");
     if std::env::var_os("HATCHERY_SHARED_LIBGCC").is_some() {
         return;
     }
-    let Some(archive) = compiler_archive("libgcc_eh.a") else {
+    // Both archives, as `gcc -static-libgcc` links them: the system's `libgcc_s.so`
+    // script brought `libgcc.a` in too (`-lgcc`), and rustc asks for no default libraries.
+    let archives: Option<Vec<String>> = ["libgcc_eh.a", "libgcc.a"]
+        .iter()
+        .map(|name| {
+            compiler_archive(name)
+                .and_then(|a| a.to_str().map(str::to_string))
+                .filter(|a| !a.contains('"'))
+        })
+        .collect();
+    let Some(archives) = archives else {
         return;
     };
     let Ok(out_dir) = std::env::var("OUT_DIR") else {
@@ -92,11 +111,9 @@ fn link_unwinder_statically() {
     };
     let dir = Path::new(&out_dir).join("unwinder");
     // A linker script named like the shared library, found first on the search path:
-    // every `-lgcc_s` (rustc's and the C compiler driver's) then takes the archive.
-    let Some(archive) = archive.to_str().filter(|a| !a.contains('"')) else {
-        return;
-    };
-    let script = format!("INPUT ( \"{archive}\" )\n");
+    // every `-lgcc_s` (rustc's and the C compiler driver's) then takes the archives.
+    let quoted: Vec<String> = archives.iter().map(|a| format!("\"{a}\"")).collect();
+    let script = format!("GROUP ( {} )\n", quoted.join(" "));
     if std::fs::create_dir_all(&dir).is_err()
         || std::fs::write(dir.join("libgcc_s.so"), script).is_err()
     {

@@ -17,6 +17,9 @@ seconds=${FUZZ_SECONDS:-60}
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
+# libFuzzer is C++ and brings libgcc_s.so.1 along: keep hatchery's unwinder the shared one
+# too (build.rs), so that the fuzz targets have one unwinder, not two.
+export HATCHERY_SHARED_LIBGCC=1
 if ! rustc --version | grep -q nightly; then
     export RUSTC_BOOTSTRAP=1
 fi
