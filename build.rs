@@ -59,7 +59,6 @@ fn link_libseccomp_statically() {
 /// compiler asked is the host's, whose archives would not fit another target. The build
 /// script runs again when the archive changes or goes (a compiler upgrade moves it).
 fn compiler_archive(name: &str) -> Option<PathBuf> {
-    println!("cargo:rerun-if-env-changed=CC");
     if std::env::var("TARGET").ok() != std::env::var("HOST").ok() {
         return None;
     }
@@ -127,6 +126,8 @@ fn main() {
         "cargo:rustc-env=HATCHERY_FILTER_BUILD_ID={}",
         filter_build_id()
     );
+    // Which archives the C compiler finds (`compiler_archive`) depends on which compiler.
+    println!("cargo:rerun-if-env-changed=CC");
     // The unwinder's directory first on the search path, ahead of any system directory.
     link_unwinder_statically();
     link_libseccomp_statically();
