@@ -19,7 +19,7 @@ if [ "${HATCHERY_SKIP_APT:-0}" != 1 ] && [ "$(id -u)" = 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         libseccomp-dev pkg-config gcc libc6-dev python3 util-linux procps iproute2 bubblewrap uidmap jq openssl curl \
-        etcd-server etcd-client protobuf-compiler >/dev/null
+        etcd-server etcd-client protobuf-compiler libprotobuf-dev >/dev/null
 fi
 if [ "$(id -u)" = 0 ]; then
     # The rootless tests run the binary as `nobody` (no subordinate ids: the plain mapping)
