@@ -19,7 +19,7 @@ impl std::fmt::Display for PrivError {
 }
 
 fn last_cap() -> u32 {
-    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+    super::kernel_text::read("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(40)
@@ -31,10 +31,56 @@ fn errno_of(e: &caps::errors::CapsError) -> i32 {
     libc::EPERM
 }
 
+/// The bounding set a caller of [`drop_all`] starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bounding {
+    /// Drop it here.
+    Drop,
+    /// Emptied already by [`drop_bounding_set`], in this process or in the parent it was
+    /// forked from (the set is inherited): checked, and dropped after all if it is not.
+    Emptied,
+}
+
+/// Empties the bounding set: no execve of this process or of its children can gain a
+/// capability from then on. The capabilities held now stay (a sandbox's pid 1 needs its
+/// own until its payload has started). Needs CAP_SETPCAP.
+///
+/// Why apart from [`drop_all`]: pid 1 empties it once, before starting the payload, and
+/// the payload inherits it empty; otherwise each of them makes one `prctl` per
+/// capability the kernel knows (41), the payload's on the way to its `execve`.
+pub fn drop_bounding_set() -> Result<(), PrivError> {
+    for cap in 0..=last_cap() {
+        // SAFETY: prctl with integer arguments only.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) } != 0 {
+            let errno = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EPERM);
+            // EINVAL: a capability this kernel does not know; nothing to drop.
+            if errno != libc::EINVAL {
+                return Err(PrivError {
+                    step: "bounding set",
+                    errno,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether the bounding set still holds CAP_SYS_ADMIN: one `prctl` that tells an emptied
+/// set (which [`drop_bounding_set`] leaves without it, or fails) from an untouched one.
+/// An error counts as held: the set is dropped after all.
+fn bounding_holds_sys_admin() -> bool {
+    let cap = libc::c_ulong::from(caps::Capability::CAP_SYS_ADMIN.index());
+    // SAFETY: prctl with integer arguments only.
+    let held = unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap, 0, 0, 0) };
+    held != 0
+}
+
 /// Drops every capability, switching to the inside ids `switch_to` on the way (with the
 /// securebits locked first, the switch itself cannot keep or regain anything). Needs
 /// CAP_SETPCAP, CAP_SETUID and CAP_SETGID (held by the namespace's root until here).
-pub fn drop_all(switch_to: Option<(u32, u32)>) -> Result<(), PrivError> {
+pub fn drop_all(switch_to: Option<(u32, u32)>, bounding: Bounding) -> Result<(), PrivError> {
     // Locked securebits: uid 0 gets no capabilities on execve, setuid(2) does not restore
     // them, and ambient capabilities can never be raised.
     let bits = libc::SECBIT_NOROOT
@@ -52,20 +98,8 @@ pub fn drop_all(switch_to: Option<(u32, u32)>) -> Result<(), PrivError> {
                 .unwrap_or(libc::EPERM),
         });
     }
-    for cap in 0..=last_cap() {
-        // SAFETY: prctl with integer arguments only.
-        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) } != 0 {
-            let errno = std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EPERM);
-            // EINVAL: a capability this kernel does not know; nothing to drop.
-            if errno != libc::EINVAL {
-                return Err(PrivError {
-                    step: "bounding set",
-                    errno,
-                });
-            }
-        }
+    if bounding == Bounding::Drop || bounding_holds_sys_admin() {
+        drop_bounding_set()?;
     }
     if let Some((uid, gid)) = switch_to.filter(|ids| *ids != (0, 0)) {
         let errno = |e: nix::Error| PrivError {
@@ -111,4 +145,68 @@ pub fn not_dumpable() -> Result<(), PrivError> {
         step: "dumpable",
         errno: e as i32,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bounding set of a child of this process, after `test` ran in it: `None` if the
+    /// child failed or could not be started.
+    fn bounding_after(test: fn() -> bool) -> Option<()> {
+        // SAFETY: the child makes system calls (and glibc's malloc, which is fork-safe
+        // there) and leaves with _exit, never returning into the test harness.
+        match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Child) => {
+                let ok = test();
+                // SAFETY: leave the child without running the parent's destructors.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+            }
+            Ok(nix::unistd::ForkResult::Parent { child }) => {
+                match super::super::wait::reap_child(child) {
+                    Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Some(()),
+                    _ => None,
+                }
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Every capability gone from the bounding set, as `/proc/self/status` shows it.
+    fn bounding_is_empty() -> bool {
+        super::super::kernel_text::read("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines().find_map(|l| {
+                    l.strip_prefix("CapBnd:")
+                        .map(|v| v.trim() == "0000000000000000")
+                })
+            })
+            .unwrap_or(false)
+    }
+
+    #[test]
+    fn a_bounding_set_said_to_be_emptied_but_full_is_dropped_all_the_same() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        // Told it was emptied, though nothing emptied it: the check sees CAP_SYS_ADMIN.
+        let said_emptied = bounding_after(|| {
+            bounding_holds_sys_admin()
+                && drop_all(None, Bounding::Emptied).is_ok()
+                && bounding_is_empty()
+        });
+        assert!(
+            said_emptied.is_some(),
+            "the bounding set was left as it was"
+        );
+        // Emptied first, as pid 1 does: nothing left for drop_all to drop.
+        let emptied = bounding_after(|| {
+            drop_bounding_set().is_ok()
+                && !bounding_holds_sys_admin()
+                && bounding_is_empty()
+                && drop_all(None, Bounding::Emptied).is_ok()
+        });
+        assert!(emptied.is_some());
+    }
 }

@@ -47,7 +47,7 @@ pub fn helper(read: Vec<PathBuf>) -> Result<(), String> {
     if nix::unistd::geteuid().is_root() {
         let parent = nix::unistd::getppid();
         nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
-        caps::drop_all(Some((NOBODY, NOBODY))).map_err(|e| e.to_string())?;
+        caps::drop_all(Some((NOBODY, NOBODY)), caps::Bounding::Drop).map_err(|e| e.to_string())?;
         // Changing credentials cleared the parent-death signal: arm it again, or the
         // helper outlives a supervisor killed with SIGKILL. A parent gone meanwhile is
         // seen by the pid check.

@@ -19,6 +19,7 @@ pub mod filter_cache;
 pub mod handle;
 pub mod idpool;
 pub mod init;
+pub mod kernel_text;
 pub mod landlock;
 pub mod launch;
 pub mod mount_api;

@@ -200,8 +200,13 @@ fn open_beneath(dir: &OwnedFd, name: &Path, flags: libc::c_int) -> io::Result<Ow
     })
 }
 
-/// Opens (creating as needed) the mount point for `target` under the new root, walking
-/// component by component without following symlinks. Returns an O_PATH fd.
+/// Opens (creating as needed) the mount point for `target` beneath `root`, walking
+/// component by component without following symlinks. Returns an O_PATH fd, or for a file
+/// made here the descriptor that made it (a mount target all the same).
+///
+/// Each missing piece is made first and opened second (two calls, where a probe, a make
+/// and a second open took three): nothing in the tree could have been made by anyone but
+/// pid 1 yet, and an existing one is still opened without following a symlink.
 pub(super) fn mount_point(
     root: &OwnedFd,
     target: &Path,
@@ -215,48 +220,53 @@ pub(super) fn mount_point(
             _ => None,
         })
         .collect();
-    let mut cur = open_beneath(root, Path::new("."), libc::O_PATH | libc::O_DIRECTORY)
-        .map_err(fail(step()))?;
+    // `None`: still at `root` itself, which is walked from but not opened again.
+    let mut cur: Option<OwnedFd> = None;
     for (i, comp) in comps.iter().enumerate() {
-        let last = i + 1 == comps.len();
+        let dir = cur.as_ref().unwrap_or(root);
         let name = Path::new(comp);
-        let want_dir = !last || is_dir;
-        let flags = libc::O_PATH | if want_dir { libc::O_DIRECTORY } else { 0 };
-        let next = match open_beneath(&cur, name, flags) {
-            Ok(fd) => fd,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                let c = cpath(name).map_err(fail(step()))?;
-                // SAFETY: mkdirat/openat relative to a directory fd we own; c is NUL-terminated.
-                let rc = unsafe {
-                    if want_dir {
-                        libc::mkdirat(cur.as_raw_fd(), c.as_ptr(), 0o755)
-                    } else {
-                        let fd = libc::openat(
-                            cur.as_raw_fd(),
-                            c.as_ptr(),
-                            libc::O_CREAT
-                                | libc::O_EXCL
-                                | libc::O_WRONLY
-                                | libc::O_CLOEXEC
-                                | libc::O_NOFOLLOW,
-                            0o644,
-                        );
-                        if fd >= 0 {
-                            libc::close(fd);
-                        }
-                        fd.min(0)
-                    }
-                };
-                if rc < 0 {
-                    return Err(fail(step())(io::Error::last_os_error()));
-                }
-                open_beneath(&cur, name, flags).map_err(fail(step()))?
-            }
-            Err(e) => return Err(fail(step())(e)),
+        let want_dir = i + 1 < comps.len() || is_dir;
+        let next = if want_dir {
+            directory_at(dir, name)
+        } else {
+            file_at(dir, name)
         };
-        cur = next;
+        cur = Some(next.map_err(fail(step()))?);
     }
-    Ok(cur)
+    match cur {
+        Some(fd) => Ok(fd),
+        None => open_beneath(root, Path::new("."), libc::O_PATH | libc::O_DIRECTORY)
+            .map_err(fail(step())),
+    }
+}
+
+/// The directory `name` in `dir`, made if missing (mode 0755); never through a symlink.
+fn directory_at(dir: &OwnedFd, name: &Path) -> io::Result<OwnedFd> {
+    let c = cpath(name)?;
+    // SAFETY: mkdirat relative to a directory fd we own; c is NUL-terminated.
+    let made = if unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    };
+    open_beneath(dir, name, libc::O_PATH | libc::O_DIRECTORY).map_err(|e| match made {
+        // Missing, and it could not be made: why it could not.
+        Err(why) if e.raw_os_error() == Some(libc::ENOENT) => why,
+        _ => e,
+    })
+}
+
+/// The file `name` in `dir`: made empty (mode 0644) and returned as made, or, if something
+/// is there already, opened O_PATH without following a symlink.
+fn file_at(dir: &OwnedFd, name: &Path) -> io::Result<OwnedFd> {
+    let c = cpath(name)?;
+    let flags = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW;
+    // SAFETY: openat relative to a directory fd we own; c is NUL-terminated. O_EXCL with
+    // O_NOFOLLOW never opens anything that was there, a symlink included.
+    match owned(unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags, 0o644) }.into()) {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => open_beneath(dir, name, libc::O_PATH),
+        made => made,
+    }
 }
 
 pub(super) fn stage_path(target: &Path) -> PathBuf {
@@ -266,4 +276,80 @@ pub(super) fn stage_path(target: &Path) -> PathBuf {
 pub(super) fn fstat_id(fd: &OwnedFd) -> io::Result<(u64, u64)> {
     let st = nix::sys::stat::fstat(fd).map_err(io::Error::from)?;
     Ok((st.st_dev, st.st_ino))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, symlink};
+
+    fn step_err(e: MountError) -> io::Error {
+        io::Error::other(format!("{}: errno {}", e.step, e.errno))
+    }
+
+    fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+        std::fs::File::open(path).map(OwnedFd::from)
+    }
+
+    #[test]
+    fn missing_pieces_are_made_and_existing_ones_opened_as_they_are() -> io::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let root = open_dir(tmp.path())?;
+        let made = mount_point(&root, Path::new("/a/b/c"), true).map_err(step_err)?;
+        assert!(tmp.path().join("a/b/c").is_dir());
+        assert_eq!(
+            fstat_id(&made)?.1,
+            std::fs::metadata(tmp.path().join("a/b/c"))?.ino()
+        );
+        let file = mount_point(&root, Path::new("/a/b/f"), false).map_err(step_err)?;
+        assert_eq!(
+            fstat_id(&file)?.1,
+            std::fs::metadata(tmp.path().join("a/b/f"))?.ino()
+        );
+        // A file already there is opened, not made again: its content stays.
+        std::fs::write(tmp.path().join("a/b/f"), "kept")?;
+        drop(mount_point(&root, Path::new("a/b/f"), false).map_err(step_err)?);
+        assert_eq!(std::fs::read_to_string(tmp.path().join("a/b/f"))?, "kept");
+        // `..` and `.` name nothing: the walk stays beneath the root.
+        drop(mount_point(&root, Path::new("/../a/./b"), true).map_err(step_err)?);
+        assert!(!tmp.path().parent().unwrap_or(tmp.path()).join("a").exists());
+        // The root itself.
+        drop(mount_point(&root, Path::new("/"), true).map_err(step_err)?);
+        Ok(())
+    }
+
+    #[test]
+    fn a_symlink_anywhere_on_the_way_is_refused_and_nothing_is_made_through_it() -> io::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let outside = tempfile::tempdir()?;
+        let root = open_dir(tmp.path())?;
+        symlink(outside.path(), tmp.path().join("dir"))?;
+        symlink(outside.path().join("gone"), tmp.path().join("dangling"))?;
+        symlink(outside.path().join("file"), tmp.path().join("file"))?;
+        for (target, is_dir) in [
+            ("/dir/x", true),
+            ("/dir/x", false),
+            ("/dir", true),
+            ("/dangling", true),
+            ("/dangling", false),
+            ("/dangling/x", false),
+            ("/file", false),
+        ] {
+            let got = mount_point(&root, Path::new(target), is_dir);
+            assert!(got.is_err(), "{target} (dir: {is_dir}) was opened");
+        }
+        assert_eq!(
+            std::fs::read_dir(outside.path())?.count(),
+            0,
+            "made through a link"
+        );
+        // A piece that cannot be made says why (a file where a directory is wanted).
+        std::fs::write(tmp.path().join("plain"), "")?;
+        let err = mount_point(&root, Path::new("/plain/x"), true).err();
+        assert!(
+            err.is_some_and(|e| e.step == "mount point /plain/x" && e.errno == libc::ENOTDIR),
+            "not the reason"
+        );
+        Ok(())
+    }
 }

@@ -477,9 +477,10 @@ fn build_dev(
 ) -> Result<(), MountError> {
     // A directory of the root's tmpfs, read-only with it: mount points and links.
     let dev = Path::new("/dev");
-    mount_point(root, dev, true)?;
+    let dev_dir = mount_point(root, dev, true)?;
     for (name, tree) in nodes {
-        let at = mount_point(root, &dev.join(name), false)?;
+        // Beneath the directory just opened, not walked to from the root again.
+        let at = mount_point(&dev_dir, Path::new(name), false)?;
         attach(&tree, &at).map_err(fail(format!("mount /dev/{name}")))?;
     }
     let pts = dev.join("pts");

@@ -30,8 +30,8 @@ pub struct Layout {
 impl Layout {
     /// Reads the layout of the calling process.
     pub fn current() -> std::io::Result<Layout> {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-        let cgroup = std::fs::read_to_string("/proc/self/cgroup")?;
+        let mountinfo = crate::sandbox::kernel_text::read("/proc/self/mountinfo")?;
+        let cgroup = crate::sandbox::kernel_text::read("/proc/self/cgroup")?;
         Ok(Layout::parse(&mountinfo, &cgroup))
     }
 

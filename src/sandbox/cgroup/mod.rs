@@ -191,7 +191,12 @@ pub fn process_start_time(pid: u32) -> Option<u64> {
 /// A process's state letter (field 3 of `/proc/PID/stat`) and start time (field 22), from
 /// one read.
 fn proc_stat(pid: u32) -> Option<(char, u64)> {
-    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    if pid == std::process::id() {
+        // This process: alive, and its start time never changes (read once, not at every
+        // name made or swept).
+        return parse_stat(&super::kernel_text::own_stat()?);
+    }
+    parse_stat(&super::kernel_text::read(format!("/proc/{pid}/stat")).ok()?)
 }
 
 /// [`proc_stat`]'s parse of the file's text. The command name is the process's own choice
@@ -225,7 +230,7 @@ pub(crate) fn is_stale(name: &str) -> bool {
 }
 
 pub(crate) fn read_string(path: &Path) -> Option<String> {
-    std::fs::read_to_string(path).ok()
+    super::kernel_text::read(path).ok()
 }
 
 pub(crate) fn read_u64(path: &Path) -> Option<u64> {
@@ -269,6 +274,16 @@ pub(crate) fn kill_procs_until_empty(dir: &Path, deadline: Instant) -> Result<()
             return Err(CgroupError::Busy(dir.to_path_buf()));
         }
         std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Removes `dir` if nothing holds it: true once it is gone. How a sandbox's cgroup usually
+/// ends (its processes went with its pid 1), without listing its processes first; anything
+/// else (busy, not ours to remove) is left to the kill-and-retry path.
+pub(crate) fn removed_at_once(dir: &Path) -> bool {
+    match std::fs::remove_dir(dir) {
+        Ok(()) => true,
+        Err(e) => e.kind() == io::ErrorKind::NotFound,
     }
 }
 

@@ -259,11 +259,16 @@ impl SandboxCgroup for V1Cgroup {
 
     fn destroy(&mut self) -> Result<(), CgroupError> {
         let deadline = Instant::now() + Duration::from_secs(2);
-        if !self.primary.as_os_str().is_empty() {
+        let primary_gone =
+            !self.primary.as_os_str().is_empty() && super::removed_at_once(&self.primary);
+        if !primary_gone && !self.primary.as_os_str().is_empty() {
             super::kill_procs_until_empty(&self.primary, deadline)?;
         }
         let mut first_err = None;
         for dir in self.unique_dirs() {
+            if primary_gone && *dir == self.primary {
+                continue;
+            }
             if let Err(e) = super::remove_when_empty(dir, deadline) {
                 first_err.get_or_insert(e);
             }

@@ -364,6 +364,10 @@ impl SandboxCgroup for V2Cgroup {
             return Ok(());
         }
         self.fd = None;
+        if super::removed_at_once(&self.dir) {
+            self.removed = true;
+            return Ok(());
+        }
         if !self.is_empty() {
             self.kill_all()?;
         }

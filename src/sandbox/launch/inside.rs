@@ -119,6 +119,10 @@ fn contain_steps(mut ctx: ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible
     // Unreadable by the payload (ptrace, /proc/1/mem, /proc/1/fd) before the payload
     // exists: pid 1 keeps its capabilities in the sandbox until the payload has started.
     caps::not_dumpable().map_err(Step::from)?;
+    // Nothing this process or the payload executes can gain a capability: emptied once
+    // here, inherited by the payload (pid 1 keeps what it holds until the payload runs).
+    caps::drop_bounding_set()
+        .map_err(|e| Step::new(format!("capabilities ({})", e.step), e.errno))?;
     // pid 1 waits while the payload sets itself up in pid 1's memory, until its execve
     // (this process is single-threaded: a clone of a single-threaded supervisor).
     match spawn::spawn_sharing_memory(|| payload(&ctx, chan)).step("start the payload")? {
@@ -149,7 +153,7 @@ fn join_cgroup(files: Vec<OwnedFd>) -> Result<(), Step> {
 /// forward signals.
 fn reap(payload: Pid, chan: &OwnedFd) -> ! {
     process::close_fds_from(0, &[chan.as_raw_fd()]);
-    let _ = caps::drop_all(None);
+    let _ = caps::drop_all(None, caps::Bounding::Emptied);
     let _ = caps::no_new_privs();
     init::reap_until_exit(payload, chan.as_fd())
 }
@@ -247,7 +251,7 @@ fn payload_steps(
     rlimits::apply(&spec.rlimits)
         .and_then(|()| rlimits::apply(&ctx.fallback_rlimits))
         .map_err(|(name, e)| Step::new(format!("rlimit {name}"), e as i32))?;
-    caps::drop_all(Some(ctx.payload_ids))
+    caps::drop_all(Some(ctx.payload_ids), caps::Bounding::Emptied)
         .map_err(|e| Step::new(format!("capabilities ({})", e.step), e.errno))?;
     caps::no_new_privs().map_err(Step::from)?;
     // After the last credential change (which would clear it): die with pid 1.
