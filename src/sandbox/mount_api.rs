@@ -204,9 +204,8 @@ fn open_beneath(dir: &OwnedFd, name: &Path, flags: libc::c_int) -> io::Result<Ow
 /// component by component without following symlinks. Returns an O_PATH fd, or for a file
 /// made here the descriptor that made it (a mount target all the same).
 ///
-/// Each missing piece is made first and opened second (two calls, where a probe, a make
-/// and a second open took three): nothing in the tree could have been made by anyone but
-/// pid 1 yet, and an existing one is still opened without following a symlink.
+/// An existing piece is only opened: making it anyway would take write access to its file
+/// system, which waits while a host file system under an exposure is frozen.
 pub(super) fn mount_point(
     root: &OwnedFd,
     target: &Path,
@@ -226,10 +225,16 @@ pub(super) fn mount_point(
         let dir = cur.as_ref().unwrap_or(root);
         let name = Path::new(comp);
         let want_dir = i + 1 < comps.len() || is_dir;
-        let next = if want_dir {
-            directory_at(dir, name)
-        } else {
-            file_at(dir, name)
+        let flags = libc::O_PATH | if want_dir { libc::O_DIRECTORY } else { 0 };
+        let next = match open_beneath(dir, name, flags) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                if want_dir {
+                    make_directory(dir, name)
+                } else {
+                    make_file(dir, name)
+                }
+            }
+            opened => opened,
         };
         cur = Some(next.map_err(fail(step()))?);
     }
@@ -240,8 +245,9 @@ pub(super) fn mount_point(
     }
 }
 
-/// The directory `name` in `dir`, made if missing (mode 0755); never through a symlink.
-fn directory_at(dir: &OwnedFd, name: &Path) -> io::Result<OwnedFd> {
+/// Makes the directory `name` in `dir` (mode 0755) and opens it, never through a symlink:
+/// what stands there by then (made meanwhile) is opened the same way.
+fn make_directory(dir: &OwnedFd, name: &Path) -> io::Result<OwnedFd> {
     let c = cpath(name)?;
     // SAFETY: mkdirat relative to a directory fd we own; c is NUL-terminated.
     let made = if unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) } == 0 {
@@ -250,15 +256,16 @@ fn directory_at(dir: &OwnedFd, name: &Path) -> io::Result<OwnedFd> {
         Err(io::Error::last_os_error())
     };
     open_beneath(dir, name, libc::O_PATH | libc::O_DIRECTORY).map_err(|e| match made {
-        // Missing, and it could not be made: why it could not.
+        // Still missing: why it could not be made.
         Err(why) if e.raw_os_error() == Some(libc::ENOENT) => why,
         _ => e,
     })
 }
 
-/// The file `name` in `dir`: made empty (mode 0644) and returned as made, or, if something
-/// is there already, opened O_PATH without following a symlink.
-fn file_at(dir: &OwnedFd, name: &Path) -> io::Result<OwnedFd> {
+/// Makes the empty file `name` in `dir` (mode 0644) and returns the descriptor that made
+/// it; what stands there by then (made meanwhile) is opened O_PATH, never through a
+/// symlink.
+fn make_file(dir: &OwnedFd, name: &Path) -> io::Result<OwnedFd> {
     let c = cpath(name)?;
     let flags = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW;
     // SAFETY: openat relative to a directory fd we own; c is NUL-terminated. O_EXCL with

@@ -312,8 +312,7 @@ impl ProcTitle {
     pub fn current() -> Option<ProcTitle> {
         static TITLE: std::sync::OnceLock<Option<ProcTitle>> = std::sync::OnceLock::new();
         *TITLE.get_or_init(|| {
-            let stat = super::kernel_text::own_stat()?;
-            let (_, rest) = stat.rsplit_once(')')?;
+            let rest = super::kernel_text::own_stat_fields()?;
             // Fields 48..=51 (arg_start, arg_end, env_start, env_end); `rest` starts at 3.
             let mut f = rest
                 .split_whitespace()

@@ -30,7 +30,7 @@ pub struct Layout {
 impl Layout {
     /// Reads the layout of the calling process.
     pub fn current() -> std::io::Result<Layout> {
-        let mountinfo = crate::sandbox::kernel_text::read("/proc/self/mountinfo")?;
+        let mountinfo = crate::sandbox::kernel_text::read_host_table("/proc/self/mountinfo")?;
         let cgroup = crate::sandbox::kernel_text::read("/proc/self/cgroup")?;
         Ok(Layout::parse(&mountinfo, &cgroup))
     }

@@ -194,16 +194,14 @@ fn proc_stat(pid: u32) -> Option<(char, u64)> {
     if pid == std::process::id() {
         // This process: alive, and its start time never changes (read once, not at every
         // name made or swept).
-        return parse_stat(&super::kernel_text::own_stat()?);
+        return parse_stat(&super::kernel_text::own_stat_fields()?);
     }
-    parse_stat(&super::kernel_text::read(format!("/proc/{pid}/stat")).ok()?)
+    parse_stat(&super::kernel_text::stat_fields(format!("/proc/{pid}/stat")).ok()?)
 }
 
-/// [`proc_stat`]'s parse of the file's text. The command name is the process's own choice
-/// (any 15 bytes, spaces and parentheses included): the fields are taken after the last
-/// `)`, which the kernel writes after the name and nowhere later.
-fn parse_stat(stat: &str) -> Option<(char, u64)> {
-    let rest = stat.get(stat.rfind(')')?.checked_add(1)?..)?;
+/// [`proc_stat`]'s parse of the fields after the command name (see
+/// [`super::kernel_text::stat_fields`]).
+fn parse_stat(rest: &str) -> Option<(char, u64)> {
     let mut fields = rest.split_whitespace();
     let state = fields.next()?.chars().next()?;
     let start = fields.nth(18)?.parse().ok()?;
@@ -251,24 +249,36 @@ pub(crate) fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
 }
 
 /// PIDs listed in a `cgroup.procs` file.
-pub(crate) fn procs(dir: &Path) -> Vec<i32> {
-    read_string(&dir.join("cgroup.procs"))
-        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
-        .unwrap_or_default()
+pub(crate) fn procs(dir: &Path) -> io::Result<Vec<i32>> {
+    let text = super::kernel_text::read(dir.join("cgroup.procs"))?;
+    Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+}
+
+/// Whether the cgroup `dir` holds no process: listed empty, or gone. One whose list cannot
+/// be read is not taken for empty.
+pub(crate) fn holds_nothing(dir: &Path) -> bool {
+    match procs(dir) {
+        Ok(pids) => pids.is_empty(),
+        Err(e) => e.kind() == io::ErrorKind::NotFound,
+    }
 }
 
 /// SIGKILLs the processes of a cgroup until it is empty or the deadline passes.
 pub(crate) fn kill_procs_until_empty(dir: &Path, deadline: Instant) -> Result<(), CgroupError> {
     loop {
-        let pids = procs(dir);
-        if pids.is_empty() {
-            return Ok(());
-        }
-        for pid in pids {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+        match procs(dir) {
+            Ok(pids) if pids.is_empty() => return Ok(()),
+            Ok(pids) => {
+                for pid in pids {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            // Unreadable: not known to be empty, so read again until the deadline.
+            Err(_) => {}
         }
         if Instant::now() >= deadline {
             return Err(CgroupError::Busy(dir.to_path_buf()));
@@ -359,18 +369,36 @@ pub(crate) const CFS_PERIOD_US: u64 = 100_000;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::ffi::OsStrExt;
 
     #[test]
-    fn a_command_name_made_to_look_like_fields_does_not_move_the_state_or_start_time() {
-        let tail = "S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 4242 0 0";
-        // A name that plays the state and the fields after it, with parentheses.
-        let forged = format!("77 (Z 1 ) Z 9 9) {tail}\n");
-        assert_eq!(parse_stat(&forged), Some(('S', 4242)));
-        assert_eq!(parse_stat(&format!("77 (sh) {tail}")), Some(('S', 4242)));
-        // Cut short, or no name at all: nothing is made up.
-        assert_eq!(parse_stat("77 (sh) S 1 1"), None);
-        assert_eq!(parse_stat("77 sh S 1"), None);
+    fn the_state_and_start_time_come_from_their_fields_and_nothing_is_made_up() {
+        let tail = " S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 4242 0 0\n";
+        assert_eq!(parse_stat(tail), Some(('S', 4242)));
+        // Cut short: nothing is made up.
+        assert_eq!(parse_stat(" S 1 1"), None);
         assert_eq!(parse_stat(""), None);
+    }
+
+    #[test]
+    fn a_process_whose_name_is_not_text_still_has_a_start_time() -> std::io::Result<()> {
+        // The command name is the file's name: this one is not UTF-8.
+        let dir = tempfile::tempdir()?;
+        let name = std::ffi::OsStr::from_bytes(b"\xffsleep");
+        let link = dir.path().join(name);
+        std::os::unix::fs::symlink("/bin/sleep", &link)?;
+        let mut child = std::process::Command::new(&link).arg("30").spawn()?;
+        let start = process_start_time(child.id());
+        let own = is_stale(&format!(
+            "hatchery-run-{}-{}",
+            child.id(),
+            start.unwrap_or(0)
+        ));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(start.is_some_and(|s| s > 0), "no start time");
+        assert!(!own, "a live owner's cgroup taken for stale");
+        Ok(())
     }
 
     #[test]

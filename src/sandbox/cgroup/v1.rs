@@ -254,7 +254,7 @@ impl SandboxCgroup for V1Cgroup {
     }
 
     fn is_empty(&self) -> bool {
-        super::procs(&self.primary).is_empty()
+        super::holds_nothing(&self.primary)
     }
 
     fn destroy(&mut self) -> Result<(), CgroupError> {

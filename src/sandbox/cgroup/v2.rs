@@ -89,7 +89,7 @@ impl V2Manager {
             return Plan::Root;
         }
         let me = std::process::id() as i32;
-        let alone = super::procs(&self.own).into_iter().all(|p| p == me);
+        let alone = super::procs(&self.own).is_ok_and(|procs| procs.iter().all(|p| *p == me));
         let writable = |p: &Path| nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok();
         if alone
             && writable(&self.own)
