@@ -151,9 +151,9 @@ pub fn not_dumpable() -> Result<(), PrivError> {
 mod tests {
     use super::*;
 
-    /// The bounding set of a child of this process, after `test` ran in it: `None` if the
-    /// child failed or could not be started.
-    fn bounding_after(test: fn() -> bool) -> Option<()> {
+    /// Whether `test` held in a child of this process (false too if the child could not
+    /// be started): the child's credentials change, the test process's do not.
+    fn holds_in_a_child(test: fn() -> bool) -> bool {
         // SAFETY: the child makes system calls (and glibc's malloc, which is fork-safe
         // there) and leaves with _exit, never returning into the test harness.
         match unsafe { nix::unistd::fork() } {
@@ -163,12 +163,12 @@ mod tests {
                 unsafe { libc::_exit(if ok { 0 } else { 1 }) }
             }
             Ok(nix::unistd::ForkResult::Parent { child }) => {
-                match super::super::wait::reap_child(child) {
-                    Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Some(()),
-                    _ => None,
-                }
+                matches!(
+                    super::super::wait::reap_child(child),
+                    Ok(nix::sys::wait::WaitStatus::Exited(_, 0))
+                )
             }
-            Err(_) => None,
+            Err(_) => false,
         }
     }
 
@@ -191,22 +191,19 @@ mod tests {
             return;
         }
         // Told it was emptied, though nothing emptied it: the check sees CAP_SYS_ADMIN.
-        let said_emptied = bounding_after(|| {
+        let said_emptied = holds_in_a_child(|| {
             bounding_holds_sys_admin()
                 && drop_all(None, Bounding::Emptied).is_ok()
                 && bounding_is_empty()
         });
-        assert!(
-            said_emptied.is_some(),
-            "the bounding set was left as it was"
-        );
+        assert!(said_emptied, "the bounding set was left as it was");
         // Emptied first, as pid 1 does: nothing left for drop_all to drop.
-        let emptied = bounding_after(|| {
+        let emptied = holds_in_a_child(|| {
             drop_bounding_set().is_ok()
                 && !bounding_holds_sys_admin()
                 && bounding_is_empty()
                 && drop_all(None, Bounding::Emptied).is_ok()
         });
-        assert!(emptied.is_some());
+        assert!(emptied);
     }
 }

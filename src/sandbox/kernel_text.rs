@@ -38,10 +38,10 @@ fn read_bytes(path: &Path, limit: Option<u64>) -> io::Result<Vec<u8>> {
     // in one read instead of probing.
     let most = limit.map_or(u64::MAX, |l| l.saturating_add(1));
     file.take(most).read_to_end(&mut bytes)?;
-    if limit.is_some_and(|l| bytes.len() as u64 > l) {
+    if let Some(l) = limit.filter(|l| bytes.len() as u64 > *l) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("longer than {LIMIT} bytes"),
+            format!("longer than {l} bytes"),
         ));
     }
     Ok(bytes)

@@ -11,7 +11,8 @@ mod v1;
 mod v2;
 
 use std::fmt;
-use std::io;
+use std::io::{self, BufRead};
+use std::ops::ControlFlow;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -248,17 +249,39 @@ pub(crate) fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
     std::fs::write(path, value).map_err(io_err(path))
 }
 
-/// PIDs listed in a `cgroup.procs` file.
-pub(crate) fn procs(dir: &Path) -> io::Result<Vec<i32>> {
-    let text = super::kernel_text::read(dir.join("cgroup.procs"))?;
-    Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+/// Calls `each` with the PIDs listed in `dir`'s `cgroup.procs`, in order, until it says
+/// stop. Read in pieces, never held whole: how long the list is, a sandbox decides (a line
+/// per process it forks), so neither a bound on its length nor its whole length in memory.
+pub(crate) fn each_proc(
+    dir: &Path,
+    mut each: impl FnMut(i32) -> ControlFlow<()>,
+) -> io::Result<()> {
+    let list = std::fs::File::open(dir.join("cgroup.procs"))?;
+    for line in io::BufReader::new(list).split(b'\n') {
+        let line = line?;
+        let Some(pid) = std::str::from_utf8(&line)
+            .ok()
+            .and_then(|l| l.trim().parse().ok())
+        else {
+            continue;
+        };
+        if each(pid).is_break() {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Whether the cgroup `dir` holds no process: listed empty, or gone. One whose list cannot
 /// be read is not taken for empty.
 pub(crate) fn holds_nothing(dir: &Path) -> bool {
-    match procs(dir) {
-        Ok(pids) => pids.is_empty(),
+    let mut listed = false;
+    let read = each_proc(dir, |_| {
+        listed = true;
+        ControlFlow::Break(())
+    });
+    match read {
+        Ok(()) => !listed,
         Err(e) => e.kind() == io::ErrorKind::NotFound,
     }
 }
@@ -266,19 +289,21 @@ pub(crate) fn holds_nothing(dir: &Path) -> bool {
 /// SIGKILLs the processes of a cgroup until it is empty or the deadline passes.
 pub(crate) fn kill_procs_until_empty(dir: &Path, deadline: Instant) -> Result<(), CgroupError> {
     loop {
-        match procs(dir) {
-            Ok(pids) if pids.is_empty() => return Ok(()),
-            Ok(pids) => {
-                for pid in pids {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-            }
+        let mut listed = false;
+        let read = each_proc(dir, |pid| {
+            listed = true;
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            ControlFlow::Continue(())
+        });
+        match read {
+            Ok(()) if !listed => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            // Unreadable: not known to be empty, so read again until the deadline.
-            Err(_) => {}
+            // Killed what was listed, or unreadable (not known to be empty): read again
+            // until the deadline.
+            Ok(()) | Err(_) => {}
         }
         if Instant::now() >= deadline {
             return Err(CgroupError::Busy(dir.to_path_buf()));
@@ -378,6 +403,34 @@ mod tests {
         // Cut short: nothing is made up.
         assert_eq!(parse_stat(" S 1 1"), None);
         assert_eq!(parse_stat(""), None);
+    }
+
+    #[test]
+    fn a_process_list_longer_than_any_text_bound_is_read_whole_in_pieces() -> io::Result<()> {
+        // A sandbox decides how long its cgroup.procs is: a line per process it forks.
+        let dir = tempfile::tempdir()?;
+        let line = "4194304\n";
+        let lines = usize::try_from(super::super::kernel_text::LIMIT)
+            .unwrap_or(usize::MAX)
+            .div_ceil(line.len())
+            .saturating_add(1);
+        std::fs::write(dir.path().join("cgroup.procs"), line.repeat(lines))?;
+        let mut seen = 0usize;
+        each_proc(dir.path(), |pid| {
+            seen += usize::from(pid == 4_194_304);
+            ControlFlow::Continue(())
+        })?;
+        assert_eq!(seen, lines);
+        assert!(!holds_nothing(dir.path()));
+        // Gone: empty. Unreadable (a directory where the list should be): not empty.
+        assert!(holds_nothing(&dir.path().join("gone")));
+        std::fs::remove_file(dir.path().join("cgroup.procs"))?;
+        std::fs::create_dir(dir.path().join("cgroup.procs"))?;
+        assert!(!holds_nothing(dir.path()));
+        std::fs::remove_dir(dir.path().join("cgroup.procs"))?;
+        std::fs::write(dir.path().join("cgroup.procs"), "")?;
+        assert!(holds_nothing(dir.path()));
+        Ok(())
     }
 
     #[test]

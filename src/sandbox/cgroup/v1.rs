@@ -259,9 +259,11 @@ impl SandboxCgroup for V1Cgroup {
 
     fn destroy(&mut self) -> Result<(), CgroupError> {
         let deadline = Instant::now() + Duration::from_secs(2);
-        let primary_gone =
-            !self.primary.as_os_str().is_empty() && super::removed_at_once(&self.primary);
-        if !primary_gone && !self.primary.as_os_str().is_empty() {
+        // Usually the sandbox's processes went with its pid 1: the primary directory goes
+        // at the first try, and nothing is left to list or kill.
+        let has_primary = !self.primary.as_os_str().is_empty();
+        let primary_gone = has_primary && super::removed_at_once(&self.primary);
+        if has_primary && !primary_gone {
             super::kill_procs_until_empty(&self.primary, deadline)?;
         }
         let mut first_err = None;

@@ -9,6 +9,7 @@
 //! not own (a login shell), root falls back to the root cgroup and others cannot have limits.
 
 use std::fs::File;
+use std::ops::ControlFlow;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -89,7 +90,16 @@ impl V2Manager {
             return Plan::Root;
         }
         let me = std::process::id() as i32;
-        let alone = super::procs(&self.own).is_ok_and(|procs| procs.iter().all(|p| *p == me));
+        let mut others = false;
+        let listed = super::each_proc(&self.own, |p| {
+            others = p != me;
+            if others {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        let alone = listed.is_ok() && !others;
         let writable = |p: &Path| nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok();
         if alone
             && writable(&self.own)
