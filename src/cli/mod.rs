@@ -193,9 +193,17 @@ enum RunOnly {
 }
 
 impl Cli {
-    /// Parses the command line (`raw[0]` is the program), taking the short way for `run`.
+    /// Parses the command line (`raw[0]` is the program), taking the short ways for `run`:
+    /// its usual lines without clap ([`run::quick`]), the rest with a tree of `run` alone.
     pub fn parse_args(raw: &[std::ffi::OsString]) -> Result<Cli, clap::Error> {
         if raw.get(1).is_some_and(|a| a == "run") {
+            if let Some((log_format, verbose, args)) = run::quick::parse(raw) {
+                return Ok(Cli {
+                    log_format,
+                    verbose,
+                    command: Command::Run(Box::new(args)),
+                });
+            }
             return RunCli::try_parse_from(raw).map(|c| Cli {
                 log_format: c.log_format,
                 verbose: c.verbose,

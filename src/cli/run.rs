@@ -15,6 +15,7 @@ use hatchery::sandbox::{self, Host, RunRequest, SandboxError, spec};
 use hatchery::units;
 
 mod exposure;
+pub(super) mod quick;
 mod stdio;
 mod usage;
 use exposure::{command_hint, exposures, warn_unseen};
