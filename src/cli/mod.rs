@@ -336,44 +336,8 @@ mod tests {
 
     #[test]
     fn run_parses_the_same_without_the_other_subcommands() {
-        let lines: &[&[&str]] = &[
-            &["run", "--", "/bin/true"],
-            &[
-                "run", "--memory", "256M", "--cpus", "1", "--pids", "64", "--", "true",
-            ],
-            &[
-                "run",
-                "-vv",
-                "--log-format",
-                "json",
-                "--ro",
-                "x",
-                "--",
-                "a",
-                "--b",
-            ],
-            &[
-                "run",
-                "--timeout",
-                "1m30s",
-                "--env",
-                "A=1",
-                "--env",
-                "B",
-                "--",
-                "sh",
-            ],
-            &[
-                "run",
-                "--profile",
-                "strict",
-                "--report",
-                "-",
-                "--",
-                "sh",
-                "-c",
-                "id",
-            ],
+        // The lines `run::quick` takes, and lines clap refuses or answers with help.
+        let refused: &[&[&str]] = &[
             &["run"],
             &["run", "--bogus", "--", "true"],
             &["run", "--memmory", "1G", "--", "true"],
@@ -387,7 +351,7 @@ mod tests {
             &["run", "--version"],
             &["run", "-V"],
         ];
-        for line in lines {
+        for line in run::quick::tests::USUAL_LINES.iter().chain(refused) {
             let raw: Vec<std::ffi::OsString> = std::iter::once("hatchery")
                 .chain(line.iter().copied())
                 .map(Into::into)

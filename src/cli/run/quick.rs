@@ -260,7 +260,7 @@ impl Line {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::cli::{Cli, Command};
     use clap::{ArgAction, CommandFactory, Parser};
@@ -319,120 +319,122 @@ mod tests {
         assert_eq!(table, clap_options);
     }
 
+    /// Lines this reader takes (the command-line tests of `cli` use them too).
+    pub(crate) const USUAL_LINES: &[&[&str]] = &[
+        &["run", "--", "/bin/true"],
+        &[
+            "run", "--memory", "256M", "--cpus", "1", "--pids", "64", "--", "true",
+        ],
+        &[
+            "run",
+            "--memory=256M",
+            "--cpus=0.5",
+            "--pids=64",
+            "--",
+            "true",
+        ],
+        &[
+            "run",
+            "-vv",
+            "--log-format",
+            "json",
+            "--ro",
+            "x",
+            "--",
+            "a",
+            "--b",
+        ],
+        &[
+            "run",
+            "-v",
+            "--verbose",
+            "-vvv",
+            "--log-format=human",
+            "--",
+            "a",
+        ],
+        &[
+            "run",
+            "--timeout",
+            "1m30s",
+            "--env",
+            "A=1",
+            "--env",
+            "B",
+            "--",
+            "sh",
+        ],
+        &["run", "--env=A=B=C", "--", "sh"],
+        &[
+            "run",
+            "--profile",
+            "strict",
+            "--report",
+            "-",
+            "--",
+            "sh",
+            "-c",
+            "id",
+        ],
+        &[
+            "run",
+            "--report",
+            "out.json",
+            "--max-output",
+            "64K",
+            "--",
+            "x",
+        ],
+        &[
+            "run", "--ro", "/a", "--ro", "/b", "--rw", "./w", "--ro-cwd", "--", "x",
+        ],
+        &[
+            "run",
+            "--allow-exec",
+            "/usr/bin/python3",
+            "--cwd",
+            "/tmp/w",
+            "--",
+            "x",
+        ],
+        &["run", "--allow-system-rw", "--allow-degraded", "--", "x"],
+        &[
+            "run",
+            "--host-uid",
+            "1000:1001",
+            "--hostname",
+            "box",
+            "--",
+            "x",
+        ],
+        &["run", "--host-uid", "1000", "--", "x"],
+        &[
+            "run",
+            "--allow-host",
+            "example.com:443",
+            "--allow-host",
+            "[::1]:8080",
+            "--",
+            "x",
+        ],
+        &[
+            "run",
+            "--resolve",
+            "a.example=127.0.0.1",
+            "--max-egress",
+            "1M",
+            "--",
+            "x",
+        ],
+        &["run", "--dangerously-share-host-network", "--", "x"],
+        &["run", "--", "a", "--", "b", "-c"],
+        &["run", "--", ""],
+        &["run", "--", "-x"],
+    ];
+
     #[test]
     fn usual_lines_are_read_here_exactly_as_clap_reads_them() {
-        let lines: &[&[&str]] = &[
-            &["run", "--", "/bin/true"],
-            &[
-                "run", "--memory", "256M", "--cpus", "1", "--pids", "64", "--", "true",
-            ],
-            &[
-                "run",
-                "--memory=256M",
-                "--cpus=0.5",
-                "--pids=64",
-                "--",
-                "true",
-            ],
-            &[
-                "run",
-                "-vv",
-                "--log-format",
-                "json",
-                "--ro",
-                "x",
-                "--",
-                "a",
-                "--b",
-            ],
-            &[
-                "run",
-                "-v",
-                "--verbose",
-                "-vvv",
-                "--log-format=human",
-                "--",
-                "a",
-            ],
-            &[
-                "run",
-                "--timeout",
-                "1m30s",
-                "--env",
-                "A=1",
-                "--env",
-                "B",
-                "--",
-                "sh",
-            ],
-            &["run", "--env=A=B=C", "--", "sh"],
-            &[
-                "run",
-                "--profile",
-                "strict",
-                "--report",
-                "-",
-                "--",
-                "sh",
-                "-c",
-                "id",
-            ],
-            &[
-                "run",
-                "--report",
-                "out.json",
-                "--max-output",
-                "64K",
-                "--",
-                "x",
-            ],
-            &[
-                "run", "--ro", "/a", "--ro", "/b", "--rw", "./w", "--ro-cwd", "--", "x",
-            ],
-            &[
-                "run",
-                "--allow-exec",
-                "/usr/bin/python3",
-                "--cwd",
-                "/tmp/w",
-                "--",
-                "x",
-            ],
-            &["run", "--allow-system-rw", "--allow-degraded", "--", "x"],
-            &[
-                "run",
-                "--host-uid",
-                "1000:1001",
-                "--hostname",
-                "box",
-                "--",
-                "x",
-            ],
-            &["run", "--host-uid", "1000", "--", "x"],
-            &[
-                "run",
-                "--allow-host",
-                "example.com:443",
-                "--allow-host",
-                "[::1]:8080",
-                "--",
-                "x",
-            ],
-            &[
-                "run",
-                "--resolve",
-                "a.example=127.0.0.1",
-                "--max-egress",
-                "1M",
-                "--",
-                "x",
-            ],
-            &["run", "--dangerously-share-host-network", "--", "x"],
-            &["run", "--", "a", "--", "b", "-c"],
-            &["run", "--", ""],
-            &["run", "--", "-x"],
-        ];
-        for words in lines {
+        for words in USUAL_LINES {
             let raw = line(words);
             let quick = by_quick(&raw);
             assert!(quick.is_some(), "{words:?} should be read here");
