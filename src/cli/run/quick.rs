@@ -12,11 +12,11 @@
 //! `run`, and every line read here to clap's reading of it.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 
 use super::RunArgs;
 use crate::cli::egress::{self, EgressArgs};
 use crate::cli::logging::LogFormat;
+use hatchery::units;
 
 /// What a known option takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,31 +31,118 @@ enum Takes {
     Count,
 }
 
-/// Every long option of `run` (its own and the global ones), with what it takes.
-const OPTIONS: [(&str, Takes); 23] = [
-    ("memory", Takes::One),
-    ("cpus", Takes::One),
-    ("pids", Takes::One),
-    ("timeout", Takes::One),
-    ("max-output", Takes::One),
-    ("allow-host", Takes::Many),
-    ("resolve", Takes::Many),
-    ("max-egress", Takes::One),
-    ("dangerously-share-host-network", Takes::Flag),
-    ("ro", Takes::Many),
-    ("rw", Takes::Many),
-    ("ro-cwd", Takes::Flag),
-    ("allow-system-rw", Takes::Flag),
-    ("allow-exec", Takes::Many),
-    ("cwd", Takes::One),
-    ("env", Takes::Many),
-    ("profile", Takes::One),
-    ("report", Takes::One),
-    ("allow-degraded", Takes::Flag),
-    ("host-uid", Takes::One),
-    ("hostname", Takes::One),
-    ("log-format", Takes::One),
-    ("verbose", Takes::Count),
+/// A line as read so far.
+struct Line {
+    log_format: LogFormat,
+    verbose: u8,
+    args: RunArgs,
+}
+
+/// Takes an option's value (a flag's is empty) through the parser clap would use; `None`
+/// where clap would refuse it.
+type Set = fn(&mut Line, &str) -> Option<()>;
+
+/// Every long option of `run` (its own and the global ones): what it takes and how.
+const OPTIONS: [(&str, Takes, Set); 23] = [
+    ("memory", Takes::One, |l, v| {
+        l.args.memory = Some(units::parse_memory(v).ok()?);
+        Some(())
+    }),
+    ("cpus", Takes::One, |l, v| {
+        l.args.cpus = Some(units::parse_cpus(v).ok()?);
+        Some(())
+    }),
+    ("pids", Takes::One, |l, v| {
+        l.args.pids = Some(units::parse_pids(v).ok()?);
+        Some(())
+    }),
+    ("timeout", Takes::One, |l, v| {
+        l.args.timeout = Some(units::parse_duration(v).ok()?);
+        Some(())
+    }),
+    ("max-output", Takes::One, |l, v| {
+        l.args.max_output = Some(units::parse_output_cap(v).ok()?);
+        Some(())
+    }),
+    ("allow-host", Takes::Many, |l, v| {
+        l.args
+            .egress
+            .allow_host
+            .push(egress::parse_allow_host(v).ok()?);
+        Some(())
+    }),
+    ("resolve", Takes::Many, |l, v| {
+        l.args.egress.resolve.push(egress::parse_resolve(v).ok()?);
+        Some(())
+    }),
+    ("max-egress", Takes::One, |l, v| {
+        l.args.egress.max_egress = Some(egress::parse_budget(v).ok()?);
+        Some(())
+    }),
+    ("dangerously-share-host-network", Takes::Flag, |l, _| {
+        l.args.egress.dangerously_share_host_network = true;
+        Some(())
+    }),
+    ("ro", Takes::Many, |l, v| {
+        l.args.ro.push(v.into());
+        Some(())
+    }),
+    ("rw", Takes::Many, |l, v| {
+        l.args.rw.push(v.into());
+        Some(())
+    }),
+    ("ro-cwd", Takes::Flag, |l, _| {
+        l.args.ro_cwd = true;
+        Some(())
+    }),
+    ("allow-system-rw", Takes::Flag, |l, _| {
+        l.args.allow_system_rw = true;
+        Some(())
+    }),
+    ("allow-exec", Takes::Many, |l, v| {
+        l.args.allow_exec.push(v.into());
+        Some(())
+    }),
+    ("cwd", Takes::One, |l, v| {
+        l.args.cwd = Some(v.into());
+        Some(())
+    }),
+    ("env", Takes::Many, |l, v| {
+        l.args.env.push(v.to_string());
+        Some(())
+    }),
+    ("profile", Takes::One, |l, v| {
+        l.args.profile = v.to_string();
+        Some(())
+    }),
+    ("report", Takes::One, |l, v| {
+        l.args.report = Some(v.into());
+        Some(())
+    }),
+    ("allow-degraded", Takes::Flag, |l, _| {
+        l.args.allow_degraded = true;
+        Some(())
+    }),
+    ("host-uid", Takes::One, |l, v| {
+        l.args.host_uid = Some(super::parse_host_ids(v).ok()?);
+        Some(())
+    }),
+    ("hostname", Takes::One, |l, v| {
+        l.args.hostname = super::parse_hostname(v).ok()?;
+        Some(())
+    }),
+    ("log-format", Takes::One, |l, v| {
+        l.log_format = match v {
+            "human" => LogFormat::Human,
+            "json" => LogFormat::Json,
+            _ => return None,
+        };
+        Some(())
+    }),
+    ("verbose", Takes::Count, |l, _| {
+        l.verbose = l.verbose.checked_add(1)?;
+        Some(())
+    }),
 ];
 
 /// A `run` line as clap would read it: (log format, verbosity, the arguments).
@@ -64,7 +151,13 @@ pub type Parsed = (LogFormat, u8, RunArgs);
 /// Reads `raw` (`raw[0]` the program, `raw[1]` `run`), or `None` for clap to read it.
 pub fn parse(raw: &[OsString]) -> Option<Parsed> {
     let mut words = raw.get(2..)?.iter();
-    let mut line = Line::default();
+    let mut line = Line {
+        log_format: LogFormat::Human,
+        verbose: 0,
+        args: defaults(),
+    };
+    // Which options the line gave: clap refuses a second `One` or `Flag`.
+    let mut given = [false; OPTIONS.len()];
     loop {
         let word = words.next()?.to_str()?;
         if word == "--" {
@@ -75,24 +168,26 @@ pub fn parse(raw: &[OsString]) -> Option<Parsed> {
                 Some((name, value)) => (name, Some(value)),
                 None => (long, None),
             };
-            let takes = OPTIONS.iter().find(|(n, _)| *n == name)?.1;
-            if matches!(takes, Takes::Flag | Takes::Count) {
-                if inline.is_some() {
-                    return None;
-                }
-                line.flag(name)?;
-                continue;
+            let at = OPTIONS.iter().position(|(n, _, _)| *n == name)?;
+            let (_, takes, set) = OPTIONS.get(at)?;
+            let seen = given.get_mut(at)?;
+            if *seen && matches!(takes, Takes::One | Takes::Flag) {
+                return None;
             }
-            let value = match inline {
-                Some(value) => value,
-                None => words.next()?.to_str()?,
+            *seen = true;
+            let value = match (takes, inline) {
+                (Takes::Flag | Takes::Count, None) => "",
+                (Takes::Flag | Takes::Count, Some(_)) => return None,
+                (Takes::One | Takes::Many, Some(value)) => value,
+                (Takes::One | Takes::Many, None) => words.next()?.to_str()?,
             };
             // A word that starts with `-` may be clap's next flag (except `-` alone, which
             // names standard output for `--report`).
-            if value.is_empty() || (value.starts_with('-') && value != "-") {
+            let takes_value = matches!(takes, Takes::One | Takes::Many);
+            if takes_value && (value.is_empty() || (value.starts_with('-') && value != "-")) {
                 return None;
             }
-            line.value(name, value)?;
+            set(&mut line, value)?;
         } else {
             // Only `-v`, `-vv`, ...: every other short flag (`-h`, `-V`) and a word before
             // `--` are clap's to answer.
@@ -103,159 +198,42 @@ pub fn parse(raw: &[OsString]) -> Option<Parsed> {
             line.verbose = line.verbose.checked_add(u8::try_from(vs.len()).ok()?)?;
         }
     }
-    let command = words
+    line.args.command = words
         .map(|w| w.to_str().map(str::to_string))
         .collect::<Option<Vec<String>>>()?;
-    if command.is_empty() {
+    if line.args.command.is_empty() {
         return None;
     }
-    Some((
-        line.log_format.unwrap_or(LogFormat::Human),
-        line.verbose,
-        line.args(command),
-    ))
+    Some((line.log_format, line.verbose, line.args))
 }
 
-/// What a line set so far; `None` from a setter hands the line to clap.
-#[derive(Default)]
-struct Line {
-    log_format: Option<LogFormat>,
-    verbose: u8,
-    memory: Option<u64>,
-    cpus: Option<f64>,
-    pids: Option<u64>,
-    timeout: Option<std::time::Duration>,
-    max_output: Option<u64>,
-    allow_host: Vec<hatchery::egress::AllowHost>,
-    resolve: Vec<(String, std::net::IpAddr)>,
-    max_egress: Option<u64>,
-    share_host_network: bool,
-    ro: Vec<PathBuf>,
-    rw: Vec<PathBuf>,
-    ro_cwd: bool,
-    allow_system_rw: bool,
-    allow_exec: Vec<PathBuf>,
-    cwd: Option<PathBuf>,
-    env: Vec<String>,
-    profile: Option<String>,
-    report: Option<PathBuf>,
-    allow_degraded: bool,
-    host_uid: Option<(u32, u32)>,
-    hostname: Option<String>,
-}
-
-/// Sets a value given at most once: `None` the second time.
-fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
-    if slot.is_some() {
-        return None;
-    }
-    *slot = Some(value);
-    Some(())
-}
-
-/// Sets a flag given at most once: `None` the second time.
-fn flag_once(slot: &mut bool) -> Option<()> {
-    if *slot {
-        return None;
-    }
-    *slot = true;
-    Some(())
-}
-
-impl Line {
-    fn flag(&mut self, name: &str) -> Option<()> {
-        match name {
-            "dangerously-share-host-network" => flag_once(&mut self.share_host_network),
-            "ro-cwd" => flag_once(&mut self.ro_cwd),
-            "allow-system-rw" => flag_once(&mut self.allow_system_rw),
-            "allow-degraded" => flag_once(&mut self.allow_degraded),
-            "verbose" => {
-                self.verbose = self.verbose.checked_add(1)?;
-                Some(())
-            }
-            _ => None,
-        }
-    }
-
-    /// Takes `value` for the option `name` through the parser clap would use.
-    fn value(&mut self, name: &str, value: &str) -> Option<()> {
-        use hatchery::units;
-        match name {
-            "memory" => once(&mut self.memory, units::parse_memory(value).ok()?),
-            "cpus" => once(&mut self.cpus, units::parse_cpus(value).ok()?),
-            "pids" => once(&mut self.pids, units::parse_pids(value).ok()?),
-            "timeout" => once(&mut self.timeout, units::parse_duration(value).ok()?),
-            "max-output" => once(&mut self.max_output, units::parse_output_cap(value).ok()?),
-            "allow-host" => {
-                self.allow_host.push(egress::parse_allow_host(value).ok()?);
-                Some(())
-            }
-            "resolve" => {
-                self.resolve.push(egress::parse_resolve(value).ok()?);
-                Some(())
-            }
-            "max-egress" => once(&mut self.max_egress, egress::parse_budget(value).ok()?),
-            "ro" => {
-                self.ro.push(value.into());
-                Some(())
-            }
-            "rw" => {
-                self.rw.push(value.into());
-                Some(())
-            }
-            "allow-exec" => {
-                self.allow_exec.push(value.into());
-                Some(())
-            }
-            "cwd" => once(&mut self.cwd, value.into()),
-            "env" => {
-                self.env.push(value.to_string());
-                Some(())
-            }
-            "profile" => once(&mut self.profile, value.to_string()),
-            "report" => once(&mut self.report, value.into()),
-            "host-uid" => once(&mut self.host_uid, super::parse_host_ids(value).ok()?),
-            "hostname" => once(&mut self.hostname, super::parse_hostname(value).ok()?),
-            "log-format" => {
-                let format = match value {
-                    "human" => LogFormat::Human,
-                    "json" => LogFormat::Json,
-                    _ => return None,
-                };
-                once(&mut self.log_format, format)
-            }
-            _ => None,
-        }
-    }
-
-    /// The arguments, with clap's defaults for what the line left out.
-    fn args(self, command: Vec<String>) -> RunArgs {
-        RunArgs {
-            memory: self.memory,
-            cpus: self.cpus,
-            pids: self.pids,
-            timeout: self.timeout,
-            max_output: self.max_output,
-            egress: EgressArgs {
-                allow_host: self.allow_host,
-                resolve: self.resolve,
-                max_egress: self.max_egress,
-                dangerously_share_host_network: self.share_host_network,
-            },
-            ro: self.ro,
-            rw: self.rw,
-            ro_cwd: self.ro_cwd,
-            allow_system_rw: self.allow_system_rw,
-            allow_exec: self.allow_exec,
-            cwd: self.cwd,
-            env: self.env,
-            profile: self.profile.unwrap_or_else(|| "default".to_string()),
-            report: self.report,
-            allow_degraded: self.allow_degraded,
-            host_uid: self.host_uid,
-            hostname: self.hostname.unwrap_or_else(|| "hatchery".to_string()),
-            command,
-        }
+/// `run`'s arguments before the line sets any: clap's defaults.
+fn defaults() -> RunArgs {
+    RunArgs {
+        memory: None,
+        cpus: None,
+        pids: None,
+        timeout: None,
+        max_output: None,
+        egress: EgressArgs {
+            allow_host: Vec::new(),
+            resolve: Vec::new(),
+            max_egress: None,
+            dangerously_share_host_network: false,
+        },
+        ro: Vec::new(),
+        rw: Vec::new(),
+        ro_cwd: false,
+        allow_system_rw: false,
+        allow_exec: Vec::new(),
+        cwd: None,
+        env: Vec::new(),
+        profile: "default".to_string(),
+        report: None,
+        allow_degraded: false,
+        host_uid: None,
+        hostname: "hatchery".to_string(),
+        command: Vec::new(),
     }
 }
 
@@ -313,8 +291,10 @@ pub(crate) mod tests {
             })
             .collect();
         clap_options.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut table: Vec<(String, Takes)> =
-            OPTIONS.iter().map(|(n, t)| (n.to_string(), *t)).collect();
+        let mut table: Vec<(String, Takes)> = OPTIONS
+            .iter()
+            .map(|(n, t, _)| (n.to_string(), *t))
+            .collect();
         table.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(table, clap_options);
     }

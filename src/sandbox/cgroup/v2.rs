@@ -92,12 +92,11 @@ impl V2Manager {
         let me = std::process::id() as i32;
         let mut others = false;
         let listed = super::each_proc(&self.own, |p| {
-            others = p != me;
-            if others {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
+            if p == me {
+                return ControlFlow::Continue(());
             }
+            others = true;
+            ControlFlow::Break(())
         });
         let alone = listed.is_ok() && !others;
         let writable = |p: &Path| nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok();
