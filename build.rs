@@ -121,6 +121,60 @@ fn link_unwinder_statically() {
     println!("cargo:rustc-link-search=native={}", dir.display());
 }
 
+/// Lays out the functions a start runs (`src/hot-functions.txt`, made by
+/// `scripts/hot-functions.py`) together at the front of the release binary's `.text`. A
+/// start runs about 500 functions spread over 5 MB of code, and the kernel maps code at
+/// the first touch, 16 pages at a time: spread, that is a page fault for each scattered
+/// page in the supervisor and again in pid 1 (a clone maps code afresh), and more pages
+/// to unmap at each exit (docs/performance.md). The list goes to rustc's own linker
+/// (`rust-lld`, what rustc links x86-64 Linux binaries with): GNU ld has no such option.
+/// Only the release build of `hatchery` takes it; where rustc has no `rust-lld`, or with
+/// `HATCHERY_NO_FUNCTION_ORDER=1` at build time, the layout stays the linker's own.
+/// Names the binary no longer has (after a toolchain or Cargo.lock change, every one) are
+/// skipped: the layout is then the usual one, never a failed link.
+fn order_hot_functions() {
+    const LIST: &str = "src/hot-functions.txt";
+    println!("cargo:rerun-if-changed={LIST}");
+    println!("cargo:rerun-if-env-changed=HATCHERY_NO_FUNCTION_ORDER");
+    if std::env::var_os("HATCHERY_NO_FUNCTION_ORDER").is_some()
+        || std::env::var("PROFILE").ok().as_deref() != Some("release")
+    {
+        return;
+    }
+    let (Ok(manifest_dir), Ok(target)) =
+        (std::env::var("CARGO_MANIFEST_DIR"), std::env::var("TARGET"))
+    else {
+        return;
+    };
+    let list = Path::new(&manifest_dir).join(LIST);
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let Some(sysroot) = std::process::Command::new(rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+    else {
+        return;
+    };
+    let gcc_ld = sysroot.join("lib/rustlib").join(&target).join("bin/gcc-ld");
+    // The C compiler driver takes `-Wl,` arguments apart at commas.
+    let (Some(list_arg), Some(dir_arg)) = (list.to_str(), gcc_ld.to_str()) else {
+        return;
+    };
+    if !list.is_file() || !gcc_ld.join("ld.lld").is_file() || list_arg.contains(',') {
+        return;
+    }
+    for arg in [
+        format!("-B{dir_arg}"),
+        "-fuse-ld=lld".to_string(),
+        format!("-Wl,--symbol-ordering-file={list_arg}"),
+        "-Wl,--no-warn-symbol-ordering".to_string(),
+    ] {
+        println!("cargo:rustc-link-arg-bin=hatchery={arg}");
+    }
+}
+
 fn main() {
     println!(
         "cargo:rustc-env=HATCHERY_FILTER_BUILD_ID={}",
@@ -131,6 +185,7 @@ fn main() {
     // The unwinder's directory first on the search path, ahead of any system directory.
     link_unwinder_statically();
     link_libseccomp_statically();
+    order_hot_functions();
     let out = std::env::var("OUT_DIR").unwrap_or_else(|_| ".".into());
     for name in PROFILES {
         let src = format!("profiles/{name}.toml");

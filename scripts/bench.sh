@@ -12,4 +12,6 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 command -v bwrap >/dev/null || { echo "bench.sh: bubblewrap is not installed (apt-get install bubblewrap)" >&2; exit 1; }
 cargo build --release --locked --quiet
+# Whether the functions a start runs sit together (a stale list makes every start slower).
+python3 scripts/hot-functions.py --check target/release/hatchery || true
 exec python3 scripts/bench.py --hatchery target/release/hatchery "$@"

@@ -18,7 +18,7 @@ if [ "${HATCHERY_SKIP_APT:-0}" != 1 ] && [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
-        libseccomp-dev pkg-config gcc libc6-dev python3 util-linux procps iproute2 bubblewrap uidmap jq openssl curl \
+        libseccomp-dev pkg-config gcc binutils libc6-dev python3 util-linux procps iproute2 bubblewrap uidmap jq openssl curl \
         etcd-server etcd-client protobuf-compiler libprotobuf-dev >/dev/null
 fi
 if [ "$(id -u)" = 0 ]; then
@@ -37,6 +37,12 @@ cargo clippy --all-targets --locked --features cluster -- -D warnings
 
 say "build"
 cargo build --all-targets --locked --features cluster
+
+# The release binary, as users build it: it must link, and the functions a start runs must
+# sit together at the front of its code (build.rs, scripts/hot-functions.py).
+say "release build"
+cargo build --release --locked --bin hatchery
+python3 scripts/hot-functions.py --check target/release/hatchery
 
 say "tests"
 cargo test --locked --features cluster -- --test-threads="$(nproc)"

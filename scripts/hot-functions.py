@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""The functions a start runs, in the order it first runs them: the list the release build
+hands the linker (`src/hot-functions.txt`, see build.rs) so that they sit together at the
+front of `.text`.
+
+A start touches about 400 functions spread over 5 MB of code; the kernel maps a binary's
+pages at the first touch, 16 at a time, so spread code costs a page fault per scattered
+page in the supervisor, again in pid 1 (a clone maps its code afresh), and the unmapping
+of all of it at each exit. Laid out together they fit in about 120 pages.
+
+    scripts/hot-functions.py [BIN]          write src/hot-functions.txt from BIN's starts
+    scripts/hot-functions.py --check [BIN]  say how much of the list BIN has, and where
+
+BIN defaults to target/release/hatchery. Writing needs root and tracefs: it places a uprobe
+on every function of BIN (its own group, removed afterwards, in a tracing instance of its
+own), runs the starts below, and keeps the functions hit, in first-hit order. The names
+are mangled with the crate's hash, which depends on the toolchain, Cargo.lock and the
+features, so the list is made from a release build with default features; after a
+toolchain or dependency update, make it again (`--check` fails when most of it is gone).
+"""
+import argparse, os, re, subprocess, sys, tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIST = os.path.join(ROOT, "src", "hot-functions.txt")
+TRACEFS = "/sys/kernel/tracing"
+GROUP = "hatchery_hot"
+# The starts whose functions go first: the benchmark's own first (scripts/bench.py), then
+# what other usual starts add.
+STARTS = [
+    ([], ["run", "--memory", "256M", "--cpus", "1", "--pids", "64", "--", "/bin/true"]),
+    ([], ["run", "--", "/bin/true"]),
+    ([], ["run", "--memory", "64M", "--ro", "/usr", "--env", "A=1", "--report", "-",
+          "--", "/bin/sh", "-c", "exit 3"]),
+    (["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"],
+     ["run", "--", "/bin/true"]),
+]
+# At most the list's share of the binary's functions that a release build with default
+# features on the toolchain it was made with must still have (`--check`).
+MIN_PRESENT = 0.75
+PAGE = 4096
+
+
+def functions(binary):
+    """(address, size, name) of every function symbol of `binary`, by address."""
+    out = subprocess.run(["nm", "--defined-only", "-S", binary], check=True,
+                         capture_output=True, text=True).stdout
+    seen, funcs = set(), []
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 4 and f[2] in "tTwW" and int(f[1], 16) > 0:
+            addr = int(f[0], 16)
+            if addr not in seen:
+                seen.add(addr)
+                funcs.append((addr, int(f[1], 16), f[3]))
+    return sorted(funcs)
+
+
+def file_offset(binary):
+    """Maps a virtual address of `binary` to its offset in the file (uprobes want that)."""
+    out = subprocess.run(["readelf", "-lW", binary], check=True, capture_output=True,
+                         text=True).stdout
+    loads = []
+    for line in out.splitlines():
+        f = line.split()
+        if f and f[0] == "LOAD":
+            loads.append((int(f[1], 16), int(f[2], 16), int(f[4], 16)))
+
+    def offset(vaddr):
+        for off, start, size in loads:
+            if start <= vaddr < start + size:
+                return vaddr - start + off
+        return None
+    return offset
+
+
+def text_start(binary):
+    out = subprocess.run(["readelf", "-SW", binary], check=True, capture_output=True,
+                         text=True).stdout
+    for line in out.splitlines():
+        f = line.replace("[ ", "[").split()
+        if len(f) > 3 and f[1] == ".text":
+            return int(f[3], 16)
+    sys.exit(f"hot-functions: {binary} has no .text section")
+
+
+def read_list(path):
+    with open(path) as fh:
+        return [l.split("#")[0].strip() for l in fh if l.split("#")[0].strip()]
+
+
+def check(binary):
+    """How much of the list `binary` has, and how many pages those functions span from
+    the start of `.text`: about their total size when the linker took the list."""
+    listed = read_list(LIST)
+    by_name = {name: (addr, size) for addr, size, name in functions(binary)}
+    present = [by_name[n] for n in listed if n in by_name]
+    if not present:
+        sys.exit(f"hot-functions: {binary} has none of the {len(listed)} functions of "
+                 f"{LIST}: make the list again (scripts/hot-functions.py, as root)")
+    start = text_start(binary)
+    end = max(a + s for a, s in present)
+    size = sum(s for _, s in present)
+    span = -(-(end - (start & ~(PAGE - 1))) // PAGE)
+    need = -(-size * 21 // 20 // PAGE) + 2  # and the functions' alignment
+    print(f"hot functions: {len(present)} of the {len(listed)} listed are in {binary}; "
+          f"{size // 1024} KiB of code in the first {span} pages of .text")
+    if span > need:
+        sys.exit(f"hot-functions: they are not laid out together (they would fit in {need} "
+                 "pages): the linker did not take the list (build.rs)")
+    if len(present) < MIN_PRESENT * len(listed):
+        sys.exit(f"hot-functions: fewer than {MIN_PRESENT:.0%} of the list is left (a "
+                 "toolchain or Cargo.lock change renames every function): make it again "
+                 "(scripts/hot-functions.py, as root, on a release build)")
+
+
+def write(path, text):
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def record(binary):
+    """Every function of `binary` the STARTS run, in first-hit order."""
+    if os.geteuid() != 0:
+        sys.exit("hot-functions: making the list needs root (uprobes)")
+    if not os.path.isdir(os.path.join(TRACEFS, "instances")):
+        sys.exit(f"hot-functions: no tracefs at {TRACEFS} (mount -t tracefs nodev {TRACEFS})")
+    binary = os.path.realpath(binary)
+    offset = file_offset(binary)
+    names = {}
+    probes = []
+    for i, (addr, _, name) in enumerate(functions(binary)):
+        off = offset(addr)
+        if off is not None:
+            names[f"f{i}"] = name
+            probes.append(f"p:{GROUP}/f{i} {binary}:{off:#x}\n")
+    instance = tempfile.mkdtemp(prefix="hatchery-hot-", dir=os.path.join(TRACEFS, "instances"))
+    order, seen = [], set()
+    try:
+        for p in probes:
+            write(os.path.join(TRACEFS, "uprobe_events"), p)
+        with open(os.path.join(instance, "buffer_size_kb"), "w") as fh:
+            fh.write("65536")
+        with open(os.path.join(instance, "events", GROUP, "enable"), "w") as fh:
+            fh.write("1")
+        hit = re.compile(r" (f\d+): \(")
+        for prefix, args in STARTS:
+            with open(os.path.join(instance, "trace"), "w") as fh:
+                fh.write("")
+            r = subprocess.run(prefix + [binary] + args, stdout=subprocess.DEVNULL,
+                               timeout=60)
+            if r.returncode not in (0, 3):
+                sys.exit(f"hot-functions: {' '.join(args)} exited {r.returncode}")
+            with open(os.path.join(instance, "trace")) as fh:
+                for line in fh:
+                    m = hit.search(line)
+                    if m and m.group(1) not in seen:
+                        seen.add(m.group(1))
+                        order.append(names[m.group(1)])
+    finally:
+        # Each probe's removal waits for a grace period: a few minutes for all of them.
+        print(f"hot-functions: removing {len(probes)} probes", file=sys.stderr)
+        with open(os.path.join(instance, "events", GROUP, "enable"), "w") as fh:
+            fh.write("0")
+        os.rmdir(instance)
+        for p in probes:
+            write(os.path.join(TRACEFS, "uprobe_events"), "-:" + p.split()[0][2:] + "\n")
+    return order
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("binary", nargs="?", default=os.path.join(ROOT, "target/release/hatchery"))
+    a = ap.parse_args()
+    if a.check:
+        return check(a.binary)
+    order = record(a.binary)
+    with open(LIST, "w") as fh:
+        fh.write("# The functions a start runs, in first-run order: the release build lays them\n"
+                 "# out together (build.rs). Made by scripts/hot-functions.py; make it again\n"
+                 "# after a toolchain or Cargo.lock change.\n")
+        fh.writelines(name + "\n" for name in order)
+    print(f"hot-functions: {len(order)} functions written to {LIST}")
+
+
+if __name__ == "__main__":
+    main()
