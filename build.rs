@@ -123,47 +123,77 @@ fn link_unwinder_statically() {
 
 /// Lays out the functions a start runs (`src/hot-functions.txt`, made by
 /// `scripts/hot-functions.py`) together at the front of the release binary's `.text`. A
-/// start runs about 500 functions spread over 5 MB of code, and the kernel maps code at
+/// start runs about 540 functions spread over 5 MB of code, and the kernel maps code at
 /// the first touch, 16 pages at a time: spread, that is a page fault for each scattered
 /// page in the supervisor and again in pid 1 (a clone maps code afresh), and more pages
 /// to unmap at each exit (docs/performance.md). The list goes to rustc's own linker
 /// (`rust-lld`, what rustc links x86-64 Linux binaries with): GNU ld has no such option.
-/// Only the release build of `hatchery` takes it; where rustc has no `rust-lld`, or with
-/// `HATCHERY_NO_FUNCTION_ORDER=1` at build time, the layout stays the linker's own.
-/// Names the binary no longer has (after a toolchain or Cargo.lock change, every one) are
-/// skipped: the layout is then the usual one, never a failed link.
+/// Only the release build of `hatchery` takes it. Where rustc has no `rust-lld`, or the
+/// build chose its own linker, the layout stays the linker's own and the build says so
+/// in a warning; `HATCHERY_NO_FUNCTION_ORDER=1` at build time asks for that quietly.
+/// Names the binary does not have (after a toolchain, Cargo.lock or feature change, or
+/// with `--target`, those of the crates) are skipped: never a failed link.
 fn order_hot_functions() {
     const LIST: &str = "src/hot-functions.txt";
     println!("cargo:rerun-if-changed={LIST}");
     println!("cargo:rerun-if-env-changed=HATCHERY_NO_FUNCTION_ORDER");
+    println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
     if std::env::var_os("HATCHERY_NO_FUNCTION_ORDER").is_some()
         || std::env::var("PROFILE").ok().as_deref() != Some("release")
     {
         return;
     }
-    let (Ok(manifest_dir), Ok(target)) =
-        (std::env::var("CARGO_MANIFEST_DIR"), std::env::var("TARGET"))
-    else {
-        return;
-    };
-    let list = Path::new(&manifest_dir).join(LIST);
+    if let Err(why) = hot_function_link_args(LIST) {
+        println!(
+            "cargo:warning=the functions a start runs are not laid out together: {why} \
+             (a start costs more page faults; HATCHERY_NO_FUNCTION_ORDER=1 silences this)"
+        );
+    }
+}
+
+/// The link arguments that hand `list` to `rust-lld`, or why they cannot be given.
+fn hot_function_link_args(list: &str) -> Result<(), String> {
+    // A linker the build chose itself (the cargo config's `linker`, or `-C linker`,
+    // `-C linker-features=-lld`, `-fuse-ld=` in RUSTFLAGS) is kept: these arguments come
+    // after RUSTFLAGS and would override it.
+    if std::env::var_os("RUSTC_LINKER").is_some() {
+        return Err("the cargo config names a linker".into());
+    }
+    let rustflags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    if rustflags
+        .split('\x1f')
+        .any(|f| f.contains("linker") || f.contains("fuse-ld") || f.contains("link-self-contained"))
+    {
+        return Err("RUSTFLAGS choose the linker".into());
+    }
+    let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?;
+    let target = std::env::var("TARGET").map_err(|e| e.to_string())?;
+    let list = Path::new(&manifest_dir).join(list);
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let Some(sysroot) = std::process::Command::new(rustc)
+    let out = std::process::Command::new(rustc)
         .args(["--print", "sysroot"])
         .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
-    else {
-        return;
-    };
+        .map_err(|e| format!("rustc --print sysroot: {e}"))?;
+    if !out.status.success() {
+        return Err("rustc --print sysroot failed".into());
+    }
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     let gcc_ld = sysroot.join("lib/rustlib").join(&target).join("bin/gcc-ld");
+    if !gcc_ld.join("ld.lld").is_file() {
+        return Err(format!(
+            "the toolchain has no rust-lld ({})",
+            gcc_ld.display()
+        ));
+    }
+    if !list.is_file() {
+        return Err(format!("{} is missing", list.display()));
+    }
     // The C compiler driver takes `-Wl,` arguments apart at commas.
     let (Some(list_arg), Some(dir_arg)) = (list.to_str(), gcc_ld.to_str()) else {
-        return;
+        return Err("a path that is not UTF-8".into());
     };
-    if !list.is_file() || !gcc_ld.join("ld.lld").is_file() || list_arg.contains(',') {
-        return;
+    if list_arg.contains(',') {
+        return Err(format!("{list_arg} has a comma in its path"));
     }
     for arg in [
         format!("-B{dir_arg}"),
@@ -173,6 +203,7 @@ fn order_hot_functions() {
     ] {
         println!("cargo:rustc-link-arg-bin=hatchery={arg}");
     }
+    Ok(())
 }
 
 fn main() {

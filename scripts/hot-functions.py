@@ -3,22 +3,24 @@
 hands the linker (`src/hot-functions.txt`, see build.rs) so that they sit together at the
 front of `.text`.
 
-A start touches about 400 functions spread over 5 MB of code; the kernel maps a binary's
+A start runs about 540 functions spread over 5 MB of code; the kernel maps a binary's
 pages at the first touch, 16 at a time, so spread code costs a page fault per scattered
 page in the supervisor, again in pid 1 (a clone maps its code afresh), and the unmapping
-of all of it at each exit. Laid out together they fit in about 120 pages.
+of all of it at each exit. Laid out together they fit in about 150 pages.
 
     scripts/hot-functions.py [BIN]          write src/hot-functions.txt from BIN's starts
     scripts/hot-functions.py --check [BIN]  say how much of the list BIN has, and where
 
 BIN defaults to target/release/hatchery. Writing needs root and tracefs: it places a uprobe
-on every function of BIN (its own group, removed afterwards, in a tracing instance of its
-own), runs the starts below, and keeps the functions hit, in first-hit order. The names
-are mangled with the crate's hash, which depends on the toolchain, Cargo.lock and the
-features, so the list is made from a release build with default features; after a
-toolchain or dependency update, make it again (`--check` fails when most of it is gone).
+on every function of BIN (its own group and tracing instance, both removed afterwards, and
+at the start of the next run if this one was cut short), runs the starts below, and keeps
+the functions hit, in first-hit order. The names are mangled with each crate's hash, which
+depends on the toolchain, Cargo.lock, the features and whether `--target` is given, so
+the list is made from the plain release build (`cargo build --release`, as the scripts
+and the README build it); after a toolchain or dependency update, make it again (`--check`
+fails when most of it is gone).
 """
-import argparse, os, re, subprocess, sys, tempfile
+import argparse, os, re, signal, subprocess, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIST = os.path.join(ROOT, "src", "hot-functions.txt")
@@ -96,7 +98,8 @@ def check(binary):
     present = [by_name[n] for n in listed if n in by_name]
     if not present:
         sys.exit(f"hot-functions: {binary} has none of the {len(listed)} functions of "
-                 f"{LIST}: make the list again (scripts/hot-functions.py, as root)")
+                 f"{LIST} (a stripped binary has no names to find): make the list again "
+                 "(scripts/hot-functions.py, as root)")
     start = text_start(binary)
     end = max(a + s for a, s in present)
     size = sum(s for _, s in present)
@@ -106,11 +109,17 @@ def check(binary):
           f"{size // 1024} KiB of code in the first {span} pages of .text")
     if span > need:
         sys.exit(f"hot-functions: they are not laid out together (they would fit in {need} "
-                 "pages): the linker did not take the list (build.rs)")
+                 "pages): the linker did not take the list. build.rs warns why (no rust-lld "
+                 "in the toolchain, a linker chosen in RUSTFLAGS or the cargo config, a comma "
+                 "in the path), unless HATCHERY_NO_FUNCTION_ORDER was set at build time")
     if len(present) < MIN_PRESENT * len(listed):
-        sys.exit(f"hot-functions: fewer than {MIN_PRESENT:.0%} of the list is left (a "
-                 "toolchain or Cargo.lock change renames every function): make it again "
-                 "(scripts/hot-functions.py, as root, on a release build)")
+        sys.exit(f"hot-functions: fewer than {MIN_PRESENT:.0%} of the list is left: a "
+                 "toolchain, Cargo.lock or feature change, or a build with --target, renames "
+                 "the crates' functions. Make it again (scripts/hot-functions.py, as root, "
+                 "on `cargo build --release`), or check the build the list is made for")
+
+
+INSTANCE = os.path.join(TRACEFS, "instances", "hatchery-hot")
 
 
 def write(path, text):
@@ -121,6 +130,40 @@ def write(path, text):
         os.close(fd)
 
 
+def our_probes():
+    """The probes of GROUP in uprobe_events: this script's, from this run or one cut short."""
+    with open(os.path.join(TRACEFS, "uprobe_events")) as fh:
+        return [l.split()[0].split(":", 1)[1] for l in fh
+                if l.split() and l.split()[0].split(":", 1)[-1].startswith(GROUP + "/")]
+
+
+def clean_up():
+    """Takes away this script's instance and probes, whatever state a run left them in
+    (another user's probes and instances are not touched). Signals that would end the
+    script are held off meanwhile: an instance left tracing would trap every start of the
+    binary until the probes go. Disabling the probes is the slow part: each waits for a
+    grace period, a few minutes for all of them. A signal that came meanwhile ends the
+    script once it is done."""
+    stopped = []
+    held = {sig: signal.signal(sig, lambda sig, _: stopped.append(sig))
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        enable = os.path.join(INSTANCE, "events", GROUP, "enable")
+        if os.path.exists(enable):
+            print("hot-functions: disabling the probes (a few minutes)", file=sys.stderr)
+            with open(enable, "w") as fh:
+                fh.write("0")
+        if os.path.isdir(INSTANCE):
+            os.rmdir(INSTANCE)
+        for probe in our_probes():
+            write(os.path.join(TRACEFS, "uprobe_events"), f"-:{probe}\n")
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+    if stopped:
+        sys.exit(f"hot-functions: stopped by signal {stopped[0]}; nothing written")
+
+
 def record(binary):
     """Every function of `binary` the STARTS run, in first-hit order."""
     if os.geteuid() != 0:
@@ -128,6 +171,9 @@ def record(binary):
     if not os.path.isdir(os.path.join(TRACEFS, "instances")):
         sys.exit(f"hot-functions: no tracefs at {TRACEFS} (mount -t tracefs nodev {TRACEFS})")
     binary = os.path.realpath(binary)
+    if any(c.isspace() for c in binary):
+        sys.exit(f"hot-functions: {binary!r}: uprobe_events takes no whitespace in a path; "
+                 "build in a directory whose path has none")
     offset = file_offset(binary)
     names = {}
     probes = []
@@ -136,37 +182,34 @@ def record(binary):
         if off is not None:
             names[f"f{i}"] = name
             probes.append(f"p:{GROUP}/f{i} {binary}:{off:#x}\n")
-    instance = tempfile.mkdtemp(prefix="hatchery-hot-", dir=os.path.join(TRACEFS, "instances"))
+    # A TERM ends the script the way ^C does, through the clean-up below.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    clean_up()  # what a run cut short may have left
     order, seen = [], set()
     try:
+        os.mkdir(INSTANCE)
         for p in probes:
             write(os.path.join(TRACEFS, "uprobe_events"), p)
-        with open(os.path.join(instance, "buffer_size_kb"), "w") as fh:
+        with open(os.path.join(INSTANCE, "buffer_size_kb"), "w") as fh:
             fh.write("65536")
-        with open(os.path.join(instance, "events", GROUP, "enable"), "w") as fh:
+        with open(os.path.join(INSTANCE, "events", GROUP, "enable"), "w") as fh:
             fh.write("1")
         hit = re.compile(r" (f\d+): \(")
         for prefix, args in STARTS:
-            with open(os.path.join(instance, "trace"), "w") as fh:
+            with open(os.path.join(INSTANCE, "trace"), "w") as fh:
                 fh.write("")
             r = subprocess.run(prefix + [binary] + args, stdout=subprocess.DEVNULL,
                                timeout=60)
             if r.returncode not in (0, 3):
                 sys.exit(f"hot-functions: {' '.join(args)} exited {r.returncode}")
-            with open(os.path.join(instance, "trace")) as fh:
+            with open(os.path.join(INSTANCE, "trace")) as fh:
                 for line in fh:
                     m = hit.search(line)
                     if m and m.group(1) not in seen:
                         seen.add(m.group(1))
                         order.append(names[m.group(1)])
     finally:
-        # Each probe's removal waits for a grace period: a few minutes for all of them.
-        print(f"hot-functions: removing {len(probes)} probes", file=sys.stderr)
-        with open(os.path.join(instance, "events", GROUP, "enable"), "w") as fh:
-            fh.write("0")
-        os.rmdir(instance)
-        for p in probes:
-            write(os.path.join(TRACEFS, "uprobe_events"), "-:" + p.split()[0][2:] + "\n")
+        clean_up()
     return order
 
 
@@ -177,7 +220,10 @@ def main():
     a = ap.parse_args()
     if a.check:
         return check(a.binary)
-    order = record(a.binary)
+    try:
+        order = record(a.binary)
+    except KeyboardInterrupt:
+        sys.exit("hot-functions: stopped; the probes are gone and nothing was written")
     with open(LIST, "w") as fh:
         fh.write("# The functions a start runs, in first-run order: the release build lays them\n"
                  "# out together (build.rs). Made by scripts/hot-functions.py; make it again\n"

@@ -39,10 +39,15 @@ say "build"
 cargo build --all-targets --locked --features cluster
 
 # The release binary, as users build it: it must link, and the functions a start runs must
-# sit together at the front of its code (build.rs, scripts/hot-functions.py).
+# sit together at the front of its code (build.rs, scripts/hot-functions.py), unless the
+# build was asked not to lay them out (HATCHERY_NO_FUNCTION_ORDER).
 say "release build"
 cargo build --release --locked --bin hatchery
-python3 scripts/hot-functions.py --check target/release/hatchery
+target_dir=$(cargo metadata --format-version 1 --no-deps --locked \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+if [ -z "${HATCHERY_NO_FUNCTION_ORDER+set}" ]; then
+    python3 scripts/hot-functions.py --check "$target_dir/release/hatchery"
+fi
 
 say "tests"
 cargo test --locked --features cluster -- --test-threads="$(nproc)"
