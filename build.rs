@@ -151,6 +151,41 @@ fn order_hot_functions() {
     }
 }
 
+/// Whether rustc's arguments (`-C opt`, `-Copt` or `-C` then `opt`) choose the linker:
+/// name one, its flavour, turn rustc's own lld off, or ask the C compiler for another.
+fn chooses_linker<'a>(args: impl Iterator<Item = &'a str>) -> bool {
+    let mut codegen_next = false;
+    for arg in args {
+        let opt = if codegen_next {
+            codegen_next = false;
+            arg
+        } else if arg == "-C" || arg == "--codegen" {
+            codegen_next = true;
+            continue;
+        } else if let Some(opt) = arg.strip_prefix("-C") {
+            opt
+        } else if let Some(opt) = arg.strip_prefix("--codegen=") {
+            opt
+        } else {
+            continue;
+        };
+        let (key, value) = opt.split_once('=').unwrap_or((opt, ""));
+        let chosen = match key {
+            "linker" | "linker-flavor" => true,
+            "linker-features" => value.split(',').any(|f| f == "-lld"),
+            "link-self-contained" => value
+                .split(',')
+                .any(|f| f == "-linker" || f == "n" || f == "no" || f == "off" || f == "false"),
+            "link-arg" | "link-args" => value.contains("-fuse-ld="),
+            _ => false,
+        };
+        if chosen {
+            return true;
+        }
+    }
+    false
+}
+
 /// The link arguments that hand `list` to `rust-lld`, or why they cannot be given.
 fn hot_function_link_args(list: &str) -> Result<(), String> {
     // A linker the build chose itself (the cargo config's `linker`, or `-C linker`,
@@ -160,10 +195,7 @@ fn hot_function_link_args(list: &str) -> Result<(), String> {
         return Err("the cargo config names a linker".into());
     }
     let rustflags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
-    if rustflags
-        .split('\x1f')
-        .any(|f| f.contains("linker") || f.contains("fuse-ld") || f.contains("link-self-contained"))
-    {
+    if chooses_linker(rustflags.split('\x1f')) {
         return Err("RUSTFLAGS choose the linker".into());
     }
     let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?;
@@ -194,6 +226,21 @@ fn hot_function_link_args(list: &str) -> Result<(), String> {
     };
     if list_arg.contains(',') {
         return Err(format!("{list_arg} has a comma in its path"));
+    }
+    // With `--target` (its build directory is named after it) every crate has other
+    // hashes than in the plain build the list is made from: only the standard library's
+    // and the C functions are found.
+    let out_dir = std::env::var("OUT_DIR").unwrap_or_default();
+    if Path::new(&out_dir)
+        .components()
+        .any(|c| c.as_os_str() == target.as_str())
+    {
+        println!(
+            "cargo:warning=a build with --target renames the crates' functions: only the \
+             standard library's and the C functions of {} are laid out together; make \
+             the list from this build (scripts/hot-functions.py) to lay out the rest",
+            list.display()
+        );
     }
     for arg in [
         format!("-B{dir_arg}"),

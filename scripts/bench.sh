@@ -11,9 +11,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 command -v bwrap >/dev/null || { echo "bench.sh: bubblewrap is not installed (apt-get install bubblewrap)" >&2; exit 1; }
-cargo build --release --locked --quiet
-target_dir=$(cargo metadata --format-version 1 --no-deps --locked \
-    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-# Whether the functions a start runs sit together (a stale list makes every start slower).
-python3 scripts/hot-functions.py --check "$target_dir/release/hatchery" || true
-exec python3 scripts/bench.py --hatchery "$target_dir/release/hatchery" "$@"
+# Warnings (build.rs says when the functions a start runs cannot be laid out together)
+# still show.
+hatchery=$(scripts/release-binary.sh)
+# Whether they sit together (a stale list makes every start slower).
+python3 scripts/hot-functions.py --check "$hatchery" || true
+exec python3 scripts/bench.py --hatchery "$hatchery" "$@"

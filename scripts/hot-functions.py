@@ -120,6 +120,8 @@ def check(binary):
 
 
 INSTANCE = os.path.join(TRACEFS, "instances", "hatchery-hot")
+# The signals that stop the list maker (after its clean-up).
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def write(path, text):
@@ -142,11 +144,11 @@ def clean_up():
     (another user's probes and instances are not touched). Signals that would end the
     script are held off meanwhile: an instance left tracing would trap every start of the
     binary until the probes go. Disabling the probes is the slow part: each waits for a
-    grace period, a few minutes for all of them. A signal that came meanwhile ends the
-    script once it is done."""
+    grace period, a few minutes for all of them. Returns the signals that came meanwhile:
+    the caller stops once it is done."""
     stopped = []
     held = {sig: signal.signal(sig, lambda sig, _: stopped.append(sig))
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+            for sig in STOPPING}
     try:
         enable = os.path.join(INSTANCE, "events", GROUP, "enable")
         if os.path.exists(enable):
@@ -160,8 +162,7 @@ def clean_up():
     finally:
         for sig, handler in held.items():
             signal.signal(sig, handler)
-    if stopped:
-        sys.exit(f"hot-functions: stopped by signal {stopped[0]}; nothing written")
+    return stopped
 
 
 def record(binary):
@@ -182,9 +183,11 @@ def record(binary):
         if off is not None:
             names[f"f{i}"] = name
             probes.append(f"p:{GROUP}/f{i} {binary}:{off:#x}\n")
-    # A TERM ends the script the way ^C does, through the clean-up below.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    clean_up()  # what a run cut short may have left
+    # A TERM or a HUP ends the script the way ^C does, through the clean-up below.
+    for sig in STOPPING:
+        signal.signal(sig, signal.default_int_handler)
+    if clean_up():  # what a run cut short may have left
+        raise KeyboardInterrupt
     order, seen = [], set()
     try:
         os.mkdir(INSTANCE)
@@ -209,7 +212,10 @@ def record(binary):
                         seen.add(m.group(1))
                         order.append(names[m.group(1)])
     finally:
-        clean_up()
+        # An error on the way keeps its own message: the clean-up only notes the signals.
+        stopped = clean_up()
+    if stopped:
+        raise KeyboardInterrupt
     return order
 
 

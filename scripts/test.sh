@@ -42,11 +42,9 @@ cargo build --all-targets --locked --features cluster
 # sit together at the front of its code (build.rs, scripts/hot-functions.py), unless the
 # build was asked not to lay them out (HATCHERY_NO_FUNCTION_ORDER).
 say "release build"
-cargo build --release --locked --bin hatchery
-target_dir=$(cargo metadata --format-version 1 --no-deps --locked \
-    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+release_binary=$(scripts/release-binary.sh)
 if [ -z "${HATCHERY_NO_FUNCTION_ORDER+set}" ]; then
-    python3 scripts/hot-functions.py --check "$target_dir/release/hatchery"
+    python3 scripts/hot-functions.py --check "$release_binary"
 fi
 
 say "tests"
