@@ -5,5 +5,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ "$(id -u)" = 0 ] || { echo "bench-controller.sh: run as root" >&2; exit 1; }
-cargo build --release --locked --quiet --bin hatchery --example probe
-exec python3 scripts/bench-controller.py --hatchery target/release/hatchery --probe target/release/examples/probe "$@"
+# The binary is built on its own, as users build it: built together with an example, its
+# dependencies take the dev-dependencies' features too, every crate gets another hash, and
+# the functions a start runs are no longer laid out together (build.rs).
+hatchery=$(scripts/release-binary.sh)
+cargo build --release --locked --quiet --example probe
+exec python3 scripts/bench-controller.py --hatchery "$hatchery" --probe target/release/examples/probe "$@"
