@@ -1,8 +1,16 @@
 //! The `hatchery` command line: parses arguments and dispatches; the work is in the library.
 
+// The entry is hatchery's own, without std's start-up (see `hatchery::sandbox::entry`).
+// A test build keeps the test harness's.
+#![cfg_attr(not(test), no_main)]
+
 mod cli;
 
-fn main() {
+#[cfg(not(test))]
+hatchery::program_entry!(command_line);
+
+#[cfg_attr(test, allow(dead_code))]
+fn command_line() -> i32 {
     quiet_on_closed_stdout();
     let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let args = match cli::Cli::parse_args(&raw) {

@@ -64,6 +64,39 @@ fn assert_quiet_zero(out: &Output, what: &str) {
     );
 }
 
+// ---- a caller that closed stdin, stdout and stderr -------------------------------------
+
+/// With descriptors 0, 1 and 2 closed by its caller, `run` still opens `/dev/null` on
+/// them before anything else: otherwise the first file it opens (the report's directory)
+/// takes descriptor 1 and becomes the command's stdout.
+#[test]
+fn a_run_whose_caller_closed_every_standard_descriptor_writes_nowhere_it_should_not() {
+    let dir = shared_tempdir();
+    let report = dir.path().join("report.json");
+    let script =
+        r#"exec "$HATCHERY" run --report "$REPORT" -- sh -c 'echo OUT; echo ERR >&2' <&- >&- 2>&-"#;
+    let out = run_with_timeout(
+        Command::new("sh")
+            .args(["-c", script])
+            .env("HATCHERY", hatchery())
+            .env("REPORT", &report),
+        LIMIT,
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("report: {e}"));
+    let doc: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("report {text:?}: {e}"));
+    assert_eq!(doc["exit_code"], 0, "{text}");
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(left, ["report.json"], "files next to the report");
+}
+
 // ---- 9: a closed stdout ends quietly -------------------------------------------------
 
 #[test]

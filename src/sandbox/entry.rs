@@ -1,0 +1,82 @@
+//! The program's entry point, without std's start-up.
+//!
+//! Why: before `main`, std's runtime finds the main thread's stack (glibc's
+//! `pthread_getattr_np`, which reads the whole of `/proc/self/maps`), maps an alternate
+//! signal stack and installs SIGSEGV and SIGBUS handlers whose only job is to print
+//! "has overflowed its stack" before the process dies anyway: 19 system calls, about a
+//! tenth of a millisecond on every start of a sandbox, for a message. The kernel's guard
+//! gap below the main thread's stack, and the guard pages std puts below every other
+//! thread's, still turn an overflow into SIGSEGV.
+//!
+//! What std's start-up does that hatchery relies on is kept, in [`run`]: descriptors 0, 1
+//! and 2 are open (on `/dev/null` if the caller closed them), so that no file this process
+//! opens becomes its stdout; SIGPIPE is ignored (see `quiet_on_closed_stdout` in
+//! `main.rs`); a panic that reaches the top ends the process with status 101. The command
+//! line is still read by std (`std::env::args_os`), which glibc hands it before `main`.
+
+use std::os::fd::RawFd;
+
+/// Defines the program's C `main`, which runs `$body` (a `fn() -> i32`) through [`run`].
+/// For a `#![no_main]` binary.
+#[macro_export]
+macro_rules! program_entry {
+    ($body:path) => {
+        // SAFETY: the program's one C `main` (its crate is `#![no_main]`), called once by
+        // the C start-up code with the arguments it declares.
+        #[unsafe(no_mangle)]
+        extern "C" fn main(
+            _argc: ::std::ffi::c_int,
+            _argv: *const *const ::std::ffi::c_char,
+        ) -> ::std::ffi::c_int {
+            $crate::sandbox::entry::run($body)
+        }
+    };
+}
+
+/// What std's start-up does that hatchery needs, then `body`; its status, or 101 when it
+/// panics (std's status for a panic in `main`).
+pub fn run(body: fn() -> i32) -> i32 {
+    standard_descriptors_open();
+    // SAFETY: SIG_IGN installs no handler; nothing else is running yet.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    std::panic::catch_unwind(body).unwrap_or(101)
+}
+
+/// Opens `/dev/null` on whichever of descriptors 0, 1 and 2 is closed, as std's start-up
+/// does; aborts if that fails (nothing can be said safely then).
+fn standard_descriptors_open() {
+    let mut fds = [0, 1, 2].map(|fd: RawFd| libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    });
+    loop {
+        // SAFETY: poll(2) on an array we own, of the length we pass, with no wait.
+        if unsafe { libc::poll(fds.as_mut_ptr(), 3, 0) } >= 0 {
+            break;
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EINTR) => continue,
+            // poll cannot run (a descriptor limit of 0, no memory): ask each one instead.
+            _ => {
+                for fd in &mut fds {
+                    // SAFETY: F_GETFD only reads the descriptor's flags.
+                    let closed = unsafe { libc::fcntl(fd.fd, libc::F_GETFD) } == -1
+                        && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF);
+                    fd.revents = if closed { libc::POLLNVAL } else { 0 };
+                }
+                break;
+            }
+        }
+    }
+    for fd in fds {
+        if fd.revents & libc::POLLNVAL != 0 {
+            // SAFETY: open(2) of a constant NUL-terminated path; the lowest free
+            // descriptor is the closed one, since the lower ones are open by now.
+            let opened = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR, 0) };
+            if opened != fd.fd {
+                std::process::abort();
+            }
+        }
+    }
+}
