@@ -655,3 +655,59 @@ fn a_signed_manifest_carries_relative_paths_made_absolute_and_passed_through_env
         "{v}"
     );
 }
+
+/// A sandbox's pid 1 that dies of a fault (here: its stack limit, swept through the sizes
+/// at which the supervisor still runs but pid 1 overflows) is hatchery's failure, exit
+/// 125 with a message naming pid 1; its SIGSEGV is never reported as the command's
+/// status (it was: `exit_code` 139, `signal` 11, no error, for a command that never ran).
+#[test]
+fn a_pid_1_that_dies_of_a_fault_is_hatcherys_failure_never_the_commands_status() {
+    if skip_unless_root("pid 1 fault") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let report = dir.path().join("r.json");
+    let (mut crashes, mut ran) = (0, 0);
+    for kib in (48..=160).step_by(2) {
+        let _ = std::fs::remove_file(&report);
+        let out = run_with_timeout(
+            Command::new("sh")
+                .args([
+                    "-c",
+                    &format!("ulimit -s {kib} && exec \"$HATCHERY\" run --report \"$R\" -- true"),
+                ])
+                .env("HATCHERY", hatchery())
+                .env("R", &report),
+            Duration::from_secs(30),
+        );
+        // Below some size the supervisor itself overflows first: no report, nothing to
+        // misreport.
+        let Ok(text) = std::fs::read_to_string(&report) else {
+            continue;
+        };
+        let doc: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{kib} KiB: {e}: {text}"));
+        let faults = [4, 5, 6, 7, 8, 11, 31]; // ILL TRAP ABRT BUS FPE SEGV SYS
+        if doc["signal"].as_i64().is_some_and(|s| faults.contains(&s)) {
+            panic!(
+                "{kib} KiB: `true` reported as killed by a fault (pid 1's, taken for the command's): {text}"
+            );
+        }
+        match doc["exit_code"].as_i64() {
+            Some(0) => ran += 1,
+            Some(125) if doc["error"].as_str().is_some_and(|e| e.contains("pid 1")) => {
+                crashes += 1;
+                assert!(
+                    stderr(&out).contains("pid 1"),
+                    "{kib} KiB: {}",
+                    stderr(&out)
+                );
+                assert_eq!(code(&out), 125, "{kib} KiB");
+            }
+            // Another refusal a small stack limit can cause is not what this checks.
+            _ => {}
+        }
+    }
+    assert!(ran > 0, "no size let the sandbox start");
+    eprintln!("pid 1 overflowed at {crashes} sizes; the command ran at {ran}");
+}

@@ -230,7 +230,9 @@ fn tell_outcome(
                     command.first().map(String::as_str).unwrap_or("")
                 );
             }
-            sandbox::Failure::Setup { .. } => error_line!("{f}{hint}"),
+            sandbox::Failure::Setup { .. } | sandbox::Failure::Crashed { .. } => {
+                error_line!("{f}{hint}")
+            }
         }
     } else if outcome.timed_out {
         error_line!("timed out; the sandbox was killed");

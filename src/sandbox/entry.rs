@@ -11,8 +11,10 @@
 //! What std's start-up does that hatchery relies on is kept, in [`run`]: descriptors 0, 1
 //! and 2 are open (on `/dev/null` if the caller closed them), so that no file this process
 //! opens becomes its stdout; SIGPIPE is ignored (see `quiet_on_closed_stdout` in
-//! `main.rs`); a panic that reaches the top ends the process with status 101. The command
-//! line is still read by std (`std::env::args_os`), which glibc hands it before `main`.
+//! `main.rs`); a panic that unwinds to the top ends the process with status 101. The
+//! command line is still read by std (`std::env::args_os`), which glibc hands it before
+//! `main` (glibc only: hatchery is built for `*-linux-gnu`). Not kept: the main thread's
+//! name in a panic's message (`<unnamed>` instead of `main`).
 
 use std::os::fd::RawFd;
 
@@ -28,13 +30,16 @@ macro_rules! program_entry {
             _argc: ::std::ffi::c_int,
             _argv: *const *const ::std::ffi::c_char,
         ) -> ::std::ffi::c_int {
-            $crate::sandbox::entry::run($body)
+            // Through std's exit, never a return to C: stdout's buffer is flushed even
+            // when `$body` returns its status instead of exiting.
+            ::std::process::exit($crate::sandbox::entry::run($body))
         }
     };
 }
 
-/// What std's start-up does that hatchery needs, then `body`; its status, or 101 when it
-/// panics (std's status for a panic in `main`).
+/// What std's start-up does that hatchery needs, then `body`; its status, or 101 when a
+/// panic unwinds out of it (std's status for a panic in `main`; a build with `panic =
+/// "abort"`, as the release profile is, aborts at the panic instead, as before).
 pub fn run(body: fn() -> i32) -> i32 {
     standard_descriptors_open();
     // SAFETY: SIG_IGN installs no handler; nothing else is running yet.

@@ -90,7 +90,7 @@ pub struct Sandbox {
     start_gate: Option<OwnedFd>,
 }
 
-/// Why the payload never ran.
+/// Why the payload never ran, or why its status is unknown.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
     Setup {
@@ -101,15 +101,40 @@ pub enum Failure {
     Exec {
         errno: i32,
     },
+    /// pid 1, hatchery's own process in the sandbox, died of a fault (SIGSEGV, SIGBUS,
+    /// SIGILL, SIGFPE, SIGABRT, SIGSYS, SIGTRAP) before it could report the command's
+    /// status: a crash of hatchery's, or a stack limit too small for it. Nothing in the
+    /// sandbox can send it such a signal (a pid namespace's init takes none from inside),
+    /// so it is never the command's status.
+    Crashed {
+        signal: i32,
+    },
 }
 
 impl Failure {
-    /// The exit status `run` reports for a payload that never ran.
+    /// The exit status `run` reports for a payload that never ran (or whose status is
+    /// unknown: hatchery's own failure).
     pub fn exit_code(&self) -> i32 {
         inside::never_ran_code(match self {
-            Failure::Setup { .. } => None,
+            Failure::Setup { .. } | Failure::Crashed { .. } => None,
             Failure::Exec { errno } => Some(*errno),
         })
+    }
+
+    /// The failure a signal that ended pid 1 stands for, if it is one of the faults only
+    /// its own code can raise (see [`Failure::Crashed`]).
+    pub fn of_pid1_signal(signal: i32) -> Option<Failure> {
+        matches!(
+            signal,
+            libc::SIGSEGV
+                | libc::SIGBUS
+                | libc::SIGILL
+                | libc::SIGFPE
+                | libc::SIGABRT
+                | libc::SIGSYS
+                | libc::SIGTRAP
+        )
+        .then_some(Failure::Crashed { signal })
     }
 }
 
@@ -129,6 +154,14 @@ impl std::fmt::Display for Failure {
                 }
             }
             Failure::Exec { errno } => write!(f, "{}", io::Error::from_raw_os_error(*errno)),
+            Failure::Crashed { signal } => {
+                let name = nix::sys::signal::Signal::try_from(*signal)
+                    .map_or_else(|_| format!("signal {signal}"), |s| s.as_str().to_string());
+                write!(
+                    f,
+                    "the sandbox's pid 1 (hatchery's own process) died of {name}: a crash, or a stack limit too small for it (ulimit -s); the command's status is unknown"
+                )
+            }
         }
     }
 }

@@ -235,11 +235,18 @@ impl Sandbox {
             told.take(msg);
         }
         let Told {
-            failure,
+            mut failure,
             landlock,
             payload_status,
             stopped_by,
         } = told;
+        // pid 1 died of a fault before it said how the command ended: hatchery's crash,
+        // never the command's status.
+        if let (None, None, None, Some(WaitStatus::Signaled(_, sig, _))) =
+            (&failure, payload_status, stopped_by, pid1)
+        {
+            failure = Failure::of_pid1_signal(sig as i32);
+        }
         let mut cleanup_error = None;
         tracing::debug!(failure = ?failure, timed_out, "the sandbox ended; reading usage and removing its cgroup");
         let usage = match self.cgroup.take() {
