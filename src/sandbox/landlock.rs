@@ -81,31 +81,6 @@ fn write_rights() -> BitFlags<AccessFs> {
         | AccessFs::Refer
 }
 
-/// Each path of `rules` once, with every right any group gives it, in the order the paths
-/// first appear. The kernel unions the rights of rules on one inode anyway; one rule a
-/// path saves opening, checking and adding it again for each group (the default profile
-/// names `/dev`, `/usr` and `/tmp` two or three times each), in the payload's start.
-fn rights_by_path(rules: &LandlockRules) -> Vec<(&PathBuf, BitFlags<AccessFs>)> {
-    let groups: [(&Vec<PathBuf>, BitFlags<AccessFs>); 6] = [
-        (&rules.list, AccessFs::ReadDir.into()),
-        (&rules.read, read_rights()),
-        (&rules.write, write_rights()),
-        (&rules.execute, AccessFs::Execute.into()),
-        (&rules.exec_files, AccessFs::ReadFile | AccessFs::Execute),
-        (&rules.ioctl_dev, AccessFs::IoctlDev.into()),
-    ];
-    let mut merged: Vec<(&PathBuf, BitFlags<AccessFs>)> = Vec::new();
-    for (paths, rights) in groups {
-        for path in paths {
-            match merged.iter_mut().find(|(p, _)| *p == path) {
-                Some((_, have)) => *have |= rights,
-                None => merged.push((path, rights)),
-            }
-        }
-    }
-    merged
-}
-
 /// Restricts the calling process (and its future children). Missing paths are skipped:
 /// a rule cannot grant access to something that does not exist.
 pub fn restrict(rules: &LandlockRules) -> Result<LandlockOutcome, String> {
@@ -125,29 +100,39 @@ pub fn restrict(rules: &LandlockRules) -> Result<LandlockOutcome, String> {
         .map_err(|e| e.to_string())?
         .create()
         .map_err(|e| e.to_string())?;
-    for (path, rights) in rights_by_path(rules) {
-        let fd = match PathFd::new(path) {
-            Ok(fd) => fd,
-            Err(_) if !path.exists() => continue,
-            Err(e) => return Err(format!("{}: {e}", path.display())),
-        };
-        // A rule on a file may only carry rights that apply to files: the kernel refuses
-        // the others (EINVAL), and the crate's best-effort mode would drop them and
-        // report the whole ruleset as only partially enforced.
-        let is_dir = nix::sys::stat::fstat(&fd)
-            .map(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let rights = if is_dir {
-            rights
-        } else {
-            rights & file_rights()
-        };
-        if rights.is_empty() {
-            continue;
+    let groups: [(&Vec<PathBuf>, BitFlags<AccessFs>); 6] = [
+        (&rules.list, AccessFs::ReadDir.into()),
+        (&rules.read, read_rights()),
+        (&rules.write, write_rights()),
+        (&rules.execute, AccessFs::Execute.into()),
+        (&rules.exec_files, AccessFs::ReadFile | AccessFs::Execute),
+        (&rules.ioctl_dev, AccessFs::IoctlDev.into()),
+    ];
+    for (paths, rights) in groups {
+        for path in paths {
+            let fd = match PathFd::new(path) {
+                Ok(fd) => fd,
+                Err(_) if !path.exists() => continue,
+                Err(e) => return Err(format!("{}: {e}", path.display())),
+            };
+            // A rule on a file may only carry rights that apply to files: the kernel refuses
+            // the others (EINVAL), and the crate's best-effort mode would drop them and
+            // report the whole ruleset as only partially enforced.
+            let is_dir = nix::sys::stat::fstat(&fd)
+                .map(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let rights = if is_dir {
+                rights
+            } else {
+                rights & file_rights()
+            };
+            if rights.is_empty() {
+                continue;
+            }
+            ruleset = ruleset
+                .add_rule(PathBeneath::new(fd, rights))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
         }
-        ruleset = ruleset
-            .add_rule(PathBeneath::new(fd, rights))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     if rules.deny_tcp {
         for &port in &rules.tcp_connect_ports {
@@ -166,41 +151,4 @@ pub fn restrict(rules: &LandlockRules) -> Result<LandlockOutcome, String> {
         abi: abi_now,
         status,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// One rule a path, with the union of its groups' rights, in first-seen order; a path
-    /// named once keeps exactly its group's rights.
-    #[test]
-    fn each_path_gets_one_rule_with_every_right_its_groups_give() {
-        let p = PathBuf::from;
-        let rules = LandlockRules {
-            list: vec![p("/")],
-            read: vec![p("/usr"), p("/etc"), p("/dev")],
-            write: vec![p("/tmp"), p("/dev")],
-            execute: vec![p("/usr"), p("/tmp")],
-            exec_files: vec![p("/opt/tool")],
-            ioctl_dev: vec![p("/dev")],
-            ..LandlockRules::default()
-        };
-        let merged = rights_by_path(&rules);
-        let got: Vec<(&str, BitFlags<AccessFs>)> = merged
-            .iter()
-            .map(|(path, r)| (path.to_str().unwrap_or("?"), *r))
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                ("/", AccessFs::ReadDir.into()),
-                ("/usr", read_rights() | AccessFs::Execute),
-                ("/etc", read_rights()),
-                ("/dev", read_rights() | write_rights() | AccessFs::IoctlDev),
-                ("/tmp", write_rights() | AccessFs::Execute),
-                ("/opt/tool", AccessFs::ReadFile | AccessFs::Execute),
-            ]
-        );
-    }
 }
