@@ -697,6 +697,7 @@ fn a_pid_1_that_dies_of_a_fault_is_hatcherys_failure_never_the_commands_status()
             Some(0) => ran += 1,
             Some(125) if doc["error"].as_str().is_some_and(|e| e.contains("pid 1")) => {
                 crashes += 1;
+
                 assert!(
                     stderr(&out).contains("pid 1"),
                     "{kib} KiB: {}",

@@ -157,9 +157,17 @@ impl std::fmt::Display for Failure {
             Failure::Crashed { signal } => {
                 let name = nix::sys::signal::Signal::try_from(*signal)
                     .map_or_else(|_| format!("signal {signal}"), |s| s.as_str().to_string());
+                let why = if matches!(*signal, libc::SIGSEGV | libc::SIGBUS) {
+                    "a crash, or a stack limit too small for it (ulimit -s)"
+                } else {
+                    "a crash"
+                };
+                // Whether the command had started cannot be told: the start gate closes
+                // with pid 1 whichever it was.
+                let command = "the command's status is unknown";
                 write!(
                     f,
-                    "the sandbox's pid 1 (hatchery's own process) died of {name}: a crash, or a stack limit too small for it (ulimit -s); the command's status is unknown"
+                    "the sandbox's pid 1 (hatchery's own process) died of {name}: {why}; {command}"
                 )
             }
         }
