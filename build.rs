@@ -186,7 +186,7 @@ fn chooses_linker<'a>(args: impl Iterator<Item = &'a str>) -> bool {
     false
 }
 
-/// The link arguments that hand `list` to `rust-lld`, or why they cannot be given.
+/// Gives the link arguments that hand `list` to `rust-lld`, or says why it cannot.
 fn hot_function_link_args(list: &str) -> Result<(), String> {
     // A linker the build chose itself (the cargo config's `linker`, or `-C linker`,
     // `-C linker-features=-lld`, `-fuse-ld=` in RUSTFLAGS) is kept: these arguments come

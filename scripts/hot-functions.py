@@ -135,8 +135,9 @@ def write(path, text):
 def our_probes():
     """The probes of GROUP in uprobe_events: this script's, from this run or one cut short."""
     with open(os.path.join(TRACEFS, "uprobe_events")) as fh:
-        return [l.split()[0].split(":", 1)[1] for l in fh
-                if l.split() and l.split()[0].split(":", 1)[-1].startswith(GROUP + "/")]
+        # Each line: "p:GROUP/NAME PATH:OFFSET".
+        names = [l.split(maxsplit=1)[0].partition(":")[2] for l in fh if l.strip()]
+    return [n for n in names if n.startswith(GROUP + "/")]
 
 
 def clean_up():

@@ -697,7 +697,6 @@ fn a_pid_1_that_dies_of_a_fault_is_hatcherys_failure_never_the_commands_status()
             Some(0) => ran += 1,
             Some(125) if doc["error"].as_str().is_some_and(|e| e.contains("pid 1")) => {
                 crashes += 1;
-
                 assert!(
                     stderr(&out).contains("pid 1"),
                     "{kib} KiB: {}",
@@ -711,4 +710,19 @@ fn a_pid_1_that_dies_of_a_fault_is_hatcherys_failure_never_the_commands_status()
     }
     assert!(ran > 0, "no size let the sandbox start");
     eprintln!("pid 1 overflowed at {crashes} sizes; the command ran at {ran}");
+}
+
+/// What a payload can do to turn its own status into "hatchery crashed": send its pid 1
+/// every fault signal. pid 1 never dies of them, and the command's 7 is reported as is.
+#[test]
+fn a_payload_that_sends_its_pid_1_every_fault_signal_keeps_its_own_status() {
+    if skip_unless_root("faults sent to pid 1") {
+        return;
+    }
+    let out = hatchery_cmd(&["run", "--report", "-", "--", "sh", "-c", FAULTS_TO_PID1]);
+    assert_eq!(code(&out), 7, "{}", stderr(&out));
+    let doc: Value =
+        serde_json::from_str(&stdout(&out)).unwrap_or_else(|e| panic!("{e}: {}", stdout(&out)));
+    assert_eq!(doc["exit_code"], 7, "{doc}");
+    assert!(doc["signal"].is_null() && doc["error"].is_null(), "{doc}");
 }

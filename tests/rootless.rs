@@ -551,3 +551,15 @@ fn rootless_pid_1_is_closed_to_the_payload() {
         stderr(&out)
     );
 }
+
+/// Rootless, the payload may share its pid 1's uid on the host: every fault signal it
+/// sends pid 1 still leaves pid 1 alive and the command's own status reported.
+#[test]
+fn a_rootless_payload_that_sends_its_pid_1_every_fault_signal_keeps_its_own_status() {
+    if skip("rootless faults sent to pid 1") {
+        return;
+    }
+    let out = as_nobody(&["run", "--", "sh", "-c", FAULTS_TO_PID1]);
+    assert_eq!(code(&out), 7, "{}", stderr(&out));
+    assert!(!stderr(&out).contains("pid 1"), "{}", stderr(&out));
+}

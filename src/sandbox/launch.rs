@@ -164,10 +164,9 @@ impl std::fmt::Display for Failure {
                 };
                 // Whether the command had started cannot be told: the start gate closes
                 // with pid 1 whichever it was.
-                let command = "the command's status is unknown";
                 write!(
                     f,
-                    "the sandbox's pid 1 (hatchery's own process) died of {name}: {why}; {command}"
+                    "the sandbox's pid 1 (hatchery's own process) died of {name}: {why}; the command's status is unknown"
                 )
             }
         }

@@ -226,6 +226,11 @@ pub const PID1_PROBE: &str = "sleep 30 & s=$!; \
      ls /proc/1/fd >/dev/null 2>&1 && echo pid1-fd; \
      head -c1 /proc/1/maps >/dev/null 2>&1 && echo pid1-maps; \
      kill $s";
+/// A payload that sends its pid 1 every fault signal (the ones that, ending pid 1, make
+/// `run` report hatchery's own crash) and then exits 7: it must get its own status.
+pub const FAULTS_TO_PID1: &str = "for s in SEGV ABRT BUS ILL FPE SYS TRAP; do \
+     kill -s $s 1 2>/dev/null; done; sleep 0.2; exit 7";
+
 /// What [`PID1_PROBE`] prints where pid 1 is closed to the payload.
 pub const PID1_CLOSED: [&str; 3] = ["own-environ", "own-fd", "own-maps"];
 

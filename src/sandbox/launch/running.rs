@@ -240,13 +240,6 @@ impl Sandbox {
             payload_status,
             stopped_by,
         } = told;
-        // pid 1 died of a fault before it said how the command ended: hatchery's crash,
-        // never the command's status.
-        if let (None, None, None, Some(WaitStatus::Signaled(_, sig, _))) =
-            (&failure, payload_status, stopped_by, pid1)
-        {
-            failure = Failure::of_pid1_signal(sig as i32);
-        }
         let mut cleanup_error = None;
         tracing::debug!(failure = ?failure, timed_out, "the sandbox ended; reading usage and removing its cgroup");
         let usage = match self.cgroup.take() {
@@ -265,6 +258,11 @@ impl Sandbox {
             (Some(raw), _, _) => decode_raw_status(raw),
             (None, Some(sig), _) => (128 + sig, Some(sig)),
             (None, None, Some(WaitStatus::Signaled(_, sig, _))) => {
+                // A fault only pid 1's own code can raise: hatchery's crash, never the
+                // command's status (see `Failure::Crashed`).
+                if failure.is_none() {
+                    failure = Failure::of_pid1_signal(sig as i32);
+                }
                 (128 + sig as i32, Some(sig as i32))
             }
             (None, None, Some(WaitStatus::Exited(_, c))) => (c, None),
