@@ -429,6 +429,60 @@ fn concurrent_sandboxes_have_distinct_host_ids_and_files_belong_to_the_directory
     assert_ne!(other, holder_uid, "two running sandboxes share a host uid");
 }
 
+#[test]
+fn a_root_owned_read_write_directory_gives_the_sandbox_only_what_others_may_do() {
+    if skip_unless_root("root-owned --rw") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    let chmod = |mode: u32| {
+        std::fs::set_permissions(&d, PermissionsExt::from_mode(mode))
+            .unwrap_or_else(|e| panic!("chmod {mode:o}: {e}"))
+    };
+    let roots = d.join("roots");
+    std::fs::write(&roots, "root's\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&roots, PermissionsExt::from_mode(0o644)).ok();
+    // Root's directory, which only root may write: the sandbox is never root on the host,
+    // so it may neither add a file nor change root's.
+    chmod(0o755);
+    let attack = format!(
+        "echo x > {0}/new; echo y >> {0}/roots; cat {0}/roots",
+        s(&d)
+    );
+    let out = hatchery_cmd(&["run", "--rw", &s(&d), "--", "sh", "-c", &attack]);
+    assert_eq!(stdout(&out), "root's", "{}", stderr(&out));
+    assert!(
+        !d.join("new").exists(),
+        "the sandbox created a file in a directory only root may write"
+    );
+    assert!(
+        stderr(&out).contains("the sandbox cannot write it"),
+        "no warning: {}",
+        stderr(&out)
+    );
+    // Where others may write, it does, as its own host uid (never root), and no warning
+    // says otherwise.
+    chmod(0o1777);
+    let out = hatchery_cmd(&[
+        "run",
+        "--rw",
+        &s(&d),
+        "--",
+        "sh",
+        "-c",
+        &format!("echo x > {}/new", s(&d)),
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+    let made = std::fs::metadata(d.join("new")).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        in_sandbox_id_range(made.uid()),
+        "a file the sandbox made in root's directory belongs to uid {}",
+        made.uid()
+    );
+}
+
 // ------------------------------------------------------------ 6. --ro write channels
 
 #[test]

@@ -131,8 +131,9 @@ pub struct IdmapPlan {
 /// Makes the detached copies of every bind of `plan` (see [`PreparedTrees`]). Exposures
 /// are idmapped: read-only ones through the null mapping (no write channel at all: no FIFO
 /// writes, no `connect` to host sockets), read-write ones so that the directory's owner is
-/// the sandbox (what it creates belongs to that owner on the host). Where a filesystem
-/// cannot be idmapped the bind is made without, and a note says what that leaves open.
+/// the sandbox (what it creates belongs to that owner on the host), unless root owns it.
+/// Where a filesystem cannot be idmapped the bind is made without, and a note says what
+/// that leaves open.
 pub fn prepare(plan: &RootfsPlan, idmap: IdmapPlan) -> Result<PreparedTrees, MountError> {
     let mut out = PreparedTrees::default();
     let mut owner_maps: Vec<((u32, u32), OwnedFd)> = Vec::new();
@@ -142,7 +143,11 @@ pub fn prepare(plan: &RootfsPlan, idmap: IdmapPlan) -> Result<PreparedTrees, Mou
         let flag = |userns: Option<RawFd>| {
             set_attrs_idmap(tree.as_raw_fd(), None, bind.attrs(), true, userns)
         };
-        let idmapped = if bind.idmapped {
+        // A root-owned exposure is mounted plainly, read-write too: root's files are never
+        // handed to a sandbox (which is never root on the host), so there it has the
+        // rights of "other".
+        let mapped = bind.idmapped && !(bind.writable && bind.host.uid == 0);
+        let idmapped = if mapped {
             let userns = if bind.writable {
                 let owner = (bind.host.uid, bind.host.gid);
                 match owner_maps.iter().find(|(o, _)| *o == owner) {
@@ -167,7 +172,7 @@ pub fn prepare(plan: &RootfsPlan, idmap: IdmapPlan) -> Result<PreparedTrees, Mou
         };
         if !idmapped {
             flag(None).map_err(fail(format!("flag {}", bind.host.path.display())))?;
-            if bind.idmapped {
+            if mapped {
                 out.notes.push(unmapped_note(bind, idmap.sandbox));
             }
         }
