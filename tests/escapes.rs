@@ -483,6 +483,41 @@ fn a_root_owned_read_write_directory_gives_the_sandbox_only_what_others_may_do()
     );
 }
 
+#[test]
+fn a_read_write_directory_in_roots_group_hands_the_sandbox_its_owner_never_roots_group() {
+    if skip_unless_root("root group --rw") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    let file = |name: &str, uid: u32, gid: u32, mode: u32| {
+        let p = d.join(name);
+        std::fs::write(&p, format!("{name}\n")).unwrap_or_else(|e| panic!("{e}"));
+        std::os::unix::fs::chown(&p, Some(uid), Some(gid)).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::set_permissions(&p, PermissionsExt::from_mode(mode)).ok();
+    };
+    // A user's directory whose group is root's: its owner's file is the sandbox's to
+    // change; a file root's group may write or read is not.
+    file("owners", 4321, 4321, 0o644);
+    file("root-group", 0, 0, 0o664);
+    file("root-group-secret", 0, 0, 0o640);
+    std::os::unix::fs::chown(&d, Some(4321), Some(0)).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&d, PermissionsExt::from_mode(0o775)).ok();
+    let script = format!(
+        "echo y >> {0}/owners; echo y >> {0}/root-group; echo x > {0}/new; cat {0}/owners {0}/root-group {0}/root-group-secret",
+        s(&d)
+    );
+    let out = hatchery_cmd(&["run", "--rw", &s(&d), "--", "sh", "-c", &script]);
+    assert_eq!(stdout(&out), "owners\ny\nroot-group", "{}", stderr(&out));
+    let made = std::fs::metadata(d.join("new")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        made.uid(),
+        4321,
+        "a new file belongs to the directory's owner"
+    );
+    assert_ne!(made.gid(), 0, "a new file belongs to root's group");
+}
+
 // ------------------------------------------------------------ 6. --ro write channels
 
 #[test]

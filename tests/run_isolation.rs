@@ -693,6 +693,9 @@ fn set_uid_and_set_gid_files_cannot_be_made_in_an_rw_path() {
     for profile in every_profile(profiles_dir.path()) {
         let rw = shared_tempdir();
         let d = canonical(rw.path());
+        // A user's directory (a root-owned one is mounted plainly, and each run's files
+        // would belong to that run's own host uid).
+        std::os::unix::fs::chown(&d, Some(4321), Some(4321)).unwrap_or_else(|e| panic!("{e}"));
         let ds = d.to_string_lossy().into_owned();
         let run = |args: &[&str]| run_probe(&["--profile", &profile, "--rw", &ds], args);
         let file = format!("{ds}/plain");

@@ -272,13 +272,24 @@ pub fn null_idmap(null: (u32, u32)) -> io::Result<std::os::fd::BorrowedFd<'stati
 /// belongs to the sandbox's host ids, and what the sandbox creates is stored as `owner`
 /// (so a workspace never needs to be handed to the sandbox's uid). Other owners stay
 /// unmapped (never writable); other groups map to themselves, so a file of the owner's
-/// in another group stays writable for the owner.
+/// in another group stays writable for the owner. Root's group is never the sandbox's
+/// (root's files are never handed to a sandbox, see `mounts::prepare`): where `owner`'s
+/// group is 0, every group maps to itself, so the sandbox reads nothing through root's
+/// group and what it creates keeps the sandbox's own group.
 pub fn owner_idmap(owner: (u32, u32), sandbox: (u32, u32)) -> io::Result<OwnedFd> {
     let uids = [IdMapping {
         inside: owner.0,
         outside: sandbox.0,
         count: 1,
     }];
+    if owner.1 == 0 {
+        let every_group = IdMapping {
+            inside: 0,
+            outside: 0,
+            count: u32::MAX,
+        };
+        return idmap_userns(&uids, &[every_group]);
+    }
     let mut gids = vec![IdMapping {
         inside: owner.1,
         outside: sandbox.1,
