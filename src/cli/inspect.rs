@@ -193,6 +193,37 @@ fn run_lines(info: &WorkerInfo) -> Vec<String> {
             "ended by:    {}",
             e.ended_by.as_deref().unwrap_or("its own exit")
         ));
+        if let Some(error) = &e.error {
+            lines.push(format!("error:       {}", printable(error)));
+        }
     }
     lines
+}
+
+/// `s` with its control characters escaped: the text reached the controller from a
+/// sandbox and is written to a terminal.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn a_sandboxs_text_reaches_the_terminal_with_its_control_characters_escaped() {
+        assert_eq!(
+            printable("cwd \u{1b}[2J/x\r\nok: \u{e9}"),
+            "cwd \\u{1b}[2J/x\\r\\nok: \u{e9}"
+        );
+        assert_eq!(printable("plain text"), "plain text");
+    }
 }

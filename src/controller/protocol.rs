@@ -206,6 +206,11 @@ pub struct ExitInfo {
     pub timed_out: bool,
     /// Why the controller ended it, when it did (killed, reaped, expired, kill switch).
     pub ended_by: Option<String>,
+    /// Why its command never ran or its status is unknown, when so: the line `run` prints
+    /// for the same failure (a set-up step, `execve`, pid 1's crash), at most a sandbox's
+    /// message long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One worker as `ps` shows it.

@@ -8,6 +8,7 @@ use crate::broker::EgressEntry;
 use crate::manifest::WorkerId;
 use crate::sandbox::handle::KillHandle;
 
+use crate::controller::bounded::{MAX_TEXT, clip};
 use crate::controller::launcher::{LauncherEvent, LauncherRequest};
 use crate::controller::link::LinkError;
 use crate::controller::protocol::ExitInfo;
@@ -253,6 +254,7 @@ impl Engine {
                 oom_killed,
                 timed_out,
                 ended_by,
+                error: error.map(|e| clip(&e, MAX_TEXT)),
             },
         );
     }
@@ -293,6 +295,7 @@ impl Engine {
                 oom_killed: false,
                 timed_out: false,
                 ended_by: Some(ended_by),
+                error: Some(clip(error, MAX_TEXT)),
             },
         );
     }

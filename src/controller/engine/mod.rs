@@ -361,6 +361,7 @@ impl Engine {
                             oom_killed: false,
                             timed_out: false,
                             ended_by: Some("launcher exited".into()),
+                            error: None,
                         },
                     );
                 }

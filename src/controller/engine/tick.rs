@@ -173,6 +173,7 @@ impl Engine {
                     oom_killed: false,
                     timed_out: false,
                     ended_by,
+                    error: None,
                 },
             );
         }
