@@ -461,13 +461,17 @@ fn a_root_owned_read_write_directory_gives_the_sandbox_only_what_others_may_do()
         "no warning: {}",
         stderr(&out)
     );
-    // Where others may write, it does, as its own host uid (never root), and no warning
-    // says otherwise.
+    // Where others may write, it does, as its own host uid (never root), no warning says
+    // otherwise, and the report says whose its files are.
     chmod(0o1777);
+    let reports = shared_tempdir();
+    let report = canonical(reports.path()).join("r.json");
     let out = hatchery_cmd(&[
         "run",
         "--rw",
         &s(&d),
+        "--report",
+        &s(&report),
         "--",
         "sh",
         "-c",
@@ -475,6 +479,16 @@ fn a_root_owned_read_write_directory_gives_the_sandbox_only_what_others_may_do()
     ]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+    let report: Value = serde_json::from_slice(&std::fs::read(&report).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("report: {e}"));
+    assert!(
+        report["enforcement"]["not_enforced"]
+            .as_array()
+            .is_some_and(|n| n.iter().any(|l| l
+                .as_str()
+                .is_some_and(|l| l.contains("root owns it") && l.contains("leased")))),
+        "{report}"
+    );
     let made = std::fs::metadata(d.join("new")).unwrap_or_else(|e| panic!("{e}"));
     assert!(
         in_sandbox_id_range(made.uid()),
@@ -507,8 +521,30 @@ fn a_read_write_directory_in_roots_group_hands_the_sandbox_its_owner_never_roots
         "echo y >> {0}/owners; echo y >> {0}/root-group; echo x > {0}/new; cat {0}/owners {0}/root-group {0}/root-group-secret",
         s(&d)
     );
-    let out = hatchery_cmd(&["run", "--rw", &s(&d), "--", "sh", "-c", &script]);
+    let reports = shared_tempdir();
+    let report = canonical(reports.path()).join("r.json");
+    let out = hatchery_cmd(&[
+        "run",
+        "--rw",
+        &s(&d),
+        "--report",
+        &s(&report),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
     assert_eq!(stdout(&out), "owners\ny\nroot-group", "{}", stderr(&out));
+    let report: Value = serde_json::from_slice(&std::fs::read(&report).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("report: {e}"));
+    assert!(
+        report["enforcement"]["not_enforced"]
+            .as_array()
+            .is_some_and(|n| n.iter().any(|l| l
+                .as_str()
+                .is_some_and(|l| l.contains("its group is root's") && l.contains("leased")))),
+        "{report}"
+    );
     let made = std::fs::metadata(d.join("new")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         made.uid(),

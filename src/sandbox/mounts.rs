@@ -174,7 +174,11 @@ pub fn prepare(plan: &RootfsPlan, idmap: IdmapPlan) -> Result<PreparedTrees, Mou
             flag(None).map_err(fail(format!("flag {}", bind.host.path.display())))?;
             if mapped {
                 out.notes.push(unmapped_note(bind, idmap.sandbox));
+            } else if bind.idmapped {
+                out.notes.push(root_owned_note(bind, idmap.sandbox));
             }
+        } else if bind.writable && bind.host.gid == 0 {
+            out.notes.push(root_group_note(bind, idmap.sandbox));
         }
         out.trees.push(tree);
     }
@@ -185,7 +189,7 @@ pub fn prepare(plan: &RootfsPlan, idmap: IdmapPlan) -> Result<PreparedTrees, Mou
 pub fn unmapped_note(bind: &Bind, sandbox: (u32, u32)) -> String {
     if bind.writable {
         format!(
-            "--rw {}: no idmapped mount here (the filesystem or kernel does not support one): files the sandbox creates belong to host uid {} instead of the directory's owner",
+            "--rw {}: no idmapped mount here (the filesystem or kernel does not support one): the sandbox has the rights of others on it, and files it creates belong to its host uid {} instead of the directory's owner",
             bind.host.path.display(),
             sandbox.0
         )
@@ -195,6 +199,25 @@ pub fn unmapped_note(bind: &Bind, sandbox: (u32, u32)) -> String {
             bind.host.path.display()
         )
     }
+}
+
+/// What a root-owned read-write exposure, mounted plainly, leaves to the sandbox's leased id.
+pub fn root_owned_note(bind: &Bind, sandbox: (u32, u32)) -> String {
+    format!(
+        "--rw {}: root owns it, so it is not idmapped: the sandbox has the rights of others on it, and files it creates belong to its host uid {}, leased for this run, which a later sandbox may be leased (give the directory a non-root owner to keep them that owner's)",
+        bind.host.path.display(),
+        sandbox.0
+    )
+}
+
+/// What a read-write exposure whose group is root's (never mapped, see
+/// `userns::owner_idmap`) leaves to the sandbox's leased group.
+pub fn root_group_note(bind: &Bind, sandbox: (u32, u32)) -> String {
+    format!(
+        "--rw {}: its group is root's, which is never the sandbox's: files the sandbox creates there keep its host gid {}, leased for this run, which a later sandbox may be leased",
+        bind.host.path.display(),
+        sandbox.1
+    )
 }
 
 /// The source of one bind inside the sandbox: the supervisor's prepared copy, or (an
