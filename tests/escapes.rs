@@ -394,7 +394,8 @@ fn concurrent_sandboxes_have_distinct_host_ids_and_files_belong_to_the_directory
     }
     let dir = shared_tempdir();
     let d = canonical(dir.path());
-    std::os::unix::fs::chown(&d, Some(4321), Some(4321)).unwrap_or_else(|e| panic!("{e}"));
+    // A user the host knows, in its own group (`nobody`, `nogroup`).
+    std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap_or_else(|e| panic!("{e}"));
     let ready = d.join("ready");
     let _holder = background(&probe_args(
         &["--rw".into(), s(&d), "--timeout".into(), "30s".into()],
@@ -404,7 +405,7 @@ fn concurrent_sandboxes_have_distinct_host_ids_and_files_belong_to_the_directory
     let held = std::fs::metadata(&ready).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         (held.uid(), held.gid()),
-        (4321, 4321),
+        (65534, 65534),
         "a file a sandbox created does not belong to the directory's owner"
     );
     let out = hatchery_cmd(&["run", "--", "cat", "/proc/self/uid_map"]);
@@ -548,6 +549,44 @@ fn a_read_write_directory_in_roots_group_hands_the_sandbox_its_owner_never_roots
         "a new file belongs to the directory's owner"
     );
     assert_ne!(made.gid(), 0, "a new file belongs to root's group");
+}
+
+#[test]
+fn a_read_write_directory_in_a_group_its_owner_is_not_in_hands_the_sandbox_no_group() {
+    if skip_unless_root("foreign group --rw") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    // `nobody`'s directory in a group `nobody` is not in (root may set any), holding a file
+    // of root's that group may read: `nobody` cannot read it, and neither may the sandbox.
+    let secret = d.join("group-secret");
+    std::fs::write(&secret, "secret\n").unwrap_or_else(|e| panic!("{e}"));
+    std::os::unix::fs::chown(&secret, Some(0), Some(4242)).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&secret, PermissionsExt::from_mode(0o640)).ok();
+    std::os::unix::fs::chown(&d, Some(65534), Some(4242)).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&d, PermissionsExt::from_mode(0o775)).ok();
+    let script = format!("echo x > {0}/new; cat {0}/group-secret", s(&d));
+    let (out, report) = run_rw_reported(&d, &script);
+    assert!(!stdout(&out).contains("secret"), "{}", stdout(&out));
+    assert!(
+        not_enforced_says(
+            &report,
+            &["gid 4242, not one its owner belongs to", "leased"]
+        ),
+        "{report}"
+    );
+    let made = std::fs::metadata(d.join("new")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        made.uid(),
+        65534,
+        "a new file belongs to the directory's owner"
+    );
+    assert!(
+        in_sandbox_id_range(made.gid()),
+        "a new file's group is {}, not the sandbox's own",
+        made.gid()
+    );
 }
 
 // ------------------------------------------------------------ 6. --ro write channels

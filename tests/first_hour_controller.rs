@@ -599,6 +599,40 @@ fn inspect_says_why_a_workers_command_never_ran() {
     assert!(!text.contains("error:"), "{text}");
 }
 
+/// What a worker chose (here its command line) reaches the operator's terminal with its
+/// escape sequences and invisible formatting characters written out, never raw.
+#[test]
+fn ps_and_inspect_never_print_a_workers_escape_sequences_raw() {
+    if skip("escapes in ps") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let trick = "\u{1b}]0;PWNED\u{7}\u{1b}[2J\u{202e}txt.exe";
+    let out = c.cli(&[
+        "spawn",
+        "--no-controller",
+        "--",
+        "sh",
+        "-c",
+        "sleep 30",
+        trick,
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let id = stdout(&out);
+    for args in [
+        vec!["ps"],
+        vec!["ps", "--all"],
+        vec!["inspect", id.as_str()],
+    ] {
+        let text = stdout(&c.cli(&args));
+        assert!(text.contains("sleep 30"), "{args:?}: {text}");
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}') && !text.contains('\u{202e}'),
+            "{args:?} printed a worker's escapes raw: {text:?}"
+        );
+    }
+}
+
 #[test]
 fn ps_columns_line_up_and_kill_takes_several_ids() {
     if skip("ps columns") {

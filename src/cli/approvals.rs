@@ -10,6 +10,7 @@ use hatchery::audit;
 use hatchery::controller::protocol::{ApiRequest, ApiResponse, NoFields, PendingApproval};
 
 use super::controller::{SocketArg, out_json, outln};
+use super::shown::shown;
 
 const APPROVALS_EXAMPLES: &str = "\
 Each request shows the exact signed manifest that starts if it is approved; approving
@@ -76,8 +77,8 @@ fn describe(p: &PendingApproval) -> String {
         now.saturating_sub(p.requested_at_ms) / 1000,
         p.deadline_ms.saturating_sub(now) / 1000
     );
-    out.push_str(&format!("  why:        {}\n", p.why));
-    out.push_str(&format!("  needs:      {}\n", p.rules.join("; ")));
+    out.push_str(&format!("  why:        {}\n", shown(&p.why)));
+    out.push_str(&format!("  needs:      {}\n", shown(&p.rules.join("; "))));
     out.push_str(&format!(
         "  child:      {} at depth {} under {}\n",
         m.worker_id,
@@ -86,7 +87,7 @@ fn describe(p: &PendingApproval) -> String {
     ));
     out.push_str(&format!(
         "  command:    {}\n",
-        serde_json::to_string(&m.command).unwrap_or_default()
+        shown(&serde_json::to_string(&m.command).unwrap_or_default())
     ));
     out.push_str(&format!(
         "  resources:  {} MiB, {} cores, {} tasks, timeout {} ms, network: controller {}, external {}\n",
@@ -102,10 +103,12 @@ fn describe(p: &PendingApproval) -> String {
     }
     out.push_str(&format!("  profile:    {}\n", m.profile));
     let list = |v: &[hatchery::manifest::ExposedPath]| {
-        v.iter()
-            .map(|p| p.as_str().to_string())
-            .collect::<Vec<_>>()
-            .join(" ")
+        shown(
+            &v.iter()
+                .map(|p| p.as_str().to_string())
+                .collect::<Vec<_>>()
+                .join(" "),
+        )
     };
     out.push_str(&format!(
         "  read-only:  {}\n",

@@ -395,7 +395,10 @@ pub fn spawn_main(args: SpawnArgs) -> i32 {
                 "worker_id": worker_id, "depth": depth, "started": false, "error": why,
             }));
         }
-        eprintln!("hatchery: worker {worker_id} could not start: {why}");
+        eprintln!(
+            "hatchery: worker {worker_id} could not start: {}",
+            super::shown::shown(why)
+        );
         return 125;
     }
     if !args.wait {

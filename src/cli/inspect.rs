@@ -12,6 +12,7 @@ use hatchery::units;
 use super::controller::{SocketArg, exit_status, fail, inspect, out_json, outln};
 use super::job::parse_worker_id;
 use super::ps::{human_bytes, state};
+use super::shown::shown;
 
 #[derive(Args, Debug)]
 #[command(
@@ -90,13 +91,13 @@ fn manifest_lines(manifest: &Manifest) -> Vec<String> {
         if v.is_empty() {
             "-".to_string()
         } else {
-            v.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(" ")
+            shown(&v.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(" "))
         }
     };
     let mut lines = vec![
         format!(
             "command:     {}",
-            serde_json::to_string(&manifest.command).unwrap_or_default()
+            shown(&serde_json::to_string(&manifest.command).unwrap_or_default())
         ),
         format!("profile:     {}", manifest.profile),
         format!(
@@ -131,10 +132,13 @@ fn manifest_lines(manifest: &Manifest) -> Vec<String> {
     if let Some(exec) = &fs.allow_exec {
         lines.push(format!(
             "allow-exec:  {}",
-            exec.iter()
-                .map(|p| p.as_str())
-                .collect::<Vec<_>>()
-                .join(" ")
+            shown(
+                &exec
+                    .iter()
+                    .map(|p| p.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            )
         ));
     }
     lines
@@ -191,39 +195,11 @@ fn run_lines(info: &WorkerInfo) -> Vec<String> {
         ));
         lines.push(format!(
             "ended by:    {}",
-            e.ended_by.as_deref().unwrap_or("its own exit")
+            shown(e.ended_by.as_deref().unwrap_or("its own exit"))
         ));
         if let Some(error) = &e.error {
-            lines.push(format!("error:       {}", printable(error)));
+            lines.push(format!("error:       {}", shown(error)));
         }
     }
     lines
-}
-
-/// `s` with its control characters escaped: the text reached the controller from a
-/// sandbox and is written to a terminal.
-fn printable(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::printable;
-
-    #[test]
-    fn a_sandboxs_text_reaches_the_terminal_with_its_control_characters_escaped() {
-        assert_eq!(
-            printable("cwd \u{1b}[2J/x\r\nok: \u{e9}"),
-            "cwd \\u{1b}[2J/x\\r\\nok: \u{e9}"
-        );
-        assert_eq!(printable("plain text"), "plain text");
-    }
 }

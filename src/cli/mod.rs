@@ -22,6 +22,7 @@ pub mod manifest;
 pub mod profile;
 pub mod ps;
 pub mod run;
+pub mod shown;
 
 use clap::{Parser, Subcommand};
 

@@ -1,5 +1,6 @@
 //! `hatchery ps`: the controller's workers as a table or a tree (or JSON).
 
+use super::shown::shown;
 use clap::Args;
 
 use hatchery::controller::protocol::{ApiRequest, ApiResponse, WorkerInfo};
@@ -77,7 +78,7 @@ fn row(w: &WorkerInfo, indent: &str, why: bool) -> Vec<String> {
         r.push(
             w.exit
                 .as_ref()
-                .and_then(|e| e.ended_by.clone())
+                .and_then(|e| e.ended_by.as_deref().map(shown))
                 .unwrap_or_else(|| {
                     if w.exit.is_some() {
                         "its own exit".into()
@@ -121,7 +122,7 @@ fn table(rows: &[Vec<String>]) -> Vec<String> {
 
 /// The command on one line, at most `max` characters.
 fn short_command(argv: &[String], max: usize) -> String {
-    let joined = argv.join(" ");
+    let joined = shown(&argv.join(" "));
     let first = joined.lines().next().unwrap_or("");
     let mut out: String = first.chars().take(max).collect();
     if out.len() < joined.len() {

@@ -136,7 +136,7 @@ pub struct IdmapPlan {
 /// that leaves open.
 pub fn prepare(plan: &RootfsPlan, idmap: IdmapPlan) -> Result<PreparedTrees, MountError> {
     let mut out = PreparedTrees::default();
-    let mut owner_maps: Vec<((u32, u32), OwnedFd)> = Vec::new();
+    let mut owner_maps: Vec<((u32, Option<u32>), OwnedFd)> = Vec::new();
     for bind in plan.system.iter().chain(plan.exposures.iter()) {
         let what = format!("clone {}", bind.host.path.display());
         let tree = clone_fd_tree(bind.host.fd().as_raw_fd()).map_err(fail(what))?;
@@ -147,12 +147,15 @@ pub fn prepare(plan: &RootfsPlan, idmap: IdmapPlan) -> Result<PreparedTrees, Mou
         // handed to a sandbox (which is never root on the host), so there it has the
         // rights of "other".
         let mapped = bind.idmapped && !(bind.writable && bind.host.uid == 0);
+        let group = (mapped && bind.writable)
+            .then(|| super::userns::owners_group(bind.host.uid, bind.host.gid))
+            .flatten();
         let idmapped = if mapped {
             let userns = if bind.writable {
-                let owner = (bind.host.uid, bind.host.gid);
+                let owner = (bind.host.uid, group);
                 match owner_maps.iter().find(|(o, _)| *o == owner) {
                     Some((_, fd)) => Some(fd.as_raw_fd()),
-                    None => match super::userns::owner_idmap(owner, idmap.sandbox) {
+                    None => match super::userns::owner_idmap(owner.0, group, idmap.sandbox) {
                         Ok(fd) => {
                             let raw = fd.as_raw_fd();
                             owner_maps.push((owner, fd));
@@ -177,8 +180,8 @@ pub fn prepare(plan: &RootfsPlan, idmap: IdmapPlan) -> Result<PreparedTrees, Mou
             } else if bind.idmapped {
                 out.notes.push(root_owned_note(bind, idmap.sandbox));
             }
-        } else if bind.writable && bind.host.gid == 0 {
-            out.notes.push(root_group_note(bind, idmap.sandbox));
+        } else if bind.writable && group.is_none() {
+            out.notes.push(unmapped_group_note(bind, idmap.sandbox));
         }
         out.trees.push(tree);
     }
@@ -210,11 +213,16 @@ pub fn root_owned_note(bind: &Bind, sandbox: (u32, u32)) -> String {
     )
 }
 
-/// What a read-write exposure whose group is root's (never mapped, see
-/// `userns::owner_idmap`) leaves to the sandbox's leased group.
-pub fn root_group_note(bind: &Bind, sandbox: (u32, u32)) -> String {
+/// What a read-write exposure whose group is not mapped (root's, or one its owner does not
+/// belong to: see `userns::owners_group`) leaves to the sandbox's leased group.
+pub fn unmapped_group_note(bind: &Bind, sandbox: (u32, u32)) -> String {
+    let whose = if bind.host.gid == 0 {
+        "root's".to_string()
+    } else {
+        format!("gid {}, not one its owner belongs to", bind.host.gid)
+    };
     format!(
-        "--rw {}: its group is root's, which is never the sandbox's: files the sandbox creates there keep its host gid {}, leased for this run, which a later sandbox may be leased",
+        "--rw {}: its group is {whose}, so it is not the sandbox's: the sandbox has no group's rights there, and files it creates keep its host gid {}, leased for this run, which a later sandbox may be leased (unless the directory is set-gid; give it its owner's own group)",
         bind.host.path.display(),
         sandbox.1
     )

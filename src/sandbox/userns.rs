@@ -268,41 +268,40 @@ pub fn null_idmap(null: (u32, u32)) -> io::Result<std::os::fd::BorrowedFd<'stati
     Ok(NULL.get_or_init(|| fd).as_fd())
 }
 
-/// The mapping of an idmapped read-write mount: what `owner` (uid, gid) owns on disk
-/// belongs to the sandbox's host ids, and what the sandbox creates is stored as `owner`
-/// (so a workspace never needs to be handed to the sandbox's uid). Other owners stay
-/// unmapped (never writable); other groups map to themselves, so a file of the owner's
-/// in another group stays writable for the owner. Root's group is never the sandbox's
-/// (root's files are never handed to a sandbox, see `mounts::prepare`): where `owner`'s
-/// group is 0, every group maps to itself, so the sandbox reads nothing through root's
-/// group and what it creates keeps the sandbox's own group.
-pub fn owner_idmap(owner: (u32, u32), sandbox: (u32, u32)) -> io::Result<OwnedFd> {
+/// The mapping of an idmapped read-write mount: what `uid` owns on disk belongs to the
+/// sandbox's host uid, and what the sandbox creates is stored as `uid` (so a workspace
+/// never needs to be handed to the sandbox's uid); so with `group` (see
+/// [`owners_group`]) and the sandbox's host gid. Other owners stay unmapped (never
+/// writable); other groups map to themselves, so a file of the owner's in another group
+/// stays writable for the owner. Without `group` every group maps to itself: the sandbox
+/// then has no group's rights there, and what it creates keeps its own group.
+pub fn owner_idmap(uid: u32, group: Option<u32>, sandbox: (u32, u32)) -> io::Result<OwnedFd> {
     let uids = [IdMapping {
-        inside: owner.0,
+        inside: uid,
         outside: sandbox.0,
         count: 1,
     }];
-    if owner.1 == 0 {
+    let Some(group) = group else {
         let every_group = IdMapping {
             inside: 0,
             outside: 0,
             count: u32::MAX,
         };
         return idmap_userns(&uids, &[every_group]);
-    }
+    };
     let mut gids = vec![IdMapping {
-        inside: owner.1,
+        inside: group,
         outside: sandbox.1,
         count: 1,
     }];
     // Identity for every other gid, except the two taken above (maps are one-to-one).
-    let (a, b) = (owner.1.min(sandbox.1), owner.1.max(sandbox.1));
+    let (a, b) = (group.min(sandbox.1), group.max(sandbox.1));
     for (lo, hi) in [
         (0, a),
         (a.saturating_add(1), b),
         (b.saturating_add(1), u32::MAX),
     ] {
-        if hi > lo && lo != owner.1 {
+        if hi > lo && lo != group {
             gids.push(IdMapping {
                 inside: lo,
                 outside: lo,
@@ -311,6 +310,29 @@ pub fn owner_idmap(owner: (u32, u32), sandbox: (u32, u32)) -> io::Result<OwnedFd
         }
     }
     idmap_userns(&uids, &gids)
+}
+
+/// The group of a read-write exposure whose rights the sandbox takes with its owner's:
+/// `gid` when `uid` belongs to it (its primary group, or a member by the host's group
+/// database), never root's. A directory's group can be any the host's root chose, one its
+/// owner cannot read through (`shadow`, `disk`): the sandbox has no more than the owner.
+/// An owner the host's user database does not know belongs to no group here.
+pub fn owners_group(uid: u32, gid: u32) -> Option<u32> {
+    if gid == 0 {
+        return None;
+    }
+    let user = nix::unistd::User::from_uid(Uid::from_raw(uid))
+        .ok()
+        .flatten()?;
+    if user.gid.as_raw() == gid {
+        return Some(gid);
+    }
+    let name = std::ffi::CString::new(user.name).ok()?;
+    nix::unistd::getgrouplist(&name, user.gid)
+        .ok()?
+        .iter()
+        .any(|g| g.as_raw() == gid)
+        .then_some(gid)
 }
 
 /// While it lives, the calling (privileged, single-threaded) supervisor's effective uid is

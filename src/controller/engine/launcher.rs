@@ -95,7 +95,8 @@ impl Engine {
                 let Ok(id) = WorkerId::new(worker_id) else {
                     return;
                 };
-                self.start_failed(&id, &error, format!("could not start: {error}"), true);
+                let ended_by = format!("could not start: {}", clip(&error, MAX_TEXT));
+                self.start_failed(&id, &error, ended_by, true);
             }
             ev @ LauncherEvent::Exited { .. } => self.exit_reported(ev),
             LauncherEvent::Refused { error } => {
