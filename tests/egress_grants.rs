@@ -320,7 +320,7 @@ fn a_child_inheriting_hosts_waits_for_a_person_under_the_network_rule() {
         &[],
     );
     let script = r#"hatchery agent register >/dev/null || exit 9
-hatchery agent replicate --reason "a helper" -- sleep 20
+hatchery agent replicate --reason "a helper" --env BASH_ENV=/tmp/hook.sh -- sleep 20
 echo "rc=$?"
 sleep 30"#;
     let parent = spawned(&c, &["--allow-host", "api.example.com:443"], script);
@@ -341,6 +341,12 @@ sleep 30"#;
     );
     assert!(
         listing.contains("hosts:      api.example.com:443 (no egress budget)"),
+        "{listing}"
+    );
+    // Everything the child starts with is shown: a variable an interpreter runs as code
+    // (BASH_ENV) would otherwise be approved unseen.
+    assert!(
+        listing.contains("env:        [\"BASH_ENV=/tmp/hook.sh\"]"),
         "{listing}"
     );
     let _ = c.cli(&["kill", &parent]);

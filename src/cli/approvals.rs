@@ -89,6 +89,16 @@ fn describe(p: &PendingApproval) -> String {
         "  command:    {}\n",
         shown(&serde_json::to_string(&m.command).unwrap_or_default())
     ));
+    // What the command starts with: an interpreter reads some variables as code to run
+    // (BASH_ENV, LD_PRELOAD), so the person deciding sees them all.
+    out.push_str(&format!(
+        "  env:        {}\n",
+        shown(&serde_json::to_string(&m.env).unwrap_or_default())
+    ));
+    out.push_str(&format!(
+        "  cwd:        {}\n",
+        shown(m.cwd.as_deref().unwrap_or("/"))
+    ));
     out.push_str(&format!(
         "  resources:  {} MiB, {} cores, {} tasks, timeout {} ms, network: controller {}, external {}\n",
         r.memory_limit_mb.get(),
@@ -118,6 +128,10 @@ fn describe(p: &PendingApproval) -> String {
         "  read-write: {}\n",
         list(&m.filesystem.read_write)
     ));
+    if let Some(exec) = &m.filesystem.allow_exec {
+        let exec: Vec<&str> = exec.iter().map(|p| p.as_str()).collect();
+        out.push_str(&format!("  allow-exec: {}\n", shown(&exec.join(" "))));
+    }
     out.push_str(&format!(
         "  expires at: {}\n",
         audit::format_time(m.expires_at.get().saturating_mul(1000))

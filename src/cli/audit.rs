@@ -402,7 +402,8 @@ fn tail(a: &TailArgs) -> i32 {
             if a.json {
                 super::controller::outln(&serde_json::to_string(e).unwrap_or_default());
             } else {
-                super::controller::outln(&audit::describe(e));
+                // Details carry what workers chose (a reason, a command, a host name).
+                super::controller::outln(&super::shown::shown(&audit::describe(e)));
             }
         }
         shown = entries.len().max(shown);

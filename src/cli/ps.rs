@@ -1,6 +1,5 @@
 //! `hatchery ps`: the controller's workers as a table or a tree (or JSON).
 
-use super::shown::shown;
 use clap::Args;
 
 use hatchery::controller::protocol::{ApiRequest, ApiResponse, WorkerInfo};
@@ -8,6 +7,7 @@ use hatchery::controller::protocol::{ApiRequest, ApiResponse, WorkerInfo};
 use hatchery::manifest::WorkerId;
 
 use super::controller::{SocketArg, fail, out, out_json, outln, report};
+use super::shown::shown;
 
 #[derive(Args, Debug)]
 #[command(

@@ -18,9 +18,10 @@ pub fn shown(s: &str) -> String {
     out
 }
 
-/// Unicode's invisible formatting characters (category Cf): bidirectional embeddings,
-/// overrides, isolates and marks, zero-width spaces and joiners, the byte-order mark,
-/// interlinear annotations and tags.
+/// Unicode's invisible formatting characters most used to deceive (most of category Cf):
+/// bidirectional embeddings, overrides, isolates and marks, zero-width spaces and
+/// joiners, the byte-order mark, interlinear annotations and tags. Spaces, line
+/// separators and look-alike letters are shown as they are.
 fn is_format(c: char) -> bool {
     matches!(
         c as u32,

@@ -137,6 +137,8 @@ pub struct IdmapPlan {
 pub fn prepare(plan: &RootfsPlan, idmap: IdmapPlan) -> Result<PreparedTrees, MountError> {
     let mut out = PreparedTrees::default();
     let mut owner_maps: Vec<((u32, Option<u32>), OwnedFd)> = Vec::new();
+    // Each owner and group is looked up once (the user database may be slow to answer).
+    let mut groups: Vec<((u32, u32), Option<u32>)> = Vec::new();
     for bind in plan.system.iter().chain(plan.exposures.iter()) {
         let what = format!("clone {}", bind.host.path.display());
         let tree = clone_fd_tree(bind.host.fd().as_raw_fd()).map_err(fail(what))?;
@@ -147,9 +149,19 @@ pub fn prepare(plan: &RootfsPlan, idmap: IdmapPlan) -> Result<PreparedTrees, Mou
         // handed to a sandbox (which is never root on the host), so there it has the
         // rights of "other".
         let mapped = bind.idmapped && !(bind.writable && bind.host.uid == 0);
-        let group = (mapped && bind.writable)
-            .then(|| super::userns::owners_group(bind.host.uid, bind.host.gid))
-            .flatten();
+        let group = if mapped && bind.writable {
+            let key = (bind.host.uid, bind.host.gid);
+            match groups.iter().find(|(k, _)| *k == key) {
+                Some((_, g)) => *g,
+                None => {
+                    let g = super::userns::owners_group(key.0, key.1);
+                    groups.push((key, g));
+                    g
+                }
+            }
+        } else {
+            None
+        };
         let idmapped = if mapped {
             let userns = if bind.writable {
                 let owner = (bind.host.uid, group);
@@ -184,6 +196,13 @@ pub fn prepare(plan: &RootfsPlan, idmap: IdmapPlan) -> Result<PreparedTrees, Mou
             out.notes.push(unmapped_group_note(bind, idmap.sandbox));
         }
         out.trees.push(tree);
+    }
+    // The user database's modules may start threads; the sandbox is cloned from here.
+    if !groups.is_empty() {
+        super::process::ensure_single_threaded().map_err(|e| MountError {
+            step: format!("after looking up the exposures' owners: {e}"),
+            errno: e.raw_os_error().unwrap_or(libc::EINVAL),
+        })?;
     }
     Ok(out)
 }

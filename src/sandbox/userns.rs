@@ -315,8 +315,9 @@ pub fn owner_idmap(uid: u32, group: Option<u32>, sandbox: (u32, u32)) -> io::Res
 /// The group of a read-write exposure whose rights the sandbox takes with its owner's:
 /// `gid` when `uid` belongs to it (its primary group, or a member by the host's group
 /// database), never root's. A directory's group can be any the host's root chose, one its
-/// owner cannot read through (`shadow`, `disk`): the sandbox has no more than the owner.
-/// An owner the host's user database does not know belongs to no group here.
+/// owner cannot read through (`shadow`, `disk`). An owner the host's user database does
+/// not know belongs to no group here, nor does one whose name is not UTF-8 (the name is
+/// read lossily, and another name's groups would be asked for).
 pub fn owners_group(uid: u32, gid: u32) -> Option<u32> {
     if gid == 0 {
         return None;
@@ -326,6 +327,9 @@ pub fn owners_group(uid: u32, gid: u32) -> Option<u32> {
         .flatten()?;
     if user.gid.as_raw() == gid {
         return Some(gid);
+    }
+    if user.name.contains(char::REPLACEMENT_CHARACTER) {
+        return None;
     }
     let name = std::ffi::CString::new(user.name).ok()?;
     nix::unistd::getgrouplist(&name, user.gid)
