@@ -556,6 +556,17 @@ fn inspect_shows_manifest_limits_usage_and_why_it_ended() {
     assert!(!v["worker"]["usage"].is_null(), "usage over its life: {v}");
 }
 
+/// The `exit` of worker `id` in `ps --json`, once it has ended.
+fn wait_exit(c: &TestController, id: &str) -> Value {
+    c.wait_for(&format!("{id}'s exit"), LONG, |v| {
+        v["workers"].as_array().is_some_and(|ws| {
+            ws.iter()
+                .any(|w| w["worker_id"] == id && !w["exit"].is_null())
+        })
+    });
+    c.worker(id)["exit"].clone()
+}
+
 /// A worker whose command never ran ends with `run`'s status for it, and `inspect` says
 /// why, as `run` would, not only the audit trail.
 #[test]
@@ -567,17 +578,7 @@ fn inspect_says_why_a_workers_command_never_ran() {
     let out = c.cli(&["spawn", "--no-controller", "--", "/no/such/command"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let id = stdout(&out);
-    let v = c.wait_for("the worker's exit", LONG, |v| {
-        v["workers"].as_array().is_some_and(|ws| {
-            ws.iter()
-                .any(|w| w["worker_id"] == id.as_str() && !w["exit"].is_null())
-        })
-    });
-    let exit = v["workers"]
-        .as_array()
-        .and_then(|ws| ws.iter().find(|w| w["worker_id"] == id.as_str()))
-        .map(|w| w["exit"].clone())
-        .unwrap_or_default();
+    let exit = wait_exit(&c, &id);
     assert_eq!(exit["exit_code"], 127, "{exit}");
     let error = exit["error"].as_str().unwrap_or("");
     assert!(error.contains("No such file or directory"), "{exit}");
@@ -589,12 +590,7 @@ fn inspect_says_why_a_workers_command_never_ran() {
     );
     // A worker that ended by itself has no error line.
     let fine = spawned(&c, &["--no-controller"], "exit 3");
-    c.wait_for("the second worker's exit", LONG, |v| {
-        v["workers"].as_array().is_some_and(|ws| {
-            ws.iter()
-                .any(|w| w["worker_id"] == fine.as_str() && !w["exit"].is_null())
-        })
-    });
+    wait_exit(&c, &fine);
     let text = stdout(&c.cli(&["inspect", &fine]));
     assert!(!text.contains("error:"), "{text}");
 }

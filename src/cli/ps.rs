@@ -120,11 +120,10 @@ fn table(rows: &[Vec<String>]) -> Vec<String> {
         .collect()
 }
 
-/// The command on one line, at most `max` characters.
+/// The command on one line (its line breaks shown as escapes), at most `max` characters.
 fn short_command(argv: &[String], max: usize) -> String {
     let joined = shown(&argv.join(" "));
-    let first = joined.lines().next().unwrap_or("");
-    let mut out: String = first.chars().take(max).collect();
+    let mut out: String = joined.chars().take(max).collect();
     if out.len() < joined.len() {
         out.push('…');
     }
