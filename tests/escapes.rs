@@ -589,6 +589,57 @@ fn a_read_write_directory_in_a_group_its_owner_is_not_in_hands_the_sandbox_no_gr
     );
 }
 
+#[test]
+fn a_user_database_that_never_answers_refuses_the_start_instead_of_holding_it() {
+    if skip_unless_root("hung user database") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    // In this test's own mount namespace, /etc/group is a FIFO nobody writes: the group
+    // database's `open` never returns, as an LDAP server or a stalled network filesystem
+    // behind the host's user database may never answer.
+    let fifo = d.join("group");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let exposed = d.join("exposed");
+    std::fs::create_dir(&exposed).unwrap_or_else(|e| panic!("{e}"));
+    // `nobody`'s directory in a group that is not its own: only the group database can
+    // say whether `nobody` belongs to it.
+    std::os::unix::fs::chown(&exposed, Some(65534), Some(4242)).unwrap_or_else(|e| panic!("{e}"));
+    let script = format!(
+        "mount --bind '{}' /etc/group && exec '{}' run --rw '{}' -- true",
+        s(&fifo),
+        s(&hatchery()),
+        s(&exposed)
+    );
+    let started = Instant::now();
+    let out = run_with_timeout(
+        Command::new("unshare").args(["--mount", "--propagation", "private", "sh", "-c", &script]),
+        Duration::from_secs(40),
+    );
+    let took = started.elapsed();
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains("user database") && err.contains("did not answer"),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(30), "refused after {took:?}");
+    // The lookup ran in a helper: it is gone with the run, killed, not left waiting.
+    let needle = s(&exposed);
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&needle) && !c.contains("unshare"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 // ------------------------------------------------------------ 6. --ro write channels
 
 #[test]

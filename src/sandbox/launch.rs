@@ -428,12 +428,18 @@ fn prepare_trees(
         }
         return Ok(mounts::PreparedTrees::default());
     }
+    let groups = mounts::OwnerGroups::look_up(&spec.rootfs).map_err(|e| SandboxError::Refused {
+        what: "the read-write directories' owners' groups".into(),
+        why: e.to_string(),
+        fix: "check that the host's user database answers (`id` of each directory's owner should return at once)".into(),
+    })?;
     let prepared = mounts::prepare(
         &spec.rootfs,
         mounts::IdmapPlan {
             sandbox: (spec.identity.host_uid, spec.identity.host_gid),
             null: spec.null_ids,
         },
+        &groups,
     )
     .map_err(|e| SandboxError::Refused {
         what: "the sandbox's filesystem".into(),

@@ -28,6 +28,7 @@ pub mod mounts;
 pub mod namespaces;
 pub mod net;
 pub mod output;
+pub mod owner_groups;
 pub mod preflight;
 pub mod process;
 pub mod procfs;

@@ -134,31 +134,22 @@ pub struct IdmapPlan {
 /// the sandbox (what it creates belongs to that owner on the host), unless root owns it.
 /// Where a filesystem cannot be idmapped the bind is made without, and a note says what
 /// that leaves open.
-pub fn prepare(plan: &RootfsPlan, idmap: IdmapPlan) -> Result<PreparedTrees, MountError> {
+pub fn prepare(
+    plan: &RootfsPlan,
+    idmap: IdmapPlan,
+    groups: &OwnerGroups,
+) -> Result<PreparedTrees, MountError> {
     let mut out = PreparedTrees::default();
     let mut owner_maps: Vec<((u32, Option<u32>), OwnedFd)> = Vec::new();
-    // Each owner and group is looked up once (the user database may be slow to answer).
-    let mut groups: Vec<((u32, u32), Option<u32>)> = Vec::new();
     for bind in plan.system.iter().chain(plan.exposures.iter()) {
         let what = format!("clone {}", bind.host.path.display());
         let tree = clone_fd_tree(bind.host.fd().as_raw_fd()).map_err(fail(what))?;
         let flag = |userns: Option<RawFd>| {
             set_attrs_idmap(tree.as_raw_fd(), None, bind.attrs(), true, userns)
         };
-        // A root-owned exposure is mounted plainly, read-write too: root's files are never
-        // handed to a sandbox (which is never root on the host), so there it has the
-        // rights of "other".
-        let mapped = bind.idmapped && !(bind.writable && bind.host.uid == 0);
+        let mapped = owner_mapped(bind);
         let group = if mapped && bind.writable {
-            let key = (bind.host.uid, bind.host.gid);
-            match groups.iter().find(|(k, _)| *k == key) {
-                Some((_, g)) => *g,
-                None => {
-                    let g = super::userns::owners_group(key.0, key.1);
-                    groups.push((key, g));
-                    g
-                }
-            }
+            groups.of(bind.host.uid, bind.host.gid)
         } else {
             None
         };
@@ -197,14 +188,48 @@ pub fn prepare(plan: &RootfsPlan, idmap: IdmapPlan) -> Result<PreparedTrees, Mou
         }
         out.trees.push(tree);
     }
-    // The user database's modules may start threads; the sandbox is cloned from here.
-    if !groups.is_empty() {
-        super::process::ensure_single_threaded().map_err(|e| MountError {
-            step: format!("after looking up the exposures' owners: {e}"),
-            errno: e.raw_os_error().unwrap_or(libc::EINVAL),
-        })?;
-    }
     Ok(out)
+}
+
+/// Whether `bind` is idmapped to its owner: a root-owned exposure is mounted plainly,
+/// read-write too (root's files are never handed to a sandbox, which is never root on the
+/// host, so there it has the rights of "other").
+fn owner_mapped(bind: &Bind) -> bool {
+    bind.idmapped && !(bind.writable && bind.host.uid == 0)
+}
+
+/// The groups of the read-write exposures' owners that the sandbox takes with the owners'
+/// rights (see [`super::owner_groups`]), asked once for every exposure of a plan, before
+/// [`prepare`].
+#[derive(Debug, Default)]
+pub struct OwnerGroups(Vec<((u32, u32), Option<u32>)>);
+
+impl OwnerGroups {
+    /// Asks the host's user database, under [`super::owner_groups::DEADLINE`], for each
+    /// owner and group of `plan`'s read-write idmapped exposures (once each).
+    pub fn look_up(plan: &RootfsPlan) -> Result<OwnerGroups, super::owner_groups::LookupError> {
+        let mut keys: Vec<(u32, u32)> = Vec::new();
+        for bind in plan.system.iter().chain(plan.exposures.iter()) {
+            let key = (bind.host.uid, bind.host.gid);
+            if owner_mapped(bind) && bind.writable && !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        if keys.is_empty() {
+            return Ok(OwnerGroups::default());
+        }
+        let answers = super::owner_groups::owners_groups(&keys, super::owner_groups::DEADLINE)?;
+        Ok(OwnerGroups(keys.into_iter().zip(answers).collect()))
+    }
+
+    /// The group `uid`'s exposure in group `gid` gives the sandbox, if any (none for a
+    /// pair not looked up).
+    fn of(&self, uid: u32, gid: u32) -> Option<u32> {
+        self.0
+            .iter()
+            .find(|(k, _)| *k == (uid, gid))
+            .and_then(|(_, g)| *g)
+    }
 }
 
 /// What an exposure without an idmapped mount leaves open.
@@ -233,7 +258,7 @@ pub fn root_owned_note(bind: &Bind, sandbox: (u32, u32)) -> String {
 }
 
 /// What a read-write exposure whose group is not mapped (root's, or one its owner does not
-/// belong to: see `userns::owners_group`) leaves to the sandbox's leased group.
+/// belong to: see `owner_groups::owners_group`) leaves to the sandbox's leased group.
 pub fn unmapped_group_note(bind: &Bind, sandbox: (u32, u32)) -> String {
     let whose = if bind.host.gid == 0 {
         "root's".to_string()

@@ -271,7 +271,7 @@ pub fn null_idmap(null: (u32, u32)) -> io::Result<std::os::fd::BorrowedFd<'stati
 /// The mapping of an idmapped read-write mount: what `uid` owns on disk belongs to the
 /// sandbox's host uid, and what the sandbox creates is stored as `uid` (so a workspace
 /// never needs to be handed to the sandbox's uid); so with `group` (see
-/// [`owners_group`]) and the sandbox's host gid. Other owners stay unmapped (never
+/// [`super::owner_groups::owners_group`]) and the sandbox's host gid. Other owners stay unmapped (never
 /// writable); other groups map to themselves, so a file of the owner's in another group
 /// stays writable for the owner. Without `group` every group maps to itself: the sandbox
 /// then has no group's rights there, and what it creates keeps its own group.
@@ -310,33 +310,6 @@ pub fn owner_idmap(uid: u32, group: Option<u32>, sandbox: (u32, u32)) -> io::Res
         }
     }
     idmap_userns(&uids, &gids)
-}
-
-/// The group of a read-write exposure whose rights the sandbox takes with its owner's:
-/// `gid` when `uid` belongs to it (its primary group, or a member by the host's group
-/// database), never root's. A directory's group can be any the host's root chose, one its
-/// owner cannot read through (`shadow`, `disk`). An owner the host's user database does
-/// not know belongs to no group here, nor does one whose name is not UTF-8 (the name is
-/// read lossily, and another name's groups would be asked for).
-pub fn owners_group(uid: u32, gid: u32) -> Option<u32> {
-    if gid == 0 {
-        return None;
-    }
-    let user = nix::unistd::User::from_uid(Uid::from_raw(uid))
-        .ok()
-        .flatten()?;
-    if user.gid.as_raw() == gid {
-        return Some(gid);
-    }
-    if user.name.contains(char::REPLACEMENT_CHARACTER) {
-        return None;
-    }
-    let name = std::ffi::CString::new(user.name).ok()?;
-    nix::unistd::getgrouplist(&name, user.gid)
-        .ok()?
-        .iter()
-        .any(|g| g.as_raw() == gid)
-        .then_some(gid)
 }
 
 /// While it lives, the calling (privileged, single-threaded) supervisor's effective uid is
