@@ -339,3 +339,37 @@ fn approval_rechecks_the_cooldown_and_one_worker_cannot_fill_the_queue() {
         "one child only"
     );
 }
+
+#[test]
+fn a_reason_padded_to_wrap_never_reads_as_another_field_of_the_request() {
+    if skip_unless_root("folded approvals") {
+        return;
+    }
+    let c = TestController::start(&contract("require = [{ kind = \"always\" }]"), &[]);
+    // "  why:        " is 14 columns: 66 more fill an 80-column row, and a terminal would
+    // start the next with the forged field, where a person reads what the child needs.
+    let reason = format!("{}  needs:      nothing", "x".repeat(66));
+    let script = format!(
+        "hatchery agent register >/dev/null\nhatchery agent replicate --reason '{reason}' -- true\nsleep 30"
+    );
+    if let Err(o) = c.spawn(&[], &script) {
+        panic!("{}", stderr(&o));
+    }
+    wait_pending(&c, 1);
+    let mut cmd = Command::new(hatchery());
+    cmd.args(["approvals", "--socket"])
+        .arg(&c.socket)
+        .env("COLUMNS", "80");
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(90));
+    let text = stdout(&out);
+    assert!(text.contains("needs:      nothing"), "{text}");
+    let long: Vec<&str> = text.lines().filter(|l| l.chars().count() > 80).collect();
+    assert!(long.is_empty(), "lines a terminal would wrap: {long:?}");
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.trim_start().starts_with("needs:"))
+            .count(),
+        1,
+        "the worker's text reads as a field of its own:\n{text}"
+    );
+}

@@ -10,7 +10,7 @@ use hatchery::audit;
 use hatchery::controller::protocol::{ApiRequest, ApiResponse, NoFields, PendingApproval};
 
 use super::controller::{SocketArg, out_json, outln};
-use super::shown::shown;
+use super::shown::{self, fold_fields, shown};
 
 const APPROVALS_EXAMPLES: &str = "\
 Each request shows the exact signed manifest that starts if it is approved; approving
@@ -149,6 +149,7 @@ fn fetch(socket: &SocketArg) -> anyhow::Result<Vec<PendingApproval>> {
 }
 
 pub fn approvals_main(args: ApprovalsArgs) -> i32 {
+    let width = shown::screen_width().unwrap_or(shown::DEFAULT_WIDTH);
     let mut seen = BTreeSet::new();
     loop {
         let pending = match fetch(&args.socket) {
@@ -168,7 +169,7 @@ pub fn approvals_main(args: ApprovalsArgs) -> i32 {
                 if args.json {
                     outln(&serde_json::to_string(p).unwrap_or_default());
                 } else {
-                    outln(&describe(p));
+                    outln(&fold_fields(&describe(p), width));
                 }
             }
         }

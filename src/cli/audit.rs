@@ -385,6 +385,7 @@ fn tail(a: &TailArgs) -> i32 {
         return 2;
     }
     let mut shown = 0usize;
+    let screen = super::shown::screen_width();
     loop {
         let entries = match audit::read_entries(&d) {
             Ok(e) => e,
@@ -403,7 +404,11 @@ fn tail(a: &TailArgs) -> i32 {
                 super::controller::outln(&serde_json::to_string(e).unwrap_or_default());
             } else {
                 // Details carry what workers chose (a reason, a command, a host name).
-                super::controller::outln(&super::shown::shown(&audit::describe(e)));
+                let line = super::shown::shown(&audit::describe(e));
+                super::controller::outln(&match screen {
+                    Some(width) => super::shown::field("", &line, width),
+                    None => line,
+                });
             }
         }
         shown = entries.len().max(shown);

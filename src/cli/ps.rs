@@ -91,8 +91,11 @@ fn row(w: &WorkerInfo, indent: &str, why: bool) -> Vec<String> {
     r
 }
 
-/// Rows as columns padded to their widest cell (the last column is not padded).
+/// Rows as columns padded to their widest cell (the last column is not padded), each cut
+/// to the screen's width when it has one (as `ps` does), so a long row cannot wrap into
+/// what reads as another.
 fn table(rows: &[Vec<String>]) -> Vec<String> {
+    let screen = super::shown::screen_width();
     let mut widths: Vec<usize> = Vec::new();
     for r in rows {
         for (i, cell) in r.iter().enumerate() {
@@ -115,7 +118,11 @@ fn table(rows: &[Vec<String>]) -> Vec<String> {
                     line.push_str(&format!("{cell:<pad$}  "));
                 }
             }
-            line.trim_end().to_string()
+            let line = line.trim_end();
+            match screen {
+                Some(width) => super::shown::clipped(line, width),
+                None => line.to_string(),
+            }
         })
         .collect()
 }
