@@ -364,6 +364,11 @@ struct SlowFs {
 impl SlowFs {
     /// Mounts it at `mountpoint` (made here); `None` where FUSE is not available.
     fn mount(mountpoint: &Path) -> Option<SlowFs> {
+        SlowFs::mount_with(mountpoint, &[])
+    }
+
+    /// [`SlowFs::mount`] with the server's options (`--deaf`).
+    fn mount_with(mountpoint: &Path, options: &[&str]) -> Option<SlowFs> {
         use std::io::BufRead;
         if !Path::new("/dev/fuse").exists() {
             return None;
@@ -374,6 +379,7 @@ impl SlowFs {
             .args(["-s", "KILL", "120", "python3"])
             .arg(script)
             .arg(mountpoint)
+            .args(options)
             .stdout(std::process::Stdio::piped())
             .spawn()
             .ok()?;
@@ -485,6 +491,67 @@ fn a_signal_to_run_stops_a_command_whose_start_hangs_on_a_slow_file_system() {
         )
     });
     assert_eq!(status, Some(128 + libc::SIGTERM));
+}
+
+#[test]
+fn a_user_database_stuck_in_the_kernel_holds_a_start_no_longer_than_its_deadline() {
+    if skip_unless_root("stuck user database") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let mnt = canonical(dir.path()).join("slow");
+    // A server that answers neither the open nor the kernel's interrupt: the process that
+    // opened the file stays in the kernel, SIGKILL or not, until the server goes away (a
+    // hard-mounted network filesystem that lost its server does the same).
+    let Some(fs) = SlowFs::mount_with(&mnt, &["--deaf"]) else {
+        eprintln!("SKIP stuck user database: no FUSE here");
+        return;
+    };
+    let exposed = canonical(dir.path()).join("exposed");
+    std::fs::create_dir(&exposed).unwrap_or_else(|e| panic!("{e}"));
+    // `nobody`'s directory in a group not its own: only the group database can tell.
+    std::os::unix::fs::chown(&exposed, Some(65534), Some(4242)).unwrap_or_else(|e| panic!("{e}"));
+    let script = format!(
+        "mount --bind '{}' /etc/group && exec '{}' run --rw '{}' -- true",
+        mnt.join("prog").display(),
+        hatchery().display(),
+        exposed.display()
+    );
+    let started = std::time::Instant::now();
+    let out = run_with_timeout(
+        Command::new("unshare").args(["--mount", "--propagation", "private", "sh", "-c", &script]),
+        Duration::from_secs(60),
+    );
+    let took = started.elapsed();
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(
+        fs.saw("open", Duration::from_secs(1)),
+        "the lookup never reached the file system"
+    );
+    assert!(stderr(&out).contains("did not answer"), "{}", stderr(&out));
+    assert!(
+        took < Duration::from_secs(30),
+        "refused only after {took:?}"
+    );
+    // The helper the lookup ran in ends once the file system goes away.
+    drop(fs);
+    let needle = exposed.display().to_string();
+    let gone = || {
+        !std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .any(|c| {
+                String::from_utf8_lossy(&c).contains(&needle)
+                    && !String::from_utf8_lossy(&c).contains("unshare")
+            })
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while !gone() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(gone(), "the lookup's helper outlived its file system");
 }
 
 #[test]

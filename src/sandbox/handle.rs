@@ -82,7 +82,7 @@ impl KillHandle {
 }
 
 /// `pidfd_open(2)`: a descriptor on the process `pid` is now.
-fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+pub(super) fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
     if pid <= 0 {
         return Err(io::Error::from_raw_os_error(libc::ESRCH));
     }

@@ -429,9 +429,12 @@ fn prepare_trees(
         return Ok(mounts::PreparedTrees::default());
     }
     let groups = mounts::OwnerGroups::look_up(&spec.rootfs).map_err(|e| SandboxError::Refused {
-        what: "the read-write directories' owners' groups".into(),
+        what: "the group mapping of a read-write directory".into(),
+        fix: format!(
+            "check that the host's user database answers (`id {}` should return at once)",
+            e.uid
+        ),
         why: e.to_string(),
-        fix: "check that the host's user database answers (`id` of each directory's owner should return at once)".into(),
     })?;
     let prepared = mounts::prepare(
         &spec.rootfs,

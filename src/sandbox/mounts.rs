@@ -198,6 +198,24 @@ fn owner_mapped(bind: &Bind) -> bool {
     bind.idmapped && !(bind.writable && bind.host.uid == 0)
 }
 
+/// Why the groups of the read-write exposures' owners are not known, naming the first.
+#[derive(Debug, thiserror::Error)]
+#[error("--rw {path} (owner uid {uid}{}): {source}", others_text(*.others))]
+pub struct OwnerLookupError {
+    pub path: String,
+    pub uid: u32,
+    pub others: usize,
+    pub source: super::owner_groups::LookupError,
+}
+
+fn others_text(others: usize) -> String {
+    if others > 0 {
+        format!(", and {others} more")
+    } else {
+        String::new()
+    }
+}
+
 /// The groups of the read-write exposures' owners that the sandbox takes with the owners'
 /// rights (see [`super::owner_groups`]), asked once for every exposure of a plan, before
 /// [`prepare`].
@@ -207,18 +225,28 @@ pub struct OwnerGroups(Vec<((u32, u32), Option<u32>)>);
 impl OwnerGroups {
     /// Asks the host's user database, under [`super::owner_groups::DEADLINE`], for each
     /// owner and group of `plan`'s read-write idmapped exposures (once each).
-    pub fn look_up(plan: &RootfsPlan) -> Result<OwnerGroups, super::owner_groups::LookupError> {
+    pub fn look_up(plan: &RootfsPlan) -> Result<OwnerGroups, OwnerLookupError> {
         let mut keys: Vec<(u32, u32)> = Vec::new();
+        let mut asked: Vec<&Bind> = Vec::new();
         for bind in plan.system.iter().chain(plan.exposures.iter()) {
             let key = (bind.host.uid, bind.host.gid);
-            if owner_mapped(bind) && bind.writable && !keys.contains(&key) {
-                keys.push(key);
+            if owner_mapped(bind) && bind.writable && key.1 != 0 {
+                asked.push(bind);
+                if !keys.contains(&key) {
+                    keys.push(key);
+                }
             }
         }
-        if keys.is_empty() {
+        let Some(first) = asked.first() else {
             return Ok(OwnerGroups::default());
-        }
-        let answers = super::owner_groups::owners_groups(&keys, super::owner_groups::DEADLINE)?;
+        };
+        let answers = super::owner_groups::owners_groups(&keys, super::owner_groups::DEADLINE)
+            .map_err(|source| OwnerLookupError {
+                path: first.host.path.display().to_string(),
+                uid: first.host.uid,
+                others: asked.len().saturating_sub(1),
+                source,
+            })?;
         Ok(OwnerGroups(keys.into_iter().zip(answers).collect()))
     }
 

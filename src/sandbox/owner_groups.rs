@@ -8,7 +8,7 @@
 //! process the sandbox is cloned from.
 
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags};
@@ -17,6 +17,18 @@ use nix::unistd::Uid;
 /// How long the user database may take to say which groups the exposures' owners are
 /// in, for all of them together.
 pub const DEADLINE: Duration = Duration::from_secs(5);
+
+/// How long a helper killed at the deadline is waited for. One blocked in the kernel (a
+/// stalled network or FUSE filesystem under the database) cannot die until that answers,
+/// and the caller (the controller's launcher among them) must not wait with it.
+const REAP_GRACE: Duration = Duration::from_secs(1);
+
+/// How many killed helpers may still be waiting to end before no new one is started:
+/// each is reaped at a later lookup once it has ended.
+const STUCK_MAX: usize = 8;
+
+/// Killed helpers that had not ended within [`REAP_GRACE`].
+static STUCK: std::sync::Mutex<Vec<nix::unistd::Pid>> = std::sync::Mutex::new(Vec::new());
 
 /// The group of a read-write exposure whose rights the sandbox takes with its owner's:
 /// `gid` when `uid` belongs to it (its primary group, or a member by the host's group
@@ -53,6 +65,10 @@ pub fn owners_group(uid: u32, gid: u32) -> Option<u32> {
 pub enum LookupError {
     #[error("the host's user database did not answer within {} s", .0.as_secs())]
     NoAnswer(Duration),
+    #[error(
+        "{0} earlier lookups in the host's user database are still stuck in the kernel after being killed"
+    )]
+    Stuck(usize),
     #[error("the helper asking the host's user database failed: {0}")]
     Helper(#[from] io::Error),
 }
@@ -68,6 +84,10 @@ pub fn owners_groups(
     if keys.iter().all(|&(_, gid)| gid == 0) {
         return Ok(vec![None; keys.len()]);
     }
+    let stuck = reap_stuck();
+    if stuck >= STUCK_MAX {
+        return Err(LookupError::Stuck(stuck));
+    }
     super::process::ensure_single_threaded()?;
     let until = Instant::now() + deadline;
     let (answers_r, answers_w) =
@@ -78,6 +98,24 @@ pub fn owners_groups(
     match unsafe { nix::unistd::fork() }.map_err(io::Error::from)? {
         nix::unistd::ForkResult::Child => {
             drop(answers_r);
+            // Nothing of the caller's stays open in a helper that may outlive the caller's
+            // wait for it: not its id lease or its sandboxes' channels, and not its standard
+            // output and error, whose reader would wait for the helper too.
+            super::process::close_fds_from(3, &[answers_w.as_raw_fd()]);
+            let quiet = nix::fcntl::open(
+                "/dev/null",
+                nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            );
+            let quiet = quiet.is_ok_and(|null| {
+                nix::unistd::dup2_stdin(&null).is_ok()
+                    && nix::unistd::dup2_stdout(&null).is_ok()
+                    && nix::unistd::dup2_stderr(&null).is_ok()
+            });
+            if !quiet {
+                // SAFETY: leave without running the parent's destructors in this copy.
+                unsafe { libc::_exit(1) }
+            }
             // SAFETY: PR_SET_PDEATHSIG takes a signal number; no pointers.
             let dies_with_parent =
                 unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } == 0;
@@ -105,8 +143,10 @@ pub fn owners_groups(
             let answers = read_answers(&answers_r, keys.len(), until, deadline);
             if answers.is_err() {
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                reap_within(child, REAP_GRACE);
+            } else {
+                let _ = super::wait::reap_child(child);
             }
-            let _ = super::wait::reap_child(child);
             let answers = answers?;
             Ok(keys
                 .iter()
@@ -115,6 +155,40 @@ pub fn owners_groups(
                 .collect())
         }
     }
+}
+
+/// Reaps the killed helper `child` if it ends within `grace`; otherwise leaves it to
+/// [`reap_stuck`] (a process that ends its caller first is its init's to reap).
+fn reap_within(child: nix::unistd::Pid, grace: Duration) {
+    let ended = super::handle::pidfd_open(child.as_raw()).is_ok_and(|pidfd| {
+        let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+        let until = Instant::now() + grace;
+        while Instant::now() < until {
+            if super::wait::poll_until(&mut fds, Some(until), None).unwrap_or(0) > 0 {
+                return true;
+            }
+        }
+        false
+    });
+    if ended {
+        let _ = super::wait::reap_child(child);
+    } else if let Ok(mut stuck) = STUCK.lock() {
+        stuck.push(child);
+    }
+}
+
+/// Reaps the killed helpers that have ended since; how many are still stuck.
+fn reap_stuck() -> usize {
+    let Ok(mut stuck) = STUCK.lock() else {
+        return STUCK_MAX;
+    };
+    stuck.retain(|pid| {
+        matches!(
+            nix::sys::wait::waitpid(*pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG)),
+            Ok(nix::sys::wait::WaitStatus::StillAlive)
+        )
+    });
+    stuck.len()
 }
 
 /// `n` answer bytes from the helper, or why not by `until`.

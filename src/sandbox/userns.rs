@@ -74,12 +74,28 @@ fn find_helper(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// The name of `uid` in the host's user database, asked once per process for the first
+/// uid asked about (the caller's own): a rootless controller's launcher builds an identity
+/// for every worker it starts, and the database may be slow, or never answer, while the
+/// name of the process's own uid does not change under it. The controller asks before it
+/// forks the launcher, which inherits the answer.
+fn user_name(uid: u32) -> Option<String> {
+    static FIRST: std::sync::OnceLock<(u32, Option<String>)> = std::sync::OnceLock::new();
+    let look_up = |uid: u32| {
+        nix::unistd::User::from_uid(Uid::from_raw(uid))
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+    };
+    match FIRST.get_or_init(|| (uid, look_up(uid))) {
+        (first, name) if *first == uid => name.clone(),
+        _ => look_up(uid),
+    }
+}
+
 /// The caller's subordinate uid and gid ranges, when both files and both helpers exist.
 pub fn subordinate_ranges(uid: u32) -> Option<(SubIdRange, SubIdRange, PathBuf, PathBuf)> {
-    let name = nix::unistd::User::from_uid(Uid::from_raw(uid))
-        .ok()
-        .flatten()
-        .map(|u| u.name);
+    let name = user_name(uid);
     let subuid = std::fs::read_to_string("/etc/subuid").ok()?;
     let subgid = std::fs::read_to_string("/etc/subgid").ok()?;
     let gid = nix::unistd::getegid().as_raw();

@@ -1,13 +1,14 @@
 """A FUSE file system standing for a slow or hung network file system (tests/run_limits.rs).
 
-  slow_fs.py MOUNTPOINT
+  slow_fs.py MOUNTPOINT [--deaf]
 
 Mounts, prints "mounted", and serves one executable file, `prog`, whose open(2) is never
 answered: a process that executes it waits in the kernel until it is interrupted. A lookup
 of `stall` is never answered either ("lookup stall"): a process entering it waits likewise. An
 interrupt (what the kernel sends when that process gets a fatal signal) fails the open with
 EINTR, as a well-behaved network file system does. Each open prints "open", each interrupt
-"interrupt". Speaks the kernel's FUSE protocol (7.31) on /dev/fuse directly; needs root.
+"interrupt". With --deaf, interrupts are not answered either: a process waiting on the
+file system then stays in the kernel, unkillable, until the server goes away. Speaks the kernel's FUSE protocol (7.31) on /dev/fuse directly; needs root.
 """
 import ctypes
 import os
@@ -28,6 +29,7 @@ def attr(ino):
 
 def main():
     mountpoint = sys.argv[1]
+    deaf = "--deaf" in sys.argv[2:]
     fd = os.open("/dev/fuse", os.O_RDWR)
     libc = ctypes.CDLL(None, use_errno=True)
     opts = f"fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other".encode()
@@ -68,7 +70,8 @@ def main():
         elif op == FUSE_INTERRUPT:
             (target,) = struct.unpack_from("<Q", buf, 40)
             print("interrupt", flush=True)
-            reply(target, EINTR)
+            if not deaf:
+                reply(target, EINTR)
         elif op in (FUSE_RELEASEDIR, FUSE_READDIR, FUSE_RELEASE, FUSE_FLUSH):
             reply(unique)
         elif op == FUSE_DESTROY:
