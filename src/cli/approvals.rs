@@ -149,7 +149,6 @@ fn fetch(socket: &SocketArg) -> anyhow::Result<Vec<PendingApproval>> {
 }
 
 pub fn approvals_main(args: ApprovalsArgs) -> i32 {
-    let width = shown::screen_width().unwrap_or(shown::DEFAULT_WIDTH);
     let mut seen = BTreeSet::new();
     loop {
         let pending = match fetch(&args.socket) {
@@ -169,7 +168,7 @@ pub fn approvals_main(args: ApprovalsArgs) -> i32 {
                 if args.json {
                     outln(&serde_json::to_string(p).unwrap_or_default());
                 } else {
-                    outln(&fold_fields(&describe(p), width));
+                    outln(&fold_fields(&describe(p), shown::screen_width()));
                 }
             }
         }

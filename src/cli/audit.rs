@@ -385,7 +385,6 @@ fn tail(a: &TailArgs) -> i32 {
         return 2;
     }
     let mut shown = 0usize;
-    let screen = super::shown::screen_width();
     loop {
         let entries = match audit::read_entries(&d) {
             Ok(e) => e,
@@ -399,16 +398,15 @@ fn tail(a: &TailArgs) -> i32 {
         } else {
             shown
         };
+        // Asked again at each round: the terminal may be resized while `-f` waits.
+        let width = super::shown::screen_width();
         for e in entries.iter().skip(from) {
             if a.json {
                 super::controller::outln(&serde_json::to_string(e).unwrap_or_default());
             } else {
                 // Details carry what workers chose (a reason, a command, a host name).
                 let line = super::shown::shown(&audit::describe(e));
-                super::controller::outln(&match screen {
-                    Some(width) => super::shown::field("", &line, width),
-                    None => line,
-                });
+                super::controller::outln(&super::shown::field("", &line, width));
             }
         }
         shown = entries.len().max(shown);

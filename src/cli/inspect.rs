@@ -46,8 +46,10 @@ pub fn inspect_main(args: InspectArgs) -> i32 {
         hatchery::audit::format_time(manifest.expires_at.get().saturating_mul(1000))
     ));
     lines.push(format!("log:         hatchery logs {}", info.worker_id));
-    let width = super::shown::screen_width().unwrap_or(super::shown::DEFAULT_WIDTH);
-    outln(&super::shown::fold_fields(&lines.join("\n"), width));
+    outln(&super::shown::fold_fields(
+        &lines.join("\n"),
+        super::shown::screen_width(),
+    ));
     0
 }
 

@@ -91,11 +91,12 @@ fn row(w: &WorkerInfo, indent: &str, why: bool) -> Vec<String> {
     r
 }
 
-/// Rows as columns padded to their widest cell (the last column is not padded), each cut
-/// to the screen's width when it has one (as `ps` does), so a long row cannot wrap into
+/// Rows as columns padded to their widest cell (the last column is not padded). Where the
+/// screen's width is known, a row wider than it has its last cell folded under a
+/// continuation mark (see [`super::shown::field`]), so that a long row cannot wrap into
 /// what reads as another.
 fn table(rows: &[Vec<String>]) -> Vec<String> {
-    let screen = super::shown::screen_width();
+    let screen = super::shown::table_width();
     let mut widths: Vec<usize> = Vec::new();
     for r in rows {
         for (i, cell) in r.iter().enumerate() {
@@ -111,18 +112,18 @@ fn table(rows: &[Vec<String>]) -> Vec<String> {
             let last = r.len().saturating_sub(1);
             let mut line = String::new();
             for (i, cell) in r.iter().enumerate() {
-                if i == last {
-                    line.push_str(cell);
-                } else {
+                if i < last {
                     let pad = widths.get(i).copied().unwrap_or(0);
                     line.push_str(&format!("{cell:<pad$}  "));
                 }
             }
-            let line = line.trim_end();
+            let cell = r.get(last).map(|c| c.trim_end()).unwrap_or_default();
             match screen {
-                Some(width) => super::shown::clipped(line, width),
-                None => line.to_string(),
+                Some(width) => super::shown::field(&line, cell, width),
+                None => format!("{line}{cell}"),
             }
+            .trim_end()
+            .to_string()
         })
         .collect()
 }
@@ -186,7 +187,7 @@ fn cluster_ps(args: &PsArgs) -> i32 {
     let row = |w: &WorkerRecord, indent: &str| -> Vec<String> {
         vec![
             format!("{indent}{}", w.worker_id.as_str()),
-            w.node.clone(),
+            shown(&w.node),
             w.depth.to_string(),
             format!("{}M", w.memory_limit_mb),
             w.cpu_limit.to_string(),

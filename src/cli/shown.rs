@@ -1,33 +1,66 @@
 //! Text that reached the controller from a worker or a sandbox (a replication's reason, a
 //! command, a path, a failure's detail), made fit for the operator's terminal: a worker
 //! chooses every character of it, and an escape sequence printed raw can clear the screen
-//! and draw a fake listing where a person decides, or reorder what is read (bidirectional
-//! overrides, invisible characters). Long text is folded (or, in a table, cut) by this
-//! program, not by the terminal: a line the terminal wraps starts its next row with
-//! whatever the worker put there, which can pass for another field or another row.
+//! and draw a fake listing where a person decides, reorder what is read (bidirectional
+//! overrides, invisible characters) or pass for other text (look-alike letters). So every
+//! character but printable ASCII is written as an escape, as `git` quotes paths; and long
+//! text is folded here, not left for the terminal to wrap: a
+//! wrapped line starts its next row with whatever the worker put there, which can pass
+//! for another field or another row.
 
-/// The width folded text takes where the screen's is not known (a pipe into a pager).
+use std::os::fd::AsFd;
+
+/// The width folded text takes where no screen's is known (output into a file or a pipe,
+/// no terminal and no `COLUMNS`).
 pub const DEFAULT_WIDTH: usize = 80;
 
-/// The narrowest screen text is folded for.
-const MIN_WIDTH: usize = 20;
+/// The narrowest width anything is folded to: below it nothing fits anyway.
+const NARROWEST: usize = 4;
 
-/// How wide the operator's screen is: the terminal's when standard output is one, else
-/// `COLUMNS` (a number of at least 20), else none (a file or a pipe, width not given).
-pub fn screen_width() -> Option<usize> {
-    if let Some((terminal_size::Width(w), _)) = terminal_size::terminal_size_of(std::io::stdout()) {
-        return Some(usize::from(w).max(MIN_WIDTH));
-    }
+/// The width of the terminal on `fd`, if it is one.
+fn terminal_width(fd: impl AsFd) -> Option<usize> {
+    terminal_size::terminal_size_of(fd)
+        .map(|(terminal_size::Width(w), _)| usize::from(w))
+        .filter(|w| *w > 0)
+}
+
+/// `COLUMNS`, when it is a width.
+fn columns_var() -> Option<usize> {
     std::env::var("COLUMNS")
         .ok()
         .and_then(|c| c.trim().parse::<usize>().ok())
-        .filter(|w| *w >= MIN_WIDTH)
+        .filter(|w| *w > 0)
+}
+
+/// How wide a table's rows may be: the terminal's when standard output is one, else
+/// `COLUMNS`, else none (output into a file or a pipe, which `ps` leaves whole, as
+/// procps's does).
+pub fn table_width() -> Option<usize> {
+    terminal_width(std::io::stdout())
+        .or_else(columns_var)
+        .map(|w| w.max(NARROWEST))
+}
+
+/// How wide the screen a listing ends up on is: the terminal's on standard output, else
+/// `COLUMNS`, else the terminal's on standard error or the controlling terminal (output
+/// piped into a pager or `tee` still lands on it), else [`DEFAULT_WIDTH`]. Asked at each
+/// print, since a terminal may be resized while `--watch` or `-f` waits.
+pub fn screen_width() -> usize {
+    terminal_width(std::io::stdout())
+        .or_else(columns_var)
+        .or_else(|| terminal_width(std::io::stderr()))
+        .or_else(|| {
+            std::fs::File::open("/dev/tty")
+                .ok()
+                .and_then(terminal_width)
+        })
+        .unwrap_or(DEFAULT_WIDTH)
+        .max(NARROWEST)
 }
 
 /// The columns `c` may take on a terminal, counted high so that no line runs wider than
-/// it was measured: 1 for printable ASCII, 2 for anything else (a wide character, an
-/// emoji a terminal draws wide; a combining mark then counts 2 for 0, which only folds
-/// early).
+/// it was measured: 1 for printable ASCII, 2 for anything else (text from a worker is
+/// ASCII once [`shown`]; this program's own marks, `…` and `└─`, may be drawn wide).
 fn columns(c: char) -> usize {
     if c.is_ascii() { 1 } else { 2 }
 }
@@ -38,26 +71,55 @@ fn width_of(s: &str) -> usize {
 }
 
 /// `label` then `text` (as [`shown`] made it), folded into lines no wider than `width`
-/// (no line break at the end). Every line after the first starts with a continuation
-/// mark as wide as the label (`… `), so nothing a worker wrote starts a line of its own,
-/// where it could pass for another field.
+/// (no line break at the end), at a space where one is near the end of the line. Every
+/// line after the first starts with a continuation mark as wide as the label (`… `), so
+/// nothing a worker wrote starts a line, where it could pass for another field; a worker
+/// cannot write the mark itself (`shown` escapes it). Where `width` cannot hold the label
+/// and a few columns more, the label is folded with the text.
 pub fn field(label: &str, text: &str, width: usize) -> String {
-    let more = format!("{}… ", " ".repeat(width_of(label).max(4).saturating_sub(2)));
-    let room = |prefix: &str| width.saturating_sub(width_of(prefix)).max(MIN_WIDTH / 2);
-    let mut out = String::with_capacity(label.len().saturating_add(text.len()));
-    out.push_str(label);
-    let mut left = room(label);
+    let width = width.max(NARROWEST);
+    let (first, text, more) = if width >= width_of(label).saturating_add(8) {
+        let indent = width_of(label).max(4).saturating_sub(2);
+        (
+            label.to_string(),
+            text.to_string(),
+            format!("{}… ", " ".repeat(indent)),
+        )
+    } else {
+        (String::new(), format!("{label}{text}"), "… ".to_string())
+    };
+    let room = width.saturating_sub(width_of(&more));
+    let mut lines: Vec<String> = Vec::new();
+    let mut prefix = first;
+    let mut body = String::new();
+    let mut left = width.saturating_sub(width_of(&prefix));
     for c in text.chars() {
         let n = columns(c);
-        if n > left {
-            out.push('\n');
-            out.push_str(&more);
-            left = room(&more);
+        if n > left && !body.is_empty() {
+            // Carry the last word over when the line's last space is in its second half.
+            let carried = match body.rfind(' ') {
+                Some(at) if at > 0 && at.saturating_mul(2) >= body.len() => {
+                    let tail = body.get(at.saturating_add(1)..).unwrap_or_default();
+                    if width_of(tail) < room {
+                        let tail = tail.to_string();
+                        body.truncate(at);
+                        tail
+                    } else {
+                        String::new()
+                    }
+                }
+                _ => String::new(),
+            };
+            lines.push(format!("{prefix}{body}"));
+            prefix = more.clone();
+            left = room.saturating_sub(width_of(&carried));
+            body = carried;
         }
-        out.push(c);
+        body.push(c);
         left = left.saturating_sub(n);
     }
-    out
+    lines.push(format!("{prefix}{body}"));
+    lines.join("\n")
 }
 
 /// Each line of `text`, a listing of `label:   value` lines (the label, up to its first
@@ -96,65 +158,24 @@ pub fn fold_fields(text: &str, width: usize) -> String {
     out
 }
 
-/// `line` cut to at most `width` columns, ending in `…` where it was cut.
-pub fn clipped(line: &str, width: usize) -> String {
-    if width_of(line) <= width {
-        return line.to_string();
-    }
-    let mut out = String::new();
-    let mut left = width.saturating_sub(width_of("…"));
-    for c in line.chars() {
-        let n = columns(c);
-        if n > left {
-            break;
-        }
-        out.push(c);
-        left = left.saturating_sub(n);
-    }
-    out.push('…');
-    out
-}
-
-/// `s` with its control and invisible formatting characters written as escapes
-/// (`\u{1b}`, `\u{202e}`); everything else as it is.
+/// `s` with every character but printable ASCII written as an escape (`\u{1b}`,
+/// `\u{202e}`, `\u{e9}`, `\n`), and a backslash as `\\`, so that what is printed
+/// can be read back as exactly what was sent.
 pub fn shown(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
-        if c.is_control() || is_format(c) {
-            out.extend(c.escape_default());
-        } else {
+        if c == ' ' || (c.is_ascii_graphic() && c != '\\') {
             out.push(c);
+        } else {
+            out.extend(c.escape_default());
         }
     }
     out
-}
-
-/// Unicode's invisible formatting characters most used to deceive (most of category Cf):
-/// bidirectional embeddings, overrides, isolates and marks, zero-width spaces and
-/// joiners, the byte-order mark, interlinear annotations and tags. Spaces, line
-/// separators and look-alike letters are shown as they are.
-fn is_format(c: char) -> bool {
-    matches!(
-        c as u32,
-        0xAD | 0x600..=0x605
-            | 0x61C
-            | 0x6DD
-            | 0x70F
-            | 0x180E
-            | 0x200B..=0x200F
-            | 0x202A..=0x202E
-            | 0x2060..=0x2064
-            | 0x2066..=0x206F
-            | 0xFEFF
-            | 0xFFF9..=0xFFFB
-            | 0xE0001
-            | 0xE0020..=0xE007F
-    )
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{clipped, field, fold_fields, shown, width_of};
+    use super::{field, fold_fields, shown, width_of};
 
     #[test]
     fn folded_text_never_starts_a_line_of_its_own() {
@@ -197,25 +218,58 @@ mod tests {
     }
 
     #[test]
-    fn clipped_lines_fit_and_say_so() {
-        assert_eq!(clipped("short", 10), "short");
-        assert_eq!(clipped("0123456789abc", 10), "01234567…");
-        assert!(width_of(&clipped(&"é".repeat(30), 21)) <= 21);
+    fn no_line_is_wider_than_the_screen_however_narrow() {
+        let why = shown(&format!("{} needs: nothing \u{f0000}", "ab ".repeat(40)));
+        for width in 1..=100 {
+            let text = field("  why:        ", &why, width);
+            for (i, line) in text.lines().enumerate() {
+                assert!(
+                    width_of(line) <= width.max(4),
+                    "{width}: {line:?} in\n{text}"
+                );
+                if i > 0 {
+                    assert!(line.trim_start().starts_with("… "), "{width}: {text}");
+                }
+            }
+            let joined: String = text
+                .lines()
+                .map(|l| l.trim_start().trim_start_matches("… "))
+                .collect();
+            assert_eq!(
+                joined.replace(' ', ""),
+                format!("  why:        {why}").replace(' ', ""),
+                "{width}: nothing is lost"
+            );
+        }
+    }
+
+    #[test]
+    fn folding_breaks_at_a_space_near_the_end() {
+        let text = field(
+            "  why:        ",
+            "a helper for the nightly build of the docs",
+            40,
+        );
+        assert_eq!(
+            text,
+            "  why:        a helper for the nightly\n            … build of the docs"
+        );
     }
 
     #[test]
     fn control_and_invisible_characters_are_shown_as_escapes() {
         assert_eq!(
             shown("cwd \u{1b}[2J/x\r\nok: \u{e9}"),
-            "cwd \\u{1b}[2J/x\\r\\nok: \u{e9}"
+            "cwd \\u{1b}[2J/x\\r\\nok: \\u{e9}"
         );
         assert_eq!(
             shown("/tmp/\u{202e}evil\u{200b}\u{2066}txt.exe\u{feff}"),
             "/tmp/\\u{202e}evil\\u{200b}\\u{2066}txt.exe\\u{feff}"
         );
+        // Look-alike letters and text a pager would draw wide are escapes too.
         assert_eq!(
-            shown("plain text, ünïcödé, 漢字"),
-            "plain text, ünïcödé, 漢字"
+            shown("plain text, \u{e9}\u{430}\u{2028}\u{f0000} a\\b"),
+            "plain text, \\u{e9}\\u{430}\\u{2028}\\u{f0000} a\\\\b"
         );
     }
 }
