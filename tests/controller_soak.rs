@@ -152,9 +152,13 @@ fn a_fuzzing_worker_neither_stops_stalls_nor_grows_the_controller() {
     while !log(&fuzzer).contains("fuzzer-survived") && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
     }
+    // A stall, not a slow answer: on a host busy with other tests or builds an answer
+    // waits tens of milliseconds for a processor, while an engine blocked by a worker's
+    // input would hold it for seconds. How fast the controller answers is measured by
+    // scripts/bench-controller.sh, never asserted here.
     assert!(
-        slowest < Duration::from_millis(100),
-        "a ps took {slowest:?}; the engine's slow inputs:\n{}",
+        slowest < Duration::from_secs(1),
+        "a ps took {slowest:?}, a stall; the engine's slow inputs:\n{}",
         c.log()
             .lines()
             .filter(|l| l.contains("slow"))

@@ -535,23 +535,12 @@ fn a_user_database_stuck_in_the_kernel_holds_a_start_no_longer_than_its_deadline
     );
     // The helper the lookup ran in ends once the file system goes away.
     drop(fs);
-    let needle = exposed.display().to_string();
-    let gone = || {
-        !std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-            .any(|c| {
-                String::from_utf8_lossy(&c).contains(&needle)
-                    && !String::from_utf8_lossy(&c).contains("unshare")
-            })
-    };
-    let until = std::time::Instant::now() + Duration::from_secs(20);
-    while !gone() && std::time::Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(gone(), "the lookup's helper outlived its file system");
+    wait_process(
+        &format!("run --rw {}", exposed.display()),
+        false,
+        Duration::from_secs(20),
+        "the lookup's helper outlived its file system",
+    );
 }
 
 #[test]
