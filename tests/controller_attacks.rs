@@ -734,3 +734,58 @@ print('sent', flush=True)
     assert!(grown_kb < 16 << 10, "the controller grew by {grown_kb} kB");
     alive_and_answering(&c);
 }
+
+#[test]
+fn a_user_database_that_never_answers_costs_the_launcher_one_deadline_not_one_per_start() {
+    if skip("hung user database") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    // In the controller's own mount namespace, /etc/group is a FIFO nobody writes.
+    let fifo = d.join("group");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let exposed = d.join("exposed");
+    std::fs::create_dir(&exposed).unwrap_or_else(|e| panic!("{e}"));
+    std::os::unix::fs::chown(&exposed, Some(65534), Some(4242)).unwrap_or_else(|e| panic!("{e}"));
+    let bind = format!(
+        "mount --bind '{}' /etc/group && exec \"$0\" \"$@\"",
+        fifo.display()
+    );
+    let c = TestController::start_under(
+        &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &bind,
+        ],
+        &base_contract(""),
+        None,
+        &[],
+    );
+    let exposed = exposed.display().to_string();
+    let spawn_rw = || c.cli(&["spawn", "--no-controller", "--rw", &exposed, "--", "true"]);
+    let first = spawn_rw();
+    assert_eq!(code(&first), 125, "{}", stderr(&first));
+    assert!(
+        stderr(&first).contains("did not answer within 5 s"),
+        "{}",
+        stderr(&first)
+    );
+    // The next start with a read-write directory is refused without asking again, so the
+    // launcher is not held another 5 s for it...
+    let second = spawn_rw();
+    assert_eq!(code(&second), 125, "{}", stderr(&second));
+    assert!(
+        stderr(&second).contains("not asked again"),
+        "{}",
+        stderr(&second)
+    );
+    // ...and a worker without one starts as ever.
+    let plain = c.cli(&["spawn", "--no-controller", "--wait", "--", "true"]);
+    assert_eq!(code(&plain), 0, "{}", stderr(&plain));
+}

@@ -453,3 +453,77 @@ fn a_tree_alternating_kinds_costs_one_preparation_per_start_not_a_pool_each() {
     assert!(made() <= 4 + 6, "{} sandboxes prepared", made());
     assert!(made() > 4, "the pool still follows the kind of the workers");
 }
+
+#[test]
+fn a_group_membership_the_host_revoked_is_gone_for_a_prepared_worker_too() {
+    if skip("warm pool") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    // This test's own user database, in the controller's mount namespace: user 4321 is a
+    // member of group 4242.
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{p}: {e}"));
+    let (passwd, group) = (d.join("passwd"), d.join("group"));
+    let users = read("/etc/passwd");
+    let groups = read("/etc/group");
+    let write = |p: &PathBuf, s: String| std::fs::write(p, s).unwrap_or_else(|e| panic!("{e}"));
+    write(
+        &passwd,
+        format!("{users}hatchery-owner:x:4321:4321::/nonexistent:/usr/sbin/nologin\n"),
+    );
+    write(
+        &group,
+        format!("{groups}hatchery-team:x:4242:hatchery-owner\n"),
+    );
+    let data = d.join("data");
+    std::fs::create_dir(&data).unwrap_or_else(|e| panic!("{e}"));
+    std::os::unix::fs::chown(&data, Some(4321), Some(4242)).unwrap_or_else(|e| panic!("{e}"));
+    let bind = format!(
+        "mount --bind '{}' /etc/passwd && mount --bind '{}' /etc/group && exec \"$0\" \"$@\"",
+        passwd.display(),
+        group.display()
+    );
+    let c = TestController::start_under(
+        &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &bind,
+        ],
+        &base_contract(""),
+        None,
+        &["--warm-pool", "1"],
+    );
+    let rw = data.display().to_string();
+    let made_by = |name: &str| -> (String, u32) {
+        let id = spawned(&c, &["--rw", &rw], &format!("touch {rw}/{name}"));
+        let file = data.join(name);
+        let until = Instant::now() + Duration::from_secs(20);
+        while !file.exists() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let gid = std::os::unix::fs::MetadataExt::gid(
+            &std::fs::metadata(&file).unwrap_or_else(|e| panic!("{name}: {e}")),
+        );
+        (id, gid)
+    };
+    let (_, gid) = made_by("while-a-member");
+    assert_eq!(
+        gid, 4242,
+        "the owner's group is the sandbox's while the owner is in it"
+    );
+    c.wait_prepared(1, Duration::from_secs(20));
+    // The host takes the owner out of the group (rewritten in place: the bind holds it).
+    write(&group, format!("{groups}hatchery-team:x:4242:\n"));
+    let (id, gid) = made_by("after-leaving");
+    assert_ne!(
+        gid,
+        4242,
+        "prepared_ahead={}: a worker kept a group its directory's owner had left",
+        c.started_details(&id)["prepared_ahead"]
+    );
+}

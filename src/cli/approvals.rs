@@ -87,14 +87,11 @@ fn describe(p: &PendingApproval) -> String {
     ));
     out.push_str(&format!(
         "  command:    {}\n",
-        shown(&serde_json::to_string(&m.command).unwrap_or_default())
+        shown::shown_json(&m.command)
     ));
     // What the command starts with: an interpreter reads some variables as code to run
     // (BASH_ENV, LD_PRELOAD), so the person deciding sees them all.
-    out.push_str(&format!(
-        "  env:        {}\n",
-        shown(&serde_json::to_string(&m.env).unwrap_or_default())
-    ));
+    out.push_str(&format!("  env:        {}\n", shown::shown_json(&m.env)));
     out.push_str(&format!(
         "  cwd:        {}\n",
         shown(m.cwd.as_deref().unwrap_or("/"))

@@ -399,14 +399,17 @@ fn tail(a: &TailArgs) -> i32 {
             shown
         };
         // Asked again at each round: the terminal may be resized while `-f` waits.
-        let width = super::shown::screen_width();
+        let width = super::shown::table_width();
         for e in entries.iter().skip(from) {
             if a.json {
                 super::controller::outln(&serde_json::to_string(e).unwrap_or_default());
             } else {
                 // Details carry what workers chose (a reason, a command, a host name).
                 let line = super::shown::shown(&audit::describe(e));
-                super::controller::outln(&super::shown::field("", &line, width));
+                super::controller::outln(&match width {
+                    Some(width) => super::shown::field("", &line, width),
+                    None => line,
+                });
             }
         }
         shown = entries.len().max(shown);

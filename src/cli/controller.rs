@@ -427,7 +427,10 @@ pub fn spawn_main(args: SpawnArgs) -> i32 {
             "exit": exit, "status": exit_status(&exit),
         }));
     } else if let Some(why) = &exit.ended_by {
-        eprintln!("hatchery: worker {worker_id} ended: {why}");
+        eprintln!(
+            "hatchery: worker {worker_id} ended: {}",
+            super::shown::shown(why)
+        );
     }
     exit_status(&exit)
 }
@@ -595,11 +598,13 @@ pub fn kill_switch_main(args: KillSwitchArgs) -> i32 {
                 for n in &nodes {
                     outln(&format!(
                         "  {}: {} workers killed in {} ms",
-                        n.node, n.killed, n.elapsed_ms
+                        super::shown::shown(&n.node),
+                        n.killed,
+                        n.elapsed_ms
                     ));
                 }
                 for m in &missing {
-                    outln(&format!("  {m}: no acknowledgement"));
+                    outln(&format!("  {}: no acknowledgement", super::shown::shown(m)));
                 }
             }
             if missing.is_empty() {

@@ -100,7 +100,7 @@ fn manifest_lines(manifest: &Manifest) -> Vec<String> {
     let mut lines = vec![
         format!(
             "command:     {}",
-            shown(&serde_json::to_string(&manifest.command).unwrap_or_default())
+            super::shown::shown_json(&manifest.command)
         ),
         format!("profile:     {}", manifest.profile),
         format!(

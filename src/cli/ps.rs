@@ -240,7 +240,7 @@ fn cluster_ps(args: &PsArgs) -> i32 {
         text.push('\n');
         out(&text);
     }
-    let names: Vec<&str> = nodes.iter().map(|n| n.node.as_str()).collect();
+    let names: Vec<String> = nodes.iter().map(|n| shown(&n.node)).collect();
     outln(&format!(
         "({} live nodes: {})",
         nodes.len(),

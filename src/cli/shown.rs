@@ -19,9 +19,7 @@ const NARROWEST: usize = 4;
 
 /// The width of the terminal on `fd`, if it is one.
 fn terminal_width(fd: impl AsFd) -> Option<usize> {
-    terminal_size::terminal_size_of(fd)
-        .map(|(terminal_size::Width(w), _)| usize::from(w))
-        .filter(|w| *w > 0)
+    hatchery::sandbox::tty::window_width(fd.as_fd())
 }
 
 /// `COLUMNS`, when it is a width.
@@ -32,9 +30,9 @@ fn columns_var() -> Option<usize> {
         .filter(|w| *w > 0)
 }
 
-/// How wide a table's rows may be: the terminal's when standard output is one, else
-/// `COLUMNS`, else none (output into a file or a pipe, which `ps` leaves whole, as
-/// procps's does).
+/// How wide a table's rows or a log's lines may be: the terminal's when standard output
+/// is one, else `COLUMNS`, else none (output into a file or a pipe, left whole for
+/// `grep`, as procps's `ps` leaves it).
 pub fn table_width() -> Option<usize> {
     terminal_width(std::io::stdout())
         .or_else(columns_var)
@@ -42,18 +40,13 @@ pub fn table_width() -> Option<usize> {
 }
 
 /// How wide the screen a listing ends up on is: the terminal's on standard output, else
-/// `COLUMNS`, else the terminal's on standard error or the controlling terminal (output
-/// piped into a pager or `tee` still lands on it), else [`DEFAULT_WIDTH`]. Asked at each
-/// print, since a terminal may be resized while `--watch` or `-f` waits.
+/// `COLUMNS`, else the terminal's on standard error (output piped into a pager or `tee`
+/// still lands on it), else [`DEFAULT_WIDTH`]. Asked at each print, since a terminal may
+/// be resized while `--watch` waits.
 pub fn screen_width() -> usize {
     terminal_width(std::io::stdout())
         .or_else(columns_var)
         .or_else(|| terminal_width(std::io::stderr()))
-        .or_else(|| {
-            std::fs::File::open("/dev/tty")
-                .ok()
-                .and_then(terminal_width)
-        })
         .unwrap_or(DEFAULT_WIDTH)
         .max(NARROWEST)
 }
@@ -96,10 +89,11 @@ pub fn field(label: &str, text: &str, width: usize) -> String {
     for c in text.chars() {
         let n = columns(c);
         if n > left && !body.is_empty() {
-            // Carry the last word over when the line's last space is in its second half.
+            // Carry the last word over, with the space before it (nothing is dropped: two
+            // paths must not read as one), when that space is in the line's second half.
             let carried = match body.rfind(' ') {
                 Some(at) if at > 0 && at.saturating_mul(2) >= body.len() => {
-                    let tail = body.get(at.saturating_add(1)..).unwrap_or_default();
+                    let tail = body.get(at..).unwrap_or_default();
                     if width_of(tail) < room {
                         let tail = tail.to_string();
                         body.truncate(at);
@@ -154,6 +148,21 @@ pub fn fold_fields(text: &str, width: usize) -> String {
     }
     if text.ends_with('\n') {
         out.push('\n');
+    }
+    out
+}
+
+/// `value` as JSON, with every character but printable ASCII written as an escape as
+/// [`shown`] does; the backslashes of JSON's own escapes are left as they are.
+pub fn shown_json(value: &impl serde::Serialize) -> String {
+    let json = serde_json::to_string(value).unwrap_or_default();
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if c == ' ' || c.is_ascii_graphic() {
+            out.push(c);
+        } else {
+            out.extend(c.escape_default());
+        }
     }
     out
 }
@@ -233,11 +242,18 @@ mod tests {
             }
             let joined: String = text
                 .lines()
-                .map(|l| l.trim_start().trim_start_matches("… "))
+                .enumerate()
+                .map(|(i, l)| {
+                    if i == 0 {
+                        l
+                    } else {
+                        l.trim_start_matches(' ').strip_prefix("… ").unwrap_or(l)
+                    }
+                })
                 .collect();
             assert_eq!(
-                joined.replace(' ', ""),
-                format!("  why:        {why}").replace(' ', ""),
+                joined,
+                format!("  why:        {why}"),
                 "{width}: nothing is lost"
             );
         }
@@ -252,7 +268,7 @@ mod tests {
         );
         assert_eq!(
             text,
-            "  why:        a helper for the nightly\n            … build of the docs"
+            "  why:        a helper for the nightly\n            …  build of the docs"
         );
     }
 

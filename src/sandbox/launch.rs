@@ -225,6 +225,8 @@ struct Pid1 {
     into_cgroup: IntoCgroup,
     /// What the prepared bind sources could not enforce.
     tree_notes: Vec<String>,
+    /// The exposures' owners' groups its bind sources were mapped with.
+    owner_groups: mounts::OwnerGroups,
 }
 
 /// How a cloned pid 1 gets into its cgroup.
@@ -269,12 +271,13 @@ fn clone_pid1(
     let fds = payload_fds(spec);
     let path_var = path_var(spec);
     let planned_notes = enforcement.not_enforced.len();
-    let prepared = prepare_trees(spec, &mut enforcement)?;
+    let mut prepared = prepare_trees(spec, &mut enforcement)?;
     let tree_notes = enforcement
         .not_enforced
         .get(planned_notes..)
         .unwrap_or_default()
         .to_vec();
+    let owner_groups = std::mem::take(&mut prepared.groups);
     let lease = spec
         .id_lease
         .as_ref()
@@ -364,6 +367,7 @@ fn clone_pid1(
         sandbox,
         into_cgroup,
         tree_notes,
+        owner_groups,
     })
 }
 
@@ -442,7 +446,7 @@ fn prepare_trees(
             sandbox: (spec.identity.host_uid, spec.identity.host_gid),
             null: spec.null_ids,
         },
-        &groups,
+        groups,
     )
     .map_err(|e| SandboxError::Refused {
         what: "the sandbox's filesystem".into(),

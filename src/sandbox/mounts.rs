@@ -110,6 +110,8 @@ pub struct PreparedTrees {
     trees: Vec<OwnedFd>,
     /// What could not be enforced (a filesystem without idmapped mounts).
     pub notes: Vec<String>,
+    /// The exposures' owners' groups the trees were mapped with.
+    pub groups: OwnerGroups,
 }
 
 impl PreparedTrees {
@@ -137,7 +139,7 @@ pub struct IdmapPlan {
 pub fn prepare(
     plan: &RootfsPlan,
     idmap: IdmapPlan,
-    groups: &OwnerGroups,
+    groups: OwnerGroups,
 ) -> Result<PreparedTrees, MountError> {
     let mut out = PreparedTrees::default();
     let mut owner_maps: Vec<((u32, Option<u32>), OwnedFd)> = Vec::new();
@@ -188,6 +190,7 @@ pub fn prepare(
         }
         out.trees.push(tree);
     }
+    out.groups = groups;
     Ok(out)
 }
 
@@ -219,7 +222,7 @@ fn others_text(others: usize) -> String {
 /// The groups of the read-write exposures' owners that the sandbox takes with the owners'
 /// rights (see [`super::owner_groups`]), asked once for every exposure of a plan, before
 /// [`prepare`].
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct OwnerGroups(Vec<((u32, u32), Option<u32>)>);
 
 impl OwnerGroups {
@@ -248,6 +251,11 @@ impl OwnerGroups {
                 source,
             })?;
         Ok(OwnerGroups(keys.into_iter().zip(answers).collect()))
+    }
+
+    /// Whether nothing was looked up.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     /// The group `uid`'s exposure in group `gid` gives the sandbox, if any (none for a

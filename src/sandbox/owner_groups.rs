@@ -27,6 +27,15 @@ const REAP_GRACE: Duration = Duration::from_secs(1);
 /// each is reaped at a later lookup once it has ended.
 const STUCK_MAX: usize = 8;
 
+/// After the database has not answered, how long this process does not ask it again,
+/// refusing at once instead: the controller's launcher, one process that starts every
+/// worker, would otherwise spend another [`DEADLINE`] on each start with a read-write
+/// directory, and the workers without one would wait behind them.
+const QUIET_AFTER_NO_ANSWER: Duration = Duration::from_secs(30);
+
+/// When the database last did not answer.
+static LAST_NO_ANSWER: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+
 /// Killed helpers that had not ended within [`REAP_GRACE`].
 static STUCK: std::sync::Mutex<Vec<nix::unistd::Pid>> = std::sync::Mutex::new(Vec::new());
 
@@ -66,6 +75,12 @@ pub enum LookupError {
     #[error("the host's user database did not answer within {} s", .0.as_secs())]
     NoAnswer(Duration),
     #[error(
+        "the host's user database did not answer {} s ago, and is not asked again for {} s after that",
+        .0.as_secs(),
+        QUIET_AFTER_NO_ANSWER.as_secs()
+    )]
+    NoAnswerLately(Duration),
+    #[error(
         "{0} earlier lookups in the host's user database are still stuck in the kernel after being killed"
     )]
     Stuck(usize),
@@ -87,6 +102,12 @@ pub fn owners_groups(
     let stuck = reap_stuck();
     if stuck >= STUCK_MAX {
         return Err(LookupError::Stuck(stuck));
+    }
+    let last = LAST_NO_ANSWER.lock().ok().and_then(|last| *last);
+    if let Some(ago) = last.map(|t| t.elapsed()) {
+        if ago < QUIET_AFTER_NO_ANSWER {
+            return Err(LookupError::NoAnswerLately(ago));
+        }
     }
     super::process::ensure_single_threaded()?;
     let until = Instant::now() + deadline;
@@ -116,6 +137,11 @@ pub fn owners_groups(
                 // SAFETY: leave without running the parent's destructors in this copy.
                 unsafe { libc::_exit(1) }
             }
+            // Named for what it does, not as its parent (a helper stuck in the kernel may
+            // be seen long after its parent is gone).
+            // SAFETY: PR_SET_NAME reads a NUL-terminated name of at most 16 bytes from a
+            // static string.
+            unsafe { libc::prctl(libc::PR_SET_NAME, c"hatchery-lookup".as_ptr()) };
             // SAFETY: PR_SET_PDEATHSIG takes a signal number; no pointers.
             let dies_with_parent =
                 unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } == 0;
@@ -141,6 +167,12 @@ pub fn owners_groups(
         nix::unistd::ForkResult::Parent { child } => {
             drop(answers_w);
             let answers = read_answers(&answers_r, keys.len(), until, deadline);
+            if let Ok(mut last) = LAST_NO_ANSWER.lock() {
+                *last = match answers {
+                    Err(LookupError::NoAnswer(_)) => Some(Instant::now()),
+                    _ => None,
+                };
+            }
             if answers.is_err() {
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
                 reap_within(child, REAP_GRACE);

@@ -65,6 +65,22 @@ pub fn is_terminal(fd: BorrowedFd<'_>) -> bool {
     nix::unistd::isatty(fd).unwrap_or(false)
 }
 
+/// The width in columns of the terminal on `fd`; `None` when `fd` is no terminal or
+/// says it has no width.
+pub fn window_width(fd: BorrowedFd<'_>) -> Option<usize> {
+    let mut size = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one winsize into a local that outlives the call.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut size) } < 0 {
+        return None;
+    }
+    Some(usize::from(size.ws_col)).filter(|w| *w > 0)
+}
+
 /// Copies the window size of terminal `from` to terminal `to` (the caller's to the
 /// sandbox's master). When the size changes the kernel sends SIGWINCH to the foreground
 /// process group of `to`, exactly as a terminal emulator's resize does.

@@ -173,6 +173,9 @@ pub struct Prepared {
     sandbox: Sandbox,
     shape: Shape,
     tree_notes: Vec<String>,
+    /// The groups its read-write exposures were mapped with, asked again at the claim: a
+    /// membership the host revoked since must not live on in a sandbox kept ready.
+    owner_groups: crate::sandbox::mounts::OwnerGroups,
 }
 
 /// Prepares a sandbox of `spec`'s shape (its command, environment, hostname, payload ids
@@ -195,6 +198,7 @@ pub fn prepare(
         sandbox: pid1.sandbox,
         shape,
         tree_notes: pid1.tree_notes,
+        owner_groups: pid1.owner_groups,
     })
 }
 
@@ -263,6 +267,15 @@ impl Prepared {
         }
         if self.has_ended() {
             tracing::debug!("the prepared sandbox has ended");
+            return Err(unclaimed(self));
+        }
+        if !self.owner_groups.is_empty()
+            && crate::sandbox::mounts::OwnerGroups::look_up(&spec.rootfs)
+                .ok()
+                .as_ref()
+                != Some(&self.owner_groups)
+        {
+            tracing::debug!("the read-write exposures' groups are not what they were");
             return Err(unclaimed(self));
         }
         let Some(stdio) = &spec.stdio else {
