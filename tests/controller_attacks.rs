@@ -743,30 +743,11 @@ fn a_user_database_that_never_answers_costs_the_launcher_one_deadline_not_one_pe
     let dir = shared_tempdir();
     let d = canonical(dir.path());
     // In the controller's own mount namespace, /etc/group is a FIFO nobody writes.
-    let fifo = d.join("group");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let exposed = d.join("exposed");
-    std::fs::create_dir(&exposed).unwrap_or_else(|e| panic!("{e}"));
-    std::os::unix::fs::chown(&exposed, Some(65534), Some(4242)).unwrap_or_else(|e| panic!("{e}"));
-    let bind = format!(
-        "mount --bind '{}' /etc/group && exec \"$0\" \"$@\"",
-        fifo.display()
-    );
-    let c = TestController::start_under(
-        &[
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            &bind,
-        ],
-        &base_contract(""),
-        None,
-        &[],
-    );
+    let fifo = user_db::silent_group_file(&d);
+    let exposed = user_db::foreign_group_dir(&d);
+    let unshare = user_db::with_binds(&[(&fifo, "/etc/group")]);
+    let unshare: Vec<&str> = unshare.iter().map(String::as_str).collect();
+    let c = TestController::start_under(&unshare, &base_contract(""), None, &[]);
     let exposed = exposed.display().to_string();
     let spawn_rw = || c.cli(&["spawn", "--no-controller", "--rw", &exposed, "--", "true"]);
     let first = spawn_rw();
@@ -788,4 +769,50 @@ fn a_user_database_that_never_answers_costs_the_launcher_one_deadline_not_one_pe
     // ...and a worker without one starts as ever.
     let plain = c.cli(&["spawn", "--no-controller", "--wait", "--", "true"]);
     assert_eq!(code(&plain), 0, "{}", stderr(&plain));
+}
+
+#[test]
+fn a_start_asking_a_slow_user_database_too_much_is_refused_alone() {
+    if skip("slow user database") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    // Each lookup of the group database takes about 0.1 s: working, but slow.
+    let slow = user_db::slow_group_file(&d);
+    let unshare = user_db::with_binds(&[(&slow, "/etc/group")]);
+    let unshare: Vec<&str> = unshare.iter().map(String::as_str).collect();
+    let c = TestController::start_under(&unshare, &base_contract(""), None, &[]);
+    // Sixty-four directories (the most a worker may have), each in another group:
+    // sixty-four questions, more than 5 s of them.
+    let mut args = vec!["spawn".to_string(), "--no-controller".to_string()];
+    for i in 0..64u32 {
+        let many = d.join(format!("d{i}"));
+        std::fs::create_dir(&many).unwrap_or_else(|e| panic!("{e}"));
+        std::os::unix::fs::chown(&many, Some(65534), Some(5000 + i))
+            .unwrap_or_else(|e| panic!("{e}"));
+        args.extend(["--rw".to_string(), many.display().to_string()]);
+    }
+    args.extend(["--".to_string(), "true".to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let greedy = c.cli(&args);
+    assert_eq!(code(&greedy), 125, "{}", stderr(&greedy));
+    assert!(
+        stderr(&greedy).contains("did not answer within 5 s"),
+        "{}",
+        stderr(&greedy)
+    );
+    // The database answered some of them: it is slow, not silent, and the next worker's
+    // one question is asked and answered.
+    let exposed = user_db::foreign_group_dir(&d).display().to_string();
+    let next = c.cli(&[
+        "spawn",
+        "--no-controller",
+        "--wait",
+        "--rw",
+        &exposed,
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&next), 0, "{}", stderr(&next));
 }

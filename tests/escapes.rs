@@ -596,26 +596,15 @@ fn a_user_database_that_never_answers_refuses_the_start_instead_of_holding_it() 
     }
     let dir = shared_tempdir();
     let d = canonical(dir.path());
-    // In this test's own mount namespace, /etc/group is a FIFO nobody writes: the group
-    // database's `open` never returns, as an LDAP server or a stalled network filesystem
-    // behind the host's user database may never answer.
-    let fifo = d.join("group");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let exposed = d.join("exposed");
-    std::fs::create_dir(&exposed).unwrap_or_else(|e| panic!("{e}"));
-    // `nobody`'s directory in a group that is not its own: only the group database can
-    // say whether `nobody` belongs to it.
-    std::os::unix::fs::chown(&exposed, Some(65534), Some(4242)).unwrap_or_else(|e| panic!("{e}"));
-    let script = format!(
-        "mount --bind '{}' /etc/group && exec '{}' run --rw '{}' -- true",
-        s(&fifo),
-        s(&hatchery()),
-        s(&exposed)
-    );
+    let fifo = user_db::silent_group_file(&d);
+    let exposed = user_db::foreign_group_dir(&d);
+    let unshare = user_db::with_binds(&[(&fifo, "/etc/group")]);
     let started = Instant::now();
     let out = run_with_timeout(
-        Command::new("unshare").args(["--mount", "--propagation", "private", "sh", "-c", &script]),
+        Command::new(&unshare[0])
+            .args(&unshare[1..])
+            .arg(hatchery())
+            .args(["run", "--rw", &s(&exposed), "--", "true"]),
         Duration::from_secs(40),
     );
     let took = started.elapsed();

@@ -507,19 +507,17 @@ fn a_user_database_stuck_in_the_kernel_holds_a_start_no_longer_than_its_deadline
         eprintln!("SKIP stuck user database: no FUSE here");
         return;
     };
-    let exposed = canonical(dir.path()).join("exposed");
-    std::fs::create_dir(&exposed).unwrap_or_else(|e| panic!("{e}"));
-    // `nobody`'s directory in a group not its own: only the group database can tell.
-    std::os::unix::fs::chown(&exposed, Some(65534), Some(4242)).unwrap_or_else(|e| panic!("{e}"));
-    let script = format!(
-        "mount --bind '{}' /etc/group && exec '{}' run --rw '{}' -- true",
-        mnt.join("prog").display(),
-        hatchery().display(),
-        exposed.display()
-    );
+    let exposed = user_db::foreign_group_dir(&canonical(dir.path()));
+    let unshare = user_db::with_binds(&[(&mnt.join("prog"), "/etc/group")]);
     let started = std::time::Instant::now();
     let out = run_with_timeout(
-        Command::new("unshare").args(["--mount", "--propagation", "private", "sh", "-c", &script]),
+        Command::new(&unshare[0])
+            .args(&unshare[1..])
+            .arg(hatchery())
+            .arg("run")
+            .arg("--rw")
+            .arg(&exposed)
+            .args(["--", "true"]),
         Duration::from_secs(60),
     );
     let took = started.elapsed();

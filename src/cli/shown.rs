@@ -31,11 +31,16 @@ fn columns_var() -> Option<usize> {
 }
 
 /// How wide a table's rows or a log's lines may be: the terminal's when standard output
-/// is one, else `COLUMNS`, else none (output into a file or a pipe, left whole for
+/// is one (80 when it does not say), else `COLUMNS`, else none (output into a file or a pipe, left whole for
 /// `grep`, as procps's `ps` leaves it).
 pub fn table_width() -> Option<usize> {
-    terminal_width(std::io::stdout())
+    let stdout = std::io::stdout();
+    let on_terminal = hatchery::sandbox::tty::is_terminal(stdout.as_fd());
+    terminal_width(stdout)
         .or_else(columns_var)
+        // A terminal that does not say its width (a serial console, some `exec -t`
+        // terminals) still wraps.
+        .or(on_terminal.then_some(DEFAULT_WIDTH))
         .map(|w| w.max(NARROWEST))
 }
 

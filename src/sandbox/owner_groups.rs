@@ -27,13 +27,16 @@ const REAP_GRACE: Duration = Duration::from_secs(1);
 /// each is reaped at a later lookup once it has ended.
 const STUCK_MAX: usize = 8;
 
-/// After the database has not answered, how long this process does not ask it again,
-/// refusing at once instead: the controller's launcher, one process that starts every
-/// worker, would otherwise spend another [`DEADLINE`] on each start with a read-write
-/// directory, and the workers without one would wait behind them.
+/// After the database has given no answer at all by the deadline, how long this process
+/// does not ask it again, refusing at once instead: the controller's launcher, one
+/// process that starts every worker, would otherwise spend another [`DEADLINE`] on each
+/// start with a read-write directory, and the workers without one would wait behind
+/// them. A database that answered some of a start's questions in time is slow, not
+/// silent: only that start is refused (a worker may ask for many directories, and must
+/// not silence the database for the others).
 const QUIET_AFTER_NO_ANSWER: Duration = Duration::from_secs(30);
 
-/// When the database last did not answer.
+/// When the database last gave no answer at all.
 static LAST_NO_ANSWER: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
 
 /// Killed helpers that had not ended within [`REAP_GRACE`].
@@ -72,8 +75,15 @@ pub fn owners_group(uid: u32, gid: u32) -> Option<u32> {
 /// Why the owners' groups are not known.
 #[derive(Debug, thiserror::Error)]
 pub enum LookupError {
-    #[error("the host's user database did not answer within {} s", .0.as_secs())]
-    NoAnswer(Duration),
+    #[error(
+        "the host's user database did not answer within {} s ({answered} of {asked} questions answered)",
+        .deadline.as_secs()
+    )]
+    NoAnswer {
+        deadline: Duration,
+        answered: usize,
+        asked: usize,
+    },
     #[error(
         "the host's user database did not answer {} s ago, and is not asked again for {} s after that",
         .0.as_secs(),
@@ -103,11 +113,8 @@ pub fn owners_groups(
     if stuck >= STUCK_MAX {
         return Err(LookupError::Stuck(stuck));
     }
-    let last = LAST_NO_ANSWER.lock().ok().and_then(|last| *last);
-    if let Some(ago) = last.map(|t| t.elapsed()) {
-        if ago < QUIET_AFTER_NO_ANSWER {
-            return Err(LookupError::NoAnswerLately(ago));
-        }
+    if let Some(ago) = silent_lately() {
+        return Err(LookupError::NoAnswerLately(ago));
     }
     super::process::ensure_single_threaded()?;
     let until = Instant::now() + deadline;
@@ -149,16 +156,16 @@ pub fn owners_groups(
                 // SAFETY: leave without running the parent's destructors in this copy.
                 unsafe { libc::_exit(1) }
             }
-            let answers: Vec<u8> = keys
-                .iter()
-                .map(|&(uid, gid)| u8::from(owners_group(uid, gid).is_some()))
-                .collect();
-            let mut left: &[u8] = &answers;
-            while !left.is_empty() {
-                match nix::unistd::write(&answers_w, left) {
-                    Ok(n) if n > 0 => left = left.get(n..).unwrap_or_default(),
-                    Err(nix::errno::Errno::EINTR) => {}
-                    _ => break,
+            // Each answer as it comes: the caller tells a slow database from a silent one.
+            for &(uid, gid) in keys {
+                let answer = [u8::from(owners_group(uid, gid).is_some())];
+                loop {
+                    match nix::unistd::write(&answers_w, &answer) {
+                        Err(nix::errno::Errno::EINTR) => {}
+                        Ok(1) => break,
+                        // SAFETY: as above.
+                        _ => unsafe { libc::_exit(1) },
+                    }
                 }
             }
             // SAFETY: as above.
@@ -167,12 +174,7 @@ pub fn owners_groups(
         nix::unistd::ForkResult::Parent { child } => {
             drop(answers_w);
             let answers = read_answers(&answers_r, keys.len(), until, deadline);
-            if let Ok(mut last) = LAST_NO_ANSWER.lock() {
-                *last = match answers {
-                    Err(LookupError::NoAnswer(_)) => Some(Instant::now()),
-                    _ => None,
-                };
-            }
+            remember(&answers);
             if answers.is_err() {
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
                 reap_within(child, REAP_GRACE);
@@ -187,6 +189,23 @@ pub fn owners_groups(
                 .collect())
         }
     }
+}
+
+/// Notes whether the database was silent (no answer at all by the deadline: see
+/// [`QUIET_AFTER_NO_ANSWER`]); any other outcome ends a quiet time.
+fn remember(outcome: &Result<Vec<u8>, LookupError>) {
+    if let Ok(mut last) = LAST_NO_ANSWER.lock() {
+        *last = match outcome {
+            Err(LookupError::NoAnswer { answered: 0, .. }) => Some(Instant::now()),
+            _ => None,
+        };
+    }
+}
+
+/// Whether the database is in its quiet time: when it went silent, if it did lately.
+fn silent_lately() -> Option<Duration> {
+    let last = LAST_NO_ANSWER.lock().ok().and_then(|last| *last)?;
+    Some(last.elapsed()).filter(|ago| *ago < QUIET_AFTER_NO_ANSWER)
 }
 
 /// Reaps the killed helper `child` if it ends within `grace`; otherwise leaves it to
@@ -234,7 +253,11 @@ fn read_answers(
     let mut filled = 0usize;
     while filled < n {
         if Instant::now() >= until {
-            return Err(LookupError::NoAnswer(deadline));
+            return Err(LookupError::NoAnswer {
+                deadline,
+                answered: filled,
+                asked: n,
+            });
         }
         let mut fds = [PollFd::new(from.as_fd(), PollFlags::POLLIN)];
         if super::wait::poll_until(&mut fds, Some(until), None).map_err(io::Error::from)? == 0 {
@@ -258,6 +281,42 @@ fn read_answers(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_silent_database_is_left_alone_for_a_while() {
+        let no_answer = |answered| {
+            Err(LookupError::NoAnswer {
+                deadline: DEADLINE,
+                answered,
+                asked: 40,
+            })
+        };
+        // Slow: some answers came in time. Only that start is refused.
+        remember(&no_answer(3));
+        assert_eq!(silent_lately(), None);
+        // Silent: none came.
+        remember(&no_answer(0));
+        assert!(silent_lately().is_some());
+        // It answers again.
+        remember(&Ok(vec![1]));
+        assert_eq!(silent_lately(), None);
+    }
+
+    #[test]
+    fn answers_that_stop_coming_are_counted() {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        nix::unistd::write(&w, &[1, 0]).unwrap();
+        let until = Instant::now() + Duration::from_millis(200);
+        match read_answers(&r, 5, until, Duration::from_millis(200)) {
+            Err(LookupError::NoAnswer {
+                answered, asked, ..
+            }) => {
+                assert_eq!((answered, asked), (2, 5))
+            }
+            other => panic!("{other:?}"),
+        }
+        drop(w);
+    }
 
     #[test]
     fn roots_group_needs_no_helper_and_is_never_the_sandboxs() {

@@ -125,10 +125,13 @@ impl TestController {
     /// `hatchery ARGS --socket S` (the socket flag goes after the subcommand).
     pub fn cli(&self, args: &[&str]) -> Output {
         let mut cmd = Command::new(hatchery());
+        // Output is read as the program writes it into a pipe, whatever the width of the
+        // terminal the tests were started from.
         cmd.arg(args[0])
             .arg("--socket")
             .arg(&self.socket)
-            .args(&args[1..]);
+            .args(&args[1..])
+            .env_remove("COLUMNS");
         run_with_timeout(&mut cmd, Duration::from_secs(90))
     }
 

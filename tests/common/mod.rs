@@ -10,6 +10,7 @@ pub mod etcd;
 pub mod fds;
 pub mod files;
 pub mod terminal;
+pub mod user_db;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -98,7 +99,10 @@ pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
 
 /// `hatchery ARGS...` with a 60 s limit.
 pub fn hatchery_cmd(args: &[&str]) -> Output {
-    run_with_timeout(Command::new(hatchery()).args(args), Duration::from_secs(60))
+    run_with_timeout(
+        Command::new(hatchery()).args(args).env_remove("COLUMNS"),
+        Duration::from_secs(60),
+    )
 }
 
 /// `hatchery run [FLAGS] --ro PROBE_DIR -- probe ARGS...` with a 60 s limit.

@@ -1,0 +1,56 @@
+//! A test's own user database: files bind-mounted over `/etc/group` or `/etc/passwd` in a
+//! private mount namespace the test's command runs in (never the host's), and a directory
+//! whose group only that database can say its owner is in.
+
+use std::path::{Path, PathBuf};
+
+/// `unshare` arguments that run the command following them (as `"$0" "$@"`) in a private
+/// mount namespace of its own, with each `(source, target)` bind-mounted first.
+pub fn with_binds(binds: &[(&Path, &str)]) -> Vec<String> {
+    let mounts: Vec<String> = binds
+        .iter()
+        .map(|(source, target)| format!("mount --bind '{}' '{target}'", source.display()))
+        .collect();
+    let script = format!("{} && exec \"$0\" \"$@\"", mounts.join(" && "));
+    ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
+        .iter()
+        .map(|a| a.to_string())
+        .chain([script])
+        .collect()
+}
+
+/// `nobody`'s directory `dir/exposed` in group 4242, which `nobody` is not in by the
+/// host's database: only the group database can say whether it is.
+pub fn foreign_group_dir(dir: &Path) -> PathBuf {
+    let exposed = dir.join("exposed");
+    std::fs::create_dir(&exposed).unwrap_or_else(|e| panic!("{e}"));
+    std::os::unix::fs::chown(&exposed, Some(65534), Some(4242)).unwrap_or_else(|e| panic!("{e}"));
+    exposed
+}
+
+/// A FIFO `dir/group` nobody writes: bound over `/etc/group`, the group database's `open`
+/// never returns, as an LDAP server or a stalled network filesystem behind the host's
+/// user database may never answer.
+pub fn silent_group_file(dir: &Path) -> PathBuf {
+    let fifo = dir.join("group");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644))
+        .unwrap_or_else(|e| panic!("{e}"));
+    fifo
+}
+
+/// A group database that answers, slowly: `dir/group`, the host's group file followed by
+/// three million groups no one is in, which the group database reads through at each
+/// lookup (about 0.1 s here).
+pub fn slow_group_file(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let path = dir.join("group");
+    let mut file =
+        std::io::BufWriter::new(std::fs::File::create(&path).unwrap_or_else(|e| panic!("{e}")));
+    let host = std::fs::read("/etc/group").unwrap_or_else(|e| panic!("{e}"));
+    file.write_all(&host).unwrap_or_else(|e| panic!("{e}"));
+    for i in 0..3_000_000u32 {
+        writeln!(file, "g{i}:x:{}:", 200_000 + i).unwrap_or_else(|e| panic!("{e}"));
+    }
+    file.flush().unwrap_or_else(|e| panic!("{e}"));
+    path
+}
