@@ -65,9 +65,8 @@ pub fn is_terminal(fd: BorrowedFd<'_>) -> bool {
     nix::unistd::isatty(fd).unwrap_or(false)
 }
 
-/// The width in columns of the terminal on `fd`; `None` when `fd` is no terminal or
-/// says it has no width.
-pub fn window_width(fd: BorrowedFd<'_>) -> Option<usize> {
+/// The window size of the terminal on `fd`.
+fn window_size(fd: BorrowedFd<'_>) -> io::Result<libc::winsize> {
     let mut size = libc::winsize {
         ws_row: 0,
         ws_col: 0,
@@ -76,8 +75,15 @@ pub fn window_width(fd: BorrowedFd<'_>) -> Option<usize> {
     };
     // SAFETY: TIOCGWINSZ writes one winsize into a local that outlives the call.
     if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut size) } < 0 {
-        return None;
+        return Err(io::Error::last_os_error());
     }
+    Ok(size)
+}
+
+/// The width in columns of the terminal on `fd`; `None` when `fd` is no terminal or
+/// says it has no width.
+pub fn window_width(fd: BorrowedFd<'_>) -> Option<usize> {
+    let size = window_size(fd).ok()?;
     Some(usize::from(size.ws_col)).filter(|w| *w > 0)
 }
 
@@ -85,16 +91,7 @@ pub fn window_width(fd: BorrowedFd<'_>) -> Option<usize> {
 /// sandbox's master). When the size changes the kernel sends SIGWINCH to the foreground
 /// process group of `to`, exactly as a terminal emulator's resize does.
 pub fn copy_window_size(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
-    let mut size = libc::winsize {
-        ws_row: 0,
-        ws_col: 0,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCGWINSZ writes one winsize into a local that outlives the call.
-    if unsafe { libc::ioctl(from.as_raw_fd(), libc::TIOCGWINSZ, &mut size) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let size = window_size(from)?;
     // SAFETY: TIOCSWINSZ reads one winsize from a local that outlives the call.
     if unsafe { libc::ioctl(to.as_raw_fd(), libc::TIOCSWINSZ, &size) } < 0 {
         return Err(io::Error::last_os_error());
