@@ -132,6 +132,12 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     } = hold_state_dir(paths, &mut created)?;
     let mut session = open_trail(&opts, &state, &mut created)?;
     let (listener, stale_socket) = bind_socket(&opts, &mut created)?;
+    // A rootless launcher builds each worker's identity from its user's name: asked here,
+    // before the launcher is forked, it inherits the answer instead of asking the user
+    // database (which it does with no deadline) at its first worker.
+    if !nix::unistd::geteuid().is_root() {
+        let _ = crate::sandbox::userns::Identity::for_caller(None);
+    }
     let Launcher {
         process: launcher,
         engine_workers,

@@ -412,6 +412,18 @@ fn path_var(spec: &SandboxSpec) -> String {
         .unwrap_or_else(|| super::DEFAULT_PATH.to_string())
 }
 
+/// The refusal of a start whose read-write directories' groups could not be looked up.
+fn lookup_refused(e: mounts::OwnerLookupError) -> SandboxError {
+    SandboxError::Refused {
+        what: "the group mapping of a read-write directory".into(),
+        fix: format!(
+            "check that the host's user database answers (`id {}` should return at once)",
+            e.uid
+        ),
+        why: e.to_string(),
+    }
+}
+
 /// The bind sources: copied here, by descriptor, when this supervisor may copy host
 /// mounts; otherwise the sandbox copies them itself (checked against the descriptors).
 fn prepare_trees(
@@ -432,14 +444,7 @@ fn prepare_trees(
         }
         return Ok(mounts::PreparedTrees::default());
     }
-    let groups = mounts::OwnerGroups::look_up(&spec.rootfs).map_err(|e| SandboxError::Refused {
-        what: "the group mapping of a read-write directory".into(),
-        fix: format!(
-            "check that the host's user database answers (`id {}` should return at once)",
-            e.uid
-        ),
-        why: e.to_string(),
-    })?;
+    let groups = mounts::OwnerGroups::look_up(&spec.rootfs).map_err(lookup_refused)?;
     let prepared = mounts::prepare(
         &spec.rootfs,
         mounts::IdmapPlan {

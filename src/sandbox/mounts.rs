@@ -240,15 +240,30 @@ impl OwnerGroups {
                 }
             }
         }
-        let Some(first) = asked.first() else {
+        if asked.is_empty() {
             return Ok(OwnerGroups::default());
-        };
+        }
         let answers = super::owner_groups::owners_groups(&keys, super::owner_groups::DEADLINE)
-            .map_err(|source| OwnerLookupError {
-                path: first.host.path.display().to_string(),
-                uid: first.host.uid,
-                others: asked.len().saturating_sub(1),
-                source,
+            .map_err(|source| {
+                // The directory whose question went unanswered (else the first).
+                let pending = match &source {
+                    super::owner_groups::LookupError::NoAnswer { answered, .. } => {
+                        keys.get(*answered).copied()
+                    }
+                    _ => None,
+                };
+                let bind = asked
+                    .iter()
+                    .find(|b| Some((b.host.uid, b.host.gid)) == pending)
+                    .or(asked.first());
+                OwnerLookupError {
+                    path: bind
+                        .map(|b| b.host.path.display().to_string())
+                        .unwrap_or_default(),
+                    uid: bind.map(|b| b.host.uid).unwrap_or_default(),
+                    others: asked.len().saturating_sub(1),
+                    source,
+                }
             })?;
         Ok(OwnerGroups(keys.into_iter().zip(answers).collect()))
     }

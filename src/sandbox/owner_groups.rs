@@ -27,16 +27,20 @@ const REAP_GRACE: Duration = Duration::from_secs(1);
 /// each is reaped at a later lookup once it has ended.
 const STUCK_MAX: usize = 8;
 
-/// After the database has given no answer at all by the deadline, how long this process
-/// does not ask it again, refusing at once instead: the controller's launcher, one
-/// process that starts every worker, would otherwise spend another [`DEADLINE`] on each
-/// start with a read-write directory, and the workers without one would wait behind
-/// them. A database that answered some of a start's questions in time is slow, not
-/// silent: only that start is refused (a worker may ask for many directories, and must
-/// not silence the database for the others).
+/// After the database has gone silent (see [`SILENT`]), how long this process does not
+/// ask it again, refusing at once instead: the controller's launcher, one process that
+/// starts every worker, would otherwise spend another [`DEADLINE`] on each start with a
+/// read-write directory, and the workers without one would wait behind them.
 const QUIET_AFTER_NO_ANSWER: Duration = Duration::from_secs(30);
 
-/// When the database last gave no answer at all.
+/// How long one question may go unanswered before the database counts as silent, not
+/// slow, at the deadline. A database that kept answering until the deadline is slow:
+/// only the start that asked so much is refused (a worker may ask about many directories,
+/// and must not silence the database for the others). One that stopped answering, from
+/// the first question or after some, is silent.
+const SILENT: Duration = Duration::from_millis(2500);
+
+/// When the database last went silent.
 static LAST_NO_ANSWER: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
 
 /// Killed helpers that had not ended within [`REAP_GRACE`].
@@ -83,6 +87,8 @@ pub enum LookupError {
         deadline: Duration,
         answered: usize,
         asked: usize,
+        /// How long the last question had waited at the deadline.
+        waited: Duration,
     },
     #[error(
         "the host's user database did not answer {} s ago, and is not asked again for {} s after that",
@@ -196,7 +202,7 @@ pub fn owners_groups(
 fn remember(outcome: &Result<Vec<u8>, LookupError>) {
     if let Ok(mut last) = LAST_NO_ANSWER.lock() {
         *last = match outcome {
-            Err(LookupError::NoAnswer { answered: 0, .. }) => Some(Instant::now()),
+            Err(LookupError::NoAnswer { waited, .. }) if *waited >= SILENT => Some(Instant::now()),
             _ => None,
         };
     }
@@ -251,12 +257,15 @@ fn read_answers(
 ) -> Result<Vec<u8>, LookupError> {
     let mut got = vec![0u8; n];
     let mut filled = 0usize;
+    let mut last_answer = Instant::now();
     while filled < n {
-        if Instant::now() >= until {
+        let now = Instant::now();
+        if now >= until {
             return Err(LookupError::NoAnswer {
                 deadline,
                 answered: filled,
                 asked: n,
+                waited: now.saturating_duration_since(last_answer),
             });
         }
         let mut fds = [PollFd::new(from.as_fd(), PollFlags::POLLIN)];
@@ -270,7 +279,10 @@ fn read_answers(
                     "it ended before it answered",
                 )));
             }
-            Ok(k) => filled = filled.saturating_add(k),
+            Ok(k) => {
+                filled = filled.saturating_add(k);
+                last_answer = Instant::now();
+            }
             Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(LookupError::Helper(e.into())),
         }
@@ -284,18 +296,21 @@ mod tests {
 
     #[test]
     fn only_a_silent_database_is_left_alone_for_a_while() {
-        let no_answer = |answered| {
+        let no_answer = |answered, waited| {
             Err(LookupError::NoAnswer {
                 deadline: DEADLINE,
                 answered,
                 asked: 40,
+                waited,
             })
         };
-        // Slow: some answers came in time. Only that start is refused.
-        remember(&no_answer(3));
+        // Slow: answers kept coming until the deadline. Only that start is refused.
+        remember(&no_answer(30, Duration::from_millis(100)));
         assert_eq!(silent_lately(), None);
-        // Silent: none came.
-        remember(&no_answer(0));
+        // Silent after some answers, or from the first question.
+        remember(&no_answer(1, DEADLINE));
+        assert!(silent_lately().is_some());
+        remember(&no_answer(0, DEADLINE));
         assert!(silent_lately().is_some());
         // It answers again.
         remember(&Ok(vec![1]));
@@ -309,9 +324,13 @@ mod tests {
         let until = Instant::now() + Duration::from_millis(200);
         match read_answers(&r, 5, until, Duration::from_millis(200)) {
             Err(LookupError::NoAnswer {
-                answered, asked, ..
+                answered,
+                asked,
+                waited,
+                ..
             }) => {
-                assert_eq!((answered, asked), (2, 5))
+                assert_eq!((answered, asked), (2, 5));
+                assert!(waited >= Duration::from_millis(150), "{waited:?}");
             }
             other => panic!("{other:?}"),
         }

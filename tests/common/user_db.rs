@@ -39,18 +39,40 @@ pub fn silent_group_file(dir: &Path) -> PathBuf {
 }
 
 /// A group database that answers, slowly: `dir/group`, the host's group file followed by
-/// three million groups no one is in, which the group database reads through at each
-/// lookup (about 0.1 s here).
-pub fn slow_group_file(dir: &Path) -> PathBuf {
+/// millions of groups no one is in, which the group database reads through at each
+/// lookup, made long enough here that a lookup takes at least `each`. `None` where the
+/// host's group database does not read `/etc/group` first (nothing it is given there
+/// slows it down).
+pub fn slow_group_file(dir: &Path, each: std::time::Duration) -> Option<PathBuf> {
     use std::io::Write;
     let path = dir.join("group");
-    let mut file =
-        std::io::BufWriter::new(std::fs::File::create(&path).unwrap_or_else(|e| panic!("{e}")));
     let host = std::fs::read("/etc/group").unwrap_or_else(|e| panic!("{e}"));
-    file.write_all(&host).unwrap_or_else(|e| panic!("{e}"));
-    for i in 0..3_000_000u32 {
-        writeln!(file, "g{i}:x:{}:", 200_000 + i).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&path, &host).unwrap_or_else(|e| panic!("{e}"));
+    let mut lines = 0u32;
+    for _ in 0..4 {
+        let mut file = std::io::BufWriter::new(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        for i in lines..lines + 3_000_000 {
+            writeln!(file, "g{i}:x:{}:", 200_000 + i).unwrap_or_else(|e| panic!("{e}"));
+        }
+        file.flush().unwrap_or_else(|e| panic!("{e}"));
+        lines += 3_000_000;
+        // One lookup, as the helper makes it, in a namespace of its own.
+        let unshare = with_binds(&[(&path, "/etc/group")]);
+        let started = std::time::Instant::now();
+        let out = super::run_with_timeout(
+            std::process::Command::new(&unshare[0])
+                .args(&unshare[1..])
+                .args(["getent", "initgroups", "nobody"]),
+            std::time::Duration::from_secs(60),
+        );
+        if started.elapsed() >= each && out.status.success() {
+            return Some(path);
+        }
     }
-    file.flush().unwrap_or_else(|e| panic!("{e}"));
-    path
+    None
 }

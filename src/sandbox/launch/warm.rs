@@ -269,14 +269,17 @@ impl Prepared {
             tracing::debug!("the prepared sandbox has ended");
             return Err(unclaimed(self));
         }
-        if !self.owner_groups.is_empty()
-            && crate::sandbox::mounts::OwnerGroups::look_up(&spec.rootfs)
-                .ok()
-                .as_ref()
-                != Some(&self.owner_groups)
-        {
-            tracing::debug!("the read-write exposures' groups are not what they were");
-            return Err(unclaimed(self));
+        if !self.owner_groups.is_empty() {
+            // A database that does not answer refuses the start here: asked again for a
+            // start afresh, it would hold the launcher twice as long.
+            match crate::sandbox::mounts::OwnerGroups::look_up(&spec.rootfs) {
+                Ok(now) if now == self.owner_groups => {}
+                Ok(_) => {
+                    tracing::debug!("the read-write exposures' groups are not what they were");
+                    return Err(unclaimed(self));
+                }
+                Err(e) => return Err(ClaimError::Failed(super::lookup_refused(e))),
+            }
         }
         let Some(stdio) = &spec.stdio else {
             return Err(unclaimed(self));
