@@ -356,12 +356,7 @@ fn a_reason_padded_to_wrap_never_reads_as_another_field_of_the_request() {
         panic!("{}", stderr(&o));
     }
     wait_pending(&c, 1);
-    let mut cmd = Command::new(hatchery());
-    cmd.args(["approvals", "--socket"])
-        .arg(&c.socket)
-        .env("COLUMNS", "80");
-    let out = run_with_timeout(&mut cmd, Duration::from_secs(90));
-    let text = stdout(&out);
+    let text = stdout(&c.cli_at_width(&["approvals"], Some("80")));
     assert!(text.contains("needs:      nothing"), "{text}");
     let long: Vec<&str> = text.lines().filter(|l| l.chars().count() > 80).collect();
     assert!(long.is_empty(), "lines a terminal would wrap: {long:?}");

@@ -745,9 +745,7 @@ fn a_user_database_that_never_answers_costs_the_launcher_one_deadline_not_one_pe
     // In the controller's own mount namespace, /etc/group is a FIFO nobody writes.
     let fifo = user_db::silent_group_file(&d);
     let exposed = user_db::foreign_group_dir(&d);
-    let unshare = user_db::with_binds(&[(&fifo, "/etc/group")]);
-    let unshare: Vec<&str> = unshare.iter().map(String::as_str).collect();
-    let c = TestController::start_under(&unshare, &base_contract(""), None, &[]);
+    let c = user_db::controller_with_binds(&[(&fifo, "/etc/group")], &base_contract(""), &[]);
     let exposed = exposed.display().to_string();
     let spawn_rw = || c.cli(&["spawn", "--no-controller", "--rw", &exposed, "--", "true"]);
     // The first question (a directory in its owner's own group) is answered from the user
@@ -803,9 +801,7 @@ fn a_start_asking_a_slow_user_database_too_much_is_refused_alone() {
         eprintln!("SKIP slow user database: this host's group database does not read /etc/group");
         return;
     };
-    let unshare = user_db::with_binds(&[(&slow, "/etc/group")]);
-    let unshare: Vec<&str> = unshare.iter().map(String::as_str).collect();
-    let c = TestController::start_under(&unshare, &base_contract(""), None, &[]);
+    let c = user_db::controller_with_binds(&[(&slow, "/etc/group")], &base_contract(""), &[]);
     // Sixty-four directories (the most a worker may have), each in another group:
     // sixty-four questions, more than 5 s of them.
     let mut args = vec!["spawn".to_string(), "--no-controller".to_string()];

@@ -629,13 +629,7 @@ fn ps_and_inspect_never_print_a_workers_escape_sequences_raw() {
     }
     // On a 50-column screen, nothing a worker chose wraps into another row or field.
     for args in [vec!["ps", "--all"], vec!["inspect", id.as_str()]] {
-        let mut cmd = Command::new(hatchery());
-        cmd.arg(args[0])
-            .arg("--socket")
-            .arg(&c.socket)
-            .args(&args[1..])
-            .env("COLUMNS", "50");
-        let text = stdout(&run_with_timeout(&mut cmd, Duration::from_secs(90)));
+        let text = stdout(&c.cli_at_width(&args, Some("50")));
         let long: Vec<&str> = text.lines().filter(|l| l.chars().count() > 50).collect();
         assert!(
             long.is_empty(),

@@ -479,9 +479,11 @@ fn a_group_membership_the_host_revoked_is_gone_for_a_prepared_worker_too() {
     let data = d.join("data");
     std::fs::create_dir(&data).unwrap_or_else(|e| panic!("{e}"));
     std::os::unix::fs::chown(&data, Some(4321), Some(4242)).unwrap_or_else(|e| panic!("{e}"));
-    let unshare = user_db::with_binds(&[(&passwd, "/etc/passwd"), (&group, "/etc/group")]);
-    let unshare: Vec<&str> = unshare.iter().map(String::as_str).collect();
-    let c = TestController::start_under(&unshare, &base_contract(""), None, &["--warm-pool", "1"]);
+    let c = user_db::controller_with_binds(
+        &[(&passwd, "/etc/passwd"), (&group, "/etc/group")],
+        &base_contract(""),
+        &["--warm-pool", "1"],
+    );
     let rw = data.display().to_string();
     let made_by = |name: &str| -> (String, u32) {
         let id = spawned(&c, &["--rw", &rw], &format!("touch {rw}/{name}"));

@@ -17,9 +17,14 @@ pub const DEFAULT_WIDTH: usize = 80;
 /// The narrowest width anything is folded to: below it nothing fits anyway.
 const NARROWEST: usize = 4;
 
-/// The width of the terminal on `fd`, if it is one.
+/// The width of the terminal on `fd`, if it is one (0 where it does not say).
 fn terminal_width(fd: impl AsFd) -> Option<usize> {
     hatchery::sandbox::tty::window_width(fd.as_fd())
+}
+
+/// The width of the terminal on `fd`, if it is one and says.
+fn known_width(fd: impl AsFd) -> Option<usize> {
+    terminal_width(fd).filter(|w| *w > 0)
 }
 
 /// `COLUMNS`, when it is a width.
@@ -31,16 +36,16 @@ fn columns_var() -> Option<usize> {
 }
 
 /// How wide a table's rows or a log's lines may be: the terminal's when standard output
-/// is one (80 when it does not say), else `COLUMNS`, else none (output into a file or a pipe, left whole for
-/// `grep`, as procps's `ps` leaves it).
+/// is one, else `COLUMNS`, else 80 on a terminal that does not say, else none (output
+/// into a file or a pipe, left whole for `grep`, as procps's `ps` leaves it).
 pub fn table_width() -> Option<usize> {
-    let stdout = std::io::stdout();
-    let on_terminal = hatchery::sandbox::tty::is_terminal(stdout.as_fd());
-    terminal_width(stdout)
+    let on_stdout = terminal_width(std::io::stdout());
+    on_stdout
+        .filter(|w| *w > 0)
         .or_else(columns_var)
         // A terminal that does not say its width (a serial console, some `exec -t`
         // terminals) still wraps.
-        .or(on_terminal.then_some(DEFAULT_WIDTH))
+        .or(on_stdout.map(|_| DEFAULT_WIDTH))
         .map(|w| w.max(NARROWEST))
 }
 
@@ -49,9 +54,9 @@ pub fn table_width() -> Option<usize> {
 /// still lands on it), else [`DEFAULT_WIDTH`]. Asked at each print, since a terminal may
 /// be resized while `--watch` waits.
 pub fn screen_width() -> usize {
-    terminal_width(std::io::stdout())
+    known_width(std::io::stdout())
         .or_else(columns_var)
-        .or_else(|| terminal_width(std::io::stderr()))
+        .or_else(|| known_width(std::io::stderr()))
         .unwrap_or(DEFAULT_WIDTH)
         .max(NARROWEST)
 }
@@ -160,25 +165,22 @@ pub fn fold_fields(text: &str, width: usize) -> String {
 /// `value` as JSON, with every character but printable ASCII written as an escape as
 /// [`shown`] does; the backslashes of JSON's own escapes are left as they are.
 pub fn shown_json(value: &impl serde::Serialize) -> String {
-    let json = serde_json::to_string(value).unwrap_or_default();
-    let mut out = String::with_capacity(json.len());
-    for c in json.chars() {
-        if c == ' ' || c.is_ascii_graphic() {
-            out.push(c);
-        } else {
-            out.extend(c.escape_default());
-        }
-    }
-    out
+    escaped(&serde_json::to_string(value).unwrap_or_default(), |_| false)
 }
 
 /// `s` with every character but printable ASCII written as an escape (`\u{1b}`,
 /// `\u{202e}`, `\u{e9}`, `\n`), and a backslash as `\\`, so that what is printed
 /// can be read back as exactly what was sent.
 pub fn shown(s: &str) -> String {
+    escaped(s, |c| c == '\\')
+}
+
+/// `s` with every character but printable ASCII, and those `also` names, written as
+/// Rust's escapes.
+fn escaped(s: &str, also: impl Fn(char) -> bool) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
-        if c == ' ' || (c.is_ascii_graphic() && c != '\\') {
+        if (c == ' ' || c.is_ascii_graphic()) && !also(c) {
             out.push(c);
         } else {
             out.extend(c.escape_default());

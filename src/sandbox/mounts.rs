@@ -201,7 +201,8 @@ fn owner_mapped(bind: &Bind) -> bool {
     bind.idmapped && !(bind.writable && bind.host.uid == 0)
 }
 
-/// Why the groups of the read-write exposures' owners are not known, naming the first.
+/// Why the groups of the read-write exposures' owners are not known, naming the directory
+/// whose question went unanswered (else the first asked about).
 #[derive(Debug, thiserror::Error)]
 #[error("--rw {path} (owner uid {uid}{}): {source}", others_text(*.others))]
 pub struct OwnerLookupError {
@@ -233,7 +234,7 @@ impl OwnerGroups {
         let mut asked: Vec<&Bind> = Vec::new();
         for bind in plan.system.iter().chain(plan.exposures.iter()) {
             let key = (bind.host.uid, bind.host.gid);
-            if owner_mapped(bind) && bind.writable && key.1 != 0 {
+            if owner_mapped(bind) && bind.writable {
                 asked.push(bind);
                 if !keys.contains(&key) {
                     keys.push(key);

@@ -197,8 +197,8 @@ pub fn owners_groups(
     }
 }
 
-/// Notes whether the database was silent (no answer at all by the deadline: see
-/// [`QUIET_AFTER_NO_ANSWER`]); any other outcome ends a quiet time.
+/// Notes whether the database went silent (a question waiting [`SILENT`] or more at the
+/// deadline: see [`QUIET_AFTER_NO_ANSWER`]); any other outcome ends a quiet time.
 fn remember(outcome: &Result<Vec<u8>, LookupError>) {
     if let Ok(mut last) = LAST_NO_ANSWER.lock() {
         *last = match outcome {

@@ -80,11 +80,10 @@ fn window_size(fd: BorrowedFd<'_>) -> io::Result<libc::winsize> {
     Ok(size)
 }
 
-/// The width in columns of the terminal on `fd`; `None` when `fd` is no terminal or
-/// says it has no width.
+/// The width in columns of the terminal on `fd` (0 where it does not say); `None` when
+/// `fd` is no terminal.
 pub fn window_width(fd: BorrowedFd<'_>) -> Option<usize> {
-    let size = window_size(fd).ok()?;
-    Some(usize::from(size.ws_col)).filter(|w| *w > 0)
+    window_size(fd).ok().map(|size| usize::from(size.ws_col))
 }
 
 /// Copies the window size of terminal `from` to terminal `to` (the caller's to the

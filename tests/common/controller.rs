@@ -124,14 +124,22 @@ impl TestController {
 
     /// `hatchery ARGS --socket S` (the socket flag goes after the subcommand).
     pub fn cli(&self, args: &[&str]) -> Output {
+        self.cli_at_width(args, None)
+    }
+
+    /// [`TestController::cli`] for a screen `columns` wide (`COLUMNS`); with `None`, the
+    /// output is read as the program writes it into a pipe, whatever the width of the
+    /// terminal the tests were started from.
+    pub fn cli_at_width(&self, args: &[&str], columns: Option<&str>) -> Output {
         let mut cmd = Command::new(hatchery());
-        // Output is read as the program writes it into a pipe, whatever the width of the
-        // terminal the tests were started from.
         cmd.arg(args[0])
             .arg("--socket")
             .arg(&self.socket)
-            .args(&args[1..])
-            .env_remove("COLUMNS");
+            .args(&args[1..]);
+        match columns {
+            Some(c) => cmd.env("COLUMNS", c),
+            None => cmd.env_remove("COLUMNS"),
+        };
         run_with_timeout(&mut cmd, Duration::from_secs(90))
     }
 

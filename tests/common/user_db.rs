@@ -19,6 +19,18 @@ pub fn with_binds(binds: &[(&Path, &str)]) -> Vec<String> {
         .collect()
 }
 
+/// A controller (`contract`, `extra` flags) whose user database is the test's own: each
+/// `(source, target)` bound in a private mount namespace of its own.
+pub fn controller_with_binds(
+    binds: &[(&Path, &str)],
+    contract: &str,
+    extra: &[&str],
+) -> super::controller::TestController {
+    let unshare = with_binds(binds);
+    let unshare: Vec<&str> = unshare.iter().map(String::as_str).collect();
+    super::controller::TestController::start_under(&unshare, contract, None, extra)
+}
+
 /// `nobody`'s directory `dir/exposed` in group 4242, which `nobody` is not in by the
 /// host's database: only the group database can say whether it is.
 pub fn foreign_group_dir(dir: &Path) -> PathBuf {
