@@ -145,3 +145,58 @@ fn a_term_sent_once_the_command_traps_it_reaches_the_command_under_a_cpu_quota()
         "a command that had started and trapped TERM was killed instead (128+15): {outcomes:?}"
     );
 }
+
+#[test]
+fn a_signal_while_the_user_database_is_silent_ends_the_run_at_once() {
+    if skip_unless_root("signal during a hung user database") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let d = canonical(dir.path());
+    let fifo = common::user_db::silent_group_file(&d);
+    let exposed = common::user_db::foreign_group_dir(&d);
+    // `unshare` and its shell exec each other and then hatchery: one process throughout.
+    let unshare = common::user_db::with_binds(&[(&fifo, "/etc/group")]);
+    let mut run = Command::new(&unshare[0])
+        .args(&unshare[1..])
+        .arg(hatchery())
+        .args(["run", "--rw", &exposed.to_string_lossy(), "--", "true"])
+        .env_remove("COLUMNS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The run is asking the user database once its helper exists.
+    let asking = Instant::now();
+    while children_of(run.id()).is_empty() && asking.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        !children_of(run.id()).is_empty(),
+        "the run never asked the user database"
+    );
+    // ^C: the caller wants out now, not when the database's deadline is up.
+    let _ = kill(Pid::from_raw(run.id() as i32), Signal::SIGINT);
+    let signalled = Instant::now();
+    let status = common::terminal::wait_child(&mut run, Duration::from_secs(30), "run");
+    let took = signalled.elapsed();
+    let mut err = String::new();
+    if let Some(mut e) = run.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    assert_eq!(status.code(), Some(128 + libc::SIGINT), "{err}");
+    assert!(
+        took < Duration::from_secs(2),
+        "SIGINT ended the run only after {took:?}: {err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("SIGINT"), "{err}");
+    wait_process(
+        &format!("run --rw {}", exposed.display()),
+        false,
+        Duration::from_secs(5),
+        "the lookup's helper was left behind",
+    );
+}

@@ -80,6 +80,9 @@ pub fn exit_code(e: &anyhow::Error) -> i32 {
 pub fn sandbox_exit_code(e: &hatchery::sandbox::SandboxError) -> i32 {
     match e {
         hatchery::sandbox::SandboxError::Invalid(_) => exit::USAGE,
+        hatchery::sandbox::SandboxError::Stopped { signal, .. } => {
+            128_i32.saturating_add(*signal as i32)
+        }
         _ => exit::SETUP,
     }
 }

@@ -21,6 +21,16 @@ pub const FORWARDED: [Signal; 7] = [
     Signal::SIGWINCH,
 ];
 
+/// The forwarded signals that, arriving before the command has started, abandon its
+/// start: the caller wants the run over (^C, a service manager's stop), not a command
+/// started to receive them.
+pub const STOPPING: [Signal; 4] = [
+    Signal::SIGHUP,
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGTERM,
+];
+
 /// The set pid 1 waits on: the forwarded signals and SIGCHLD.
 pub fn wait_set() -> SigSet {
     let mut set = SigSet::empty();

@@ -412,8 +412,18 @@ fn path_var(spec: &SandboxSpec) -> String {
         .unwrap_or_else(|| super::DEFAULT_PATH.to_string())
 }
 
-/// The refusal of a start whose read-write directories' groups could not be looked up.
+/// The refusal of a start whose read-write directories' groups could not be looked up
+/// (or its end, when a signal stopped the lookup).
 fn lookup_refused(e: mounts::OwnerLookupError) -> SandboxError {
+    if let super::owner_groups::LookupError::Stopped(signal) = e.source {
+        return SandboxError::Stopped {
+            signal,
+            during: format!(
+                "the host's user database was being asked about --rw {}",
+                e.path
+            ),
+        };
+    }
     SandboxError::Refused {
         what: "the group mapping of a read-write directory".into(),
         fix: format!(

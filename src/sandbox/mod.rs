@@ -203,4 +203,11 @@ pub enum SandboxError {
     Invalid(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// A signal that ends a start (`run`'s ^C) came before the command started: nothing
+    /// was started. The run ends as the signal would have ended it (128+N).
+    #[error("stopped by {signal} before the command started ({during}); nothing was started")]
+    Stopped {
+        signal: nix::sys::signal::Signal,
+        during: String,
+    },
 }

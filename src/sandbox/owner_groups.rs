@@ -12,6 +12,8 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Uid;
 
 /// How long the user database may take to say which groups the exposures' owners are
@@ -102,11 +104,16 @@ pub enum LookupError {
     Stuck(usize),
     #[error("the helper asking the host's user database failed: {0}")]
     Helper(#[from] io::Error),
+    /// The caller was told to stop (`run`'s ^C) while it waited for the answers.
+    #[error("{0} came while the host's user database was being asked")]
+    Stopped(Signal),
 }
 
 /// [`owners_group`] for each `(uid, gid)` of `keys`, in order, asked in a child process
-/// that is killed if the answers are not all in by `deadline` from now. The caller must be
-/// single-threaded (checked): the child is forked from it.
+/// that is killed if the answers are not all in by `deadline` from now, or as soon as one
+/// of the signals that stop a start ([`super::init::STOPPING`]) is pending, when the
+/// caller blocks it to read it later (`run` does). The caller must be single-threaded
+/// (checked): the child is forked from it.
 pub fn owners_groups(
     keys: &[(u32, u32)],
     deadline: Duration,
@@ -123,6 +130,7 @@ pub fn owners_groups(
         return Err(LookupError::NoAnswerLately(ago));
     }
     super::process::ensure_single_threaded()?;
+    let stop = stop_signals()?;
     let until = Instant::now() + deadline;
     let (answers_r, answers_w) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
@@ -179,7 +187,7 @@ pub fn owners_groups(
         }
         nix::unistd::ForkResult::Parent { child } => {
             drop(answers_w);
-            let answers = read_answers(&answers_r, keys.len(), until, deadline);
+            let answers = read_answers(&answers_r, stop.as_ref(), keys.len(), until, deadline);
             remember(&answers);
             if answers.is_err() {
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
@@ -248,9 +256,29 @@ fn reap_stuck() -> usize {
     stuck.len()
 }
 
-/// `n` answer bytes from the helper, or why not by `until`.
+/// A descriptor that becomes readable when one of the signals that stop a start is
+/// pending, for those of them the caller blocks (whose default action would otherwise
+/// end it at once, or whose handler would interrupt the wait); `None` when it blocks none.
+fn stop_signals() -> io::Result<Option<SignalFd>> {
+    let mut blocked = SigSet::empty();
+    nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, None, Some(&mut blocked))?;
+    let mut stopping = SigSet::empty();
+    for sig in super::init::STOPPING {
+        if blocked.contains(sig) {
+            stopping.add(sig);
+        }
+    }
+    if stopping == SigSet::empty() {
+        return Ok(None);
+    }
+    let flags = SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK;
+    Ok(Some(SignalFd::with_flags(&stopping, flags)?))
+}
+
+/// `n` answer bytes from the helper, or why not by `until` (or a signal on `stop`).
 fn read_answers(
     from: &std::os::fd::OwnedFd,
+    stop: Option<&SignalFd>,
     n: usize,
     until: Instant,
     deadline: Duration,
@@ -268,8 +296,23 @@ fn read_answers(
                 waited: now.saturating_duration_since(last_answer),
             });
         }
-        let mut fds = [PollFd::new(from.as_fd(), PollFlags::POLLIN)];
+        let mut fds: Vec<PollFd<'_>> = std::iter::once(from.as_fd())
+            .chain(stop.map(AsFd::as_fd))
+            .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
+            .collect();
         if super::wait::poll_until(&mut fds, Some(until), None).map_err(io::Error::from)? == 0 {
+            continue;
+        }
+        let stopped = fds.get(1).is_some_and(super::wait::is_ready);
+        let answered = fds.first().is_some_and(super::wait::is_ready);
+        drop(fds);
+        // Taken from the queue: the caller learns it from the error, and ends.
+        if let Some(Ok(Some(info))) = stopped.then(|| stop.map(SignalFd::read_signal)).flatten() {
+            if let Ok(sig) = Signal::try_from(i32::try_from(info.ssi_signo).unwrap_or(0)) {
+                return Err(LookupError::Stopped(sig));
+            }
+        }
+        if !answered {
             continue;
         }
         let rest = got.get_mut(filled..).unwrap_or_default();
@@ -322,7 +365,7 @@ mod tests {
         let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
         nix::unistd::write(&w, &[1, 0]).unwrap();
         let until = Instant::now() + Duration::from_millis(200);
-        match read_answers(&r, 5, until, Duration::from_millis(200)) {
+        match read_answers(&r, None, 5, until, Duration::from_millis(200)) {
             Err(LookupError::NoAnswer {
                 answered,
                 asked,

@@ -155,7 +155,7 @@ impl Sandbox {
                         // as the command would have ended had it been running. Decided
                         // by the start gate, which the kernel closes at the execve: a
                         // command that has run one instruction gets the signal.
-                        if STOPPING.contains(&sig) && !self.start_is_over() {
+                        if super::super::init::STOPPING.contains(&sig) && !self.start_is_over() {
                             told.stopped_by.get_or_insert(sig as i32);
                             self.kill();
                             continue;
@@ -304,14 +304,6 @@ struct Told {
     /// kept with the rest of how the sandbox ended).
     stopped_by: Option<i32>,
 }
-
-/// The signals that, arriving before the command has started, abandon its start.
-const STOPPING: [Signal; 4] = [
-    Signal::SIGHUP,
-    Signal::SIGINT,
-    Signal::SIGQUIT,
-    Signal::SIGTERM,
-];
 
 impl Told {
     /// Takes one message in.
