@@ -368,3 +368,41 @@ fn a_reason_padded_to_wrap_never_reads_as_another_field_of_the_request() {
         "the worker's text reads as a field of its own:\n{text}"
     );
 }
+
+#[test]
+fn audit_tail_prints_a_workers_reason_escaped_and_folded() {
+    if skip_unless_root("escapes in audit tail") {
+        return;
+    }
+    let c = TestController::start(&contract("require = [{ kind = \"always\" }]"), &[]);
+    // A title-setting sequence, a bell and a right-to-left override, in a reason long
+    // enough to wrap: the trail keeps it (the approval's request records the reason).
+    let script = "hatchery agent register >/dev/null\n\
+                  hatchery agent replicate --reason \"$(printf 'PWNED\\033]0;t\\007\\342\\200\\256%080d' 0)\" -- true\n\
+                  sleep 30";
+    if let Err(o) = c.spawn(&[], script) {
+        panic!("{}", stderr(&o));
+    }
+    wait_pending(&c, 1);
+    let tail = |columns: Option<&str>| {
+        let mut cmd = std::process::Command::new(hatchery());
+        cmd.args(["audit", "tail", "--state-dir"]).arg(&c.state);
+        match columns {
+            Some(w) => cmd.env("COLUMNS", w),
+            None => cmd.env_remove("COLUMNS"),
+        };
+        let out = run_with_timeout(&mut cmd, Duration::from_secs(30));
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        stdout(&out)
+    };
+    let text = tail(None);
+    assert!(text.contains("PWNED"), "the trail lacks the reason: {text}");
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{7}') && !text.contains('\u{202e}'),
+        "audit tail printed a worker's escapes raw: {text:?}"
+    );
+    let text = tail(Some("50"));
+    assert!(text.contains("PWNED"), "{text}");
+    let long: Vec<&str> = text.lines().filter(|l| l.chars().count() > 50).collect();
+    assert!(long.is_empty(), "lines a terminal would wrap: {long:?}");
+}
