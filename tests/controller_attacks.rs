@@ -835,3 +835,38 @@ fn a_start_asking_a_slow_user_database_too_much_is_refused_alone() {
     ]);
     assert_eq!(code(&next), 0, "{}", stderr(&next));
 }
+
+#[test]
+fn no_worker_is_given_a_path_that_holds_the_controllers_own_files() {
+    if skip("controller's own files") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let home = canonical(c.dir.path());
+    let state = canonical(&c.state);
+    let apart = shared_tempdir();
+    let apart = canonical(apart.path());
+    for (flag, path) in [
+        ("--ro", home.clone()),
+        ("--ro", state.clone()),
+        ("--ro", state.join("workers")),
+        ("--rw", home.clone()),
+    ] {
+        let p = path.to_string_lossy().to_string();
+        let out = c.cli(&["spawn", "--no-controller", flag, &p, "--", "true"]);
+        assert_eq!(code(&out), 3, "{flag} {p}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("controller's own"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    assert!(
+        c.audit("deny_invalid_request").len() >= 4,
+        "each refusal is in the trail"
+    );
+    // A path beside them is given as usual.
+    let p = apart.to_string_lossy().to_string();
+    let out = c.cli(&["spawn", "--no-controller", "--ro", &p, "--", "true"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}

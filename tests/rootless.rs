@@ -360,6 +360,34 @@ fn rootless_with_subordinate_ids_maps_a_range() {
     );
 }
 
+/// A controller the test started, stopped (SIGTERM, then SIGKILL after 10 s) when the test
+/// ends, failed or not: it would otherwise outlive a failed test with its workers.
+struct StoppedOnDrop(std::process::Child);
+
+impl StoppedOnDrop {
+    fn stop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if !matches!(self.0.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for StoppedOnDrop {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 #[test]
 fn a_rootless_controller_uses_the_users_directories_and_runs_workers_degraded() {
     if skip("rootless controller") || !no_delegated_cgroup() {
@@ -385,7 +413,7 @@ fn a_rootless_controller_uses_the_users_directories_and_runs_workers_degraded() 
         .stdin(std::process::Stdio::null())
         .spawn()
     {
-        Ok(c) => c,
+        Ok(c) => StoppedOnDrop(c),
         Err(e) => panic!("start the controller: {e}"),
     };
     let socket = runtime.join("hatchery/controller.sock");
@@ -457,13 +485,34 @@ fn a_rootless_controller_uses_the_users_directories_and_runs_workers_degraded() 
         }
     };
     assert_eq!(started["details"]["prepared_ahead"], true, "{started}");
+    // A worker with a read-write path runs as this user: given a path that holds the
+    // state directory too, it could read the key and act as the controller. Refused.
+    let proj = b.join("proj");
+    let _ = std::fs::create_dir(&proj);
+    let _ = std::os::unix::fs::chown(&proj, Some(65534), Some(65534));
+    let key = state.join("hatchery/controller.key");
+    let out = run_with_timeout(
+        &mut as_user(&[
+            "spawn",
+            "--ro",
+            &b.to_string_lossy(),
+            "--rw",
+            &proj.to_string_lossy(),
+            "--",
+            "cat",
+            &key.to_string_lossy(),
+        ]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code(&out), 3, "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        stderr(&out).contains("controller's own"),
+        "{}",
+        stderr(&out)
+    );
     let out = run_with_timeout(&mut as_user(&["kill-switch"]), Duration::from_secs(60));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(ctl.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    let _ = ctl.wait();
+    ctl.stop();
     let out = run_with_timeout(&mut as_user(&["audit", "verify"]), Duration::from_secs(30));
     assert_eq!(code(&out), 0, "{}", stdout(&out));
     assert!(!socket.exists(), "the socket is removed on exit");

@@ -73,6 +73,7 @@ impl EngineHarness {
             cgroup_owner: "fuzz".into(),
             distinct_ids: 1,
             worker_output_cap: 1 << 20,
+            own_files: Default::default(),
         };
         let engine = Engine::new(
             cfg,

@@ -152,3 +152,101 @@ impl ControllerPaths {
         }
     }
 }
+
+/// The controller's own files and directories: its state directory (key, audit trail,
+/// worker logs), socket, key, contract and audit anchor file. A worker given a path that
+/// holds one of them, or lies inside one, could read the key and sign as the controller,
+/// connect to the socket as its owner, or rewrite the trail or the contract: where the
+/// worker runs as the controller's own user (rootless, with a read-write path), nothing
+/// else stands in the way. So no worker is given one, read-only or not.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OwnFiles(Vec<PathBuf>);
+
+impl OwnFiles {
+    /// Each of `paths` as given (when absolute) and as the filesystem resolves it now
+    /// (symlinks followed): exposed paths hold no symlink, so the resolved form is the
+    /// one an exposure names.
+    pub fn new<'a>(paths: impl IntoIterator<Item = &'a Path>) -> OwnFiles {
+        let mut out: Vec<PathBuf> = Vec::new();
+        for p in paths {
+            let resolved = std::fs::canonicalize(p).ok();
+            for form in std::iter::once(p.to_path_buf()).chain(resolved) {
+                if form.is_absolute() && !out.contains(&form) {
+                    out.push(form);
+                }
+            }
+        }
+        OwnFiles(out)
+    }
+
+    /// The first of `exposures` that holds one of the controller's files or lies inside
+    /// one, with that file. Components are compared, not characters (`/srv/hatchery2`
+    /// does not hold `/srv/hatchery`).
+    pub fn held_by<'a>(
+        &'a self,
+        exposures: impl IntoIterator<Item = &'a Path>,
+    ) -> Option<(&'a Path, &'a Path)> {
+        exposures.into_iter().find_map(|e| {
+            self.0
+                .iter()
+                .find(|own| own.starts_with(e) || e.starts_with(own))
+                .map(|own| (e, own.as_path()))
+        })
+    }
+}
+
+#[cfg(test)]
+mod own_files_tests {
+    use super::*;
+
+    #[test]
+    fn a_path_holding_or_inside_the_controllers_files_is_found_and_no_other() {
+        let own = OwnFiles::new([
+            Path::new("/home/u/.local/state/hatchery"),
+            Path::new("/run/user/1000/hatchery/controller.sock"),
+        ]);
+        for held in [
+            "/",
+            "/home",
+            "/home/u",
+            "/home/u/.local/state/hatchery",
+            "/home/u/.local/state/hatchery/controller.key",
+            "/run/user/1000",
+            "/run/user/1000/hatchery/controller.sock",
+        ] {
+            assert!(own.held_by([Path::new(held)]).is_some(), "{held}");
+        }
+        for apart in [
+            "/home/u/proj",
+            "/home/u/.local/state/hatchery2",
+            "/home/u/.local/state/hatcher",
+            "/run/user/1000/other",
+            "/tmp",
+        ] {
+            assert_eq!(own.held_by([Path::new(apart)]), None, "{apart}");
+        }
+        let (e, o) = own
+            .held_by([Path::new("/tmp"), Path::new("/home/u")])
+            .unwrap_or((Path::new(""), Path::new("")));
+        assert_eq!(
+            (e, o),
+            (
+                Path::new("/home/u"),
+                Path::new("/home/u/.local/state/hatchery")
+            )
+        );
+    }
+
+    #[test]
+    fn a_file_reached_through_a_symlink_is_known_by_its_real_path_too() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap_or_else(|e| panic!("{e}"));
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap_or_else(|e| panic!("{e}"));
+        let own = OwnFiles::new([link.join("state").as_path(), link.as_path()]);
+        let real = std::fs::canonicalize(&real).unwrap_or(real);
+        assert!(own.held_by([real.as_path()]).is_some(), "{own:?}");
+        assert!(own.held_by([link.as_path()]).is_some(), "{own:?}");
+    }
+}

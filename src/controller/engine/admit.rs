@@ -96,7 +96,10 @@ impl Engine {
             request.resources.max_output_bytes =
                 crate::manifest::OutputBytes::new(self.cfg.worker_output_cap).ok();
         }
-        if let Err(e) = request.validate() {
+        if let Err(e) = request
+            .validate()
+            .and_then(|()| self.keeps_own_files(&request.filesystem))
+        {
             return self.deny(actor, None, &DenyReason::InvalidRequest(e), json!({}));
         }
         let id = match new_worker_id() {
@@ -175,6 +178,11 @@ impl Engine {
                 ChildDecision::Failed(message) => return Admission::Failed(message),
             };
         let depth = manifest.depth.get();
+        // Narrowed from its parent's, which held none of the controller's files: checked
+        // again all the same, as the last word before anything is recorded as allowed.
+        if let Err(e) = self.keeps_own_files(&manifest.filesystem) {
+            return self.deny(actor, Some(parent), &DenyReason::InvalidRequest(e), extra);
+        }
         // A manifest whose welcome would not fit a frame is refused here, before anything
         // is recorded as allowed: a request that can never start is an invalid request
         // (charged to its worker's audit budget), not a start that failed.
@@ -247,6 +255,29 @@ impl Engine {
                 );
                 Admission::Failed(message)
             }
+        }
+    }
+
+    /// Refuses a filesystem scope that would give the worker one of the controller's own
+    /// files (see [`super::super::paths::OwnFiles`]).
+    fn keeps_own_files(
+        &self,
+        fs: &crate::manifest::FilesystemScope,
+    ) -> Result<(), crate::manifest::FieldError> {
+        let exposed = fs
+            .exposures()
+            .map(|(p, _)| p.as_path())
+            .chain(fs.allow_exec.iter().flatten().map(|p| p.as_path()));
+        match self.cfg.own_files.held_by(exposed) {
+            None => Ok(()),
+            Some((exposed, own)) => Err(crate::manifest::FieldError::new(
+                "filesystem",
+                format!(
+                    "{} would give the worker the controller's own {} (its key, socket or audit trail): a worker must never reach them; expose a directory that neither holds nor lies inside it",
+                    exposed.display(),
+                    own.display()
+                ),
+            )),
         }
     }
 

@@ -66,6 +66,8 @@ pub struct EngineConfig {
     pub distinct_ids: u32,
     /// A worker's output cap when its manifest sets none.
     pub worker_output_cap: u64,
+    /// The controller's own files, which no worker is given.
+    pub own_files: super::paths::OwnFiles,
 }
 
 /// At most one rate_limited / protocol_violation entry per worker per this many ms.

@@ -167,6 +167,7 @@ fn engine(contract: &str) -> Result<(Engine, Arc<World>)> {
         cgroup_owner: "test".into(),
         distinct_ids: 1,
         worker_output_cap: 1 << 20,
+        own_files: Default::default(),
     };
     let (done, _) = oneshot::channel();
     let e = Engine::new(
