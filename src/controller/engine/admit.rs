@@ -399,6 +399,7 @@ impl Engine {
             final_usage: None,
             exit: None,
             unsupervised: !supervised,
+            active_below: 0,
             awaiting_approval: false,
             handle: None,
             gone_unreported_since_ms: None,

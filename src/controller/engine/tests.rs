@@ -655,3 +655,77 @@ fn a_kill_switch_is_answered_only_once_the_exits_it_waited_for_are_durable() -> 
     );
     Ok(())
 }
+
+/// A worker without a controller socket (a person may give it children at once), with a
+/// command of `arg_bytes` bytes.
+fn spawn_unsupervised(
+    e: &mut Engine,
+    parent: Option<&WorkerId>,
+    arg_bytes: usize,
+) -> Result<WorkerId> {
+    let mut request = spawn_request()?;
+    request.resources.network_policy.allow_controller = false;
+    request.command = vec!["true".into(), "x".repeat(arg_bytes)];
+    Ok(spawned(api(
+        e,
+        ApiRequest::Spawn {
+            parent: parent.cloned(),
+            request: Box::new(request),
+        },
+    )))
+}
+
+const WIDE: &str =
+    "max_depth = 3\nmax_replicas = 50\ncooldown_seconds = 0\nexpiration_seconds = 3600\n";
+
+#[test]
+fn a_live_grandchild_stays_in_its_ancestors_subtree_however_many_workers_exit_meanwhile() -> Result
+{
+    let (mut e, _world) = engine(WIDE)?;
+    let top = spawn_unsupervised(&mut e, None, 1)?;
+    let mid = spawn_unsupervised(&mut e, Some(&top), 1)?;
+    let leaf = spawn_unsupervised(&mut e, Some(&mid), 1)?;
+    exited(&mut e, &mid);
+    // More exits than the history keeps: the exited middle is the only link from the top
+    // to the live leaf, and must not be forgotten while the leaf runs.
+    for _ in 0..1010 {
+        let other = spawn_unsupervised(&mut e, None, 1)?;
+        exited(&mut e, &other);
+    }
+    assert!(e.registry.get(&mid).is_some(), "the link was forgotten");
+    assert_eq!(e.registry.subtree(&top), vec![top.clone(), leaf.clone()]);
+    // Once nothing below it runs, it is forgotten like any other exited worker.
+    exited(&mut e, &leaf);
+    exited(&mut e, &top);
+    for _ in 0..1010 {
+        let other = spawn_unsupervised(&mut e, None, 1)?;
+        exited(&mut e, &other);
+    }
+    for gone in [&top, &mid, &leaf] {
+        assert!(e.registry.get(gone).is_none(), "{gone} is kept for ever");
+    }
+    Ok(())
+}
+
+#[test]
+fn exited_workers_large_manifests_are_kept_within_a_size_not_only_a_count() -> Result {
+    let (mut e, _world) = engine(WIDE)?;
+    let top = spawn_unsupervised(&mut e, None, 1)?;
+    let mid = spawn_unsupervised(&mut e, Some(&top), 60_000)?;
+    let leaf = spawn_unsupervised(&mut e, Some(&mid), 1)?;
+    exited(&mut e, &mid);
+    // 200 exited workers of 60 KB each: 12 MB, were they all kept; 8 MiB are.
+    let mut ids = Vec::new();
+    for _ in 0..200 {
+        let other = spawn_unsupervised(&mut e, None, 60_000)?;
+        exited(&mut e, &other);
+        ids.push(other);
+    }
+    let kept = ids.iter().filter(|id| e.registry.get(id).is_some()).count();
+    assert!(kept <= 140, "{kept} of 200 large exited workers kept");
+    assert!(kept > 0, "the newest are kept");
+    assert!(e.registry.get(ids.last().unwrap_or(&top)).is_some());
+    // The link to a live worker is kept whatever its size.
+    assert_eq!(e.registry.subtree(&top), vec![top.clone(), leaf.clone()]);
+    Ok(())
+}
