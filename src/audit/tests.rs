@@ -177,6 +177,34 @@ fn an_edited_entry_is_found() -> Result<(), AuditError> {
 }
 
 #[test]
+fn an_entry_whose_bytes_say_more_than_its_hash_covers_is_found() -> Result<(), AuditError> {
+    // A key given twice: a first-key-wins reader (a log shipper, a person's eyes) sees the
+    // forged value, the parser and the hash the last. No key is needed to write it.
+    for forge in [
+        |l: &str| l.replacen("\"details\":{", "\"details\":{\"active\":99,", 1),
+        |l: &str| l.replacen("\"seq\":", " \"seq\":", 1),
+        |l: &str| l.replacen("\"controller\"", "\"\\u0063ontroller\"", 1),
+    ] {
+        let dir = trail(5)?;
+        let mut l = lines(dir.path());
+        let edited = forge(&l[3]);
+        assert_ne!(edited, l[3]);
+        // Still a valid entry, with the same content: only the bytes differ.
+        let parsed: AuditEntry =
+            serde_json::from_str(&edited).map_err(|e| AuditError::Damaged {
+                path: PathBuf::new(),
+                line: 4,
+                reason: e.to_string(),
+            })?;
+        assert_eq!(parsed.compute_hash(), parsed.hash, "{edited}");
+        l[3] = edited;
+        write_lines(dir.path(), &l);
+        assert_eq!(damaged_at(dir.path()), Some(4), "{}", l[3]);
+    }
+    Ok(())
+}
+
+#[test]
 fn a_deleted_entry_is_found() -> Result<(), AuditError> {
     let dir = trail(5)?;
     let mut l = lines(dir.path());

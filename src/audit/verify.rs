@@ -144,6 +144,15 @@ pub(super) fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, Audi
                 "its MAC is not valid under this controller's key (the chain was rewritten)".into(),
             ));
         }
+        // The hash covers the entry as parsed; the line must be that entry exactly as the
+        // controller writes it, or one reader could be shown what another is not (a key
+        // given twice, of which a parser keeps the last and a person reads the first).
+        if serde_json::to_vec(&entry).ok().as_deref() != buf.strip_suffix(b"\n") {
+            return Err(damaged(
+                n,
+                "its bytes are not as the controller writes the entry it holds (a key given twice, added spaces or another spelling): what one reader shows may not be what the hash covers".into(),
+            ));
+        }
         if expected_seq == 1 {
             first_hash = Some(entry.hash.clone());
             new_trail = entry.event == event::AUDIT_TRAIL_STARTED
