@@ -714,3 +714,32 @@ fn a_flood_of_silent_connections_and_queries_neither_holds_the_run_nor_loses_the
         ps(&client_pids(&bed))
     );
 }
+
+#[test]
+fn queries_pipelined_to_the_stub_are_answered_at_its_rate_not_as_fast_as_they_come() {
+    if skip("pipelined DNS queries") {
+        return;
+    }
+    let bed = Bed::new();
+    let flags = bed_flags(&[&format!("{API}:443")]);
+    // Thousands of queries a write: the sandbox's own CPU barely moves, and the broker,
+    // outside the sandbox's cgroup, answered each (a whole core, under --cpus 0.2 too).
+    let run = run_attack(&bed, &flags, &[&["dns-pipeline", "3"]]);
+    assert_eq!(code(&run.out), 0, "{}", stderr(&run.out));
+    let line = run.line(0);
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let (answered, took) = match words.as_slice() {
+        ["answered", n, "in", t, "s"] => (
+            n.parse::<f64>().unwrap_or(f64::MAX),
+            t.parse::<f64>().unwrap_or(0.0),
+        ),
+        _ => panic!("{line}"),
+    };
+    assert!(answered > 0.0, "the stub answered nothing: {line}");
+    // A burst of 5,000, then 5,000 a second (the broker's rate), with room to spare.
+    let most = 5000.0 + 5000.0 * took * 1.5 + 1000.0;
+    assert!(
+        answered <= most,
+        "{answered} answers in {took} s: more than the stub's rate allows ({most})"
+    );
+}

@@ -226,25 +226,49 @@ async fn dns_udp(state: Arc<State>, sock: UdpSocket) {
         let Some(query) = buf.get(..n) else {
             continue;
         };
+        // Over the rate a query is dropped, as a busy server drops one: the client asks
+        // again, later.
+        if state.take_dns_query().is_err() {
+            continue;
+        }
         if let Some(reply) = answer(&state, query) {
             let _ = sock.send_to(&reply, from).await;
         }
     }
 }
 
+/// The send buffer of a DNS connection: a few hundred answers. One whose client does not
+/// read them holds no more of the host's socket memory than this (and is closed at
+/// [`HEAD_TIMEOUT`]).
+const DNS_TCP_SNDBUF: usize = 16 << 10;
+
 async fn dns_tcp(state: &State, mut conn: TcpStream) {
     use tokio::io::AsyncWriteExt;
+    let _ = nix::sys::socket::setsockopt(&conn, nix::sys::socket::sockopt::SndBuf, &DNS_TCP_SNDBUF);
     let mut buf = Vec::new();
     let mut chunk = [0u8; 1024];
     loop {
-        while let Some((query, used)) = dns::tcp_message(&buf) {
+        // Every whole query read so far, then what they took is dropped at once (one
+        // write may hold thousands: dropping each from the front in turn cost its square).
+        let mut at = 0usize;
+        while let Some((query, used)) = buf.get(at..).and_then(dns::tcp_message) {
+            // Over the rate the connection waits, unread: the client's writes wait too.
+            while let Err(wait) = state.take_dns_query() {
+                tokio::time::sleep(wait).await;
+            }
             let reply = answer(state, query).and_then(|r| dns::tcp_frame(&r));
-            buf.drain(..used.min(buf.len()));
+            at = at.saturating_add(used);
             match reply {
-                Some(r) if conn.write_all(&r).await.is_ok() => {}
-                _ => return,
+                Some(r) => {
+                    let wrote = tokio::time::timeout(HEAD_TIMEOUT, conn.write_all(&r)).await;
+                    if !matches!(wrote, Ok(Ok(()))) {
+                        return;
+                    }
+                }
+                None => return,
             }
         }
+        buf.drain(..at.min(buf.len()));
         let read = tokio::time::timeout(HEAD_TIMEOUT, conn.read(&mut chunk)).await;
         match read {
             Ok(Ok(n)) if n > 0 && buf.len() < 4 * 65536 => {

@@ -14,12 +14,20 @@ const NETWORK: u32 = 0x7f01_0000;
 const FIRST: u16 = 1;
 const LAST: u16 = 0xfffe;
 
+/// The most the names of one pool may take together. A sandbox picks the names it asks
+/// for (up to 253 bytes each, under a wildcard or `allow_external`), and each is kept for
+/// the broker's life: 65,534 long names took 40 MB of the broker's memory, which no
+/// cgroup of the sandbox's counts. Past this, new names are refused as a full pool's are.
+const MAX_NAME_BYTES: usize = 2 << 20;
+
 /// Name to address and back, one sandbox's worth. Names keep their address for the
 /// pool's life, so a client's cached answer stays valid.
 #[derive(Debug, Default, Clone)]
 pub struct FakePool {
     by_name: HashMap<String, Ipv4Addr>,
     by_addr: HashMap<Ipv4Addr, String>,
+    /// What the names take together.
+    name_bytes: usize,
 }
 
 impl FakePool {
@@ -31,7 +39,8 @@ impl FakePool {
     }
 
     /// The address of `name` (lowercased, one trailing dot dropped): the one it already
-    /// has, or the next free one; `None` when the pool is full.
+    /// has, or the next free one; `None` when the pool is full (of addresses, or of
+    /// [`MAX_NAME_BYTES`]).
     pub fn assign(&mut self, name: &str) -> Option<Ipv4Addr> {
         let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
         if let Some(addr) = self.by_name.get(&name) {
@@ -40,9 +49,11 @@ impl FakePool {
         // Addresses are handed out in order and never taken back, so the next one is
         // FIRST + len; the count is bounded by CAPACITY.
         let offset = u16::try_from(self.by_name.len()).ok()?.checked_add(FIRST)?;
-        if offset > LAST {
+        let name_bytes = self.name_bytes.checked_add(name.len())?;
+        if offset > LAST || name_bytes > MAX_NAME_BYTES {
             return None;
         }
+        self.name_bytes = name_bytes;
         let addr = Ipv4Addr::from(NETWORK | u32::from(offset));
         self.by_name.insert(name.clone(), addr);
         self.by_addr.insert(addr, name);
@@ -112,6 +123,21 @@ mod tests {
             pool.assign("h0.example.com"),
             Some(Ipv4Addr::new(127, 1, 0, 1))
         );
+    }
+
+    #[test]
+    fn long_names_fill_the_pool_by_their_size_not_only_their_count() {
+        let mut pool = FakePool::new();
+        let long = |i: usize| format!("{i:0>240}.example.com");
+        let mut given = 0usize;
+        while pool.assign(&long(given)).is_some() {
+            given += 1;
+        }
+        assert!(given < 10_000, "{given} names of 252 bytes kept");
+        assert!(given * 252 <= MAX_NAME_BYTES, "{given}");
+        // What it gave is kept; a short name may still fit, a name it knows always does.
+        assert!(pool.assign(&long(0)).is_some());
+        assert!(pool.name_bytes <= MAX_NAME_BYTES);
     }
 
     #[test]

@@ -10,6 +10,9 @@ printing one line:
                         and reads until the end ("status N BODY", or "closed")
   dns-flood N           sends N queries, each for a name no entry allows, to the stub
                         over UDP ("flooded N answered M")
+  dns-pipeline SECONDS  for SECONDS, writes queries to the stub over one TCP connection,
+                        thousands a write, while a thread reads the answers ("answered N
+                        in T s")
   pipeline VIA HOST PORT FIRST SECOND
                         two GET requests sent back to back on one connection (VIA as in
                         egress_payload.py, or "proxy" for absolute URIs to the proxy),
@@ -68,6 +71,55 @@ def step_dns_flood(n):
             except OSError:
                 pass
     return f"flooded {n} answered {answered}"
+
+
+def step_dns_pipeline(seconds):
+    import threading
+
+    seconds = float(seconds)
+    one = payload.dns_query(7, "A", "junk.flood.test")
+    batch = (struct.pack(">H", len(one)) + one) * 2000
+    answered = [0]
+    sock = socket.create_connection(("127.0.0.1", 53), timeout=2)
+
+    def read():
+        pending = b""
+        while True:
+            try:
+                data = sock.recv(1 << 20)
+            except OSError:
+                return
+            if not data:
+                return
+            pending += data
+            at = 0
+            while len(pending) - at >= 2:
+                n = struct.unpack_from(">H", pending, at)[0]
+                if len(pending) - at < 2 + n:
+                    break
+                at += 2 + n
+                answered[0] += 1
+            pending = pending[at:]
+
+    def write():
+        try:
+            while True:
+                sock.sendall(batch)
+        except OSError:
+            return
+
+    sock.settimeout(None)
+    start = time.monotonic()
+    for target in (read, write):
+        threading.Thread(target=target, daemon=True).start()
+    time.sleep(seconds)
+    took = time.monotonic() - start
+    count = answered[0]
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    return f"answered {count} in {took:.1f} s"
 
 
 def step_pipeline(via, host, port, first, second):
@@ -138,6 +190,7 @@ STEPS.update(
         "sleep": step_sleep,
         "raw": step_raw,
         "dns-flood": step_dns_flood,
+        "dns-pipeline": step_dns_pipeline,
         "connect-many": step_connect_many,
         "pipeline": step_pipeline,
         "hold": step_hold,
