@@ -36,6 +36,10 @@ pub const MAX_CONTRACT_BYTES: usize = 64 << 10;
 pub const MAX_STOP_CONDITIONS: usize = 32;
 /// Most profiles named in `[profile_narrowing]`, keys and values together.
 pub const MAX_PROFILE_RULES: usize = 256;
+/// Most spawns a spawn rate may allow in its window: what a controller remembers of
+/// its spawn times. A larger `max_spawns` could never be reached, a limit parsed but not
+/// enforced, so it is refused.
+pub const MAX_SPAWNS_IN_WINDOW: u64 = 100_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ContractError {
@@ -77,7 +81,7 @@ bounded_int!(
 );
 bounded_int!(
     /// `max_spawns` of a spawn rate.
-    MaxSpawns(u64), "max_spawns", 1, 1_000_000_000
+    MaxSpawns(u64), "max_spawns", 1, MAX_SPAWNS_IN_WINDOW
 );
 bounded_int!(
     /// `max_workers` of a lifetime total.

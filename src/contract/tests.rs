@@ -1184,3 +1184,21 @@ fn in_network(addr: std::net::IpAddr, net: std::net::IpAddr, len: u8) -> bool {
     let (a, n) = (bits(addr), bits(net));
     a.len() == n.len() && a.get(..usize::from(len)) == n.get(..usize::from(len))
 }
+
+#[test]
+fn a_spawn_rate_no_controller_could_reach_is_refused_not_parsed() {
+    let toml = |n: u64| {
+        format!(
+            "[[stop_condition]]\nkind = \"spawn_rate\"\nmax_spawns = {n}\nwindow_seconds = 60\n"
+        )
+    };
+    assert!(ReplicationContract::from_toml(&toml(file::MAX_SPAWNS_IN_WINDOW), "t").is_ok());
+    let refused = ReplicationContract::from_toml(&toml(file::MAX_SPAWNS_IN_WINDOW + 1), "t");
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("max_spawns")),
+        "{:?}",
+        refused.map(|_| ())
+    );
+}

@@ -13,9 +13,9 @@ use std::collections::{BTreeMap, VecDeque};
 use crate::contract::{Decision, RegistryView};
 use crate::manifest::{Manifest, WorkerId};
 
-/// Spawn times remembered for rate stop conditions (a window longer than this many spawns
-/// is counted as full).
-const KEEP_SPAWN_TIMES: usize = 100_000;
+/// Spawn times remembered for rate stop conditions: as many as a rate may allow (a window
+/// holding more is counted as full).
+const KEEP_SPAWN_TIMES: usize = crate::contract::file::MAX_SPAWNS_IN_WINDOW as usize;
 
 /// What the store keeps of an admitted worker: what the contract's budgets count.
 #[derive(Debug, Clone, PartialEq)]
