@@ -276,6 +276,19 @@ impl Default for ReplicationContract {
     }
 }
 
+/// How many whole seconds must separate two spawns' times for `cooldown` seconds to have
+/// passed between them. Times are whole seconds (the clock's, cut): a spawn at x.987 s and
+/// one at x+1.000 s are one "second" apart, 13 ms in truth. One second more than the
+/// cooldown is at least the cooldown, whatever the fractions were (at most a second
+/// longer).
+fn cooldown_in_whole_seconds(cooldown: u64) -> u64 {
+    if cooldown == 0 {
+        0
+    } else {
+        cooldown.saturating_add(1)
+    }
+}
+
 impl ReplicationContract {
     fn check_kill_switch(registry: &dyn RegistryView) -> Result<(), DenyReason> {
         if registry.kill_switch_engaged() {
@@ -327,10 +340,11 @@ impl ReplicationContract {
         if let Some(last) = registry.last_spawn_by(&parent.worker_id) {
             // A last spawn "in the future" (a clock stepped back) counts as now.
             let elapsed = now.saturating_sub(last);
-            if elapsed < self.cooldown_seconds {
+            let needed = cooldown_in_whole_seconds(self.cooldown_seconds);
+            if elapsed < needed {
                 return Err(DenyReason::Cooldown {
                     parent: parent.worker_id.clone(),
-                    remaining_seconds: self.cooldown_seconds - elapsed,
+                    remaining_seconds: needed.saturating_sub(elapsed),
                 });
             }
         }

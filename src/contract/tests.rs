@@ -164,15 +164,50 @@ fn a_second_child_within_the_cooldown_is_denied_before_depth() {
     };
     let mut reg = snapshot();
     reg.last_spawn.insert(parent().worker_id, T0 - 4);
+    // Times are whole seconds: 10 of them apart may be 9.001 s in truth, so 11 are needed.
     match denied(c.can_spawn(&parent(), &request(), &reg, T0)) {
         DenyReason::Cooldown {
             remaining_seconds, ..
-        } => assert_eq!(remaining_seconds, 6),
+        } => assert_eq!(remaining_seconds, 7),
         other => panic!("{other:?}"),
     }
-    // Once the cooldown is over, the next check (depth) decides.
     assert_eq!(
         deny_event(&c.can_spawn(&parent(), &request(), &reg, T0 + 6)),
+        "deny_cooldown"
+    );
+    // Once the cooldown is surely over, the next check (depth) decides.
+    assert_eq!(
+        deny_event(&c.can_spawn(&parent(), &request(), &reg, T0 + 7)),
+        "deny_depth"
+    );
+}
+
+#[test]
+fn a_one_second_cooldown_holds_two_children_a_second_apart_not_13_ms() {
+    // The last child at x.987 s (its second: x), the next asked at x+1.000 s.
+    let c = ReplicationContract {
+        cooldown_seconds: 1,
+        max_depth: 0,
+        ..ReplicationContract::default()
+    };
+    let mut reg = snapshot();
+    reg.last_spawn.insert(parent().worker_id, T0);
+    assert_eq!(
+        deny_event(&c.can_spawn(&parent(), &request(), &reg, T0 + 1)),
+        "deny_cooldown"
+    );
+    assert_eq!(
+        deny_event(&c.can_spawn(&parent(), &request(), &reg, T0 + 2)),
+        "deny_depth"
+    );
+    // No cooldown: none.
+    let c = ReplicationContract {
+        cooldown_seconds: 0,
+        max_depth: 0,
+        ..ReplicationContract::default()
+    };
+    assert_eq!(
+        deny_event(&c.can_spawn(&parent(), &request(), &reg, T0)),
         "deny_depth"
     );
 }

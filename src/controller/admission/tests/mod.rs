@@ -219,10 +219,10 @@ fn a_parent_waits_out_its_cooldown_even_after_a_failed_start() -> TestResult {
         w.spawn_from_root("w-b", T0 + 5).err(),
         Some(DenyReason::Cooldown {
             parent: worker("w-root"),
-            remaining_seconds: 6
+            remaining_seconds: 7
         })
     );
-    assert!(w.spawn_from_root("w-b", T0 + 11).is_ok());
+    assert!(w.spawn_from_root("w-b", T0 + 12).is_ok());
     // A start that failed after it was decided counts too.
     w.store.note_failed_start(&worker("w-root"), T0 + 30);
     assert!(matches!(
