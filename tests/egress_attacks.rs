@@ -743,3 +743,28 @@ fn queries_pipelined_to_the_stub_are_answered_at_its_rate_not_as_fast_as_they_co
         "{answered} answers in {took} s: more than the stub's rate allows ({most})"
     );
 }
+
+#[test]
+fn each_connection_opened_is_charged_to_the_budget_bytes_or_not() {
+    if skip("connections charged") {
+        return;
+    }
+    let bed = Bed::new();
+    let mut flags = bed_flags(&["api.test:9001"]);
+    flags.extend(strings(&["--max-egress", "640"]));
+    // Forty connections that move (next to) nothing: each still tells the server (a
+    // cooperating one) that it was opened, when, and where from. Before, a budget with a
+    // byte left let every one through.
+    let run = run_attack(&bed, &flags, &[&["connect-many", "40", API, "9001"]]);
+    assert_eq!(code(&run.out), 0, "{}", stderr(&run.out));
+    let reached = bed_saw(&bed, &["accept 9001"]);
+    assert!(
+        reached >= 1,
+        "nothing reached the bed: the test proves nothing"
+    );
+    assert!(
+        reached <= 640 / 64,
+        "{reached} connections reached the bed on a 640-byte budget: {}",
+        bed.servers().log()
+    );
+}

@@ -41,6 +41,10 @@ const ENTRY_RATE: f64 = 25.0;
 const DNS_BURST: f64 = 5000.0;
 const DNS_RATE: f64 = 5000.0;
 
+/// What opening one upstream connection takes from a `--max-egress` budget: about what its
+/// handshake's packets carry.
+pub(super) const CONNECTION_COST: usize = 64;
+
 /// A token bucket: a burst, then a rate a second.
 struct Bucket {
     tokens: f64,
@@ -281,10 +285,16 @@ impl State {
         let (own, kept): (Vec<_>, Vec<_>) = addrs
             .into_iter()
             .partition(|a| is_own_address(a.ip()) && !cfg.allow.names_special_addr(a.ip(), port));
-        match (kept.is_empty(), own.first()) {
-            (true, Some(first)) => Err(Denial::SpecialAddress("this host", first.ip())),
-            _ => Ok(kept),
+        if let (true, Some(first)) = (kept.is_empty(), own.first()) {
+            return Err(Denial::SpecialAddress("this host", first.ip()));
         }
+        // Opening a connection carries something out (that it was opened, when, and to
+        // which port) whether or not a byte follows: it is charged, or a budget with one
+        // byte left would let any number through.
+        if self.take_budget(CONNECTION_COST) < CONNECTION_COST {
+            return Err(Denial::BudgetExhausted);
+        }
+        Ok(kept)
     }
 
     /// Where a client's connection goes: the CONNECT or URI host as named, or the name
