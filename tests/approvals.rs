@@ -406,3 +406,39 @@ fn audit_tail_prints_a_workers_reason_escaped_and_folded() {
     let long: Vec<&str> = text.lines().filter(|l| l.chars().count() > 50).collect();
     assert!(long.is_empty(), "lines a terminal would wrap: {long:?}");
 }
+
+#[test]
+fn a_killed_workers_requests_leave_the_queue_with_it() {
+    if skip_unless_root("approvals of an ended worker") {
+        return;
+    }
+    let c = TestController::start(&contract("require = [{ kind = \"always\" }]"), &[]);
+    let script = "hatchery agent register >/dev/null\nhatchery agent replicate --reason 'one' -- true\nsleep 30";
+    let parent = match c.spawn(&[], script) {
+        Ok(id) => id,
+        Err(o) => panic!("{}", stderr(&o)),
+    };
+    wait_pending(&c, 1);
+    let out = c.cli(&["kill", &parent]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // Its request could never start a child, and held a place of the queue every worker
+    // shares until it timed out.
+    let start = std::time::Instant::now();
+    let left = loop {
+        let out = c.cli(&["approvals", "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let n = v.as_array().map_or(usize::MAX, Vec::len);
+        if n == 0 || start.elapsed() > Duration::from_secs(20) {
+            break n;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(left, 0, "the ended worker's request is still pending");
+    assert!(
+        c.audit("approval_denied")
+            .iter()
+            .any(|e| e["details"]["reason"] == "the worker that asked has ended"),
+        "{}",
+        c.log()
+    );
+}

@@ -259,6 +259,29 @@ impl Engine {
         }
     }
 
+    /// Denies what an ended worker was waiting for: its children could never start, and
+    /// its requests held places of the approval queue, which every worker shares, until
+    /// they timed out.
+    pub(super) fn drop_approvals_of(&mut self, parent: &WorkerId) {
+        let theirs: Vec<String> = self
+            .pending_approvals
+            .values()
+            .filter(|p| &p.requested_by == parent)
+            .map(|p| p.approval_id.clone())
+            .collect();
+        for id in theirs {
+            if let Some(p) = self.pending_approvals.remove(&id) {
+                self.record(
+                    event::APPROVAL_DENIED,
+                    "controller",
+                    Some(&p.manifest.worker_id),
+                    json!({ "approval_id": id, "reason": "the worker that asked has ended" }),
+                    false,
+                );
+            }
+        }
+    }
+
     pub(super) fn expire_approvals(&mut self, now_ms: u64) {
         let due: Vec<String> = self
             .pending_approvals
