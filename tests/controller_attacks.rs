@@ -869,4 +869,21 @@ fn no_worker_is_given_a_path_that_holds_the_controllers_own_files() {
     let p = apart.to_string_lossy().to_string();
     let out = c.cli(&["spawn", "--no-controller", "--ro", &p, "--", "true"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // The controller's own program may be read (every worker runs it as its agent), never
+    // written: a worker that replaced it would run as the operator at the next command.
+    let program = canonical(&hatchery());
+    let bin = program
+        .parent()
+        .unwrap_or(&program)
+        .to_string_lossy()
+        .to_string();
+    let out = c.cli(&["spawn", "--no-controller", "--rw", &bin, "--", "true"]);
+    assert_eq!(code(&out), 3, "--rw {bin}: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains("controller's own"),
+        "{}",
+        stderr(&out)
+    );
+    let out = c.cli(&["spawn", "--no-controller", "--ro", &bin, "--", "true"]);
+    assert_eq!(code(&out), 0, "--ro {bin}: {}", stderr(&out));
 }

@@ -157,10 +157,12 @@ fn a_signal_while_the_user_database_is_silent_ends_the_run_at_once() {
     let exposed = common::user_db::foreign_group_dir(&d);
     // `unshare` and its shell exec each other and then hatchery: one process throughout.
     let unshare = common::user_db::with_binds(&[(&fifo, "/etc/group")]);
+    let report = d.join("report.json");
     let mut run = Command::new(&unshare[0])
         .args(&unshare[1..])
         .arg(hatchery())
-        .args(["run", "--rw", &exposed.to_string_lossy(), "--", "true"])
+        .args(["run", "--report", &report.to_string_lossy()])
+        .args(["--rw", &exposed.to_string_lossy(), "--", "true"])
         .env_remove("COLUMNS")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -193,6 +195,12 @@ fn a_signal_while_the_user_database_is_silent_ends_the_run_at_once() {
     );
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     assert!(err.contains("SIGINT"), "{err}");
+    // The report says so too, as for a start the signal stopped later.
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap_or_default())
+            .unwrap_or(serde_json::Value::Null);
+    assert_eq!(r["exit_code"], 128 + libc::SIGINT, "{r}");
+    assert_eq!(r["signal"], libc::SIGINT, "{r}");
     wait_process(
         &format!("run --rw {}", exposed.display()),
         false,

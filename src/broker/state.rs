@@ -37,7 +37,8 @@ const ENTRY_RATE: f64 = 25.0;
 /// DNS queries the stub answers at once, and then each second. The broker runs outside
 /// the sandbox's cgroup, so what it does for the sandbox is bounded here: a sandbox that
 /// pipelines queries over TCP (thousands in one write) made it spend a whole core under
-/// `--cpus 0.2`. This is about 1 % of a core, and far more lookups than a program makes.
+/// `--cpus 0.2`. Far more lookups than a program makes; past it the stub reads nothing for
+/// a while (see `serve::RATE_PAUSE`).
 const DNS_BURST: f64 = 5000.0;
 const DNS_RATE: f64 = 5000.0;
 

@@ -187,10 +187,14 @@ pub fn main(args: RunArgs) -> i32 {
         Err(e) => {
             super::logging::error_line(&e.to_string());
             let code = super::sandbox_exit_code(&e);
-            (
-                code,
-                Report::refused(e.to_string(), code, command, requested, &profile_name),
-            )
+            let mut report =
+                Report::refused(e.to_string(), code, command, requested, &profile_name);
+            // Ended by a signal before anything started: the report says which, as for a
+            // start the signal stopped later.
+            if let SandboxError::Stopped { signal, .. } = &e {
+                report.signal = Some(*signal as i32);
+            }
+            (code, report)
         }
     };
     if let Some(target) = report {

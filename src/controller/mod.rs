@@ -369,6 +369,21 @@ fn engine_config(
             .mapped_ids()
             .min(65536)
     };
+    let own_files = paths::OwnFiles::new(
+        [
+            opts.paths.state_dir.as_path(),
+            opts.paths.socket.as_path(),
+            opts.paths.key.as_path(),
+        ]
+        .into_iter()
+        .chain(opts.contract.as_deref())
+        .chain(opts.audit_anchor.as_ref().and_then(|a| match a {
+            audit::AnchorTarget::File(p) => Some(p.as_path()),
+            audit::AnchorTarget::Syslog(_) => None,
+        })),
+        // The program as run, whether or not workers are given it as their agent.
+        std::env::current_exe().ok().as_deref(),
+    );
     engine::EngineConfig {
         state_dir: opts.paths.state_dir.clone(),
         workers: Some(engine_workers),
@@ -381,19 +396,7 @@ fn engine_config(
         cgroup_owner,
         distinct_ids,
         worker_output_cap: opts.worker_output_cap,
-        own_files: paths::OwnFiles::new(
-            [
-                opts.paths.state_dir.as_path(),
-                opts.paths.socket.as_path(),
-                opts.paths.key.as_path(),
-            ]
-            .into_iter()
-            .chain(opts.contract.as_deref())
-            .chain(opts.audit_anchor.as_ref().and_then(|a| match a {
-                audit::AnchorTarget::File(p) => Some(p.as_path()),
-                audit::AnchorTarget::Syslog(_) => None,
-            })),
-        ),
+        own_files,
     }
 }
 

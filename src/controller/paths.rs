@@ -158,37 +158,58 @@ impl ControllerPaths {
 /// holds one of them, or lies inside one, could read the key and sign as the controller,
 /// connect to the socket as its owner, or rewrite the trail or the contract: where the
 /// worker runs as the controller's own user (rootless, with a read-write path), nothing
-/// else stands in the way. So no worker is given one, read-only or not.
+/// else stands in the way. So no worker is given one, read-only or not. The controller's
+/// own program is one too, for writing only (every worker runs it, read-only, as its
+/// agent): a worker that replaced it would run as the operator at the next command.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OwnFiles(Vec<PathBuf>);
+pub struct OwnFiles {
+    /// Given to no worker.
+    secret: Vec<PathBuf>,
+    /// Given to no worker that may write there.
+    programs: Vec<PathBuf>,
+}
 
-impl OwnFiles {
-    /// Each of `paths` as given (when absolute) and as the filesystem resolves it now
-    /// (symlinks followed): exposed paths hold no symlink, so the resolved form is the
-    /// one an exposure names.
-    pub fn new<'a>(paths: impl IntoIterator<Item = &'a Path>) -> OwnFiles {
-        let mut out: Vec<PathBuf> = Vec::new();
-        for p in paths {
-            let resolved = std::fs::canonicalize(p).ok();
-            for form in std::iter::once(p.to_path_buf()).chain(resolved) {
-                if form.is_absolute() && !out.contains(&form) {
-                    out.push(form);
-                }
+/// Each of `paths` as given (when absolute) and as the filesystem resolves it now
+/// (symlinks followed): exposed paths hold no symlink, so the resolved form is the one an
+/// exposure names.
+fn both_forms<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in paths {
+        let resolved = std::fs::canonicalize(p).ok();
+        for form in std::iter::once(p.to_path_buf()).chain(resolved) {
+            if form.is_absolute() && !out.contains(&form) {
+                out.push(form);
             }
         }
-        OwnFiles(out)
+    }
+    out
+}
+
+impl OwnFiles {
+    /// `secret`: the state directory, socket, key, contract and anchor; `programs`: the
+    /// controller's own executable.
+    pub fn new<'a>(
+        secret: impl IntoIterator<Item = &'a Path>,
+        programs: impl IntoIterator<Item = &'a Path>,
+    ) -> OwnFiles {
+        OwnFiles {
+            secret: both_forms(secret),
+            programs: both_forms(programs),
+        }
     }
 
-    /// The first of `exposures` that holds one of the controller's files or lies inside
-    /// one, with that file. Components are compared, not characters (`/srv/hatchery2`
-    /// does not hold `/srv/hatchery`).
+    /// The first of `exposures` (each with whether it is writable) that holds one of the
+    /// controller's files or lies inside one, with that file. Components are compared, not
+    /// characters (`/srv/hatchery2` does not hold `/srv/hatchery`).
     pub fn held_by<'a>(
         &'a self,
-        exposures: impl IntoIterator<Item = &'a Path>,
+        exposures: impl IntoIterator<Item = (&'a Path, bool)>,
     ) -> Option<(&'a Path, &'a Path)> {
-        exposures.into_iter().find_map(|e| {
-            self.0
+        exposures.into_iter().find_map(|(e, writable)| {
+            let programs = self.programs.iter().filter(|_| writable);
+            self.secret
                 .iter()
+                .chain(programs)
                 .find(|own| own.starts_with(e) || e.starts_with(own))
                 .map(|own| (e, own.as_path()))
         })
@@ -201,10 +222,13 @@ mod own_files_tests {
 
     #[test]
     fn a_path_holding_or_inside_the_controllers_files_is_found_and_no_other() {
-        let own = OwnFiles::new([
-            Path::new("/home/u/.local/state/hatchery"),
-            Path::new("/run/user/1000/hatchery/controller.sock"),
-        ]);
+        let own = OwnFiles::new(
+            [
+                Path::new("/home/u/.local/state/hatchery"),
+                Path::new("/run/user/1000/hatchery/controller.sock"),
+            ],
+            [Path::new("/home/u/.cargo/bin/hatchery")],
+        );
         for held in [
             "/",
             "/home",
@@ -214,7 +238,7 @@ mod own_files_tests {
             "/run/user/1000",
             "/run/user/1000/hatchery/controller.sock",
         ] {
-            assert!(own.held_by([Path::new(held)]).is_some(), "{held}");
+            assert!(own.held_by([(Path::new(held), false)]).is_some(), "{held}");
         }
         for apart in [
             "/home/u/proj",
@@ -223,10 +247,19 @@ mod own_files_tests {
             "/run/user/1000/other",
             "/tmp",
         ] {
-            assert_eq!(own.held_by([Path::new(apart)]), None, "{apart}");
+            assert_eq!(own.held_by([(Path::new(apart), true)]), None, "{apart}");
+        }
+        // The program may be read (every worker runs it), never written.
+        for dir in [
+            "/home/u/.cargo",
+            "/home/u/.cargo/bin",
+            "/home/u/.cargo/bin/hatchery",
+        ] {
+            assert_eq!(own.held_by([(Path::new(dir), false)]), None, "{dir}");
+            assert!(own.held_by([(Path::new(dir), true)]).is_some(), "{dir}");
         }
         let (e, o) = own
-            .held_by([Path::new("/tmp"), Path::new("/home/u")])
+            .held_by([(Path::new("/tmp"), true), (Path::new("/home/u"), false)])
             .unwrap_or((Path::new(""), Path::new("")));
         assert_eq!(
             (e, o),
@@ -244,9 +277,9 @@ mod own_files_tests {
         std::fs::create_dir(&real).unwrap_or_else(|e| panic!("{e}"));
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&real, &link).unwrap_or_else(|e| panic!("{e}"));
-        let own = OwnFiles::new([link.join("state").as_path(), link.as_path()]);
+        let own = OwnFiles::new([link.join("state").as_path(), link.as_path()], []);
         let real = std::fs::canonicalize(&real).unwrap_or(real);
-        assert!(own.held_by([real.as_path()]).is_some(), "{own:?}");
-        assert!(own.held_by([link.as_path()]).is_some(), "{own:?}");
+        assert!(own.held_by([(real.as_path(), false)]).is_some(), "{own:?}");
+        assert!(own.held_by([(link.as_path(), false)]).is_some(), "{own:?}");
     }
 }

@@ -266,14 +266,14 @@ impl Engine {
     ) -> Result<(), crate::manifest::FieldError> {
         let exposed = fs
             .exposures()
-            .map(|(p, _)| p.as_path())
-            .chain(fs.allow_exec.iter().flatten().map(|p| p.as_path()));
+            .map(|(p, writable)| (p.as_path(), writable))
+            .chain(fs.allow_exec.iter().flatten().map(|p| (p.as_path(), false)));
         match self.cfg.own_files.held_by(exposed) {
             None => Ok(()),
             Some((exposed, own)) => Err(crate::manifest::FieldError::new(
                 "filesystem",
                 format!(
-                    "{} would give the worker the controller's own {} (its key, socket or audit trail): a worker must never reach them; expose a directory that neither holds nor lies inside it",
+                    "{} would give the worker the controller's own {} (its key, socket, audit trail, or its program to write): a worker must never reach them; expose a directory that neither holds nor lies inside it",
                     exposed.display(),
                     own.display()
                 ),
