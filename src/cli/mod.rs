@@ -76,13 +76,14 @@ pub fn exit_code(e: &anyhow::Error) -> i32 {
     exit::FAILURE
 }
 
-/// `Invalid` is what the command line asked for (2); the rest is the host (125).
+/// `Invalid` is what the command line asked for (2); a start a signal stopped ends as the
+/// signal would have (128+N); the rest is the host (125).
 pub fn sandbox_exit_code(e: &hatchery::sandbox::SandboxError) -> i32 {
+    if let Some(signal) = e.stopped_by() {
+        return 128_i32.saturating_add(signal);
+    }
     match e {
         hatchery::sandbox::SandboxError::Invalid(_) => exit::USAGE,
-        hatchery::sandbox::SandboxError::Stopped { signal, .. } => {
-            128_i32.saturating_add(*signal as i32)
-        }
         _ => exit::SETUP,
     }
 }

@@ -191,9 +191,7 @@ pub fn main(args: RunArgs) -> i32 {
                 Report::refused(e.to_string(), code, command, requested, &profile_name);
             // Ended by a signal before anything started: the report says which, as for a
             // start the signal stopped later.
-            if let SandboxError::Stopped { signal, .. } = &e {
-                report.signal = Some(*signal as i32);
-            }
+            report.signal = e.stopped_by();
             (code, report)
         }
     };

@@ -211,3 +211,14 @@ pub enum SandboxError {
         during: String,
     },
 }
+
+impl SandboxError {
+    /// The signal that stopped the start, for an error that is one: the run ends as that
+    /// signal would have ended it (128+N), and its report names it.
+    pub fn stopped_by(&self) -> Option<i32> {
+        match self {
+            SandboxError::Stopped { signal, .. } => Some(*signal as i32),
+            _ => None,
+        }
+    }
+}

@@ -275,6 +275,13 @@ fn stop_signals() -> io::Result<Option<SignalFd>> {
     Ok(Some(SignalFd::with_flags(&stopping, flags)?))
 }
 
+/// The signal pending on `stop`, taken from the queue: the caller learns it from the
+/// error, and ends as it would have ended it.
+fn taken_signal(stop: &SignalFd) -> Option<Signal> {
+    let info = stop.read_signal().ok().flatten()?;
+    Signal::try_from(i32::try_from(info.ssi_signo).ok()?).ok()
+}
+
 /// `n` answer bytes from the helper, or why not by `until` (or a signal on `stop`).
 fn read_answers(
     from: &std::os::fd::OwnedFd,
@@ -286,6 +293,10 @@ fn read_answers(
     let mut got = vec![0u8; n];
     let mut filled = 0usize;
     let mut last_answer = Instant::now();
+    let mut fds: Vec<PollFd<'_>> = std::iter::once(from.as_fd())
+        .chain(stop.map(AsFd::as_fd))
+        .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
+        .collect();
     while filled < n {
         let now = Instant::now();
         if now >= until {
@@ -296,23 +307,15 @@ fn read_answers(
                 waited: now.saturating_duration_since(last_answer),
             });
         }
-        let mut fds: Vec<PollFd<'_>> = std::iter::once(from.as_fd())
-            .chain(stop.map(AsFd::as_fd))
-            .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
-            .collect();
         if super::wait::poll_until(&mut fds, Some(until), None).map_err(io::Error::from)? == 0 {
             continue;
         }
-        let stopped = fds.get(1).is_some_and(super::wait::is_ready);
-        let answered = fds.first().is_some_and(super::wait::is_ready);
-        drop(fds);
-        // Taken from the queue: the caller learns it from the error, and ends.
-        if let Some(Ok(Some(info))) = stopped.then(|| stop.map(SignalFd::read_signal)).flatten() {
-            if let Ok(sig) = Signal::try_from(i32::try_from(info.ssi_signo).unwrap_or(0)) {
+        if fds.get(1).is_some_and(super::wait::is_ready) {
+            if let Some(sig) = stop.and_then(taken_signal) {
                 return Err(LookupError::Stopped(sig));
             }
         }
-        if !answered {
+        if !fds.first().is_some_and(super::wait::is_ready) {
             continue;
         }
         let rest = got.get_mut(filled..).unwrap_or_default();
