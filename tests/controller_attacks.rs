@@ -887,3 +887,70 @@ fn no_worker_is_given_a_path_that_holds_the_controllers_own_files() {
     let out = c.cli(&["spawn", "--no-controller", "--ro", &bin, "--", "true"]);
     assert_eq!(code(&out), 0, "--ro {bin}: {}", stderr(&out));
 }
+
+/// A controller that does not start leaves nothing it made: not a state directory made
+/// through a symlink it then refused, nor the parents it made for one.
+#[test]
+fn a_controller_that_does_not_start_leaves_no_directory_it_made() {
+    let tmp = shared_tempdir();
+    let real = tmp.path().join("real");
+    let link = tmp.path().join("link");
+    let made = |p: &std::path::Path| std::fs::create_dir(p).unwrap_or_else(|e| panic!("{e}"));
+    made(&real);
+    std::os::unix::fs::symlink(&real, &link).unwrap_or_else(|e| panic!("{e}"));
+    let start = |state: std::path::PathBuf, key: std::path::PathBuf| {
+        let mut cmd = Command::new(hatchery());
+        cmd.arg("controller")
+            .arg("--state-dir")
+            .arg(state)
+            .arg("--key")
+            .arg(key)
+            .arg("--socket")
+            .arg(tmp.path().join("c.sock"));
+        run_with_timeout(&mut cmd, Duration::from_secs(30))
+    };
+    let listing = |p: &std::path::Path| -> Vec<String> {
+        std::fs::read_dir(p)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+
+    // A symlink on the way: refused before anything is made through it.
+    let out = start(link.join("a/state"), real.join("k"));
+    assert_ne!(
+        code(&out),
+        0,
+        "a state directory through a symlink was taken"
+    );
+    assert!(stderr(&out).contains("symlink"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("real"),
+        "names the real path: {}",
+        stderr(&out)
+    );
+    assert_eq!(
+        listing(&real),
+        Vec::<String>::new(),
+        "made through the symlink"
+    );
+
+    // A failure after the state directory was made (its key cannot be written): the
+    // state directory goes, and so do the parents this start made for it.
+    let out = start(
+        tmp.path().join("new1/new2/state"),
+        tmp.path().join("absent/k"),
+    );
+    assert_ne!(code(&out), 0, "a key that cannot be written was accepted");
+    assert!(
+        !tmp.path().join("new1").exists(),
+        "left behind: {:?}",
+        listing(&tmp.path().join("new1"))
+    );
+    let mut left = listing(tmp.path());
+    left.sort();
+    assert_eq!(left, ["link", "real"], "{}", stderr(&out));
+}

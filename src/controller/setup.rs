@@ -11,9 +11,9 @@ use crate::paths::Dir;
 
 /// Creates `dir` (and parents), opens it (no symlink on the way) and makes it private to
 /// the caller; a directory someone else owns is refused.
-fn private_dir(dir: &Path) -> Result<Dir, ControllerError> {
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let held = Dir::open(dir).map_err(io_err(dir))?;
+fn private_dir(dir: &Path, created: &mut Created) -> Result<Dir, ControllerError> {
+    let (held, made) = Dir::create_all(dir, 0o700).map_err(io_err(dir))?;
+    created.note_made(made, dir);
     let owner = held.stat().map_err(io_err(dir))?.st_uid;
     let me = nix::unistd::geteuid().as_raw();
     if owner != me {
@@ -82,6 +82,10 @@ pub(super) struct Created {
     pub(super) state_dir: Option<PathBuf>,
     pub(super) key: Option<PathBuf>,
     socket: Option<PathBuf>,
+    /// Directories this start made above the state directory and the socket, outermost
+    /// first: removed after them, innermost first, and only while empty (another start
+    /// may have put something there meanwhile).
+    parents: Vec<PathBuf>,
 }
 
 impl Created {
@@ -94,13 +98,22 @@ impl Created {
             state_dir,
             key,
             socket: None,
+            parents: Vec::new(),
         }
+    }
+
+    /// Notes the directories a [`Dir::create_all`] of `target` made, but `target` itself,
+    /// whose removal is decided on its own.
+    fn note_made(&mut self, made: Vec<PathBuf>, target: &Path) {
+        self.parents
+            .extend(made.into_iter().filter(|p| p.as_path() != target));
     }
 
     pub(super) fn keep(mut self) {
         self.state_dir = None;
         self.key = None;
         self.socket = None;
+        self.parents.clear();
     }
 }
 
@@ -115,6 +128,9 @@ impl Drop for Created {
         // Made by this start with mode 0700: nothing in it is anyone else's.
         if let Some(dir) = self.state_dir.take() {
             let _ = std::fs::remove_dir_all(dir);
+        }
+        for parent in self.parents.drain(..).rev() {
+            let _ = std::fs::remove_dir(parent);
         }
     }
 }
@@ -140,7 +156,7 @@ pub(super) fn hold_state_dir(
         paths::check_fallback_base(p, paths::BaseUse::Create).map_err(ControllerError::Setup)?;
     }
     tracing::debug!(state_dir = %paths.state_dir.display(), "opening the state directory");
-    let state = private_dir(&paths.state_dir).inspect_err(|_| {
+    let state = private_dir(&paths.state_dir, created).inspect_err(|_| {
         // Not proven this user's: nothing there is removed.
         created.state_dir = None;
     })?;
@@ -177,7 +193,14 @@ pub(super) fn bind_socket(
 ) -> Result<(std::os::unix::net::UnixListener, bool), ControllerError> {
     let socket = &opts.paths.socket;
     if let Some(parent) = socket.parent() {
+        // Through symlinks, as `bind` itself resolves the path (`/var/run` is one).
+        let missing: Vec<PathBuf> = parent
+            .ancestors()
+            .take_while(|p| !p.as_os_str().is_empty() && std::fs::symlink_metadata(p).is_err())
+            .map(Path::to_path_buf)
+            .collect();
         std::fs::create_dir_all(parent).map_err(io_err(parent))?;
+        created.note_made(missing.into_iter().rev().collect(), Path::new(""));
     }
     let stale_socket = clear_stale_socket(socket)?;
     tracing::debug!(socket = %socket.display(), "binding the API socket");

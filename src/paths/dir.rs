@@ -153,20 +153,93 @@ impl Dir {
         Dir::open(path)
     }
 
+    /// Creates `path` with `mode`, and any missing parent with 0755 (less the umask), each
+    /// by descriptor from the deepest ancestor that exists, and opens it as [`Dir::open`]
+    /// does. A symlink anywhere on the path is refused before anything is made (with
+    /// `create_dir_all` the directory was made through it, then refused: left behind).
+    /// Returns the directories this call made, outermost first, for a caller that must
+    /// take them away again when it fails later.
+    pub fn create_all(path: &Path, mode: u32) -> io::Result<(Dir, Vec<PathBuf>)> {
+        let mut missing: Vec<&OsStr> = Vec::new();
+        let mut existing = path;
+        while let Err(e) = std::fs::symlink_metadata(existing) {
+            let (Some(parent), Some(name), true) = (
+                existing.parent(),
+                existing.file_name(),
+                e.kind() == io::ErrorKind::NotFound,
+            ) else {
+                return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display())));
+            };
+            missing.push(name);
+            existing = parent;
+        }
+        let base = if existing.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            existing
+        };
+        let mut dir = Dir::open(base).map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                let real = std::fs::canonicalize(base)
+                    .map(|r| {
+                        format!(
+                            " ({})",
+                            missing.iter().rev().fold(r, |p, n| p.join(n)).display()
+                        )
+                    })
+                    .unwrap_or_default();
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{}: a component is a symlink; name the real path{real}",
+                        path.display()
+                    ),
+                )
+            } else {
+                e
+            }
+        })?;
+        let mut made = Vec::new();
+        while let Some(name) = missing.pop() {
+            let name = name.to_str().ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{}: a directory name that is not UTF-8", path.display()),
+                )
+            })?;
+            let this_mode = if missing.is_empty() { mode } else { 0o755 };
+            let (next, created) = dir.made_subdir(name, this_mode)?;
+            if created {
+                made.push(next.path.clone());
+            }
+            dir = next;
+        }
+        dir.path = path.to_path_buf();
+        Ok((dir, made))
+    }
+
     /// Opens the subdirectory `name`, creating it with `mode` when missing.
     pub fn subdir(&self, name: &str, mode: u32) -> io::Result<Dir> {
+        self.made_subdir(name, mode).map(|(dir, _)| dir)
+    }
+
+    /// [`Dir::subdir`], and whether this call made it.
+    fn made_subdir(&self, name: &str, mode: u32) -> io::Result<(Dir, bool)> {
         let rel = single_component(OsStr::new(name))?;
-        match nix::sys::stat::mkdirat(self.fd.as_fd(), rel, Mode::from_bits_truncate(mode)) {
-            Ok(()) | Err(Errno::EEXIST) => {}
-            Err(e) => return Err(io(e)),
-        }
+        let made =
+            match nix::sys::stat::mkdirat(self.fd.as_fd(), rel, Mode::from_bits_truncate(mode)) {
+                Ok(()) => true,
+                Err(Errno::EEXIST) => false,
+                Err(e) => return Err(io(e)),
+            };
         let how = OpenHow::new()
             .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
             .resolve(beneath());
-        Ok(Dir {
+        let dir = Dir {
             fd: open_how(self.fd.as_fd(), rel, how)?,
             path: self.path.join(name),
-        })
+        };
+        Ok((dir, made))
     }
 
     pub fn path(&self) -> &Path {
