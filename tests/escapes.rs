@@ -1016,3 +1016,166 @@ fn pid_1_is_closed_to_the_payload_while_a_process_of_the_payloads_own_is_open() 
         stderr(&out)
     );
 }
+
+/// Connects the descriptor it was given as stdout elsewhere: `AF_UNSPEC` ends a TCP
+/// connection, then the same socket, still the host's, connects to the port named.
+const RECONNECT_STDOUT: &str = r#"
+import ctypes, os, socket, struct, sys
+try:
+    s = socket.socket(fileno=os.dup(1))
+    libc = ctypes.CDLL(None, use_errno=True)
+    unspec = struct.pack("HH12x", 0, 0)
+    libc.connect(s.fileno(), unspec, len(unspec))
+    s.settimeout(5)
+    s.connect(("127.0.0.1", int(sys.argv[1])))
+    print("reached", s.recv(64), file=sys.stderr)
+except OSError as e:
+    print("refused", e, file=sys.stderr)
+print("hello through stdout")
+"#;
+
+/// `cmd` with the stdin and stdout given, within 60 s: its status and stderr.
+fn run_with_stdio(cmd: &mut Command, stdin: Stdio, out: Stdio) -> (i32, String) {
+    let mut child = cmd
+        .stdin(stdin)
+        .stdout(out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let err = child.stderr.take();
+    let drained = std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut e) = err {
+            let _ = std::io::Read::read_to_string(&mut e, &mut text);
+        }
+        text
+    });
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if start.elapsed() > Duration::from_secs(60) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{cmd:?} did not finish within 60 s");
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => panic!("wait: {e}"),
+        }
+    };
+    (
+        status.code().unwrap_or(-1),
+        drained.join().unwrap_or_default(),
+    )
+}
+
+/// A TCP connection on loopback: the end given as stdout, and the end the caller reads.
+fn tcp_pair() -> (std::net::TcpStream, std::net::TcpStream) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let ours = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+    let (theirs, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
+    (theirs, ours)
+}
+
+/// A socket the caller gives as stdout (inetd, `socat EXEC:`, a service manager's
+/// `Accept=yes`) is the host's network: held by the command, it connects anywhere the host
+/// can reach. It is relayed through a pipe; the command's output still reaches it.
+#[test]
+fn a_socket_given_as_stdout_is_relayed_never_the_commands_way_to_the_host() {
+    if skip_unless_root("socket stdout") {
+        return;
+    }
+    let secret = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    secret
+        .set_nonblocking(true)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let port = secret
+        .local_addr()
+        .map(|a| a.port().to_string())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let answered = |what: &str| {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(2) {
+            if let Ok((mut c, _)) = secret.accept() {
+                let _ = std::io::Write::write_all(&mut c, b"SECRET\n");
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("{what}: no connection");
+        false
+    };
+
+    // The attack is real: run directly, the script reaches the port through its stdout.
+    let (theirs, _ours) = tcp_pair();
+    let mut direct = Command::new("python3")
+        .args(["-c", RECONNECT_STDOUT, &port])
+        .stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("python3: {e}"));
+    assert!(
+        answered("direct"),
+        "the attack did not work even unsandboxed"
+    );
+    let _ = direct.wait();
+
+    let tmp = shared_tempdir();
+    let report = tmp.path().join("report.json");
+    let (theirs, ours) = tcp_pair();
+    let mut cmd = Command::new(hatchery());
+    cmd.arg("run").arg("--report").arg(&report).args([
+        "--",
+        "python3",
+        "-c",
+        RECONNECT_STDOUT,
+        &port,
+    ]);
+    let given = Stdio::from(std::os::fd::OwnedFd::from(theirs));
+    let (_, err) = run_with_stdio(&mut cmd, Stdio::null(), given);
+    assert!(
+        !answered("sandboxed"),
+        "the sandbox reached the host's loopback: {err}"
+    );
+    assert!(err.contains("refused"), "{err}");
+    let mut got = String::new();
+    ours.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    let _ = std::io::Read::read_to_string(&mut &ours, &mut got);
+    assert_eq!(got, "hello through stdout\n", "the output still arrives");
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("report: {e}"));
+    assert_eq!(
+        r["enforcement"]["stdio"]["stdout"], "pipe relay (socket)",
+        "{r}"
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
+}
+
+/// A directory given as stdin is a place to walk from (`openat(0, "..")`, its path in
+/// `/proc/self/fd/0`): the command reads `/dev/null` instead.
+#[test]
+fn a_directory_given_as_stdin_is_not_passed() {
+    if skip_unless_root("directory stdin") {
+        return;
+    }
+    let (dir, _) = vault("inside", "x");
+    let tmp = shared_tempdir();
+    let report = tmp.path().join("report.json");
+    let stdin = std::fs::File::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let mut cmd = Command::new(hatchery());
+    cmd.arg("run").arg("--report").arg(&report).args([
+        "--",
+        "sh",
+        "-c",
+        "ls -la /proc/self/fd/0 | grep vault >&2",
+    ]);
+    let (_, err) = run_with_stdio(&mut cmd, Stdio::from(stdin), Stdio::null());
+    assert_eq!(err, "", "the command saw where its stdin is");
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("report: {e}"));
+    assert_eq!(
+        r["enforcement"]["stdio"]["stdin"], "not passed (directory): the command reads /dev/null",
+        "{r}"
+    );
+}

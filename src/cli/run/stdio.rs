@@ -47,6 +47,15 @@ impl CallerFd {
         }
     }
 
+    /// Whether the payload may hold it as it is: a file, a pipe or a device carries only
+    /// data. A socket is the host's network (a TCP socket disconnected with `AF_UNSPEC`
+    /// connects anywhere the host can reach; any socket's `SIOCGIFCONF` lists the host's
+    /// interfaces), a directory is a place to walk from, and the rest (anonymous inodes,
+    /// `O_PATH`) are handles on something else.
+    fn holds_only_data(&self) -> bool {
+        self.fd.is_none() || matches!(self.kind, libc::S_IFREG | libc::S_IFIFO | libc::S_IFCHR)
+    }
+
     fn is_dev_null(&self) -> bool {
         self.kind == libc::S_IFCHR && self.rdev == libc::makedev(1, 3)
     }
@@ -116,18 +125,24 @@ fn dev_null(write: bool) -> std::io::Result<OwnedFd> {
 ///   Other files are not reopened: a new open file description would have an offset of
 ///   its own, and a socket cannot be reopened;
 /// - stdout or stderr a terminal (another one, or stdin is not one): a pipe to it;
-/// - with `--max-output`, stdout and stderr not relayed otherwise: pipes, counted.
+/// - with `--max-output`, stdout and stderr not relayed otherwise: pipes, counted;
+/// - stdout or stderr a socket, a directory or any other handle that is more than a way
+///   for data (see [`CallerFd::holds_only_data`]): a pipe to it; stdin such a handle,
+///   opened read-only: `/dev/null` (a socket is open both ways, so relayed as above).
 ///
 /// Everything else — a read-only stdin (file, pipe, `/dev/null`), stdout and stderr
-/// without a cap — is passed as it is, at no cost.
+/// (file, pipe, device) without a cap — is passed as it is, at no cost.
 pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
     let [stdin, stdout, stderr] = [
         CallerFd::inspect(std::io::stdin().as_fd()),
         CallerFd::inspect(std::io::stdout().as_fd()),
         CallerFd::inspect(std::io::stderr().as_fd()),
     ];
-    let stdin_passed = !stdin.terminal && stdin.read_only;
-    let outs_passed = cap.is_none() && !stdout.terminal && !stderr.terminal;
+    let stdin_passed = !stdin.terminal && stdin.read_only && stdin.holds_only_data();
+    let outs_passed = cap.is_none()
+        && [&stdout, &stderr]
+            .iter()
+            .all(|c| !c.terminal && c.holds_only_data());
     let passed = |c: &CallerFd| match c.fd {
         Some(_) => format!("passed ({})", c.what()),
         None => "closed (the command gets /dev/null)".to_string(),
@@ -160,6 +175,10 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
             raw = pty.raw;
             (pty.stdin, pty.report)
         }
+        Some(_) if stdin.read_only && !stdin.holds_only_data() => (
+            dev_null(false)?,
+            format!("not passed ({}): the command reads /dev/null", stdin.what()),
+        ),
         Some(fd) if stdin.read_only => (fd.try_clone()?, passed_stdin(&stdin)),
         Some(_) if stdin.is_dev_null() => (
             dev_null(false)?,
@@ -183,6 +202,10 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
             (Some(fd), _) if cap.is_some() => Ok((
                 pump.add_output(fd.try_clone()?)?,
                 "pipe relay (--max-output)".to_string(),
+            )),
+            (Some(fd), _) if !c.holds_only_data() => Ok((
+                pump.add_output(fd.try_clone()?)?,
+                format!("pipe relay ({})", c.what()),
             )),
             (Some(fd), _) => Ok((fd.try_clone()?, passed(c))),
         }
