@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use common::files::{json, s, write};
@@ -477,4 +478,61 @@ fn a_bad_profile_runs_nothing() {
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("no_such_call"), "{}", stderr(&o));
     assert!(!marker.exists(), "the command ran");
+}
+
+/// `-o` writes a file, or into a device, and replaces nothing else: a symlink is neither
+/// followed nor replaced (as root, `-o /dev/stdout` replaced the system's `/dev/stdout`
+/// with a file, and `-o /dev/null` `/dev/null`), a FIFO is refused.
+#[test]
+fn export_writes_into_a_device_and_replaces_no_symlink_fifo_or_device() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let at = |n: &str| dir.path().join(n);
+    std::fs::write(at("target.txt"), "mine").unwrap_or_else(|e| panic!("{e}"));
+    std::os::unix::fs::symlink("target.txt", at("link.json")).unwrap_or_else(|e| panic!("{e}"));
+    let export = |to: &Path| hatchery_cmd(&["profile", "export", "strict", "-o", s(to)]);
+
+    let o = export(&at("link.json"));
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("is a symlink"), "{}", stderr(&o));
+    let link = std::fs::symlink_metadata(at("link.json")).unwrap_or_else(|e| panic!("{e}"));
+    assert!(link.file_type().is_symlink(), "the symlink was replaced");
+    assert_eq!(
+        std::fs::read_to_string(at("target.txt")).unwrap_or_default(),
+        "mine"
+    );
+
+    nix::unistd::mkfifo(&at("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o600))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let o = export(&at("fifo"));
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("is a FIFO"), "{}", stderr(&o));
+    let fifo = std::fs::symlink_metadata(at("fifo")).unwrap_or_else(|e| panic!("{e}"));
+    assert!(fifo.file_type().is_fifo(), "the FIFO was replaced");
+
+    // A device is written into: a null device made here stays one.
+    let null = at("null");
+    let made = nix::sys::stat::mknod(
+        &null,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        libc::makedev(1, 3),
+    );
+    if made.is_ok() {
+        let o = export(&null);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let st = std::fs::symlink_metadata(&null).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            st.file_type().is_char_device(),
+            "the device was replaced by a file"
+        );
+    } else {
+        eprintln!("(no device node here: {made:?}; the device case is not checked)");
+    }
+
+    // A symlink to this process's own stdout is stdout (what /dev/stdout is).
+    std::os::unix::fs::symlink("/proc/self/fd/1", at("stdout")).unwrap_or_else(|e| panic!("{e}"));
+    let o = export(&at("stdout"));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("defaultAction"), "{}", stdout(&o));
+    assert!(std::fs::symlink_metadata(at("stdout")).is_ok_and(|m| m.file_type().is_symlink()));
 }

@@ -273,6 +273,33 @@ impl Dir {
         open_how(self.fd.as_fd(), rel, how)
     }
 
+    /// Opens the existing character device `name` for writing, into it (never through a
+    /// symlink; anything else at `name` is an error).
+    pub fn open_device(&self, name: &str) -> io::Result<File> {
+        let fd = self.open_in(name, OFlag::O_WRONLY | OFlag::O_NOCTTY, 0)?;
+        let st = fstat(&fd).map_err(io)?;
+        if !is_type(&st, SFlag::S_IFCHR) {
+            return Err(io::Error::other(format!(
+                "{}: not a device",
+                self.path.join(name).display()
+            )));
+        }
+        // Opened without blocking (a FIFO put there must not hang the opener); a device is
+        // then written as any descriptor is.
+        let flags = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).map_err(io)?;
+        let flags = OFlag::from_bits_truncate(flags) & !OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(flags)).map_err(io)?;
+        Ok(File::from(fd))
+    }
+
+    /// What the symlink `name` says (its text, not followed).
+    pub fn read_link(&self, name: &str) -> io::Result<PathBuf> {
+        let rel = single_component(OsStr::new(name))?;
+        nix::fcntl::readlinkat(self.fd.as_fd(), rel)
+            .map(PathBuf::from)
+            .map_err(io)
+    }
+
     /// Opens an existing regular file for reading (a symlink, FIFO, device or directory
     /// at `name` is an error, and nothing blocks). `Ok(None)` when there is no such name.
     pub fn open_read(&self, name: &str) -> io::Result<Option<File>> {

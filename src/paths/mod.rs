@@ -228,7 +228,12 @@ pub fn check_host_path(path: &Path) -> Result<HostPath, PathError> {
 /// before anything untrusted ran (see [`dir`]).
 #[derive(Debug)]
 pub enum OutputTarget {
+    /// `-`, or a symlink to this process's own stdout (`/dev/stdout`).
     Stdout,
+    /// A symlink to this process's own stderr (`/dev/stderr`).
+    Stderr,
+    /// A character device (`/dev/null`, a terminal): written into, never replaced.
+    Into { file: std::fs::File, path: PathBuf },
     File {
         dir: Dir,
         name: String,
@@ -264,11 +269,44 @@ impl OutputTarget {
             _ => Path::new("."),
         };
         let dir = Dir::open(parent)?;
-        if let Some(st) = dir.stat_entry(&name)? {
-            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-                return Err(std::io::Error::new(
+        let refused =
+            |kind, what: String| std::io::Error::new(kind, format!("{}: {what}", path.display()));
+        match dir.stat_entry(&name)?.map(|st| st.st_mode & libc::S_IFMT) {
+            None | Some(libc::S_IFREG) => {}
+            Some(libc::S_IFCHR) => {
+                let file = dir.open_device(&name)?;
+                let path = path.to_path_buf();
+                return Ok(OutputTarget::Into { file, path });
+            }
+            Some(libc::S_IFLNK) => {
+                let to = dir.read_link(&name)?;
+                return match own_stream(&to) {
+                    Some(stream) => Ok(stream),
+                    None => Err(refused(
+                        std::io::ErrorKind::InvalidInput,
+                        format!(
+                            "is a symlink (to {}): refusing to write through it or replace it; name the file itself",
+                            to.display()
+                        ),
+                    )),
+                };
+            }
+            Some(libc::S_IFDIR) => {
+                return Err(refused(
                     std::io::ErrorKind::IsADirectory,
-                    format!("{}: is a directory", path.display()),
+                    "is a directory".into(),
+                ));
+            }
+            Some(kind) => {
+                let what = match kind {
+                    libc::S_IFIFO => "a FIFO",
+                    libc::S_IFSOCK => "a socket",
+                    libc::S_IFBLK => "a block device",
+                    _ => "not a file",
+                };
+                return Err(refused(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("is {what}: refusing to replace it; name a file or a character device"),
                 ));
             }
         }
@@ -287,6 +325,16 @@ impl OutputTarget {
                 use std::io::Write;
                 let mut out = std::io::stdout().lock();
                 out.write_all(bytes).and_then(|()| out.flush())
+            }
+            OutputTarget::Stderr => {
+                use std::io::Write;
+                let mut out = std::io::stderr().lock();
+                out.write_all(bytes).and_then(|()| out.flush())
+            }
+            OutputTarget::Into { file, .. } => {
+                use std::io::Write;
+                let mut file = file;
+                file.write_all(bytes).and_then(|()| file.flush())
             }
             OutputTarget::File { dir, name, parent } => {
                 dir.write_atomically(name, bytes, 0o644)?;
@@ -319,8 +367,24 @@ impl OutputTarget {
     pub fn describe(&self) -> String {
         match self {
             OutputTarget::Stdout => "standard output".into(),
+            OutputTarget::Stderr => "standard error".into(),
+            OutputTarget::Into { path, .. } => path.display().to_string(),
             OutputTarget::File { dir, name, .. } => dir.path().join(name).display().to_string(),
         }
+    }
+}
+
+/// This process's stdout or stderr, when `to` (a symlink's text) is `/proc/self/fd/1` or
+/// `2`, or `/dev/fd/1` or `2` (what `/dev/stdout` and `/dev/stderr` say).
+fn own_stream(to: &Path) -> Option<OutputTarget> {
+    let n = to
+        .strip_prefix("/proc/self/fd")
+        .or_else(|_| to.strip_prefix("/dev/fd"))
+        .ok()?;
+    match n.to_str()? {
+        "1" => Some(OutputTarget::Stdout),
+        "2" => Some(OutputTarget::Stderr),
+        _ => None,
     }
 }
 
