@@ -954,3 +954,69 @@ fn a_controller_that_does_not_start_leaves_no_directory_it_made() {
     left.sort();
     assert_eq!(left, ["link", "real"], "{}", stderr(&out));
 }
+
+/// Connections that send nothing, opened without end by a member of the socket's group
+/// (who may look, not act), ran the controller out of descriptors: `ps` timed out and the
+/// next audit write failed, which engaged the kill switch. A uid holds 64 at most, the
+/// others are turned away at once with the reason, and the operator is not crowded out.
+#[test]
+fn a_socket_group_member_holding_connections_open_takes_only_its_share() {
+    if skip("connection flood") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &["--socket-group", "nogroup"]);
+    let _ = std::fs::set_permissions(
+        c.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    );
+    // As nobody: 300 connections, each sending nothing; count those turned away with a
+    // reason, then hold the rest open while the operator uses the controller.
+    let flood = r#"
+import socket, sys, time, select
+held, refused = [], 0
+for _ in range(300):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sys.argv[1])
+    held.append(s)
+time.sleep(1)
+for s in held:
+    if select.select([s], [], [], 0)[0] and b"connections" in s.recv(4096):
+        refused += 1
+print(refused, flush=True)
+sys.stdin.read()
+"#;
+    let mut child = Command::new("setpriv")
+        .args([
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            flood,
+        ])
+        .arg(&c.socket)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("setpriv: {e}"));
+    let mut line = String::new();
+    if let Some(out) = child.stdout.as_mut() {
+        let mut reader = std::io::BufReader::new(out);
+        let _ = std::io::BufRead::read_line(&mut reader, &mut line);
+    }
+    let refused: usize = line.trim().parse().unwrap_or(0);
+    let ps = cli_within(&c, &["ps", "--json"], Duration::from_secs(10));
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", c.pid()))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    drop(child.stdin.take());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(refused, 300 - 64, "turned away with a reason: {line:?}");
+    assert_eq!(code(&ps), 0, "the operator was crowded out: {}", c.log());
+    assert!(fds < 200, "the controller holds {fds} descriptors");
+    alive_and_answering(&c);
+    let spawned_after = c.spawn(&[], &alive(5));
+    assert!(spawned_after.is_ok(), "no kill switch: {}", c.log());
+}

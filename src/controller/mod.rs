@@ -14,6 +14,7 @@
 //! dies with the launcher, so no worker outlives its controller.
 
 pub mod admission;
+pub mod api_slots;
 pub mod audit_budget;
 pub mod bounded;
 pub mod client;

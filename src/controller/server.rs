@@ -15,6 +15,7 @@ use tokio::sync::{Semaphore, oneshot};
 
 use crate::manifest::WorkerId;
 
+use super::api_slots::{ApiSlots, Slot};
 use super::input::Input;
 use super::launcher::LauncherEvent;
 use super::protocol::{ApiRequest, ApiResponse, WorkerMessage, WorkerReply};
@@ -26,6 +27,11 @@ pub const REPLY_QUEUE: usize = 64;
 
 /// A frame that has started must be complete within this time.
 pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an API connection may wait before its next request (the CLI sends its one
+/// request at once): an idle one gives its slot back.
+pub const API_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The pause after a failed `accept` (out of descriptors).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Messages per second a worker may send on average, and the burst it may save up.
 const WORKER_RATE: f64 = 20.0;
 const WORKER_BURST: f64 = 40.0;
@@ -94,13 +100,21 @@ impl TokenBucket {
     }
 }
 
-/// Reads one frame body: no limit on waiting for a frame to begin, [`FRAME_TIMEOUT`] for it
-/// to complete once it has.
+/// Reads one frame body: `idle` (if any) to wait for a frame to begin, [`FRAME_TIMEOUT`]
+/// for it to complete once it has. A connection idle for longer ends, as at end of stream.
 async fn read_body(
     stream: &mut (impl tokio::io::AsyncRead + Unpin),
+    idle: Option<Duration>,
 ) -> Result<Option<Vec<u8>>, FrameError> {
     let mut first = [0u8; 1];
-    let n = tokio::io::AsyncReadExt::read(stream, &mut first).await?;
+    let begun = tokio::io::AsyncReadExt::read(stream, &mut first);
+    let n = match idle {
+        Some(limit) => match tokio::time::timeout(limit, begun).await {
+            Ok(n) => n?,
+            Err(_) => return Ok(None),
+        },
+        None => begun.await?,
+    };
     if n == 0 {
         return Ok(None);
     }
@@ -110,7 +124,7 @@ async fn read_body(
     };
     match tokio::time::timeout(FRAME_TIMEOUT, wire::read_body_async(&mut rest)).await {
         Ok(r) => r,
-        Err(_) => Err(FrameError::Truncated),
+        Err(_) => Err(FrameError::Stalled(FRAME_TIMEOUT)),
     }
 }
 
@@ -173,7 +187,7 @@ pub fn attach_worker(
             let Ok(in_flight) = places.clone().acquire_owned().await else {
                 break;
             };
-            match read_body(&mut rd).await {
+            match read_body(&mut rd, None).await {
                 Ok(Some(body)) => {
                     if !bucket.take() {
                         // Report the first drop at once, then at most once a second.
@@ -237,9 +251,9 @@ pub fn attach_worker(
     Ok(tx)
 }
 
-async fn api_client(mut stream: UnixStream, uid: u32, inputs: Sender<Input>) {
+async fn api_client(mut stream: UnixStream, uid: u32, inputs: Sender<Input>, _slot: Slot) {
     loop {
-        let body = match read_body(&mut stream).await {
+        let body = match read_body(&mut stream, Some(API_IDLE_TIMEOUT)).await {
             Ok(Some(b)) => b,
             Ok(None) => return,
             Err(e) => {
@@ -288,9 +302,17 @@ async fn api_client(mut stream: UnixStream, uid: u32, inputs: Sender<Input>) {
 
 /// Accepts API clients until the runtime stops.
 pub async fn accept_clients(listener: UnixListener, policy: AccessPolicy, inputs: Sender<Input>) {
+    let slots = ApiSlots::new(policy.owner_uid);
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors (or another failure that would repeat at once): the
+                // connection stays queued; trying again at once would only spin.
+                tracing::warn!(error = %e, "cannot accept an API connection");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
         };
         let cred = match stream.peer_cred() {
             Ok(c) => c,
@@ -309,7 +331,22 @@ pub async fn accept_clients(listener: UnixListener, policy: AccessPolicy, inputs
             .await;
             continue;
         }
-        tokio::spawn(api_client(stream, uid, inputs.clone()));
+        match slots.take(uid) {
+            Ok(slot) => {
+                tokio::spawn(api_client(stream, uid, inputs.clone(), slot));
+            }
+            Err(full) => {
+                let mut stream = stream;
+                let refusal = ApiResponse::Error {
+                    message: full.to_string(),
+                };
+                let _ = tokio::time::timeout(
+                    FRAME_TIMEOUT,
+                    wire::write_frame_async(&mut stream, &refusal),
+                )
+                .await;
+            }
+        }
     }
 }
 

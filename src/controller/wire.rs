@@ -23,6 +23,8 @@ pub enum FrameError {
     TooLarge(usize),
     #[error("the peer closed the connection in the middle of a frame")]
     Truncated,
+    #[error("the peer stopped sending in the middle of a frame (for {0:?})")]
+    Stalled(std::time::Duration),
     #[error("malformed message: {0}")]
     Malformed(String),
     #[error("{0}")]
