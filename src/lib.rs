@@ -19,4 +19,5 @@ pub mod profile;
 pub mod report;
 pub mod sandbox;
 pub mod signing;
+pub mod text;
 pub mod units;

@@ -478,3 +478,31 @@ fn concurrent_spawns_sharing_syncs_are_each_answered_and_each_in_the_trail() {
     assert_eq!(c.audit("replication_requested").len(), 24);
     c.stop();
 }
+
+/// Whoever can edit the trail chooses what `verify` quotes of it: a field name that sets
+/// the window title and clears the screen to draw "intact" is shown escaped.
+#[test]
+fn a_tampered_line_is_quoted_escaped_never_driving_the_terminal() {
+    if skip_unless_root("escaped damage") {
+        return;
+    }
+    let mut c = TestController::start(CONTRACT, &[]);
+    spawn_true(&c);
+    c.stop();
+    let state = c.state_dir().to_path_buf();
+    let trail = std::fs::read_to_string(state.join("audit.jsonl")).unwrap_or_default();
+    let mut lines: Vec<String> = trail.lines().map(str::to_string).collect();
+    assert!(lines.len() >= 3, "{trail}");
+    lines[2] =
+        "{\"seq\":3,\"\\u001b]0;PWNED\\u0007\\u001b[2J\\u001b[1;1Haudit trail intact\":1}".into();
+    std::fs::write(state.join("audit.jsonl"), format!("{}\n", lines.join("\n")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let out = verify(&state, &[]);
+    assert_eq!(code(&out), 1, "{}", stdout(&out));
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(
+        !said.contains('\u{1b}') && !said.contains('\u{7}'),
+        "{said:?}"
+    );
+    assert!(said.contains("\\u{1b}]0;PWNED"), "quoted escaped: {said}");
+}

@@ -536,3 +536,47 @@ fn export_writes_into_a_device_and_replaces_no_symlink_fifo_or_device() {
     assert!(stdout(&o).contains("defaultAction"), "{}", stdout(&o));
     assert!(std::fs::symlink_metadata(at("stdout")).is_ok_and(|m| m.file_type().is_symlink()));
 }
+
+/// A profile is reviewed on a terminal (`lint --ignore-profile-accept` exists for
+/// profiles someone else wrote): its name, description and reasons may not carry
+/// characters that drive the terminal or reorder text, and a path or value quoted in an
+/// error is shown escaped.
+#[test]
+fn a_profiles_text_never_drives_the_reviewers_terminal() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cases = [
+        ("name", "name = \"mine: no findings\\u001b[8m\"\n"),
+        (
+            "description",
+            "name = \"x\"\ndescription = \"fine\\u202egnp.exe\"\n",
+        ),
+    ];
+    for (key, head) in cases {
+        let text = format!("{head}[seccomp]\ndefault_action = \"allow\"\n");
+        let p = write(dir.path(), "evil.toml", &text);
+        let o = hatchery_cmd(&["profile", "lint", s(&p), "--ignore-profile-accept"]);
+        assert_eq!(code(&o), 2, "{key}: {}{}", stdout(&o), stderr(&o));
+        let said = stderr(&o);
+        assert!(said.contains(&format!("{key}: holds")), "{said}");
+        let all = format!("{}{}", stdout(&o), stderr(&o));
+        assert!(
+            !all.contains('\u{1b}') && !all.contains('\u{202e}'),
+            "{all:?}"
+        );
+    }
+    let p = write(
+        dir.path(),
+        "reason.toml",
+        "name = \"x\"\n[seccomp]\ndefault_action = \"allow\"\n[[seccomp.rule]]\naction = \"errno\"\nerrno = \"EPERM\"\nsyscalls = [\"ptrace\"]\nreason = \"ok\\r\\nrule 99: all clear\"\n",
+    );
+    let o = hatchery_cmd(&["profile", "check", s(&p), "--syscall", "ptrace"]);
+    assert_eq!(code(&o), 2, "{}{}", stdout(&o), stderr(&o));
+    assert!(!stdout(&o).contains("rule 99"), "{}", stdout(&o));
+    assert!(stderr(&o).contains("reason: holds \\r"), "{}", stderr(&o));
+
+    // A path that is not there, quoted in the one error line, escaped.
+    let o = hatchery_cmd(&["profile", "show", "/nonexistent/\u{1b}]0;T\u{7}x.toml"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(!stderr(&o).contains('\u{1b}'), "{:?}", stderr(&o));
+    assert!(stderr(&o).contains("\\u{1b}]0;T"), "{}", stderr(&o));
+}

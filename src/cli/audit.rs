@@ -371,7 +371,10 @@ fn verify(a: &VerifyArgs) -> i32 {
                 ));
             }
         }
-        Err(Failure::Audit(e)) if code == 1 => super::controller::outln(&e.to_string()),
+        // The damage may quote what was written into the trail.
+        Err(Failure::Audit(e)) if code == 1 => {
+            super::controller::outln(&hatchery::text::escape_unsafe(&e.to_string()))
+        }
         Err(Failure::Audit(e)) => error_line!("{e}"),
         Err(Failure::Key(e)) => error_line!("{e:#}"),
     }

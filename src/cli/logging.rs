@@ -80,6 +80,9 @@ pub fn is_json() -> bool {
 /// plain text, or a JSON log object with `--log-format json`.
 /// A message that begins `warning: ` or `note: ` is logged at that level instead.
 pub fn error_line(message: &str) {
+    // The message may carry a path or a field a sandbox or a file chose: it must not
+    // drive the terminal, nor break the one line into several.
+    let message = &*hatchery::text::escape_unsafe(message);
     if !JSON.load(Ordering::Relaxed) {
         eprintln!("hatchery: {message}");
         return;

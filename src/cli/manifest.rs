@@ -289,7 +289,8 @@ fn verify(args: VerifyArgs) -> i32 {
                 m.expires_at.get().saturating_sub(now)
             ),
             // The message starts with the name of the check that failed.
-            Err(e) => println!("invalid: {e}"),
+            // The message may quote the manifest's own text.
+            Err(e) => println!("invalid: {}", hatchery::text::escape_unsafe(&e.to_string())),
         }
     }
     match verdict {

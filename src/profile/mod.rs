@@ -310,6 +310,22 @@ impl Profile {
         if self.name.is_empty() || self.name.len() > 64 {
             return Err(at(&["name"], "must be 1 to 64 characters".into()));
         }
+        // Printed by show, check, diff and lint to someone reviewing the profile.
+        let texts = std::iter::once((vec!["name"], &self.name))
+            .chain(std::iter::once((vec!["description"], &self.description)));
+        for (key, text) in texts {
+            if let Some(c) = crate::text::first_unsafe(text) {
+                return Err(at(&key, unsafe_text(c)));
+            }
+        }
+        if let Some(c) = self
+            .seccomp
+            .rules
+            .iter()
+            .find_map(|r| crate::text::first_unsafe(&r.reason))
+        {
+            return Err(at(&["seccomp", "rule", "reason"], unsafe_text(c)));
+        }
         let no_list = Vec::new();
         let lists: [(&[&str], &Vec<PathBuf>); 5] = [
             (&["landlock", "read"], &self.landlock.read),
@@ -612,3 +628,11 @@ fn describe_toml_error(
 
 #[cfg(test)]
 mod tests;
+
+/// Why a name or reason holding `c` is refused.
+fn unsafe_text(c: char) -> String {
+    format!(
+        "holds {} (a control or format character, which would drive or reorder a reviewer's terminal)",
+        c.escape_default()
+    )
+}

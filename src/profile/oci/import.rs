@@ -150,11 +150,11 @@ impl Import<'_> {
     fn default_action(&mut self, oci: &OciProfile) -> Result<DefaultAction, OciError> {
         let kind = action_of(oci.default_action, &mut self.notes, "defaultAction");
         let errno_num = match oci.default_errno_ret {
-            Some(e) if (1..=4095).contains(&e) => e as i32,
+            Some(e) if (1..=4094).contains(&e) => e as i32,
             Some(e) => {
-                return Err(
-                    self.unsupported(format!("defaultErrnoRet {e} is out of range (1..4095)"))
-                );
+                return Err(self.unsupported(format!(
+                    "defaultErrnoRet {e} is out of range (1..4094: libseccomp refuses 4095)"
+                )));
             }
             None if matches!(
                 oci.default_action,
@@ -389,12 +389,12 @@ fn errno_of(
     default_errno: i32,
 ) -> Result<Option<ErrnoValue>, String> {
     match (action, errno_ret) {
-        (OciAction::SCMP_ACT_ERRNO, Some(e)) if (1..=4095).contains(&e) => {
+        (OciAction::SCMP_ACT_ERRNO, Some(e)) if (1..=4094).contains(&e) => {
             Ok(Some(ErrnoValue::Number(e as i32)))
         }
-        (OciAction::SCMP_ACT_ERRNO, Some(e)) => {
-            Err(format!("errnoRet {e} is out of range (1..4095)"))
-        }
+        (OciAction::SCMP_ACT_ERRNO, Some(e)) => Err(format!(
+            "errnoRet {e} is out of range (1..4094: libseccomp refuses 4095)"
+        )),
         (OciAction::SCMP_ACT_ERRNO, None) => Ok(Some(ErrnoValue::Number(default_errno))),
         _ => Ok(None),
     }

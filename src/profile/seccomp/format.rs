@@ -97,8 +97,8 @@ pub enum ErrnoValue {
 impl ErrnoValue {
     pub(super) fn resolve(&self) -> Result<i32, String> {
         match self {
-            ErrnoValue::Number(n) if (1..=4095).contains(n) => Ok(*n),
-            ErrnoValue::Number(n) => Err(format!("errno {n} is out of range (1..4095)")),
+            ErrnoValue::Number(n) if (1..=4094).contains(n) => Ok(*n),
+            ErrnoValue::Number(n) => Err(format!("errno {n} is out of range (1..4094: libseccomp refuses 4095)")),
             ErrnoValue::Name(s) => names::errno_by_name(s).ok_or_else(|| {
                 match names::errno_like(s) {
                     Some(like) => format!("unknown errno name {s:?} (did you mean {like:?}?)"),

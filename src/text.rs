@@ -1,0 +1,62 @@
+//! Text that came from a file or a peer and is printed to a person's terminal.
+//!
+//! A control character (ESC, BEL, CR, a C1 CSI) in it drives the terminal: it sets the
+//! window title, clears the screen, conceals what follows or redraws a line; a
+//! bidirectional override or an invisible format character makes what is shown differ
+//! from what is there. Such text is escaped where it is printed, or refused where it is
+//! read as a name or a reason someone will review.
+
+use std::borrow::Cow;
+
+/// Whether `c` drives a terminal or changes how the text around it is drawn: a control
+/// character (C0, DEL, C1), or a format character that reorders or hides text.
+pub fn is_unsafe(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{2069}'
+                | '\u{feff}'
+                | '\u{fff9}'..='\u{fffb}'
+        )
+}
+
+/// The first such character in `s`, if any.
+pub fn first_unsafe(s: &str) -> Option<char> {
+    s.chars().find(|c| is_unsafe(*c))
+}
+
+/// `s` with each such character written as its escape (`\u{1b}`, `\n`); other text,
+/// accented letters and other scripts included, as it is.
+pub fn escape_unsafe(s: &str) -> Cow<'_, str> {
+    if first_unsafe(s).is_none() {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len().saturating_add(16));
+    for c in s.chars() {
+        if is_unsafe(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_controls_and_reordering_are_escaped_and_other_text_kept() {
+        assert_eq!(
+            escape_unsafe("a\u{1b}]0;T\u{7}b\r\n\u{9b}2J\u{202e}é漢"),
+            "a\\u{1b}]0;T\\u{7}b\\r\\n\\u{9b}2J\\u{202e}é漢"
+        );
+        assert!(matches!(escape_unsafe("plain /path é"), Cow::Borrowed(_)));
+        assert_eq!(first_unsafe("ok\u{200b}"), Some('\u{200b}'));
+        assert_eq!(first_unsafe("tab\there"), Some('\t'));
+    }
+}
