@@ -346,3 +346,53 @@ fn every_manifest_subcommand_has_help_with_an_example() {
         assert!(stdout(&out).contains("hatchery manifest"), "{sub:?}");
     }
 }
+
+/// An input file that is a FIFO blocked the command until someone wrote to it (for ever),
+/// and `/dev/zero` as a state file was read until memory ran out: every input is a regular
+/// file, read up to its limit, or refused at once with what it is.
+#[test]
+fn inputs_that_are_fifos_or_devices_are_refused_at_once() -> TestResult {
+    let dir = Scratch::new()?;
+    let key = dir.key()?;
+    let fifo = dir.path("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))?;
+    let within = |args: &[&str]| {
+        run_with_timeout(Command::new(hatchery()).args(args), Duration::from_secs(20))
+    };
+    let cases: [Vec<&str>; 5] = [
+        vec!["manifest", "verify", s(&fifo)?, "--key", s(&key)?],
+        vec!["manifest", "contract", s(&fifo)?],
+        vec!["profile", "show", s(&fifo)?],
+        vec![
+            "manifest",
+            "issue",
+            "--key",
+            s(&key)?,
+            "--state-file",
+            s(&fifo)?,
+            "--",
+            "true",
+        ],
+        vec![
+            "manifest",
+            "issue",
+            "--key",
+            s(&key)?,
+            "--state-file",
+            "/dev/zero",
+            "--",
+            "true",
+        ],
+    ];
+    for args in cases {
+        let out = within(&args);
+        assert_ne!(code(&out), 0, "{args:?}: {}", stdout(&out));
+        let said = stderr(&out);
+        assert!(
+            said.contains("is a FIFO, not a regular file")
+                || said.contains("is a device, not a regular file"),
+            "{args:?}: {said}"
+        );
+    }
+    Ok(())
+}

@@ -124,9 +124,17 @@ impl JobArgs {
     pub fn state_snapshot(&self) -> anyhow::Result<StateSnapshot> {
         let text = match (&self.state, &self.state_file) {
             (Some(s), _) => s.clone(),
-            (None, Some(path)) => std::fs::read_to_string(path).map_err(|e| {
-                anyhow::anyhow!("cannot read the state file {}: {e}", path.display())
-            })?,
+            (None, Some(path)) => {
+                let limit = hatchery::manifest::fields::MAX_STATE_SNAPSHOT_BYTES;
+                let bytes = hatchery::paths::read_input(path, limit).map_err(|e| {
+                    anyhow::anyhow!("cannot read the state file {}: {e}", path.display())
+                })?;
+                // One byte past the limit is enough for the snapshot's own check to say
+                // it is too large.
+                String::from_utf8(bytes).map_err(|_| {
+                    anyhow::anyhow!("the state file {} is not UTF-8", path.display())
+                })?
+            }
             (None, None) => String::new(),
         };
         Ok(StateSnapshot::new(text)?)

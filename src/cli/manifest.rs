@@ -217,9 +217,7 @@ fn read_manifest(path: &Path) -> std::io::Result<Vec<u8>> {
             .take(limit)
             .read_to_end(&mut bytes)?;
     } else {
-        std::fs::File::open(path)?
-            .take(limit)
-            .read_to_end(&mut bytes)?;
+        bytes = hatchery::paths::read_input(path, MAX_MANIFEST_JSON_BYTES)?;
     }
     Ok(bytes)
 }

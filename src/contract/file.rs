@@ -345,13 +345,7 @@ impl ContractConfig {
             origin: origin.clone(),
             source,
         };
-        let file = std::fs::File::open(path).map_err(read)?;
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(
-            &mut std::io::Read::take(file, MAX_CONTRACT_BYTES as u64 + 1),
-            &mut bytes,
-        )
-        .map_err(read)?;
+        let bytes = crate::paths::read_input(path, MAX_CONTRACT_BYTES).map_err(read)?;
         let text = String::from_utf8(bytes).map_err(|e| ContractError::Invalid {
             origin: origin.clone(),
             message: format!("not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()),

@@ -224,6 +224,40 @@ pub fn check_host_path(path: &Path) -> Result<HostPath, PathError> {
     })
 }
 
+/// Opens an input file someone named (a profile, a contract, a manifest, a state file)
+/// and reads at most `limit` bytes of it, plus one to tell that it is larger. Only a
+/// regular file is read: a FIFO would block the reader until someone writes (for ever),
+/// and a device (`/dev/zero`) never ends.
+pub fn read_input(path: &Path, limit: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        use std::os::unix::fs::FileTypeExt;
+        let what = if kind.is_dir() {
+            "a directory"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "a device"
+        };
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("is {what}, not a regular file"),
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take((limit as u64).saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// Where an output file goes: standard output, or a name in a directory held open since
 /// before anything untrusted ran (see [`dir`]).
 #[derive(Debug)]

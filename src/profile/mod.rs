@@ -536,24 +536,16 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// Reads a file of at most [`MAX_PROFILE_BYTES`] as UTF-8, without trusting its reported
 /// size (a FIFO or a file in /proc reports none).
 pub fn read_bounded(path: &Path) -> Result<String, ProfileError> {
-    use std::io::Read;
     let read_err = |error| ProfileError::Read {
         path: path.to_path_buf(),
         error,
     };
-    let file = std::fs::File::open(path).map_err(read_err)?;
-    let meta = file.metadata().map_err(read_err)?;
-    if meta.is_dir() {
-        return Err(read_err(std::io::Error::other("is a directory")));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_PROFILE_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read_err)?;
+    let bytes = crate::paths::read_input(path, MAX_PROFILE_BYTES).map_err(read_err)?;
     if bytes.len() > MAX_PROFILE_BYTES {
+        let size = std::fs::metadata(path).map_or(0, |m| m.len());
         return Err(ProfileError::TooLarge {
             origin: path.display().to_string(),
-            size: meta.len().max(bytes.len() as u64),
+            size: size.max(bytes.len() as u64),
         });
     }
     String::from_utf8(bytes).map_err(|e| {
