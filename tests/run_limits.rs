@@ -627,3 +627,112 @@ fn a_killed_run_takes_its_sandbox_along() {
     let out = hatchery_cmd(&["run", "--", "true"]);
     assert_eq!(code(&out), 0);
 }
+
+/// The hierarchies a run's cgroups go in: (mount point, this process's cgroup path) for
+/// each of memory, pids, cpu and cpuacct on v1, or the one v2 hierarchy.
+fn own_hierarchies() -> Vec<std::path::PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let v1: Vec<std::path::PathBuf> = text
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, controllers) = (f.next()?, f.next()?);
+            let wanted = ["memory", "pids", "cpu", "cpuacct"];
+            controllers
+                .split(',')
+                .any(|c| wanted.contains(&c))
+                .then(|| Path::new("/sys/fs/cgroup").join(controllers))
+        })
+        .filter(|p| p.is_dir())
+        .collect();
+    if v1.is_empty() {
+        vec![Path::new("/sys/fs/cgroup").to_path_buf()]
+    } else {
+        v1
+    }
+}
+
+/// A `run` killed with SIGKILL cannot remove its cgroups; a later run sweeps them, but
+/// under its own cgroup only, and every login session or service has its own: from
+/// another one they stayed for good. A killed run's cgroups are removed by the next run,
+/// wherever it was started from.
+#[test]
+fn a_killed_runs_cgroups_are_removed_by_a_later_run_started_elsewhere() {
+    if skip_unless_root("killed run's cgroups") {
+        return;
+    }
+    // A cgroup of the test's own in each hierarchy, for the run that is killed.
+    let elsewhere = format!("hatchery-test-elsewhere-{}", std::process::id());
+    let places: Vec<std::path::PathBuf> = own_hierarchies()
+        .iter()
+        .map(|h| h.join(&elsewhere))
+        .collect();
+    let _removed = RemovedOnDrop(places.clone());
+    for p in &places {
+        std::fs::create_dir_all(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    }
+    let joins: String = places
+        .iter()
+        .map(|p| format!("echo $$ > {}/cgroup.procs && ", p.display()))
+        .collect();
+    let mut killed = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{joins}exec {} run --memory 64M --pids 16 --cpus 0.5 -- sleep 60",
+            hatchery().display()
+        ))
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let pid = killed.id();
+    let made = |p: &std::path::PathBuf| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(p)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|e| {
+                        e.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with(&format!("hatchery-run-{pid}-")))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let start = std::time::Instant::now();
+    while places.iter().map(|p| made(p).len()).sum::<usize>() < places.len()
+        && start.elapsed() < Duration::from_secs(20)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = killed.kill();
+    let _ = killed.wait();
+    let left: Vec<_> = places.iter().flat_map(&made).collect();
+    assert!(
+        !left.is_empty(),
+        "the killed run made no cgroup to leave behind"
+    );
+
+    // A run from the test's own cgroup, elsewhere: it sweeps them while it runs.
+    let out = hatchery_cmd(&["run", "--memory", "64M", "--", "/bin/true"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let still: Vec<_> = places.iter().flat_map(&made).collect();
+    assert!(still.is_empty(), "left behind: {still:?}");
+}
+
+/// Cgroups the test made, removed with whatever was left in them (empty cgroups of a
+/// killed run) when dropped, whether or not the test passed.
+struct RemovedOnDrop(Vec<std::path::PathBuf>);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            if let Ok(d) = std::fs::read_dir(p) {
+                for e in d.flatten().filter(|e| e.path().is_dir()) {
+                    let _ = std::fs::remove_dir(e.path());
+                }
+            }
+            let _ = std::fs::remove_dir(p);
+        }
+    }
+}

@@ -7,6 +7,7 @@
 //! the report states what the kernel counted, not what hatchery estimated.
 
 pub mod layout;
+mod leftovers;
 mod v1;
 mod v2;
 

@@ -93,21 +93,25 @@ impl CgroupManager for V1Manager {
     }
 
     fn create(&self, name: &str, limits: &Limits) -> Result<Box<dyn SandboxCgroup>, CgroupError> {
+        // Memory, cpuacct and pids are always joined, for accounting; cpu only for a quota.
+        let wanted: Vec<(Kind, PathBuf)> = self
+            .bases
+            .iter()
+            .filter(|(kind, _)| *kind != Kind::Cpu || limits.cpus.is_some())
+            .map(|(kind, base)| (*kind, base.join(name)))
+            .collect();
+        let paths: Vec<&Path> = wanted.iter().map(|(_, d)| d.as_path()).collect();
         let mut cg = V1Cgroup {
             dirs: Vec::new(),
             primary: PathBuf::new(),
+            noted: super::leftovers::note(name, &paths),
         };
-        // Memory, cpuacct and pids are always joined, for accounting; cpu only for a quota.
-        for (kind, base) in &self.bases {
-            if *kind == Kind::Cpu && limits.cpus.is_none() {
-                continue;
-            }
-            let dir = base.join(name);
+        for (kind, dir) in wanted {
             // Co-mounted controllers (the usual `cpu,cpuacct`) share one directory.
             if !cg.dirs.iter().any(|(_, d)| *d == dir) {
                 std::fs::create_dir(&dir).map_err(io_err(&dir))?;
             }
-            cg.dirs.push((*kind, dir));
+            cg.dirs.push((kind, dir));
         }
         cg.primary = cg
             .dirs
@@ -122,10 +126,12 @@ impl CgroupManager for V1Manager {
     }
 
     fn sweep_stale(&self) -> Vec<PathBuf> {
-        unique(self.bases.iter().map(|(_, b)| b))
+        let mut removed: Vec<PathBuf> = unique(self.bases.iter().map(|(_, b)| b))
             .into_iter()
             .flat_map(|b| super::sweep_dir(b))
-            .collect()
+            .collect();
+        removed.extend(super::leftovers::sweep());
+        removed
     }
 }
 
@@ -143,6 +149,8 @@ fn unique<'a>(dirs: impl Iterator<Item = &'a PathBuf>) -> Vec<&'a PathBuf> {
 pub struct V1Cgroup {
     dirs: Vec<(Kind, PathBuf)>,
     primary: PathBuf,
+    /// The note that lets a later run remove these directories if this one is killed.
+    noted: Option<super::leftovers::Noted>,
 }
 
 impl V1Cgroup {
@@ -276,7 +284,15 @@ impl SandboxCgroup for V1Cgroup {
             }
         }
         self.dirs.clear();
-        first_err.map_or(Ok(()), Err)
+        match first_err {
+            Some(e) => Err(e),
+            None => {
+                if let Some(noted) = self.noted.take() {
+                    noted.done();
+                }
+                Ok(())
+            }
+        }
     }
 }
 
@@ -284,6 +300,8 @@ impl Drop for V1Cgroup {
     fn drop(&mut self) {
         if !self.dirs.is_empty() {
             let _ = self.destroy();
+        } else if let Some(noted) = self.noted.take() {
+            noted.done();
         }
     }
 }

@@ -227,11 +227,18 @@ impl CgroupManager for V2Manager {
     fn create(&self, name: &str, limits: &Limits) -> Result<Box<dyn SandboxCgroup>, CgroupError> {
         let base = self.placement()?.base;
         let dir = base.join(name);
-        std::fs::create_dir(&dir).map_err(io_err(&dir))?;
+        let noted = super::leftovers::note(name, &[dir.as_path()]);
+        if let Err(e) = std::fs::create_dir(&dir) {
+            if let Some(noted) = noted {
+                noted.done();
+            }
+            return Err(io_err(&dir)(e));
+        }
         let mut cg = V2Cgroup {
             dir: dir.clone(),
             fd: None,
             removed: false,
+            noted,
         };
         cg.apply(limits)?;
         let fd = std::fs::OpenOptions::new()
@@ -248,6 +255,7 @@ impl CgroupManager for V2Manager {
         if self.root_user && self.own != self.mount {
             removed.extend(super::sweep_dir(&self.mount));
         }
+        removed.extend(super::leftovers::sweep());
         removed
     }
 
@@ -288,6 +296,8 @@ pub struct V2Cgroup {
     dir: PathBuf,
     fd: Option<File>,
     removed: bool,
+    /// The note that lets a later run remove this directory if this one is killed.
+    noted: Option<super::leftovers::Noted>,
 }
 
 impl V2Cgroup {
@@ -375,6 +385,9 @@ impl SandboxCgroup for V2Cgroup {
         self.fd = None;
         if super::removed_at_once(&self.dir) {
             self.removed = true;
+            if let Some(noted) = self.noted.take() {
+                noted.done();
+            }
             return Ok(());
         }
         if !self.is_empty() {
@@ -382,6 +395,9 @@ impl SandboxCgroup for V2Cgroup {
         }
         super::remove_when_empty(&self.dir, Instant::now() + Duration::from_secs(2))?;
         self.removed = true;
+        if let Some(noted) = self.noted.take() {
+            noted.done();
+        }
         Ok(())
     }
 }

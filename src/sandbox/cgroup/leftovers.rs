@@ -1,0 +1,145 @@
+//! The cgroups of a `run` killed before it could remove them, found by any later run.
+//!
+//! A supervisor that is killed (SIGKILL, the OOM killer) takes its sandbox with it (pid 1
+//! dies of its parent's death), but not the sandbox's cgroup directories: nothing is left
+//! to remove them. A later run sweeps stale cgroups under its own cgroup, which finds
+//! them only when it was started from the same place; each login session or service has
+//! a cgroup of its own. So a privileged `run` notes the directories it is about to make
+//! in `/run/hatchery/runs` (root's alone, reached without following symlinks), one small
+//! file named after the cgroup, and removes the note once the directories are gone; any
+//! later privileged run removes the directories of notes whose owner no longer exists.
+
+use std::path::{Path, PathBuf};
+
+use crate::paths::Dir;
+
+const DIR: &str = "/run/hatchery";
+const SUBDIR: &str = "runs";
+/// The names this concerns: `run`'s (the controller sweeps its workers' itself).
+const RUN_PREFIX: &str = "hatchery-run-";
+/// A note names at most a few directories (one per hierarchy).
+const MAX_NOTE_BYTES: u64 = 4096;
+/// Notes looked at per sweep: enough for every run a host could have killed meanwhile.
+const MAX_SWEPT: usize = 256;
+
+/// A note that a cgroup's directories exist, taken away by [`Noted::done`].
+pub(super) struct Noted {
+    dir: Dir,
+    name: String,
+}
+
+fn notes_dir() -> Option<Dir> {
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let dir = Dir::create(Path::new(DIR), 0o755)
+        .and_then(|d| d.subdir(SUBDIR, 0o700))
+        .ok()?;
+    // Refuse a directory that is not root's alone (someone made it before us).
+    let st = dir.stat().ok()?;
+    (st.st_uid == 0 && st.st_mode & 0o077 == 0).then_some(dir)
+}
+
+/// Notes that `dirs` (the cgroup `name` in each hierarchy) are about to be made. `None`
+/// for a name that is not `run`'s, for an unprivileged caller, or when the note cannot be
+/// written (a run killed then leaves its cgroups to a run from the same cgroup, as before).
+pub(super) fn note(name: &str, dirs: &[&Path]) -> Option<Noted> {
+    if !name.starts_with(RUN_PREFIX) {
+        return None;
+    }
+    let dir = notes_dir()?;
+    let mut text = String::new();
+    for d in dirs {
+        text.push_str(d.to_str()?);
+        text.push('\n');
+    }
+    let mut file = dir.create_new(name, 0o600, false).ok()?;
+    std::io::Write::write_all(&mut file, text.as_bytes()).ok()?;
+    Some(Noted {
+        dir,
+        name: name.to_string(),
+    })
+}
+
+impl Noted {
+    /// The directories are gone: the note goes too.
+    pub(super) fn done(self) {
+        let _ = self.dir.remove(&self.name);
+    }
+}
+
+/// Removes the cgroups of notes whose owner no longer exists, and their notes; returns
+/// the directories removed.
+pub(super) fn sweep() -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Some(dir) = notes_dir() else {
+        return removed;
+    };
+    let names = dir.names().unwrap_or_default();
+    let stale = names
+        .iter()
+        .filter_map(|n| n.to_str())
+        .filter(|n| n.starts_with(RUN_PREFIX) && super::is_stale(n));
+    for name in stale.take(MAX_SWEPT) {
+        let Ok(Some(bytes)) = dir.read(name, MAX_NOTE_BYTES) else {
+            let _ = dir.remove(name);
+            continue;
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let mut all_gone = true;
+        for path in text
+            .lines()
+            .map(Path::new)
+            .filter(|p| names_cgroup(p, name))
+        {
+            if !path.exists() {
+                continue;
+            }
+            match super::remove_tree(path) {
+                Ok(()) => removed.push(path.to_path_buf()),
+                Err(_) => all_gone = false,
+            }
+        }
+        if all_gone {
+            let _ = dir.remove(name);
+        }
+    }
+    removed
+}
+
+/// Whether `path` is the cgroup `name` in a hierarchy under `/sys/fs/cgroup` (a note is
+/// root's alone, but is read as if it were not: nothing else is ever removed).
+fn names_cgroup(path: &Path, name: &str) -> bool {
+    path.is_absolute()
+        && path.starts_with("/sys/fs/cgroup")
+        && path.file_name().and_then(|n| n.to_str()) == Some(name)
+        && path.components().all(|c| {
+            matches!(
+                c,
+                std::path::Component::RootDir | std::path::Component::Normal(_)
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_note_only_ever_names_that_cgroup_under_the_cgroup_mount() {
+        let name = "hatchery-run-1-2";
+        assert!(names_cgroup(
+            Path::new("/sys/fs/cgroup/memory/user/hatchery-run-1-2"),
+            name
+        ));
+        for bad in [
+            "/etc/hatchery-run-1-2",
+            "/sys/fs/cgroup/memory/../../../etc/hatchery-run-1-2",
+            "/sys/fs/cgroup/memory/hatchery-run-1-3",
+            "sys/fs/cgroup/hatchery-run-1-2",
+            "/sys/fs/cgroup",
+        ] {
+            assert!(!names_cgroup(Path::new(bad), name), "{bad}");
+        }
+    }
+}
