@@ -24,7 +24,9 @@
 pub mod anchor;
 mod verify;
 
-pub use verify::{VerifySummary, describe, read_entries, verify, verify_chain, verify_with_anchor};
+pub use verify::{
+    TrailFollower, VerifySummary, describe, read_entries, verify, verify_chain, verify_with_anchor,
+};
 use verify::{open_trail_file, read_line, verify_in};
 
 pub use anchor::{Anchor, AnchorReport, AnchorTarget};

@@ -506,3 +506,75 @@ fn a_tampered_line_is_quoted_escaped_never_driving_the_terminal() {
     );
     assert!(said.contains("\\u{1b}]0;PWNED"), "quoted escaped: {said}");
 }
+
+/// `audit tail -n 1` held the whole trail in memory (450 MB for a 181 MB trail), and `-f`
+/// read and parsed all of it again every 300 ms: it keeps the entries it shows, and
+/// follows by reading what was appended.
+#[test]
+fn audit_tail_of_a_large_trail_holds_only_what_it_shows_and_follows_appends() {
+    if skip_unless_root("large tail") {
+        return;
+    }
+    let mut c = TestController::start(CONTRACT, &[]);
+    c.stop();
+    let state = c.state_dir().to_path_buf();
+    let trail = std::fs::read_to_string(state.join("audit.jsonl")).unwrap_or_default();
+    let first = trail.lines().next().unwrap_or_default().to_string();
+    assert!(first.starts_with('{'), "{trail}");
+    // 150,000 copies: not a trail that verifies, but every line an entry `tail` reads.
+    let copies = 150_000;
+    let mut big = String::with_capacity((first.len() + 1) * copies);
+    for _ in 0..copies {
+        big.push_str(&first);
+        big.push('\n');
+    }
+    std::fs::write(state.join("audit.jsonl"), &big).unwrap_or_else(|e| panic!("{e}"));
+    let size_mb = big.len() >> 20;
+    drop(big);
+
+    let mut child = Command::new(hatchery())
+        .args(["audit", "tail", "-n", "1", "-f", "--json", "--state-dir"])
+        .arg(&state)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Whatever happens, it ends within a minute (a `tail` that printed nothing would
+    // leave the reads below waiting).
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if stopped.recv_timeout(Duration::from_secs(60)).is_err() {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    });
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap_or_else(|| panic!("stdout")));
+    let mut line = String::new();
+    let _ = std::io::BufRead::read_line(&mut out, &mut line);
+    let hwm_kib = proc_status(child.id(), "VmHWM")
+        .and_then(|v| {
+            v.split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .unwrap_or(u64::MAX);
+    // One more entry, appended: followed.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(state.join("audit.jsonl"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::io::Write::write_all(&mut f, format!("{first}\n").as_bytes())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut next = String::new();
+    let _ = std::io::BufRead::read_line(&mut out, &mut next);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = stop.send(());
+    let _ = watchdog.join();
+    assert_eq!(line.trim_end(), first, "the last entry");
+    assert_eq!(next.trim_end(), first, "the appended entry");
+    assert!(
+        hwm_kib < 40 << 10,
+        "a {size_mb} MB trail took {hwm_kib} KiB to show its last entry"
+    );
+}

@@ -243,6 +243,58 @@ pub fn read_entries(dir: &Path) -> Result<Vec<AuditEntry>, AuditError> {
     Ok(out)
 }
 
+/// The trail's entries as they are read, and then as they are appended: `audit tail`
+/// keeps only the last few it shows, and `-f` reads only what was added since (it used to
+/// read and parse the whole trail every 300 ms, holding all of it in memory).
+pub struct TrailFollower {
+    reader: BufReader<File>,
+    path: PathBuf,
+    /// The start of a line whose end has not been written yet.
+    pending: Vec<u8>,
+    lines: u64,
+}
+
+impl TrailFollower {
+    pub fn open(dir: &Path) -> Result<TrailFollower, AuditError> {
+        let held = Dir::open(dir).map_err(io_err(dir))?;
+        Ok(TrailFollower {
+            reader: BufReader::new(open_trail_file(&held, LOG_FILE)?),
+            path: dir.join(LOG_FILE),
+            pending: Vec::new(),
+            lines: 0,
+        })
+    }
+
+    /// Calls `each` with every whole entry written since the last call; a line still
+    /// being written is kept for the next.
+    pub fn read_new(&mut self, mut each: impl FnMut(AuditEntry)) -> Result<(), AuditError> {
+        loop {
+            let room = (MAX_LINE as u64 + 1).saturating_sub(self.pending.len() as u64);
+            let n = (&mut self.reader)
+                .take(room)
+                .read_until(b'\n', &mut self.pending)
+                .map_err(io_err(&self.path))?;
+            let line = self.lines.saturating_add(1);
+            let damaged = |reason: String| AuditError::Damaged {
+                path: self.path.clone(),
+                line,
+                reason,
+            };
+            if self.pending.ends_with(b"\n") {
+                let e: AuditEntry = serde_json::from_slice(self.pending.trim_ascii_end())
+                    .map_err(|e| damaged(format!("not a valid entry: {e}")))?;
+                self.pending.clear();
+                self.lines = line;
+                each(e);
+            } else if self.pending.len() > MAX_LINE {
+                return Err(damaged(format!("a line longer than {MAX_LINE} bytes")));
+            } else if n == 0 {
+                return Ok(());
+            }
+        }
+    }
+}
+
 /// One entry as a line a person reads.
 pub fn describe(e: &AuditEntry) -> String {
     let worker = e

@@ -387,43 +387,54 @@ fn tail(a: &TailArgs) -> i32 {
         error_line!("{e}");
         return 2;
     }
-    let mut shown = 0usize;
-    loop {
-        let entries = match audit::read_entries(&d) {
-            Ok(e) => e,
-            Err(e) => {
-                error_line!("{e}");
-                return 2;
+    let mut trail = match audit::TrailFollower::open(&d) {
+        Ok(t) => t,
+        Err(e) => {
+            error_line!("{e}");
+            return 2;
+        }
+    };
+    // The last `lines` entries of what is there now, and only those kept.
+    let mut last = std::collections::VecDeque::with_capacity(a.lines.min(1024));
+    if let Err(e) = trail.read_new(|e| {
+        if a.lines > 0 {
+            if last.len() == a.lines {
+                last.pop_front();
             }
-        };
-        let from = if shown == 0 {
-            entries.len().saturating_sub(a.lines)
+            last.push_back(e);
+        }
+    }) {
+        error_line!("{e}");
+        return 2;
+    }
+    let print = |e: &audit::AuditEntry| {
+        if a.json {
+            super::controller::outln(&serde_json::to_string(e).unwrap_or_default());
         } else {
-            shown
-        };
-        // Asked again at each round: the terminal may be resized while `-f` waits.
-        let width = super::shown::table_width();
-        for e in entries.iter().skip(from) {
-            if a.json {
-                super::controller::outln(&serde_json::to_string(e).unwrap_or_default());
-            } else {
-                // Details carry what workers chose (a reason, a command, a host name).
-                let line = super::shown::shown(&audit::describe(e));
-                super::controller::outln(&match width {
-                    Some(width) => super::shown::field("", &line, width),
-                    None => line,
-                });
-            }
+            // Details carry what workers chose (a reason, a command, a host name).
+            let line = super::shown::shown(&audit::describe(e));
+            // Asked at each entry: the terminal may be resized while `-f` waits.
+            super::controller::outln(&match super::shown::table_width() {
+                Some(width) => super::shown::field("", &line, width),
+                None => line,
+            });
         }
-        shown = entries.len().max(shown);
-        if !a.follow {
-            return 0;
-        }
+    };
+    last.iter().for_each(print);
+    drop(last);
+    if !a.follow {
+        return 0;
+    }
+    loop {
         if super::stdout_gone() {
             // Nobody reads any more: following on would print to no one, for ever.
             return 0;
         }
         std::thread::sleep(Duration::from_millis(300));
+        if let Err(e) = trail.read_new(|e| print(&e)) {
+            error_line!("{e}");
+            return 2;
+        }
     }
 }
 
