@@ -24,20 +24,29 @@ const MAX_SWEPT: usize = 256;
 
 /// A note that a cgroup's directories exist, taken away by [`Noted::done`].
 pub(super) struct Noted {
-    dir: Dir,
+    dir: &'static Dir,
     name: String,
 }
 
-fn notes_dir() -> Option<Dir> {
-    if !nix::unistd::geteuid().is_root() {
-        return None;
-    }
-    let dir = Dir::create(Path::new(DIR), 0o755)
-        .and_then(|d| d.subdir(SUBDIR, 0o700))
-        .ok()?;
-    // Refuse a directory that is not root's alone (someone made it before us).
-    let st = dir.stat().ok()?;
-    (st.st_uid == 0 && st.st_mode & 0o077 == 0).then_some(dir)
+/// The notes' directory, opened once a process (the note and the sweep share it).
+fn notes_dir() -> Option<&'static Dir> {
+    static NOTES: std::sync::OnceLock<Option<Dir>> = std::sync::OnceLock::new();
+    NOTES
+        .get_or_init(|| {
+            if !nix::unistd::geteuid().is_root() {
+                return None;
+            }
+            let path = Path::new(DIR).join(SUBDIR);
+            let dir = Dir::open(&path)
+                .or_else(|_| {
+                    Dir::create(Path::new(DIR), 0o755).and_then(|d| d.subdir(SUBDIR, 0o700))
+                })
+                .ok()?;
+            // Refuse a directory that is not root's alone (someone made it before us).
+            let st = dir.stat().ok()?;
+            (st.st_uid == 0 && st.st_mode & 0o077 == 0).then_some(dir)
+        })
+        .as_ref()
 }
 
 /// Notes that `dirs` (the cgroup `name` in each hierarchy) are about to be made. `None`
