@@ -14,12 +14,36 @@ pub fn is_unsafe(c: char) -> bool {
     c.is_control()
         || matches!(
             c,
-            '\u{061c}'
+            // Unicode's format characters (category Cf): bidirectional marks and
+            // overrides, zero-width joiners and spaces, invisible operators, shorthand
+            // and musical formatting, interlinear annotation.
+            '\u{00ad}'
+                | '\u{0600}'..='\u{0605}'
+                | '\u{061c}'
+                | '\u{06dd}'
+                | '\u{070f}'
+                | '\u{0890}'..='\u{0891}'
+                | '\u{08e2}'
+                | '\u{180e}'
                 | '\u{200b}'..='\u{200f}'
                 | '\u{2028}'..='\u{202e}'
-                | '\u{2060}'..='\u{2069}'
+                | '\u{2060}'..='\u{206f}'
                 | '\u{feff}'
                 | '\u{fff9}'..='\u{fffb}'
+                | '\u{110bd}'
+                | '\u{110cd}'
+                | '\u{13430}'..='\u{1343f}'
+                | '\u{1bca0}'..='\u{1bca3}'
+                | '\u{1d173}'..='\u{1d17a}'
+                // Tags: invisible letters that can carry a hidden text.
+                | '\u{e0000}'..='\u{e007f}'
+                // Variation selectors, and the fillers that draw as nothing.
+                | '\u{fe00}'..='\u{fe0f}'
+                | '\u{e0100}'..='\u{e01ef}'
+                | '\u{115f}'
+                | '\u{1160}'
+                | '\u{3164}'
+                | '\u{ffa0}'
         )
 }
 
@@ -58,5 +82,8 @@ mod tests {
         assert!(matches!(escape_unsafe("plain /path é"), Cow::Borrowed(_)));
         assert_eq!(first_unsafe("ok\u{200b}"), Some('\u{200b}'));
         assert_eq!(first_unsafe("tab\there"), Some('\t'));
+        // A text hidden in tag characters, and a variation selector.
+        assert_eq!(first_unsafe("Safe\u{e0069}\u{e0067}"), Some('\u{e0069}'));
+        assert_eq!(first_unsafe("a\u{fe0f}"), Some('\u{fe0f}'));
     }
 }

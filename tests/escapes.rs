@@ -1179,3 +1179,64 @@ fn a_directory_given_as_stdin_is_not_passed() {
         "{r}"
     );
 }
+
+/// A namespace file given as stdin says it is a regular file (it is the host's network
+/// namespace: a handle, not data), and a FIFO given read-write as stdout lets the command
+/// read what others wrote there: neither reaches the command as it is.
+#[test]
+fn a_namespace_as_stdin_or_a_read_write_fifo_as_stdout_is_not_passed() {
+    if skip_unless_root("kernel object stdio") {
+        return;
+    }
+    let tmp = shared_tempdir();
+    let report = tmp.path().join("report.json");
+    let fifo = tmp.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let both_ways = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::io::Write::write_all(&mut &both_ways, b"host-secret\n").unwrap_or_else(|e| panic!("{e}"));
+    let ns = std::fs::File::open("/proc/self/ns/net").unwrap_or_else(|e| panic!("{e}"));
+    let mut cmd = Command::new(hatchery());
+    cmd.arg("run").arg("--report").arg(&report).args([
+        "--",
+        "sh",
+        "-c",
+        "ls -l /proc/self/fd/0 >&2; read x <&1; echo \"got:$x\" >&2",
+    ]);
+    let (_, err) = run_with_stdio(&mut cmd, Stdio::from(ns), Stdio::from(both_ways));
+    assert!(
+        !err.contains("net:["),
+        "the namespace reached the command: {err}"
+    );
+    assert!(!err.contains("host-secret"), "read through stdout: {err}");
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("report: {e}"));
+    let stdio = &r["enforcement"]["stdio"];
+    assert_eq!(
+        stdio["stdin"], "not passed (kernel object): the command reads /dev/null",
+        "{r}"
+    );
+    assert_eq!(stdio["stdout"], "pipe relay (read-write pipe)", "{r}");
+}
+
+/// An `O_PATH` descriptor as stdin can be neither read nor polled: hatchery (as std's own
+/// start-up would) aborted before anything ran. It is taken as a closed stdin.
+#[test]
+fn an_o_path_stdin_is_taken_as_closed_not_a_crash() {
+    let path_only = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open("/etc/hostname")
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let mut cmd = Command::new(hatchery());
+    cmd.args(["run", "--", "/bin/true"]);
+    let (status, err) = run_with_stdio(&mut cmd, Stdio::from(path_only), Stdio::null());
+    assert_eq!(status, 0, "{err}");
+}

@@ -545,14 +545,25 @@ fn export_writes_into_a_device_and_replaces_no_symlink_fifo_or_device() {
 fn a_profiles_text_never_drives_the_reviewers_terminal() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let cases = [
-        ("name", "name = \"mine: no findings\\u001b[8m\"\n"),
+        ("name", "name = \"mine: no findings\\u001b[8m\"\n", ""),
         (
             "description",
             "name = \"x\"\ndescription = \"fine\\u202egnp.exe\"\n",
+            "",
+        ),
+        (
+            "description",
+            "name = \"x\"\ndescription = \"Safe\\U000E0069\\U000E0067\"\n",
+            "",
+        ),
+        (
+            "landlock.read",
+            "name = \"x\"\n",
+            "[landlock]\nread = [\"/usr\", \"/tmp/\\u001b]0;PWNED\\u0007\"]\n",
         ),
     ];
-    for (key, head) in cases {
-        let text = format!("{head}[seccomp]\ndefault_action = \"allow\"\n");
+    for (key, head, tail) in cases {
+        let text = format!("{head}[seccomp]\ndefault_action = \"allow\"\n{tail}");
         let p = write(dir.path(), "evil.toml", &text);
         let o = hatchery_cmd(&["profile", "lint", s(&p), "--ignore-profile-accept"]);
         assert_eq!(code(&o), 2, "{key}: {}{}", stdout(&o), stderr(&o));

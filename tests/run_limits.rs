@@ -736,3 +736,75 @@ impl Drop for RemovedOnDrop {
         }
     }
 }
+
+/// A run in a pid namespace of its own (a container's) is named by a pid that means
+/// another process here, or none: a later run took its cgroup for a dead run's and killed
+/// its live sandbox. The note's lock, held while the run lives, says otherwise, and a
+/// cgroup with processes in it is never swept.
+#[test]
+fn a_live_run_in_another_pid_namespace_is_not_swept_by_a_later_run() {
+    if skip_unless_root("pid namespace sweep") {
+        return;
+    }
+    let mut contained = Command::new("unshare")
+        .args(["-p", "-f", "-m", "--mount-proc"])
+        .arg(hatchery())
+        .args([
+            "run",
+            "--memory",
+            "64M",
+            "--pids",
+            "16",
+            "--timeout",
+            "30s",
+            "--",
+        ])
+        .args(["sh", "-c", "sleep 3; echo survived"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("unshare: {e}"));
+    // Its cgroup, named after pid 1 of its namespace.
+    let base = own_hierarchies()
+        .into_iter()
+        .find(|h| h.ends_with("memory") || h == Path::new("/sys/fs/cgroup"))
+        .unwrap_or_else(|| panic!("no memory hierarchy"));
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let rel = own
+        .lines()
+        .find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, c, p) = (f.next()?, f.next()?, f.next()?);
+            (c.split(',').any(|c| c == "memory") || c.is_empty()).then(|| p.to_string())
+        })
+        .unwrap_or_default();
+    let parent = base.join(rel.trim_start_matches('/'));
+    let start = std::time::Instant::now();
+    let appeared = loop {
+        let found = std::fs::read_dir(&parent).ok().is_some_and(|d| {
+            d.flatten().any(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with("hatchery-run-1-"))
+            })
+        });
+        if found || start.elapsed() > Duration::from_secs(20) {
+            break found;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let later = hatchery_cmd(&["run", "--memory", "64M", "--", "/bin/true"]);
+    let mut said = String::new();
+    if let Some(mut out) = contained.stdout.take() {
+        let _ = std::io::Read::read_to_string(&mut out, &mut said);
+    }
+    let status = contained.wait().map(|s| s.code()).unwrap_or(None);
+    assert!(
+        appeared,
+        "the contained run's cgroup never appeared under {}",
+        parent.display()
+    );
+    assert_eq!(code(&later), 0, "{}", stderr(&later));
+    assert_eq!(said.trim(), "survived", "status {status:?}");
+    assert_eq!(status, Some(0));
+}

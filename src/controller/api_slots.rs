@@ -10,9 +10,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Connections one uid may hold open at once.
+/// Connections one uid may hold open at once (at most).
 pub const PER_UID: usize = 64;
-/// Connections all uids but root and the controller's own may hold open at once.
+/// Connections all uids but root and the controller's own may hold open at once (at most).
 pub const OTHERS: usize = 512;
 
 /// The open API connections, by uid.
@@ -20,6 +20,8 @@ pub const OTHERS: usize = 512;
 pub struct ApiSlots {
     open: Arc<Mutex<Counts>>,
     owner_uid: u32,
+    per_uid: usize,
+    others: usize,
 }
 
 #[derive(Default)]
@@ -34,33 +36,49 @@ pub struct Slot {
     uid: u32,
 }
 
-/// Why a connection was turned away.
+/// Why a connection was turned away (with the limit it met).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Full {
-    Uid,
-    Others,
+    Uid(usize),
+    Others(usize),
 }
 
 impl std::fmt::Display for Full {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Full::Uid => write!(
+            Full::Uid(n) => write!(
                 f,
-                "this uid holds {PER_UID} connections to the controller already: close one first"
+                "this uid holds {n} connections to the controller already: close one first"
             ),
-            Full::Others => write!(
+            Full::Others(n) => write!(
                 f,
-                "other users hold {OTHERS} connections to the controller already: try again later"
+                "other users hold {n} connections to the controller already: try again later"
             ),
         }
     }
 }
 
 impl ApiSlots {
+    /// Slots within [`PER_UID`] and [`OTHERS`], and within what this process's descriptor
+    /// limit leaves for workers, logs and the trail: all connections together take at
+    /// most a quarter of it (under the usual 1,024: 32 per uid, 128 for the others).
     pub fn new(owner_uid: u32) -> ApiSlots {
+        let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .unwrap_or((1024, 1024));
+        let soft = usize::try_from(soft).unwrap_or(usize::MAX);
+        ApiSlots::with_limits(
+            owner_uid,
+            PER_UID.min(soft / 32).max(1),
+            OTHERS.min(soft / 8).max(1),
+        )
+    }
+
+    fn with_limits(owner_uid: u32, per_uid: usize, others: usize) -> ApiSlots {
         ApiSlots {
             open: Arc::new(Mutex::new(Counts::default())),
             owner_uid,
+            per_uid,
+            others,
         }
     }
 
@@ -72,12 +90,12 @@ impl ApiSlots {
     pub fn take(&self, uid: u32) -> Result<Slot, Full> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let mine = open.by_uid.get(&uid).copied().unwrap_or(0);
-        if mine >= PER_UID {
-            return Err(Full::Uid);
+        if mine >= self.per_uid {
+            return Err(Full::Uid(self.per_uid));
         }
         if !self.privileged(uid) {
-            if open.others >= OTHERS {
-                return Err(Full::Others);
+            if open.others >= self.others {
+                return Err(Full::Others(self.others));
             }
             open.others = open.others.saturating_add(1);
         }
@@ -114,11 +132,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_uid_holds_at_most_its_share_and_gets_it_back_as_connections_close() {
+    fn the_slots_fit_the_descriptor_limit() {
         let slots = ApiSlots::new(1000);
+        let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .unwrap_or((1024, 1024));
+        let total = slots.others + 2 * slots.per_uid;
+        assert!(total as u64 <= soft / 4 + 2, "{total} of {soft}");
+    }
+
+    #[test]
+    fn a_uid_holds_at_most_its_share_and_gets_it_back_as_connections_close() {
+        let slots = ApiSlots::with_limits(1000, PER_UID, OTHERS);
         let held: Vec<Slot> = (0..PER_UID).filter_map(|_| slots.take(2000).ok()).collect();
         assert_eq!(held.len(), PER_UID);
-        assert_eq!(slots.take(2000).err(), Some(Full::Uid));
+        assert_eq!(slots.take(2000).err(), Some(Full::Uid(PER_UID)));
         // The operator and root are not crowded out.
         assert!(slots.take(1000).is_ok());
         assert!(slots.take(0).is_ok());
@@ -128,12 +155,12 @@ mod tests {
 
     #[test]
     fn other_users_together_hold_at_most_their_share_and_never_the_operators() {
-        let slots = ApiSlots::new(1000);
+        let slots = ApiSlots::with_limits(1000, PER_UID, OTHERS);
         let held: Vec<Slot> = (0..OTHERS as u32)
             .filter_map(|i| slots.take(5000 + i / PER_UID as u32).ok())
             .collect();
         assert_eq!(held.len(), OTHERS);
-        assert_eq!(slots.take(9999).err(), Some(Full::Others));
+        assert_eq!(slots.take(9999).err(), Some(Full::Others(OTHERS)));
         let mine: Vec<Slot> = (0..PER_UID).filter_map(|_| slots.take(1000).ok()).collect();
         assert_eq!(mine.len(), PER_UID, "the operator's share is apart");
         drop(held);

@@ -284,6 +284,23 @@ impl OutputTarget {
         if path == Path::new("-") {
             return Ok(OutputTarget::Stdout);
         }
+        // This process's own descriptor, as `>(jq .)` names it (`/dev/fd/63`): written
+        // into, opened again through its magic link (a pipe's is the same pipe).
+        if let Some(stream) = own_stream(path) {
+            return Ok(stream);
+        }
+        if let Some(n) = own_descriptor_number(path) {
+            use std::os::unix::fs::OpenOptionsExt;
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NOCTTY)
+                .open(format!("/proc/self/fd/{n}"))
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+            return Ok(OutputTarget::Into {
+                file,
+                path: path.to_path_buf(),
+            });
+        }
         let name = path
             .file_name()
             .and_then(|n| n.to_str())
@@ -408,18 +425,26 @@ impl OutputTarget {
     }
 }
 
-/// This process's stdout or stderr, when `to` (a symlink's text) is `/proc/self/fd/1` or
-/// `2`, or `/dev/fd/1` or `2` (what `/dev/stdout` and `/dev/stderr` say).
+/// This process's stdout or stderr, when `to` (a path, or a symlink's text) is
+/// `/proc/self/fd/1` or `2`, or `/dev/fd/1` or `2` (what `/dev/stdout` and `/dev/stderr`
+/// say).
 fn own_stream(to: &Path) -> Option<OutputTarget> {
-    let n = to
-        .strip_prefix("/proc/self/fd")
-        .or_else(|_| to.strip_prefix("/dev/fd"))
-        .ok()?;
-    match n.to_str()? {
-        "1" => Some(OutputTarget::Stdout),
-        "2" => Some(OutputTarget::Stderr),
+    match own_descriptor_number(to)? {
+        1 => Some(OutputTarget::Stdout),
+        2 => Some(OutputTarget::Stderr),
         _ => None,
     }
+}
+
+/// N, when `path` is exactly `/proc/self/fd/N` or `/dev/fd/N` (decimal, no leading zero).
+fn own_descriptor_number(path: &Path) -> Option<u32> {
+    let n = path
+        .to_str()?
+        .strip_prefix("/proc/self/fd/")
+        .or_else(|| path.to_str()?.strip_prefix("/dev/fd/"))?;
+    let plain =
+        !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'));
+    plain.then(|| n.parse().ok()).flatten()
 }
 
 #[cfg(test)]

@@ -340,6 +340,10 @@ impl Profile {
         for (what, paths) in lists {
             for p in paths {
                 crate::paths::check_absolute_clean(p).map_err(|e| at(what, e.to_string()))?;
+                // Printed by show and lint, as the other texts are.
+                if let Some(c) = crate::text::first_unsafe(&p.to_string_lossy()) {
+                    return Err(at(what, unsafe_text(c)));
+                }
             }
         }
         if let Some(allow) = &self.landlock.allow_exec {

@@ -9,7 +9,8 @@
 //! thread's, still turn an overflow into SIGSEGV.
 //!
 //! What std's start-up does that hatchery relies on is kept, in [`run`]: descriptors 0, 1
-//! and 2 are open (on `/dev/null` if the caller closed them), so that no file this process
+//! and 2 are open (on `/dev/null` if the caller closed them, or gave an `O_PATH` one, on
+//! which std's start-up aborted), so that no file this process
 //! opens becomes its stdout; SIGPIPE is ignored (see `quiet_on_closed_stdout` in
 //! `main.rs`); a panic that unwinds to the top ends the process with status 101. The
 //! command line is still read by std (`std::env::args_os`), which glibc hands it before
@@ -76,11 +77,22 @@ fn standard_descriptors_open() {
     }
     for fd in fds {
         if fd.revents & libc::POLLNVAL != 0 {
-            // SAFETY: open(2) of a constant NUL-terminated path; the lowest free
-            // descriptor is the closed one, since the lower ones are open by now.
+            // SAFETY: open(2) of a constant NUL-terminated path.
             let opened = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR, 0) };
-            if opened != fd.fd {
+            if opened < 0 {
                 std::process::abort();
+            }
+            // A closed descriptor gets the lowest free number, this one (the lower ones
+            // are open by now). One that poll(2) calls invalid but is open (an `O_PATH`
+            // descriptor, which can neither be read nor written) is replaced, as if closed.
+            if opened != fd.fd {
+                // SAFETY: dup2(2) and close(2) of descriptors this process holds; nothing
+                // else runs yet to race for the numbers.
+                let placed = unsafe { libc::dup2(opened, fd.fd) };
+                unsafe { libc::close(opened) };
+                if placed != fd.fd {
+                    std::process::abort();
+                }
             }
         }
     }

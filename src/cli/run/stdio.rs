@@ -17,6 +17,11 @@ struct CallerFd {
     rdev: u64,
     /// Opened for reading only, and not a socket (a socket is always both ways).
     read_only: bool,
+    /// Opened for writing only, and not a socket.
+    write_only: bool,
+    /// A regular file of a kernel-internal file system: a namespace (`/proc/PID/ns/*`),
+    /// a pidfd, an anonymous inode; a handle on something, not data.
+    kernel_object: bool,
     terminal: bool,
 }
 
@@ -27,6 +32,8 @@ impl CallerFd {
             kind: 0,
             rdev: 0,
             read_only: true,
+            write_only: true,
+            kernel_object: false,
             terminal: false,
         };
         let Ok(st) = nix::sys::stat::fstat(fd) else {
@@ -36,14 +43,25 @@ impl CallerFd {
             return closed;
         };
         let kind = st.st_mode & libc::S_IFMT;
-        let read_only = kind != libc::S_IFSOCK
-            && fcntl(&fd, FcntlArg::F_GETFL).is_ok_and(|f| f & libc::O_ACCMODE == libc::O_RDONLY);
+        let access = fcntl(&fd, FcntlArg::F_GETFL).map(|f| f & libc::O_ACCMODE);
+        let not_socket = kind != libc::S_IFSOCK;
+        let read_only = not_socket && access.is_ok_and(|a| a == libc::O_RDONLY);
+        let write_only = not_socket && access.is_ok_and(|a| a == libc::O_WRONLY);
+        // nsfs, pidfs and anon_inodefs: their files say they are regular ones.
+        const KERNEL_OBJECTS: [i64; 3] = [0x6e73_6673, 0x5049_4446, 0x0904_1934];
+        // The magic's type differs by architecture (i64 here, i32 on others).
+        #[allow(clippy::unnecessary_cast)]
+        let kernel_object = kind == libc::S_IFREG
+            && nix::sys::statfs::fstatfs(&fd)
+                .is_ok_and(|f| KERNEL_OBJECTS.contains(&(f.filesystem_type().0 as i64)));
         CallerFd {
             terminal: tty::is_terminal(fd.as_fd()),
             fd: Some(fd),
             kind,
             rdev: st.st_rdev,
             read_only,
+            write_only,
+            kernel_object,
         }
     }
 
@@ -53,7 +71,16 @@ impl CallerFd {
     /// interfaces), a directory is a place to walk from, and the rest (anonymous inodes,
     /// `O_PATH`) are handles on something else.
     fn holds_only_data(&self) -> bool {
-        self.fd.is_none() || matches!(self.kind, libc::S_IFREG | libc::S_IFIFO | libc::S_IFCHR)
+        self.fd.is_none()
+            || (matches!(self.kind, libc::S_IFREG | libc::S_IFIFO | libc::S_IFCHR)
+                && !self.kernel_object)
+    }
+
+    /// Whether the payload may hold it as its stdout or stderr: only data, and only a way
+    /// out (a FIFO or file opened read-write would let the command read what the caller
+    /// or others wrote there). `/dev/null` has nothing to read.
+    fn passes_as_output(&self) -> bool {
+        self.holds_only_data() && (self.write_only || self.is_dev_null() || self.fd.is_none())
     }
 
     fn is_dev_null(&self) -> bool {
@@ -66,6 +93,7 @@ impl CallerFd {
             _ if self.fd.is_none() => "closed",
             _ if self.terminal => "terminal",
             _ if self.is_dev_null() => "/dev/null",
+            _ if self.kernel_object => "kernel object",
             libc::S_IFREG => "file",
             libc::S_IFIFO => "pipe",
             libc::S_IFSOCK => "socket",
@@ -142,7 +170,7 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
     let outs_passed = cap.is_none()
         && [&stdout, &stderr]
             .iter()
-            .all(|c| !c.terminal && c.holds_only_data());
+            .all(|c| !c.terminal && c.passes_as_output());
     let passed = |c: &CallerFd| match c.fd {
         Some(_) => format!("passed ({})", c.what()),
         None => "closed (the command gets /dev/null)".to_string(),
@@ -206,6 +234,10 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
             (Some(fd), _) if !c.holds_only_data() => Ok((
                 pump.add_output(fd.try_clone()?)?,
                 format!("pipe relay ({})", c.what()),
+            )),
+            (Some(fd), _) if !c.passes_as_output() => Ok((
+                pump.add_output(fd.try_clone()?)?,
+                format!("pipe relay (read-write {})", c.what()),
             )),
             (Some(fd), _) => Ok((fd.try_clone()?, passed(c))),
         }

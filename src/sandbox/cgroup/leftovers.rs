@@ -22,10 +22,14 @@ const MAX_NOTE_BYTES: u64 = 4096;
 /// Notes looked at per sweep: enough for every run a host could have killed meanwhile.
 const MAX_SWEPT: usize = 256;
 
-/// A note that a cgroup's directories exist, taken away by [`Noted::done`].
+/// A note that a cgroup's directories exist, taken away by [`Noted::done`]. Its file is
+/// locked while the run lives (a lock goes with the process, however it ends): a run in
+/// another pid namespace has a pid that means another process here, or none, so the
+/// lock, not the pid, tells whether the note's run is gone.
 pub(super) struct Noted {
     dir: &'static Dir,
     name: String,
+    _lock: nix::fcntl::Flock<std::fs::File>,
 }
 
 /// The notes' directory, opened once a process (the note and the sweep share it).
@@ -62,12 +66,34 @@ pub(super) fn note(name: &str, dirs: &[&Path]) -> Option<Noted> {
         text.push_str(d.to_str()?);
         text.push('\n');
     }
-    let mut file = dir.create_new(name, 0o600, false).ok()?;
-    std::io::Write::write_all(&mut file, text.as_bytes()).ok()?;
+    let file = dir.create_new(name, 0o600, false).ok()?;
+    let forget = |_| {
+        let _ = dir.remove(name);
+    };
+    let mut lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| forget(e))
+        .ok()?;
+    if let Err(e) = std::io::Write::write_all(&mut *lock, text.as_bytes()) {
+        forget(nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)));
+        return None;
+    }
     Some(Noted {
         dir,
         name: name.to_string(),
+        _lock: lock,
     })
+}
+
+/// Whether the run that wrote note `name` is gone: its lock can be taken, and its pid
+/// (as this pid namespace sees it) is not that run's. Both: between a note's creation and
+/// its lock, the pid says the run lives; a run in another pid namespace holds the lock.
+fn run_is_gone(dir: &Dir, name: &str) -> bool {
+    let Ok(Some(file)) = dir.open_read(name) else {
+        return false;
+    };
+    let unlocked =
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok();
+    unlocked && super::is_stale(name)
 }
 
 impl Noted {
@@ -88,7 +114,7 @@ pub(super) fn sweep() -> Vec<PathBuf> {
     let stale = names
         .iter()
         .filter_map(|n| n.to_str())
-        .filter(|n| n.starts_with(RUN_PREFIX) && super::is_stale(n));
+        .filter(|n| n.starts_with(RUN_PREFIX) && run_is_gone(dir, n));
     for name in stale.take(MAX_SWEPT) {
         let Ok(Some(bytes)) = dir.read(name, MAX_NOTE_BYTES) else {
             let _ = dir.remove(name);
@@ -102,6 +128,11 @@ pub(super) fn sweep() -> Vec<PathBuf> {
             .filter(|p| names_cgroup(p, name))
         {
             if !path.exists() {
+                continue;
+            }
+            // Processes in it: not a cgroup a dead run left (its sandbox died with it).
+            if super::is_populated(path) {
+                all_gone = false;
                 continue;
             }
             match super::remove_tree(path) {

@@ -357,6 +357,11 @@ pub(crate) fn remove_tree(dir: &Path) -> Result<(), CgroupError> {
     remove_when_empty(dir, deadline)
 }
 
+/// Whether a process is in `dir` (or it cannot be told: then it is left alone).
+pub(crate) fn is_populated(dir: &Path) -> bool {
+    read_string(&dir.join("cgroup.procs")).is_none_or(|procs| !procs.trim().is_empty())
+}
+
 /// Sweeps stale hatchery cgroups directly under `base`.
 pub(crate) fn sweep_dir(base: &Path) -> Vec<PathBuf> {
     let mut removed = Vec::new();
@@ -366,7 +371,10 @@ pub(crate) fn sweep_dir(base: &Path) -> Vec<PathBuf> {
     for e in entries.flatten() {
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
-        if is_stale(name) && remove_tree(&e.path()).is_ok() {
+        // A cgroup with processes is not one a dead supervisor left (its sandbox died with
+        // it): it may be a live run's in another pid namespace, whose pid means another
+        // process here.
+        if is_stale(name) && !is_populated(&e.path()) && remove_tree(&e.path()).is_ok() {
             removed.push(e.path());
         }
     }
