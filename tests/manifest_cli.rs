@@ -359,30 +359,25 @@ fn inputs_that_are_fifos_or_devices_are_refused_at_once() -> TestResult {
     let within = |args: &[&str]| {
         run_with_timeout(Command::new(hatchery()).args(args), Duration::from_secs(20))
     };
+    let (key, fifo) = (s(&key)?, s(&fifo)?);
+    let issue_with = |state| {
+        vec![
+            "manifest",
+            "issue",
+            "--key",
+            key,
+            "--state-file",
+            state,
+            "--",
+            "true",
+        ]
+    };
     let cases: [Vec<&str>; 5] = [
-        vec!["manifest", "verify", s(&fifo)?, "--key", s(&key)?],
-        vec!["manifest", "contract", s(&fifo)?],
-        vec!["profile", "show", s(&fifo)?],
-        vec![
-            "manifest",
-            "issue",
-            "--key",
-            s(&key)?,
-            "--state-file",
-            s(&fifo)?,
-            "--",
-            "true",
-        ],
-        vec![
-            "manifest",
-            "issue",
-            "--key",
-            s(&key)?,
-            "--state-file",
-            "/dev/zero",
-            "--",
-            "true",
-        ],
+        vec!["manifest", "verify", fifo, "--key", key],
+        vec!["manifest", "contract", fifo],
+        vec!["profile", "show", fifo],
+        issue_with(fifo),
+        issue_with("/dev/zero"),
     ];
     for args in cases {
         let out = within(&args);
