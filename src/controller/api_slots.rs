@@ -9,11 +9,21 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Connections one uid may hold open at once (at most).
 pub const PER_UID: usize = 64;
 /// Connections all uids but root and the controller's own may hold open at once (at most).
 pub const OTHERS: usize = 512;
+
+/// Requests a uid other than root and the controller's own may make at once, and then each
+/// second: one connection a request (as the CLI makes them) or many on one, a peer that
+/// asks without pause (`logs` of a large log, again and again) waits its turn instead of
+/// taking the controller's processor.
+pub const REQUEST_BURST: f64 = 100.0;
+pub const REQUEST_RATE: f64 = 50.0;
+/// Buckets kept for uids with no connection open, at most (full ones are forgotten first).
+const MAX_BUCKETS: usize = 1024;
 
 /// The open API connections, by uid.
 #[derive(Clone)]
@@ -28,12 +38,46 @@ pub struct ApiSlots {
 struct Counts {
     by_uid: HashMap<u32, usize>,
     others: usize,
+    /// Each uid's request tokens and when they were counted; below zero, requests are
+    /// queued that long.
+    requests: HashMap<u32, (f64, Instant)>,
 }
 
 /// One open connection's slot, given back when dropped.
 pub struct Slot {
     slots: ApiSlots,
     uid: u32,
+}
+
+impl Slot {
+    /// How long this connection's next request waits, to keep its uid within
+    /// [`REQUEST_RATE`] (no wait for root and the controller's own uid).
+    pub fn pace(&self) -> Duration {
+        if self.slots.privileged(self.uid) {
+            return Duration::ZERO;
+        }
+        let mut open = self.slots.open.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if open.requests.len() >= MAX_BUCKETS && !open.requests.contains_key(&self.uid) {
+            open.requests.retain(|_, (tokens, last)| {
+                *tokens + now.duration_since(*last).as_secs_f64() * REQUEST_RATE < REQUEST_BURST
+            });
+        }
+        let (tokens, last) = open
+            .requests
+            .entry(self.uid)
+            .or_insert((REQUEST_BURST, now));
+        let refilled = *tokens + now.duration_since(*last).as_secs_f64() * REQUEST_RATE;
+        // At most a burst's worth queued: a peer cannot book the controller for hours.
+        let left = (refilled.min(REQUEST_BURST) - 1.0).max(-REQUEST_BURST);
+        *tokens = left;
+        *last = now;
+        if left >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-left / REQUEST_RATE)
+        }
+    }
 }
 
 /// Why a connection was turned away (with the limit it met).
@@ -130,6 +174,26 @@ impl Drop for Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_uid_asking_without_pause_waits_its_turn_and_the_operator_never_does() {
+        let slots = ApiSlots::with_limits(1000, PER_UID, OTHERS);
+        let mut theirs = Vec::new();
+        for _ in 0..3 {
+            theirs.extend(slots.take(2000).ok());
+        }
+        let waits: Vec<Duration> = (0..300)
+            .filter_map(|i| theirs.get(i % 3).map(Slot::pace))
+            .collect();
+        let free = waits.iter().filter(|w| w.is_zero()).count();
+        // A burst (and what refills while the loop runs), then waits.
+        assert!((100..=102).contains(&free), "{free}");
+        let longest = waits.iter().max().copied().unwrap_or_default();
+        assert!(longest <= Duration::from_secs_f64(REQUEST_BURST / REQUEST_RATE + 0.1));
+        assert!(longest >= Duration::from_secs_f64(1.5), "{longest:?}");
+        let mine = slots.take(1000).ok();
+        assert_eq!(mine.map(|s| s.pace()), Some(Duration::ZERO));
+    }
 
     #[test]
     fn the_slots_fit_the_descriptor_limit() {

@@ -251,7 +251,7 @@ pub fn attach_worker(
     Ok(tx)
 }
 
-async fn api_client(mut stream: UnixStream, uid: u32, inputs: Sender<Input>, _slot: Slot) {
+async fn api_client(mut stream: UnixStream, uid: u32, inputs: Sender<Input>, slot: Slot) {
     loop {
         let body = match read_body(&mut stream, Some(API_IDLE_TIMEOUT)).await {
             Ok(Some(b)) => b,
@@ -267,6 +267,10 @@ async fn api_client(mut stream: UnixStream, uid: u32, inputs: Sender<Input>, _sl
                 return;
             }
         };
+        let wait = slot.pace();
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
         let response = match wire::parse::<ApiRequest>(&body) {
             Ok(request) => {
                 let (tx, rx) = oneshot::channel();
