@@ -955,6 +955,16 @@ fn a_controller_that_does_not_start_leaves_no_directory_it_made() {
     assert_eq!(left, ["link", "real"], "{}", stderr(&out));
 }
 
+/// A controller whose socket the members of `nogroup` (`nobody`) may use.
+fn nogroup_controller() -> TestController {
+    let c = TestController::start(&base_contract(""), &["--socket-group", "nogroup"]);
+    let _ = std::fs::set_permissions(
+        c.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    );
+    c
+}
+
 /// Connections that send nothing, opened without end by a member of the socket's group
 /// (who may look, not act), ran the controller out of descriptors: `ps` timed out and the
 /// next audit write failed, which engaged the kill switch. A uid holds 64 at most, the
@@ -964,11 +974,7 @@ fn a_socket_group_member_holding_connections_open_takes_only_its_share() {
     if skip("connection flood") {
         return;
     }
-    let c = TestController::start(&base_contract(""), &["--socket-group", "nogroup"]);
-    let _ = std::fs::set_permissions(
-        c.dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    );
+    let c = nogroup_controller();
     // As nobody: 300 connections, each sending nothing; count those turned away with a
     // reason, then hold the rest open while the operator uses the controller.
     let flood = r#"
@@ -1037,11 +1043,7 @@ fn a_socket_group_member_asking_without_pause_is_answered_at_its_rate() {
     if skip("request flood") {
         return;
     }
-    let c = TestController::start(&base_contract(""), &["--socket-group", "nogroup"]);
-    let _ = std::fs::set_permissions(
-        c.dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    );
+    let c = nogroup_controller();
     // 400 `ps` requests written at once on one connection; the answers read for 2 s.
     let flood = r#"
 import json, socket, struct, sys, time
