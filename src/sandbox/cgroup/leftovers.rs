@@ -70,7 +70,7 @@ pub(super) fn note(name: &str, dirs: &[&Path]) -> Option<Noted> {
     let forget = |_| {
         let _ = dir.remove(name);
     };
-    let mut lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+    let mut lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| forget(e))
         .ok()?;
     if let Err(e) = std::io::Write::write_all(&mut *lock, text.as_bytes()) {
@@ -101,6 +101,19 @@ impl Noted {
     pub(super) fn done(self) {
         let _ = self.dir.remove(&self.name);
     }
+}
+
+/// What the note of cgroup `name` says of its run, where there is one: `Some(true)` while
+/// the run lives (its lock is held), `Some(false)` once it is gone. A run in another pid
+/// namespace has a pid that means another process here, or none, and its cgroup is empty
+/// until its pid 1 joins it: the pid alone took it for a dead run's.
+pub(super) fn note_says_alive(name: &str) -> Option<bool> {
+    if !name.starts_with(RUN_PREFIX) {
+        return None;
+    }
+    let dir = notes_dir()?;
+    let file = dir.open_read(name).ok()??;
+    Some(nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err())
 }
 
 /// Removes the cgroups of notes whose owner no longer exists, and their notes; returns

@@ -374,7 +374,9 @@ pub(crate) fn sweep_dir(base: &Path) -> Vec<PathBuf> {
         // A cgroup with processes is not one a dead supervisor left (its sandbox died with
         // it): it may be a live run's in another pid namespace, whose pid means another
         // process here.
-        if is_stale(name) && !is_populated(&e.path()) && remove_tree(&e.path()).is_ok() {
+        // A run's note, where it has one, says whether it lives; else its pid does.
+        let gone = leftovers::note_says_alive(name).map_or_else(|| is_stale(name), |alive| !alive);
+        if gone && !is_populated(&e.path()) && remove_tree(&e.path()).is_ok() {
             removed.push(e.path());
         }
     }
