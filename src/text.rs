@@ -10,7 +10,7 @@ use std::borrow::Cow;
 
 /// Whether `c` drives a terminal or changes how the text around it is drawn: a control
 /// character (C0, DEL, C1), or a format character that reorders or hides text.
-pub fn is_unsafe(c: char) -> bool {
+pub fn is_control_or_format(c: char) -> bool {
     c.is_control()
         || matches!(
             c,
@@ -48,19 +48,19 @@ pub fn is_unsafe(c: char) -> bool {
 }
 
 /// The first such character in `s`, if any.
-pub fn first_unsafe(s: &str) -> Option<char> {
-    s.chars().find(|c| is_unsafe(*c))
+pub fn first_control(s: &str) -> Option<char> {
+    s.chars().find(|c| is_control_or_format(*c))
 }
 
 /// `s` with each such character written as its escape (`\u{1b}`, `\n`); other text,
 /// accented letters and other scripts included, as it is.
-pub fn escape_unsafe(s: &str) -> Cow<'_, str> {
-    if first_unsafe(s).is_none() {
+pub fn escape_controls(s: &str) -> Cow<'_, str> {
+    if first_control(s).is_none() {
         return Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(s.len().saturating_add(16));
     for c in s.chars() {
-        if is_unsafe(c) {
+        if is_control_or_format(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -76,14 +76,14 @@ mod tests {
     #[test]
     fn terminal_controls_and_reordering_are_escaped_and_other_text_kept() {
         assert_eq!(
-            escape_unsafe("a\u{1b}]0;T\u{7}b\r\n\u{9b}2J\u{202e}é漢"),
+            escape_controls("a\u{1b}]0;T\u{7}b\r\n\u{9b}2J\u{202e}é漢"),
             "a\\u{1b}]0;T\\u{7}b\\r\\n\\u{9b}2J\\u{202e}é漢"
         );
-        assert!(matches!(escape_unsafe("plain /path é"), Cow::Borrowed(_)));
-        assert_eq!(first_unsafe("ok\u{200b}"), Some('\u{200b}'));
-        assert_eq!(first_unsafe("tab\there"), Some('\t'));
+        assert!(matches!(escape_controls("plain /path é"), Cow::Borrowed(_)));
+        assert_eq!(first_control("ok\u{200b}"), Some('\u{200b}'));
+        assert_eq!(first_control("tab\there"), Some('\t'));
         // A text hidden in tag characters, and a variation selector.
-        assert_eq!(first_unsafe("Safe\u{e0069}\u{e0067}"), Some('\u{e0069}'));
-        assert_eq!(first_unsafe("a\u{fe0f}"), Some('\u{fe0f}'));
+        assert_eq!(first_control("Safe\u{e0069}\u{e0067}"), Some('\u{e0069}'));
+        assert_eq!(first_control("a\u{fe0f}"), Some('\u{fe0f}'));
     }
 }

@@ -373,7 +373,7 @@ fn verify(a: &VerifyArgs) -> i32 {
         }
         // The damage may quote what was written into the trail.
         Err(Failure::Audit(e)) if code == 1 => {
-            super::controller::outln(&hatchery::text::escape_unsafe(&e.to_string()))
+            super::controller::outln(&hatchery::text::escape_controls(&e.to_string()))
         }
         Err(Failure::Audit(e)) => error_line!("{e}"),
         Err(Failure::Key(e)) => error_line!("{e:#}"),

@@ -82,7 +82,7 @@ pub fn is_json() -> bool {
 pub fn error_line(message: &str) {
     // The message may carry a path or a field a sandbox or a file chose: it must not
     // drive the terminal, nor break the one line into several.
-    let message = &*hatchery::text::escape_unsafe(message);
+    let message = &*hatchery::text::escape_controls(message);
     if !JSON.load(Ordering::Relaxed) {
         eprintln!("hatchery: {message}");
         return;

@@ -288,7 +288,10 @@ fn verify(args: VerifyArgs) -> i32 {
             ),
             // The message starts with the name of the check that failed.
             // The message may quote the manifest's own text.
-            Err(e) => println!("invalid: {}", hatchery::text::escape_unsafe(&e.to_string())),
+            Err(e) => println!(
+                "invalid: {}",
+                hatchery::text::escape_controls(&e.to_string())
+            ),
         }
     }
     match verdict {

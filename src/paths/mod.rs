@@ -372,21 +372,9 @@ impl OutputTarget {
     /// Writes `bytes` whole (a file is replaced atomically, mode 0644).
     pub fn write(&self, bytes: &[u8]) -> std::io::Result<()> {
         match self {
-            OutputTarget::Stdout => {
-                use std::io::Write;
-                let mut out = std::io::stdout().lock();
-                out.write_all(bytes).and_then(|()| out.flush())
-            }
-            OutputTarget::Stderr => {
-                use std::io::Write;
-                let mut out = std::io::stderr().lock();
-                out.write_all(bytes).and_then(|()| out.flush())
-            }
-            OutputTarget::Into { file, .. } => {
-                use std::io::Write;
-                let mut file = file;
-                file.write_all(bytes).and_then(|()| file.flush())
-            }
+            OutputTarget::Stdout => write_whole(std::io::stdout().lock(), bytes),
+            OutputTarget::Stderr => write_whole(std::io::stderr().lock(), bytes),
+            OutputTarget::Into { file, .. } => write_whole(file, bytes),
             OutputTarget::File { dir, name, parent } => {
                 dir.write_atomically(name, bytes, 0o644)?;
                 // The file went into the directory held since before the command ran; if
@@ -423,6 +411,11 @@ impl OutputTarget {
             OutputTarget::File { dir, name, .. } => dir.path().join(name).display().to_string(),
         }
     }
+}
+
+/// Writes `bytes` whole into `out` and flushes it.
+fn write_whole(mut out: impl std::io::Write, bytes: &[u8]) -> std::io::Result<()> {
+    out.write_all(bytes).and_then(|()| out.flush())
 }
 
 /// This process's stdout or stderr, when `to` (a path, or a symlink's text) is

@@ -314,17 +314,17 @@ impl Profile {
         let texts = std::iter::once((vec!["name"], &self.name))
             .chain(std::iter::once((vec!["description"], &self.description)));
         for (key, text) in texts {
-            if let Some(c) = crate::text::first_unsafe(text) {
-                return Err(at(&key, unsafe_text(c)));
+            if let Some(c) = crate::text::first_control(text) {
+                return Err(at(&key, control_text(c)));
             }
         }
         if let Some(c) = self
             .seccomp
             .rules
             .iter()
-            .find_map(|r| crate::text::first_unsafe(&r.reason))
+            .find_map(|r| crate::text::first_control(&r.reason))
         {
-            return Err(at(&["seccomp", "rule", "reason"], unsafe_text(c)));
+            return Err(at(&["seccomp", "rule", "reason"], control_text(c)));
         }
         let no_list = Vec::new();
         let lists: [(&[&str], &Vec<PathBuf>); 5] = [
@@ -341,8 +341,8 @@ impl Profile {
             for p in paths {
                 crate::paths::check_absolute_clean(p).map_err(|e| at(what, e.to_string()))?;
                 // Printed by show and lint, as the other texts are.
-                if let Some(c) = crate::text::first_unsafe(&p.to_string_lossy()) {
-                    return Err(at(what, unsafe_text(c)));
+                if let Some(c) = crate::text::first_control(&p.to_string_lossy()) {
+                    return Err(at(what, control_text(c)));
                 }
             }
         }
@@ -626,7 +626,7 @@ fn describe_toml_error(
 mod tests;
 
 /// Why a name or reason holding `c` is refused.
-fn unsafe_text(c: char) -> String {
+fn control_text(c: char) -> String {
     format!(
         "holds {} (a control or format character, which would drive or reorder a reviewer's terminal)",
         c.escape_default()

@@ -105,13 +105,10 @@ impl CallerFd {
 
     /// How it is open, for a stdin that is not passed: "read-write file".
     fn access(&self) -> String {
+        // The access mode `inspect` read: no second F_GETFL.
         let access = match &self.fd {
-            Some(fd) if self.kind != libc::S_IFSOCK => {
-                match fcntl(fd, FcntlArg::F_GETFL).map(|f| f & libc::O_ACCMODE) {
-                    Ok(libc::O_WRONLY) => "write-only ",
-                    _ => "read-write ",
-                }
-            }
+            Some(_) if self.kind != libc::S_IFSOCK && self.write_only => "write-only ",
+            Some(_) if self.kind != libc::S_IFSOCK => "read-write ",
             _ => "",
         };
         format!("{access}{}", self.what())
