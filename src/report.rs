@@ -172,7 +172,9 @@ impl Report {
     /// Writes the report whole (a file is replaced atomically: a reader never sees half
     /// of it, and nothing a sandbox planted at the name is written through).
     pub fn write(&self, target: &OutputTarget) -> std::io::Result<()> {
-        let mut json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        let mut json = crate::text::to_json_pretty(self)
+            .map_err(std::io::Error::other)?
+            .into_bytes();
         json.push(b'\n');
         target.write(&json)
     }

@@ -8,6 +8,9 @@
 
 use std::borrow::Cow;
 
+mod json;
+pub use json::{to_json, to_json_pretty};
+
 /// Whether `c` drives a terminal or changes how the text around it is drawn: a control
 /// character (C0, DEL, C1), or a format character that reorders or hides text.
 pub fn is_control_or_format(c: char) -> bool {

@@ -595,6 +595,16 @@ fn inspect_says_why_a_workers_command_never_ran() {
     assert!(!text.contains("error:"), "{text}");
 }
 
+/// Whether a string somewhere in `v` holds `text`.
+fn holds_text(v: &serde_json::Value, text: &str) -> bool {
+    match v {
+        serde_json::Value::String(s) => s.contains(text),
+        serde_json::Value::Array(a) => a.iter().any(|v| holds_text(v, text)),
+        serde_json::Value::Object(m) => m.values().any(|v| holds_text(v, text)),
+        _ => false,
+    }
+}
+
 /// What a worker chose (here its command line) reaches the operator's terminal with its
 /// escape sequences and invisible formatting characters written out, never raw.
 #[test]
@@ -603,7 +613,9 @@ fn ps_and_inspect_never_print_a_workers_escape_sequences_raw() {
         return;
     }
     let c = TestController::start(&base_contract(""), &[]);
-    let trick = "\u{1b}]0;PWNED\u{7}\u{1b}[2J\u{202e}txt.exe";
+    // A C1 CSI (U+009B) too: serde_json writes it raw, and a terminal that takes 8-bit
+    // controls reads it as ESC [.
+    let trick = "\u{1b}]0;PWNED\u{7}\u{1b}[2J\u{9b}2J\u{202e}txt.exe";
     let out = c.cli(&[
         "spawn",
         "--no-controller",
@@ -619,14 +631,27 @@ fn ps_and_inspect_never_print_a_workers_escape_sequences_raw() {
         vec!["ps"],
         vec!["ps", "--all"],
         vec!["inspect", id.as_str()],
+        vec!["ps", "--all", "--json"],
+        vec!["inspect", id.as_str(), "--json"],
     ] {
         let text = stdout(&c.cli(&args));
         assert!(text.contains("sleep 30"), "{args:?}: {text}");
         assert!(
-            !text.contains('\u{1b}') && !text.contains('\u{7}') && !text.contains('\u{202e}'),
+            !text.contains('\u{1b}')
+                && !text.contains('\u{7}')
+                && !text.contains('\u{9b}')
+                && !text.contains('\u{202e}'),
             "{args:?} printed a worker's escapes raw: {text:?}"
         );
     }
+    // The JSON still says exactly what the worker chose.
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout(&c.cli(&["inspect", id.as_str(), "--json"])))
+            .unwrap_or_default();
+    assert!(
+        holds_text(&json, trick),
+        "the escaped JSON reads back as other text: {json}"
+    );
     // On a 50-column screen, nothing a worker chose wraps into another row or field.
     for args in [vec!["ps", "--all"], vec!["inspect", id.as_str()]] {
         let text = stdout(&c.cli_at_width(&args, Some("50")));

@@ -69,7 +69,7 @@ pub struct ReplicateArgs {
 }
 
 fn print(reply: &WorkerReply) -> i32 {
-    super::controller::outln(&serde_json::to_string(reply).unwrap_or_default());
+    super::controller::outln(&hatchery::text::to_json(reply).unwrap_or_default());
     match reply {
         WorkerReply::Denied { .. } => 3,
         WorkerReply::Error { .. } => 1,

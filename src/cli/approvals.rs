@@ -163,7 +163,7 @@ pub fn approvals_main(args: ApprovalsArgs) -> i32 {
         for p in &pending {
             if seen.insert(p.approval_id.clone()) {
                 if args.json {
-                    outln(&serde_json::to_string(p).unwrap_or_default());
+                    outln(&hatchery::text::to_json(p).unwrap_or_default());
                 } else {
                     outln(&fold_fields(&describe(p), shown::screen_width()));
                 }

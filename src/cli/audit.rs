@@ -409,7 +409,7 @@ fn tail(a: &TailArgs) -> i32 {
     }
     let print = |e: &audit::AuditEntry| {
         if a.json {
-            super::controller::outln(&serde_json::to_string(e).unwrap_or_default());
+            super::controller::outln(&hatchery::text::to_json(e).unwrap_or_default());
         } else {
             // Details carry what workers chose (a reason, a command, a host name).
             let line = super::shown::shown(&audit::describe(e));

@@ -54,7 +54,7 @@ pub(super) fn outln(text: &str) {
 
 /// One JSON document on stdout (through [`out`]).
 pub(super) fn out_json(value: &impl serde::Serialize) {
-    match serde_json::to_string_pretty(value) {
+    match hatchery::text::to_json_pretty(value) {
         Ok(text) => outln(&text),
         Err(e) => {
             eprintln!("hatchery: cannot encode the result as JSON: {e}");

@@ -273,7 +273,7 @@ pub fn main(args: DoctorArgs) -> i32 {
     let d = diagnose();
     let code = if d.status == Status::Fail { 1 } else { 0 };
     let text = if args.json {
-        match serde_json::to_string_pretty(&d) {
+        match hatchery::text::to_json_pretty(&d) {
             Ok(s) => s + "\n",
             Err(e) => {
                 error_line!("{e}");

@@ -252,7 +252,7 @@ fn out(text: &str) -> anyhow::Result<i32> {
 }
 
 fn json_out(value: &impl serde::Serialize) -> anyhow::Result<i32> {
-    out(&(serde_json::to_string_pretty(value)? + "\n"))
+    out(&(hatchery::text::to_json_pretty(value)? + "\n"))
 }
 
 /// Writes a file whole or not at all.

@@ -229,7 +229,7 @@ pub(super) fn oci_json(p: &Profile) -> anyhow::Result<String> {
         error_line!("note: {n}");
     }
     error_line!("note: this is the profile's own filter; {}", floor_note(p)?);
-    Ok(serde_json::to_string_pretty(&json)? + "\n")
+    Ok(hatchery::text::to_json_pretty(&json)? + "\n")
 }
 
 /// The resolved profile as JSON: the file's keys with every default filled in, where it
@@ -250,7 +250,7 @@ fn profile_json(p: &Profile) -> anyhow::Result<String> {
             }),
         );
     }
-    Ok(serde_json::to_string_pretty(&v)? + "\n")
+    Ok(hatchery::text::to_json_pretty(&v)? + "\n")
 }
 
 pub(super) fn show(a: ShowArgs) -> anyhow::Result<i32> {
