@@ -293,8 +293,12 @@ fn list(a: ListArgs) -> anyhow::Result<i32> {
     out(&text)
 }
 
+/// The six argument values `--arg` gives, in order or by index. An index given twice is
+/// refused, not decided by the last one: `--arg 0x10 --arg 0=2` would otherwise check a
+/// call other than the one the reviewer typed.
 fn parse_args(list: &[String]) -> anyhow::Result<[u64; 6]> {
     let mut args = [0u64; 6];
+    let mut given: [Option<&str>; 6] = [None; 6];
     let mut next = 0usize;
     for item in list {
         let (index, value) = match item.split_once('=') {
@@ -306,12 +310,16 @@ fn parse_args(list: &[String]) -> anyhow::Result<[u64; 6]> {
             ),
             None => (next, item.as_str()),
         };
-        if index > 5 {
+        let (Some(slot), Some(seen)) = (args.get_mut(index), given.get_mut(index)) else {
             anyhow::bail!("--arg {item:?}: a syscall has at most 6 arguments (0 to 5)");
+        };
+        if let Some(first) = seen {
+            anyhow::bail!("--arg {item:?}: argument {index} is already given (--arg {first:?})");
         }
-        args[index] =
+        *seen = Some(item.as_str());
+        *slot =
             names::parse_value_expr(value).map_err(|e| anyhow::anyhow!("--arg {item:?}: {e}"))?;
-        next = index + 1;
+        next = index.saturating_add(1);
     }
     Ok(args)
 }
@@ -563,5 +571,29 @@ fn export(a: ExportArgs) -> anyhow::Result<i32> {
             Ok(0)
         }
         None => out(&json),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_args;
+
+    fn args(list: &[&str]) -> anyhow::Result<[u64; 6]> {
+        parse_args(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn arguments_in_order_and_by_index_fill_their_places_once() -> anyhow::Result<()> {
+        assert_eq!(args(&["1", "2", "5=7"])?, [1, 2, 0, 0, 0, 7]);
+        assert_eq!(args(&["3=4", "9"])?, [0, 0, 0, 4, 9, 0]);
+        assert_eq!(args(&[])?, [0; 6]);
+        // Twice the same place, in order or by index: refused, never the last one kept.
+        for twice in [&["0=1", "0=2"][..], &["1", "0=2"], &["2=1", "1=5", "9"]] {
+            let e = args(twice).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains("already given"), "{twice:?}: {e}");
+        }
+        assert!(args(&["6=1"]).is_err());
+        assert!(args(&["5=1", "2"]).is_err(), "a seventh argument");
+        Ok(())
     }
 }
