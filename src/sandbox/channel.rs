@@ -186,6 +186,24 @@ fn send_with_fds(fd: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io
 /// Receives one packet into `buf` with the descriptors attached to it (close-on-exec):
 /// its length and the descriptors. A packet longer than `buf`, or with more descriptors
 /// than `space` holds, is refused (its descriptors are closed).
+/// The length of the next message on the sequenced-packet socket `fd`, which stays
+/// queued (`MSG_TRUNC` makes the kernel say a message's whole length); 0 when the peer
+/// is gone.
+fn next_message_len(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut probe = [0u8; 1];
+    loop {
+        match nix::sys::socket::recv(
+            fd.as_raw_fd(),
+            &mut probe,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC,
+        ) {
+            Ok(n) => return Ok(n),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 fn recv_with_fds(
     fd: BorrowedFd<'_>,
     buf: &mut [u8],
@@ -336,7 +354,12 @@ pub fn recv_filters(fd: impl AsFd) -> io::Result<(LoadableFilter, LoadableFilter
             "malformed filters from the supervisor",
         )
     };
-    let mut buf = vec![0u8; 1 + 2 * (2 + 8 * super::seccomp::MAX_INSTRUCTIONS)];
+    // Room for the message there is, not for the largest there could be: two filters of
+    // the most instructions take 64 KiB, zeroed page by page in pid 1's memory at every
+    // start, for the 2 KiB the usual two take. A longer message than the largest is still
+    // refused (truncated: EMSGSIZE).
+    let largest = 1 + 2 * (2 + 8 * super::seccomp::MAX_INSTRUCTIONS);
+    let mut buf = vec![0u8; next_message_len(fd.as_fd())?.clamp(1, largest)];
     let mut space = nix::cmsg_space!([RawFd; 1]);
     let (n, fds) = recv_with_fds(fd.as_fd(), &mut buf, &mut space)?;
     if n == 0 {
@@ -633,6 +656,36 @@ mod tests {
         assert!(!start_is_over(gate3.as_fd()));
         drop(b);
         assert!(start_is_over(gate3.as_fd()));
+        Ok(())
+    }
+
+    #[test]
+    fn the_largest_filters_arrive_whole_and_a_byte_more_is_refused() -> io::Result<()> {
+        // Every instruction: return ALLOW.
+        let largest = crate::profile::SeccompProgram::from_bytes(
+            [6u8, 0, 0, 0, 0, 0, 0xff, 0x7f].repeat(crate::sandbox::seccomp::MAX_INSTRUCTIONS),
+        )
+        .map_err(io::Error::other)?;
+        let largest = LoadableFilter::new(&largest);
+        let (a, b) = pair()?;
+        let (_gate, token) = start_gate()?;
+        send_filters(&a, &largest, &largest, token.as_fd())?;
+        let (floor, profile, _) = recv_filters(&b)?;
+        let (mut sent, mut got) = (Vec::new(), Vec::new());
+        largest.to_bytes(&mut sent);
+        floor.to_bytes(&mut got);
+        profile.to_bytes(&mut got);
+        assert_eq!(got, [sent.clone(), sent.clone()].concat());
+        // One byte past the largest there can be: refused, never cut to fit.
+        let mut bytes = vec![FILTERS_TAG];
+        largest.to_bytes(&mut bytes);
+        largest.to_bytes(&mut bytes);
+        bytes.push(0);
+        send_with_fds(a.as_fd(), &bytes, &[token.as_fd()])?;
+        assert!(recv_filters(&b).is_err());
+        // The peer gone: the end, not a wait.
+        drop(a);
+        assert!(recv_filters(&b).is_err());
         Ok(())
     }
 
