@@ -237,6 +237,70 @@ fn a_lookup_still_running_when_the_sandbox_ends_does_not_wipe_the_report() {
     );
 }
 
+/// An address routed from the client into the bed, which the bed neither owns nor
+/// forwards: a connection to it waits for an answer that never comes (TEST-NET-1).
+const SILENT_ADDR: &str = "192.0.2.9";
+
+/// A lookup or a connect the broker is still waiting on when the sandbox ends (a resolver
+/// or a server that never answers) neither holds the broker's stop for its whole grace
+/// (a controller's launcher waits on it before its next start) nor goes unrecorded.
+#[test]
+fn a_lookup_or_connect_pending_at_the_end_is_recorded_as_stopped() {
+    if skip("pending lookups and connects at the end") {
+        return;
+    }
+    let bed = Bed::new();
+    let route = format!("{SILENT_ADDR}/32");
+    let added = run_with_timeout(
+        Command::new("ip").args(["-n", &bed.client, "route", "add", &route, "via", BED_ADDR]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(code(&added), 0, "{}", stderr(&added));
+    let silent = format!("{SILENT_ADDR}:9");
+    let flags = bed_flags(&["api.test:80", &format!("{SLOW}:443"), &silent]);
+    let run = run_attack(
+        &bed,
+        &flags,
+        &[
+            &["http", "proxy", API, "80", API],
+            &["fire", SLOW, "443"],
+            &["fire", SILENT_ADDR, "9"],
+            &["sleep", "1"],
+        ],
+    );
+    assert!(
+        run.line(0).starts_with("status 200"),
+        "the allowed request failed: the test proves nothing: {}",
+        run.line(0)
+    );
+    assert!(
+        !bed.servers().log_lines(&["udp 53"]).is_empty(),
+        "the broker never asked the resolver: the test proves nothing"
+    );
+    for (name, port) in [(SLOW, 443), (SILENT_ADDR, 9)] {
+        let stopped = run.entries(&[
+            ("event", json!("egress_denied")),
+            ("name", json!(name)),
+            ("port", json!(port)),
+            ("reason", json!("stopped")),
+        ]);
+        assert_eq!(
+            stopped.len(),
+            1,
+            "{name}:{port}, still pending at the end, is not recorded as stopped; egress: {:#}\nstderr: {}",
+            Value::Array(run.egress()),
+            stderr(&run.out)
+        );
+    }
+    assert_eq!(
+        run.entries(&[("event", json!("egress_allowed")), ("name", json!(API))])
+            .len(),
+        1,
+        "egress: {:#}",
+        Value::Array(run.egress())
+    );
+}
+
 #[test]
 fn the_hosts_own_public_address_is_not_reached_by_a_name_or_a_broad_cidr() {
     if skip("the host's own address") {

@@ -50,6 +50,23 @@ pub(super) async fn read_until<T>(
     }
 }
 
+/// `work`, unless the broker stops first. A host lookup or a connect can take seconds (a
+/// resolver or a server that never answers); one still running when the sandbox ends
+/// would hold the broker's stop for all of its grace, and with it whatever waits for the
+/// stop (a controller's launcher, before the next start), and would be dropped with the
+/// runtime unrecorded. Stopped, it is recorded as such.
+async fn unless_stopped<T>(state: &State, work: impl std::future::Future<Output = T>) -> Option<T> {
+    let mut stop = state.stop.clone();
+    tokio::select! {
+        biased;
+        _ = stop.wait_for(|s| *s) => None,
+        done = work => Some(done),
+    }
+}
+
+/// Why a connection that never got its turn is recorded: the broker stopped first.
+const STOPPED: &str = "stopped";
+
 /// Answers a proxy client with a refusal (and closes).
 pub(super) async fn refuse(conn: &mut TcpStream, code: u16, reason: &str) {
     let _ = conn.write_all(&http::status(code, reason)).await;
@@ -66,10 +83,14 @@ async fn decided(
     started: Instant,
 ) -> Option<(Destination, Vec<SocketAddr>)> {
     let (name, verdict) = match state.destination(host) {
-        Ok(dest) => (
-            name_of(&dest),
-            state.decide(&dest, port).await.map(|a| (dest, a)),
-        ),
+        Ok(dest) => {
+            let name = name_of(&dest);
+            let Some(verdict) = unless_stopped(state, state.decide(&dest, port)).await else {
+                state.record(denied(Via::Proxy, Some(name), Some(port), STOPPED, started));
+                return None;
+            };
+            (name, verdict.map(|a| (dest, a)))
+        }
         Err(denial) => (host.to_string(), Err(denial)),
     };
     match verdict {
@@ -207,7 +228,17 @@ pub(super) async fn inspected(
     early: Vec<u8>,
     started: Instant,
 ) {
-    let addrs = match state.decide(&dest, port).await {
+    let Some(verdict) = unless_stopped(state, state.decide(&dest, port)).await else {
+        state.record(denied(
+            via,
+            Some(name_of(&dest)),
+            Some(port),
+            STOPPED,
+            started,
+        ));
+        return;
+    };
+    let addrs = match verdict {
         Ok(a) => a,
         Err(denial) => {
             state.record(denied(
@@ -265,13 +296,25 @@ async fn out(
     sni: Option<String>,
     started: Instant,
 ) {
-    let mut upstream = None;
-    for addr in addrs {
-        if let Ok(Ok(s)) = tokio::time::timeout(connect_timeout(), TcpStream::connect(addr)).await {
-            upstream = Some((s, *addr));
-            break;
+    let first_to_answer = async {
+        for addr in addrs {
+            let tried = tokio::time::timeout(connect_timeout(), TcpStream::connect(addr)).await;
+            if let Ok(Ok(s)) = tried {
+                return Some((s, *addr));
+            }
         }
-    }
+        None
+    };
+    let Some(upstream) = unless_stopped(state, first_to_answer).await else {
+        state.record(denied(
+            via,
+            Some(name_of(dest)),
+            Some(port),
+            STOPPED,
+            started,
+        ));
+        return;
+    };
     let Some((upstream, addr)) = upstream else {
         state.record(denied(
             via,
