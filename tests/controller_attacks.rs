@@ -691,6 +691,45 @@ print('last', r.get('type'), r.get('event'), flush=True)
     assert!(denied < 80, "{denied} of 96 refusals written in full");
 }
 
+/// A worker that sends past its rate and never reads what it is sent: the answers to
+/// its dropped messages fill its reply queue. It is stopped as one whose replies pile up
+/// is, not left flooding while those answers are lost.
+#[test]
+fn a_worker_flooding_past_its_rate_without_reading_is_stopped() {
+    if skip("flood without reading") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let ex = examples_dir();
+    let body = r#"print(w.register(), flush=True)
+frame = json.dumps({"type": "heartbeat"}).encode()
+try:
+    for _ in range(3000):
+        w.send_raw(frame)
+except OSError as e:
+    print('cut off', e, flush=True)
+print('sent', flush=True)
+"#;
+    let flooder = spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 60"));
+    let stopped = c.wait_for("the flooder to be stopped", Duration::from_secs(30), |v| {
+        v["workers"].as_array().is_some_and(|ws| {
+            ws.iter()
+                .any(|w| w["worker_id"] == flooder.as_str() && w["state"] != "running")
+        })
+    });
+    assert!(
+        c.audit("protocol_violation")
+            .iter()
+            .any(|e| e["worker_id"] == flooder.as_str()
+                && e["details"]["error"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("did not read its replies"))),
+        "{stopped}\n{}",
+        log_of(&c, &flooder)
+    );
+    alive_and_answering(&c);
+}
+
 #[test]
 fn a_flood_of_empty_frames_queues_nothing_and_ps_stays_prompt() {
     if skip("empty frame flood") {

@@ -38,6 +38,11 @@ pub enum Input {
         id: WorkerId,
         dropped: u64,
     },
+    /// The worker's reply queue was full when its reader had to answer a dropped message:
+    /// it does not read what it is sent.
+    WorkerNotReading {
+        id: WorkerId,
+    },
     WorkerDisconnected {
         id: WorkerId,
     },
@@ -80,6 +85,7 @@ impl Input {
             Input::Worker { .. } => "worker",
             Input::WorkerProtocolError { .. } => "worker_protocol_error",
             Input::WorkerRateLimited { .. } => "worker_rate_limited",
+            Input::WorkerNotReading { .. } => "worker_not_reading",
             Input::WorkerDisconnected { .. } => "worker_disconnected",
             Input::ClientRejected { .. } => "client_rejected",
             Input::Launcher(_) => "launcher",

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::runtime::Handle;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::{Sender as ReplySender, channel};
 use tokio::sync::{Semaphore, oneshot};
 
@@ -192,12 +193,19 @@ pub fn attach_worker(
                     if !bucket.take() {
                         // Report the first drop at once, then at most once a second.
                         dropped = dropped.saturating_add(1);
-                        if let Some(answer) = answer.upgrade() {
-                            let _ = answer.try_send(WorkerReply::Error {
+                        let told = answer.upgrade().map(|answer| {
+                            answer.try_send(WorkerReply::Error {
                                 message: format!(
                                     "rate limited: message dropped (at most {WORKER_RATE} a second, bursts of {WORKER_BURST})"
                                 ),
-                            });
+                            })
+                        });
+                        // A full queue: the worker sends without reading what it is sent.
+                        // It is stopped, as the engine stops one whose replies pile up,
+                        // not left flooding with its answers lost.
+                        if let Some(Err(TrySendError::Full(_))) = told {
+                            let _ = inputs.send(Input::WorkerNotReading { id: id.clone() });
+                            break;
                         }
                         if last_report.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
                             let _ = inputs.send(Input::WorkerRateLimited {

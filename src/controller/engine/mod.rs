@@ -317,6 +317,11 @@ impl Engine {
                 }
                 self.reply_worker(&id, WorkerReply::Error { message: error });
             }
+            Input::WorkerNotReading { id } => {
+                if self.speaks_for_live_worker(&id) {
+                    self.not_reading(&id);
+                }
+            }
             Input::WorkerRateLimited { id, dropped } => {
                 if !self.speaks_for_live_worker(&id) {
                     return;
@@ -462,15 +467,20 @@ impl Engine {
             return;
         };
         if let Err(tokio::sync::mpsc::error::TrySendError::Full(_)) = conn.try_send(reply) {
-            self.record(
-                event::PROTOCOL_VIOLATION,
-                &format!("worker:{id}"),
-                Some(id),
-                json!({ "error": format!("it did not read its replies ({} waiting)", server::REPLY_QUEUE) }),
-                true,
-            );
-            self.stop(id, "did not read its replies");
+            self.not_reading(id);
         }
+    }
+
+    /// Stops a worker that does not read its replies (its queue is full), recording why.
+    fn not_reading(&mut self, id: &WorkerId) {
+        self.record(
+            event::PROTOCOL_VIOLATION,
+            &format!("worker:{id}"),
+            Some(id),
+            json!({ "error": format!("it did not read its replies ({} waiting)", server::REPLY_QUEUE) }),
+            true,
+        );
+        self.stop(id, "did not read its replies");
     }
 }
 
