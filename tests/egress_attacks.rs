@@ -502,6 +502,42 @@ fn a_second_request_on_a_checked_http_connection_never_reaches_another_host() {
     assert!(seen.is_empty(), "a second Host reached the bed: {seen:?}");
 }
 
+/// A request checked for api.test:80 whose Host names another port: a server, or the
+/// front of several, that routes by the Host's port would hand it to a service on a port
+/// never allowed.
+#[test]
+fn a_host_header_naming_another_port_is_refused() {
+    if skip("Host with another port") {
+        return;
+    }
+    let bed = Bed::new();
+    let flags = bed_flags(&["api.test:80"]);
+    let other = format!("{API}:8080");
+    let run = run_attack(
+        &bed,
+        &flags,
+        &[
+            &["http", "proxy", API, "80", API],
+            &["http", "proxy", API, "80", &other],
+            &["http", "direct", API, "80", &other],
+        ],
+    );
+    assert!(
+        run.line(0).starts_with("status 200"),
+        "the allowed request failed: the test proves nothing: {}",
+        run.line(0)
+    );
+    for i in 1..3 {
+        assert!(
+            !run.line(i).starts_with("status 200"),
+            "step {i}: a Host naming port 8080 was served: {}",
+            run.line(i)
+        );
+    }
+    let served = bed.servers().log_lines(&["served 80"]);
+    assert_eq!(served.len(), 1, "{served:?}");
+}
+
 /// The pid of the broker running in the bed's client namespace.
 fn broker_pid(bed: &Bed) -> Option<i32> {
     client_pids(bed)

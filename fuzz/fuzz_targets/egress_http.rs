@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(consumed <= data.len() && consumed <= http::MAX_HEAD);
         assert!(head.ends_with(b"\r\nConnection: close\r\n\r\n"));
     }
-    if let Ok(Some(_)) = http::first_request_host(data) {
+    if let Ok(Some(_)) = http::first_request_host(data, 80) {
         let closing = http::close_after_first(data).unwrap_or_default();
         let end = b"\r\nConnection: close\r\n\r\n";
         assert!(closing.windows(end.len()).any(|w| w == end));

@@ -199,9 +199,11 @@ async fn inspect(
             }
         }
         HTTP_PORT => {
-            let (host, buf) = read_until(conn, early, http::MAX_HEAD, http::first_request_host)
-                .await
-                .map_err(|_| "host_mismatch")?;
+            let (host, buf) = read_until(conn, early, http::MAX_HEAD, |b| {
+                http::first_request_host(b, HTTP_PORT)
+            })
+            .await
+            .map_err(|_| "host_mismatch")?;
             // One request, to the one host checked: no second one with another Host.
             early = http::close_after_first(&buf).map_err(|_| "host_mismatch")?;
             host

@@ -114,10 +114,18 @@ pub fn proxy_request(buf: &[u8]) -> Result<Option<ProxyRequest>, EgressError> {
                 return Err(malformed("more than one Host header"));
             }
             host_seen = true;
-            let (named, _) = host_header(h.value)?;
+            let (named, named_port) = host_header(h.value)?;
             if named != host {
                 return Err(refused(format!(
                     "the Host header names {named} but the URI names {host}"
+                )));
+            }
+            // A server (or the front of several) may route by the Host's port too: one
+            // other than the port checked and connected to could reach another service.
+            let named_port = named_port.unwrap_or(80);
+            if named_port != port {
+                return Err(refused(format!(
+                    "the Host header names port {named_port} but the URI names port {port}"
                 )));
             }
         }
@@ -138,10 +146,11 @@ pub fn proxy_request(buf: &[u8]) -> Result<Option<ProxyRequest>, EgressError> {
     }))
 }
 
-/// The host (without port) of the first request on a transparent port-80 connection,
-/// from its Host header, once the head has arrived (`Ok(None)` until then). No Host
-/// header, two of them, or an absolute URI naming another host is an error.
-pub fn first_request_host(buf: &[u8]) -> Result<Option<String>, EgressError> {
+/// The host (without port) of the first request on a connection to `port` checked by its
+/// Host (the transparent port-80 listener, a CONNECT to port 80), from its Host header,
+/// once the head has arrived (`Ok(None)` until then). No Host header, two of them, a Host
+/// naming another port, or an absolute URI naming another host or port is an error.
+pub fn first_request_host(buf: &[u8], port: u16) -> Result<Option<String>, EgressError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     if parse_head(buf, &mut req)?.is_none() {
@@ -151,18 +160,26 @@ pub fn first_request_host(buf: &[u8]) -> Result<Option<String>, EgressError> {
         .headers
         .iter()
         .filter(|h| h.name.eq_ignore_ascii_case("host"));
-    let host = match (hosts.next(), hosts.next()) {
-        (Some(h), None) => host_header(h.value)?.0,
+    let (host, host_port) = match (hosts.next(), hosts.next()) {
+        (Some(h), None) => host_header(h.value)?,
         (None, _) => return Err(malformed("no Host header")),
         (Some(_), Some(_)) => return Err(malformed("more than one Host header")),
     };
+    // The port the connection reached is the one checked: a Host naming another could
+    // reach another service behind a server that routes by it.
+    if host_port.is_some_and(|p| p != port) {
+        return Err(refused(format!(
+            "the Host header names port {} but the connection is to port {port}",
+            host_port.unwrap_or(port)
+        )));
+    }
     let target = req.path.unwrap_or_default();
     if !target.starts_with('/') && target != "*" {
         // An absolute URI wins over Host at the server (RFC 9112, 3.2.2): it must agree.
-        let (named, _, _) = absolute_http_uri(target)?;
-        if named != host {
+        let (named, named_port, _) = absolute_http_uri(target)?;
+        if named != host || named_port != port {
             return Err(refused(format!(
-                "the Host header names {host} but the URI names {named}"
+                "the Host header names {host} but the URI names {named}:{named_port}"
             )));
         }
     }
@@ -464,6 +481,22 @@ mod tests {
         // The same host in another case, with a port, is the same host.
         let req = "GET http://api.example.com/ HTTP/1.1\r\nHost: API.example.com:80\r\n\r\n";
         assert!(proxy_request(req.as_bytes()).is_ok());
+        let req = "GET http://api.example.com:8081/ HTTP/1.1\r\nHost: api.example.com:8081\r\n\r\n";
+        assert!(proxy_request(req.as_bytes()).is_ok());
+        // Another port than the one checked, or the default one for another: refused.
+        for req in [
+            "GET http://api.example.com:8081/x HTTP/1.1\r\nHost: api.example.com:8082\r\n\r\n",
+            "GET http://api.example.com:8081/x HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+            "GET http://api.example.com/x HTTP/1.1\r\nHost: api.example.com:8080\r\n\r\n",
+        ] {
+            assert!(
+                matches!(
+                    proxy_request(req.as_bytes()),
+                    Err(EgressError::HttpRefused(_))
+                ),
+                "{req}"
+            );
+        }
         let req = "GET http://a.example.com/ HTTP/1.1\r\nHost: a.example.com\r\nHost: b.example.com\r\n\r\n";
         assert!(proxy_request(req.as_bytes()).is_err());
     }
@@ -499,7 +532,7 @@ mod tests {
             Err(EgressError::HeadTooLarge { limit: MAX_HEAD })
         );
         assert_eq!(
-            first_request_host(&big),
+            first_request_host(&big, 80),
             Err(EgressError::HeadTooLarge { limit: MAX_HEAD })
         );
         assert!(proxy_request(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03").is_err());
@@ -509,7 +542,7 @@ mod tests {
     fn the_transparent_listener_reads_the_host_header_without_its_port() {
         for (req, host) in [
             (
-                "GET / HTTP/1.1\r\nHost: API.example.com:8080\r\n\r\n",
+                "GET / HTTP/1.1\r\nHost: API.example.com:80\r\n\r\n",
                 "api.example.com",
             ),
             (
@@ -526,13 +559,13 @@ mod tests {
             ),
         ] {
             assert_eq!(
-                first_request_host(req.as_bytes()).unwrap().as_deref(),
+                first_request_host(req.as_bytes(), 80).unwrap().as_deref(),
                 Some(host),
                 "{req}"
             );
         }
         assert_eq!(
-            first_request_host(b"GET / HTTP/1.1\r\nHost: a.example.com\r\n").unwrap(),
+            first_request_host(b"GET / HTTP/1.1\r\nHost: a.example.com\r\n", 80).unwrap(),
             None
         );
         for req in [
@@ -540,8 +573,11 @@ mod tests {
             "GET / HTTP/1.1\r\nHost: a.example.com\r\nHost: b.example.com\r\n\r\n",
             "GET http://b.example.com/ HTTP/1.1\r\nHost: a.example.com\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: 127.1\r\n\r\n",
+            // Another port than the connection's.
+            "GET / HTTP/1.1\r\nHost: a.example.com:8080\r\n\r\n",
+            "GET http://a.example.com:8080/ HTTP/1.1\r\nHost: a.example.com\r\n\r\n",
         ] {
-            assert!(first_request_host(req.as_bytes()).is_err(), "{req}");
+            assert!(first_request_host(req.as_bytes(), 80).is_err(), "{req}");
         }
     }
 
@@ -589,7 +625,7 @@ mod tests {
         #[test]
         fn arbitrary_bytes_never_panic_the_http_parsers(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
             let _ = proxy_request(&bytes);
-            let _ = first_request_host(&bytes);
+            let _ = first_request_host(&bytes, 80);
         }
 
         #[test]
@@ -605,7 +641,7 @@ mod tests {
                 let mut again = httparse::Request::new(&mut headers);
                 prop_assert_eq!(again.parse(&head), Ok(httparse::Status::Complete(head.len())));
             }
-            let _ = first_request_host(req.as_bytes());
+            let _ = first_request_host(req.as_bytes(), 80);
         }
     }
 }

@@ -125,6 +125,9 @@ def step_tls(via, host, port, sni, cafile):
 def step_http(via, host, port, host_header):
     if via == "proxy":
         sock = socket.create_connection(PROXY, timeout=TIMEOUT)
+        # As clients write it: a port other than 80 goes in the Host header too.
+        if str(port) != "80" and ":" not in host_header.rsplit("]", 1)[-1]:
+            host_header = f"{host_header}:{port}"
         request = (
             f"GET http://{host}:{port}/ HTTP/1.1\r\nHost: {host_header}\r\n"
             "Connection: close\r\n\r\n"
