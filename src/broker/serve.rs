@@ -52,7 +52,7 @@ pub(super) fn main(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUn
     .into_iter()
     .map(PathBuf::from)
     .collect();
-    if crate::sandbox::confine::helper(read).is_err() {
+    if crate::sandbox::confine::helper(read, tcp_ports(&config)).is_err() {
         return 125;
     }
     let Ok(rt) = tokio::runtime::Builder::new_current_thread()
@@ -68,6 +68,23 @@ pub(super) fn main(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUn
     rt.shutdown_background();
     0
 }
+
+/// The TCP ports the broker may connect to: the allowlist's, and 53 for the host's
+/// resolver (which asks over TCP when an answer does not fit UDP); every port where any
+/// public host is allowed (`None`).
+fn tcp_ports(config: &BrokerConfig) -> Option<Vec<u16>> {
+    if config.allow.any_public() {
+        return None;
+    }
+    let mut ports: Vec<u16> = config.allow.entries().iter().map(|e| e.port).collect();
+    ports.push(DNS_PORT);
+    ports.sort_unstable();
+    ports.dedup();
+    Some(ports)
+}
+
+/// The port a resolver answers on.
+const DNS_PORT: u16 = 53;
 
 async fn run(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUnixStream) {
     let Ok(control) = control
