@@ -730,6 +730,49 @@ print('sent', flush=True)
     alive_and_answering(&c);
 }
 
+/// A worker that asks again as soon as each answer comes, far past its rate, reading
+/// every answer: it is never stopped (it reads), but the refusals it draws are paced, not
+/// answered as fast as it can ask.
+#[test]
+fn a_worker_asking_past_its_rate_and_reading_each_answer_is_paced() {
+    if skip("flood reading its answers") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let ex = examples_dir();
+    let body = r#"import time
+print(w.register(), flush=True)
+answers = 0
+end = time.monotonic() + 3
+while time.monotonic() < end:
+    w.heartbeat()
+    answers += 1
+print('answers', answers, flush=True)
+"#;
+    let asker = spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 60"));
+    let start = Instant::now();
+    let answers = loop {
+        let log = log_of(&c, &asker);
+        if let Some(n) = log
+            .lines()
+            .find_map(|l| l.strip_prefix("answers "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+        {
+            break n;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{log}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // 40 at once, then 20 a second answered and at most as many refused, over 3 s.
+    assert!(
+        answers < 600,
+        "{answers} answers in 3 s: the refusals are not paced"
+    );
+    assert!(answers >= 40, "{answers} answers: the test proves nothing");
+    assert_eq!(c.worker(&asker)["state"], "running", "{}", c.log());
+    alive_and_answering(&c);
+}
+
 #[test]
 fn a_flood_of_empty_frames_queues_nothing_and_ps_stays_prompt() {
     if skip("empty frame flood") {

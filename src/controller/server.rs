@@ -36,6 +36,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Messages per second a worker may send on average, and the burst it may save up.
 const WORKER_RATE: f64 = 20.0;
 const WORKER_BURST: f64 = 40.0;
+/// How long a worker's reader waits after dropping a message: the time one token takes.
+const DROPPED_PAUSE: Duration = Duration::from_millis(50);
 /// Inputs from one worker the engine may have queued and not yet handled.
 const IN_FLIGHT_PER_WORKER: usize = 4;
 
@@ -215,6 +217,10 @@ pub fn attach_worker(
                             dropped = 0;
                             last_report = Some(Instant::now());
                         }
+                        // The next message waits a token's time: a worker that reads each
+                        // answer and asks again at once would otherwise have its reader
+                        // answer refusals as fast as it can ask (a quarter of a core).
+                        tokio::time::sleep(DROPPED_PAUSE).await;
                         continue;
                     }
                     let input = match wire::parse::<WorkerMessage>(&body) {
