@@ -303,6 +303,11 @@ impl Dir {
     /// Opens an existing regular file for reading (a symlink, FIFO, device or directory
     /// at `name` is an error, and nothing blocks). `Ok(None)` when there is no such name.
     pub fn open_read(&self, name: &str) -> io::Result<Option<File>> {
+        Ok(self.open_read_sized(name)?.map(|(file, _)| file))
+    }
+
+    /// [`Dir::open_read`], with the file's size when it was opened.
+    fn open_read_sized(&self, name: &str) -> io::Result<Option<(File, u64)>> {
         let fd = match self.open_in(name, OFlag::O_RDONLY, 0) {
             Ok(fd) => fd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -316,15 +321,22 @@ impl Dir {
             ));
         }
         clear_nonblock(&fd)?;
-        Ok(Some(File::from(fd)))
+        Ok(Some((
+            File::from(fd),
+            u64::try_from(st.st_size).unwrap_or(0),
+        )))
     }
 
     /// Reads a whole regular file of at most `limit` bytes (see [`Dir::open_read`]).
     pub fn read(&self, name: &str, limit: u64) -> io::Result<Option<Vec<u8>>> {
-        let Some(file) = self.open_read(name)? else {
+        let Some((file, size)) = self.open_read_sized(name)? else {
             return Ok(None);
         };
-        let mut out = Vec::new();
+        // Room for what the file held when opened and one byte more, so that it is read in
+        // one call and the end seen in the next (a read through `take` cannot tell its
+        // size, and starts with 32 bytes). The limit still holds if it grew meanwhile.
+        let room = usize::try_from(size.min(limit).saturating_add(1)).unwrap_or(0);
+        let mut out = Vec::with_capacity(room);
         file.take(limit.saturating_add(1)).read_to_end(&mut out)?;
         if out.len() as u64 > limit {
             return Err(self.named(
@@ -632,4 +644,28 @@ fn clear_nonblock(fd: &OwnedFd) -> io::Result<()> {
     let flags = OFlag::from_bits_truncate(flags) & !OFlag::O_NONBLOCK;
     fcntl(fd, FcntlArg::F_SETFL(flags)).map_err(io)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod read_tests {
+    use super::Dir;
+    use std::io;
+
+    #[test]
+    fn a_file_is_read_whole_up_to_its_limit_and_refused_past_it() -> io::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let dir = Dir::open(tmp.path())?;
+        for (name, len) in [("empty", 0usize), ("at", 100), ("past", 101), ("small", 7)] {
+            std::fs::write(tmp.path().join(name), vec![b'x'; len])?;
+        }
+        assert_eq!(dir.read("empty", 100)?, Some(Vec::new()));
+        assert_eq!(dir.read("small", 100)?, Some(vec![b'x'; 7]));
+        assert_eq!(dir.read("at", 100)?, Some(vec![b'x'; 100]));
+        assert!(dir.read("past", 100).is_err());
+        assert_eq!(dir.read("missing", 100)?, None);
+        nix::unistd::mkfifo(&tmp.path().join("fifo"), nix::sys::stat::Mode::S_IRWXU)
+            .map_err(io::Error::from)?;
+        assert!(dir.read("fifo", 100).is_err());
+        Ok(())
+    }
 }
