@@ -14,6 +14,7 @@ pub mod controller;
 pub mod egress;
 pub mod keyfile;
 pub mod manifest;
+pub mod pace;
 pub mod paths;
 pub mod profile;
 pub mod report;

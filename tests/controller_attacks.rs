@@ -226,19 +226,7 @@ while time.time() < end:
     let before = rss_kib(c.pid());
     let attacker = spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 60"));
     let mut peak = before;
-    let start = Instant::now();
-    let stopped = loop {
-        peak = peak.max(rss_kib(c.pid()));
-        let gone = c.audit("protocol_violation").iter().any(|e| {
-            e["details"]["error"]
-                .as_str()
-                .is_some_and(|m| m.contains("did not read"))
-        });
-        if gone || start.elapsed() > LONG {
-            break gone;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let stopped = stopped_as_not_reading(&c, &attacker, || peak = peak.max(rss_kib(c.pid())));
     assert!(stopped, "the worker was never stopped:\n{}", c.log());
     c.wait_for("the attacker gone", LONG, |v| {
         v["workers"].as_array().is_some_and(|ws| {
@@ -251,6 +239,25 @@ while time.time() < end:
         "the controller grew from {before} KiB to {peak} KiB"
     );
     alive_and_answering(&c);
+}
+
+/// Waits (at most [`LONG`]) for worker `id` to be recorded as stopped for not reading its
+/// replies, doing `meanwhile` at each look; whether it was.
+fn stopped_as_not_reading(c: &TestController, id: &str, mut meanwhile: impl FnMut()) -> bool {
+    let start = Instant::now();
+    loop {
+        meanwhile();
+        let stopped = c.audit("protocol_violation").iter().any(|e| {
+            e["worker_id"] == id
+                && e["details"]["error"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("did not read its replies"))
+        });
+        if stopped || start.elapsed() > LONG {
+            return stopped;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 #[test]
@@ -711,22 +718,17 @@ except OSError as e:
 print('sent', flush=True)
 "#;
     let flooder = spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 60"));
-    let stopped = c.wait_for("the flooder to be stopped", Duration::from_secs(30), |v| {
+    assert!(
+        stopped_as_not_reading(&c, &flooder, || {}),
+        "{}",
+        log_of(&c, &flooder)
+    );
+    c.wait_for("the flooder to be stopped", LONG, |v| {
         v["workers"].as_array().is_some_and(|ws| {
             ws.iter()
                 .any(|w| w["worker_id"] == flooder.as_str() && w["state"] != "running")
         })
     });
-    assert!(
-        c.audit("protocol_violation")
-            .iter()
-            .any(|e| e["worker_id"] == flooder.as_str()
-                && e["details"]["error"]
-                    .as_str()
-                    .is_some_and(|m| m.contains("did not read its replies"))),
-        "{stopped}\n{}",
-        log_of(&c, &flooder)
-    );
     alive_and_answering(&c);
 }
 

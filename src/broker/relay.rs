@@ -50,22 +50,28 @@ pub(super) async fn read_until<T>(
     }
 }
 
-/// `work`, unless the broker stops first. A host lookup or a connect can take seconds (a
-/// resolver or a server that never answers); one still running when the sandbox ends
-/// would hold the broker's stop for all of its grace, and with it whatever waits for the
-/// stop (a controller's launcher, before the next start), and would be dropped with the
-/// runtime unrecorded. Stopped, it is recorded as such.
-async fn unless_stopped<T>(state: &State, work: impl std::future::Future<Output = T>) -> Option<T> {
+/// `work` for the connection to `name` and `port`, unless the broker stops first: then
+/// `None`, and the connection is recorded as stopped. A host lookup or a connect can take
+/// seconds (a resolver or a server that never answers); one still running when the
+/// sandbox ends would hold the broker's stop for all of its grace, and with it whatever
+/// waits for the stop (a controller's launcher, before the next start), and would be
+/// dropped with the runtime unrecorded.
+async fn unless_stopped<T>(
+    state: &State,
+    (via, name, port): (Via, String, u16),
+    started: Instant,
+    work: impl std::future::Future<Output = T>,
+) -> Option<T> {
     let mut stop = state.stop.clone();
     tokio::select! {
         biased;
-        _ = stop.wait_for(|s| *s) => None,
+        _ = stop.wait_for(|s| *s) => {
+            state.record(denied(via, Some(name), Some(port), "stopped", started));
+            None
+        }
         done = work => Some(done),
     }
 }
-
-/// Why a connection that never got its turn is recorded: the broker stopped first.
-const STOPPED: &str = "stopped";
 
 /// Answers a proxy client with a refusal (and closes).
 pub(super) async fn refuse(conn: &mut TcpStream, code: u16, reason: &str) {
@@ -85,10 +91,8 @@ async fn decided(
     let (name, verdict) = match state.destination(host) {
         Ok(dest) => {
             let name = name_of(&dest);
-            let Some(verdict) = unless_stopped(state, state.decide(&dest, port)).await else {
-                state.record(denied(Via::Proxy, Some(name), Some(port), STOPPED, started));
-                return None;
-            };
+            let to = (Via::Proxy, name.clone(), port);
+            let verdict = unless_stopped(state, to, started, state.decide(&dest, port)).await?;
             (name, verdict.map(|a| (dest, a)))
         }
         Err(denial) => (host.to_string(), Err(denial)),
@@ -230,14 +234,8 @@ pub(super) async fn inspected(
     early: Vec<u8>,
     started: Instant,
 ) {
-    let Some(verdict) = unless_stopped(state, state.decide(&dest, port)).await else {
-        state.record(denied(
-            via,
-            Some(name_of(&dest)),
-            Some(port),
-            STOPPED,
-            started,
-        ));
+    let to = (via, name_of(&dest), port);
+    let Some(verdict) = unless_stopped(state, to, started, state.decide(&dest, port)).await else {
         return;
     };
     let addrs = match verdict {
@@ -307,14 +305,8 @@ async fn out(
         }
         None
     };
-    let Some(upstream) = unless_stopped(state, first_to_answer).await else {
-        state.record(denied(
-            via,
-            Some(name_of(dest)),
-            Some(port),
-            STOPPED,
-            started,
-        ));
+    let to = (via, name_of(dest), port);
+    let Some(upstream) = unless_stopped(state, to, started, first_to_answer).await else {
         return;
     };
     let Some((upstream, addr)) = upstream else {

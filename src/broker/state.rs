@@ -11,6 +11,7 @@ use tokio::sync::{Notify, watch};
 
 use super::{BrokerConfig, EgressEntry, Line, MAX_ENTRIES};
 use crate::egress::{Denial, Destination, FakePool, dns, policy};
+use crate::pace::TokenBucket;
 
 /// How long a client has to send what the broker must read before deciding.
 pub(super) const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -19,7 +20,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Entries on their way to the supervisor. However fast a sandbox opens connections,
 /// what it causes the supervisor to read (and a controller to audit) stays bounded: at
-/// most [`MAX_ENTRIES`] wait, and each kind passes within its own [`Bucket`]. DNS answers
+/// most [`MAX_ENTRIES`] wait, and each kind passes within its own [`TokenBucket`]. DNS answers
 /// and denials cost a sandbox nothing, so they have half of everything to themselves and
 /// can never crowd out the connections that carried bytes.
 struct Outbox {
@@ -27,8 +28,8 @@ struct Outbox {
     /// How many of the waiting entries are cheap ones.
     cheap: usize,
     dropped: u64,
-    cheap_bucket: Bucket,
-    connection_bucket: Bucket,
+    cheap_bucket: TokenBucket,
+    connection_bucket: TokenBucket,
 }
 
 /// Entries per second of one kind past the first burst.
@@ -46,51 +47,14 @@ const DNS_RATE: f64 = 5000.0;
 /// handshake's packets carry.
 pub(super) const CONNECTION_COST: usize = 64;
 
-/// A token bucket: a burst, then a rate a second.
-struct Bucket {
-    tokens: f64,
-    refilled: Instant,
-    burst: f64,
-    rate: f64,
-}
-
-impl Bucket {
-    fn new(burst: f64, rate: f64) -> Bucket {
-        Bucket {
-            tokens: burst,
-            refilled: Instant::now(),
-            burst,
-            rate,
-        }
-    }
-
-    /// Takes a token if there is one at `now`; else how long until there is.
-    fn take_or_wait(&mut self, now: Instant) -> Result<(), Duration> {
-        let earned = now.saturating_duration_since(self.refilled).as_secs_f64() * self.rate;
-        self.tokens = (self.tokens + earned).min(self.burst);
-        self.refilled = now;
-        if self.tokens < 1.0 {
-            return Err(Duration::from_secs_f64(
-                ((1.0 - self.tokens) / self.rate).clamp(0.0, 1.0),
-            ));
-        }
-        self.tokens -= 1.0;
-        Ok(())
-    }
-
-    fn take(&mut self, now: Instant) -> bool {
-        self.take_or_wait(now).is_ok()
-    }
-}
-
 impl Outbox {
     fn new() -> Outbox {
         Outbox {
             queue: Default::default(),
             cheap: 0,
             dropped: 0,
-            cheap_bucket: Bucket::new((MAX_ENTRIES / 2) as f64, ENTRY_RATE),
-            connection_bucket: Bucket::new((MAX_ENTRIES / 2) as f64, ENTRY_RATE),
+            cheap_bucket: TokenBucket::new((MAX_ENTRIES / 2) as f64, ENTRY_RATE),
+            connection_bucket: TokenBucket::new((MAX_ENTRIES / 2) as f64, ENTRY_RATE),
         }
     }
 
@@ -111,7 +75,7 @@ pub(super) struct State {
     pub(super) config: BrokerConfig,
     pool: Mutex<FakePool>,
     /// The DNS queries the stub may still answer now ([`DNS_RATE`]).
-    dns_queries: Mutex<Bucket>,
+    dns_queries: Mutex<TokenBucket>,
     /// Bytes left to move, when there is a budget.
     pub(super) budget: Option<AtomicU64>,
     outbox: Mutex<Outbox>,
@@ -132,7 +96,7 @@ impl State {
         State {
             config,
             pool: Mutex::new(FakePool::default()),
-            dns_queries: Mutex::new(Bucket::new(DNS_BURST, DNS_RATE)),
+            dns_queries: Mutex::new(TokenBucket::new(DNS_BURST, DNS_RATE)),
             budget,
             outbox: Mutex::new(Outbox::new()),
             wake: Notify::new(),

@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::pace::TokenBucket;
+
 /// Connections one uid may hold open at once (at most).
 pub const PER_UID: usize = 64;
 /// Connections all uids but root and the controller's own may hold open at once (at most).
@@ -38,9 +40,8 @@ pub struct ApiSlots {
 struct Counts {
     by_uid: HashMap<u32, usize>,
     others: usize,
-    /// Each uid's request tokens and when they were counted; below zero, requests are
-    /// queued that long.
-    requests: HashMap<u32, (f64, Instant)>,
+    /// Each uid's requests: what it may still ask, or owes.
+    requests: HashMap<u32, TokenBucket>,
 }
 
 /// One open connection's slot, given back when dropped.
@@ -59,24 +60,13 @@ impl Slot {
         let mut open = self.slots.open.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         if open.requests.len() >= MAX_BUCKETS && !open.requests.contains_key(&self.uid) {
-            open.requests.retain(|_, (tokens, last)| {
-                *tokens + now.duration_since(*last).as_secs_f64() * REQUEST_RATE < REQUEST_BURST
-            });
+            open.requests.retain(|_, bucket| !bucket.is_full(now));
         }
-        let (tokens, last) = open
-            .requests
-            .entry(self.uid)
-            .or_insert((REQUEST_BURST, now));
-        let refilled = *tokens + now.duration_since(*last).as_secs_f64() * REQUEST_RATE;
         // At most a burst's worth queued: a peer cannot book the controller for hours.
-        let left = (refilled.min(REQUEST_BURST) - 1.0).max(-REQUEST_BURST);
-        *tokens = left;
-        *last = now;
-        if left >= 0.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(-left / REQUEST_RATE)
-        }
+        open.requests
+            .entry(self.uid)
+            .or_insert_with(|| TokenBucket::new(REQUEST_BURST, REQUEST_RATE))
+            .take_owing(now, REQUEST_BURST)
     }
 }
 

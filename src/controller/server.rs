@@ -15,6 +15,7 @@ use tokio::sync::mpsc::{Sender as ReplySender, channel};
 use tokio::sync::{Semaphore, oneshot};
 
 use crate::manifest::WorkerId;
+use crate::pace::TokenBucket;
 
 use super::api_slots::{ApiSlots, Slot};
 use super::input::Input;
@@ -36,8 +37,6 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Messages per second a worker may send on average, and the burst it may save up.
 const WORKER_RATE: f64 = 20.0;
 const WORKER_BURST: f64 = 40.0;
-/// How long a worker's reader waits after dropping a message: the time one token takes.
-const DROPPED_PAUSE: Duration = Duration::from_millis(50);
 /// Inputs from one worker the engine may have queued and not yet handled.
 const IN_FLIGHT_PER_WORKER: usize = 4;
 
@@ -73,34 +72,6 @@ fn supplementary_groups(pid: i32) -> Vec<u32> {
             })
         })
         .unwrap_or_default()
-}
-
-/// A token bucket: `rate` tokens per second, at most `burst` saved.
-struct TokenBucket {
-    tokens: f64,
-    last: Instant,
-}
-
-impl TokenBucket {
-    fn new() -> TokenBucket {
-        TokenBucket {
-            tokens: WORKER_BURST,
-            last: Instant::now(),
-        }
-    }
-
-    fn take(&mut self) -> bool {
-        let now = Instant::now();
-        self.tokens = (self.tokens + now.duration_since(self.last).as_secs_f64() * WORKER_RATE)
-            .min(WORKER_BURST);
-        self.last = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
 }
 
 /// Reads one frame body: `idle` (if any) to wait for a frame to begin, [`FRAME_TIMEOUT`]
@@ -178,7 +149,7 @@ pub fn attach_worker(
         let _ = wr.shutdown().await;
     });
     rt.spawn(async move {
-        let mut bucket = TokenBucket::new();
+        let mut bucket = TokenBucket::new(WORKER_BURST, WORKER_RATE);
         let mut dropped = 0u64;
         let mut last_report: Option<Instant> = None;
         // A connection's places in the engine's queue: with all of them taken, the next
@@ -192,7 +163,7 @@ pub fn attach_worker(
             };
             match read_body(&mut rd, None).await {
                 Ok(Some(body)) => {
-                    if !bucket.take() {
+                    if !bucket.take(Instant::now()) {
                         // Report the first drop at once, then at most once a second.
                         dropped = dropped.saturating_add(1);
                         let told = answer.upgrade().map(|answer| {
@@ -220,7 +191,7 @@ pub fn attach_worker(
                         // The next message waits a token's time: a worker that reads each
                         // answer and asks again at once would otherwise have its reader
                         // answer refusals as fast as it can ask (a quarter of a core).
-                        tokio::time::sleep(DROPPED_PAUSE).await;
+                        tokio::time::sleep(bucket.token_time()).await;
                         continue;
                     }
                     let input = match wire::parse::<WorkerMessage>(&body) {

@@ -120,14 +120,7 @@ pub fn proxy_request(buf: &[u8]) -> Result<Option<ProxyRequest>, EgressError> {
                     "the Host header names {named} but the URI names {host}"
                 )));
             }
-            // A server (or the front of several) may route by the Host's port too: one
-            // other than the port checked and connected to could reach another service.
-            let named_port = named_port.unwrap_or(80);
-            if named_port != port {
-                return Err(refused(format!(
-                    "the Host header names port {named_port} but the URI names port {port}"
-                )));
-            }
+            same_port(named_port, port)?;
         }
         head.extend_from_slice(name.as_bytes());
         head.extend_from_slice(b": ");
@@ -165,14 +158,7 @@ pub fn first_request_host(buf: &[u8], port: u16) -> Result<Option<String>, Egres
         (None, _) => return Err(malformed("no Host header")),
         (Some(_), Some(_)) => return Err(malformed("more than one Host header")),
     };
-    // The port the connection reached is the one checked: a Host naming another could
-    // reach another service behind a server that routes by it.
-    if host_port.is_some_and(|p| p != port) {
-        return Err(refused(format!(
-            "the Host header names port {} but the connection is to port {port}",
-            host_port.unwrap_or(port)
-        )));
-    }
+    same_port(host_port, port)?;
     let target = req.path.unwrap_or_default();
     if !target.starts_with('/') && target != "*" {
         // An absolute URI wins over Host at the server (RFC 9112, 3.2.2): it must agree.
@@ -213,6 +199,20 @@ pub fn close_after_first(buf: &[u8]) -> Result<Vec<u8>, EgressError> {
     out.extend_from_slice(b"Connection: close\r\n\r\n");
     out.extend_from_slice(buf.get(consumed..).unwrap_or_default());
     Ok(out)
+}
+
+/// Refuses a Host whose port (80 when it names none) is not `port`, the one checked and
+/// connected to: a server, or the front of several, may route by the Host's port too, and
+/// another could reach a service on a port never allowed.
+fn same_port(named: Option<u16>, port: u16) -> Result<(), EgressError> {
+    let named = named.unwrap_or(80);
+    if named == port {
+        Ok(())
+    } else {
+        Err(refused(format!(
+            "the Host header names port {named} but the connection is to port {port}"
+        )))
+    }
 }
 
 /// A Host header's host and port (`None` when absent).
@@ -497,6 +497,19 @@ mod tests {
                 "{req}"
             );
         }
+        // Whatever a payload writes for the port: a number past 65535, a sign, a space, a
+        // letter, nothing after the colon, a second colon. Refused, never read as 80.
+        for port in [":65616", ":-80", ": 80", ":80a", ":", ":80:81", ":+80"] {
+            let req = format!(
+                "GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com{port}\r\n\r\n"
+            );
+            assert!(proxy_request(req.as_bytes()).is_err(), "{req}");
+            let req = format!("GET / HTTP/1.1\r\nHost: api.example.com{port}\r\n\r\n");
+            assert!(first_request_host(req.as_bytes(), 80).is_err(), "{req}");
+        }
+        // Port 80 spelt with leading zeros is port 80.
+        let req = "GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com:080\r\n\r\n";
+        assert!(proxy_request(req.as_bytes()).is_ok());
         let req = "GET http://a.example.com/ HTTP/1.1\r\nHost: a.example.com\r\nHost: b.example.com\r\n\r\n";
         assert!(proxy_request(req.as_bytes()).is_err());
     }

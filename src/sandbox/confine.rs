@@ -61,11 +61,11 @@ pub fn helper(read: Vec<PathBuf>, tcp_ports: Option<Vec<u16>>) -> Result<(), Str
     }
     caps::no_new_privs().map_err(|e| e.to_string())?;
     caps::not_dumpable().map_err(|e| e.to_string())?;
-    let tcp_ports_held = tcp_ports.is_some();
+    let held_to_ports = tcp_ports.is_some();
     if landlock::kernel_abi().is_some() {
         let rules = landlock::LandlockRules {
             read,
-            deny_tcp: tcp_ports.is_some(),
+            deny_tcp: held_to_ports,
             tcp_connect_ports: tcp_ports.unwrap_or_default(),
             ..Default::default()
         };
@@ -81,7 +81,7 @@ pub fn helper(read: Vec<PathBuf>, tcp_ports: Option<Vec<u16>>) -> Result<(), Str
                 .map_err(|e| format!("seccomp rule {name}: {e}"))?;
         }
     }
-    if tcp_ports_held {
+    if held_to_ports {
         plain_tcp_and_udp_only(&mut filter)?;
     }
     filter.load().map_err(|e| format!("seccomp: {e}"))
