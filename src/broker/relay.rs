@@ -345,13 +345,18 @@ async fn both_ways(
     let (cr, cw) = client.into_split();
     let (ur, mut uw) = upstream.into_split();
     let granted = state.take_budget(first.len());
-    let head_ok = granted == first.len()
-        && uw
-            .write_all(first.get(..granted).unwrap_or_default())
-            .await
-            .is_ok();
-    if !head_ok {
+    if granted < first.len() {
         return (0, 0, state.budget_spent().then_some("budget_exhausted"));
+    }
+    // An upstream that reads nothing leaves this write waiting; the stop ends it.
+    let mut stop = state.stop.clone();
+    let head = tokio::select! {
+        biased;
+        _ = stop.wait_for(|s| *s) => return (0, 0, Some("stopped")),
+        w = uw.write_all(first.get(..granted).unwrap_or_default()) => w,
+    };
+    if head.is_err() {
+        return (0, 0, None);
     }
     let sent = u64::try_from(granted).unwrap_or(0);
     // Either direction cut short (the budget) ends the other too.
@@ -408,5 +413,54 @@ async fn one_way(
             cut.send_replace(true);
             return (moved, Some("budget_exhausted"));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::BrokerConfig;
+    use crate::egress::{AllowList, Resolution};
+    use std::time::Duration;
+    use tokio::net::{TcpListener, TcpSocket};
+
+    /// The first bytes of a connection go to an upstream that accepts and never reads,
+    /// through a send buffer far smaller than them: the write waits until the stop, which
+    /// ends it (it used to wait past the broker's grace, and the connection went
+    /// unrecorded).
+    #[tokio::test]
+    async fn a_first_write_an_upstream_never_reads_ends_at_the_stop() -> std::io::Result<()> {
+        let (stop, stop_rx) = watch::channel(false);
+        let config = BrokerConfig {
+            allow: AllowList::default(),
+            resolution: Resolution::default(),
+            max_bytes: None,
+            ports: Vec::new(),
+        };
+        let state = State::new(config, stop_rx);
+        let sink = TcpSocket::new_v4()?;
+        sink.set_recv_buffer_size(1)?;
+        sink.bind("127.0.0.1:0".parse().map_err(std::io::Error::other)?)?;
+        let sink = sink.listen(1)?;
+        let upstream_at = sink.local_addr()?;
+        let out = TcpSocket::new_v4()?;
+        out.set_send_buffer_size(1)?;
+        let upstream = out.connect(upstream_at).await?;
+        let (_held, _) = sink.accept().await?;
+        let front = TcpListener::bind("127.0.0.1:0").await?;
+        let _client = TcpStream::connect(front.local_addr()?).await?;
+        let (client, _) = front.accept().await?;
+        let first = vec![b'x'; 4 << 20];
+        let stopper = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let _ = stop.send(true);
+        };
+        let (relayed, ()) = tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::join!(both_ways(&state, client, upstream, first), stopper)
+        })
+        .await
+        .map_err(|_| std::io::Error::other("the first write outlived the stop"))?;
+        assert_eq!(relayed, (0, 0, Some("stopped")));
+        Ok(())
     }
 }

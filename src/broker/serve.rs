@@ -106,9 +106,10 @@ async fn run(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUnixStre
     let kinds = [Via::DnsTcp, Via::Proxy]
         .into_iter()
         .chain(ports.into_iter().map(Via::Transparent));
+    let mut listening = tokio::task::JoinSet::new();
     for (fd, via) in listeners.zip(kinds) {
         if let Ok(l) = tcp_listener(fd) {
-            tasks.spawn(accept_loop(state.clone(), slots.clone(), l, via));
+            listening.spawn(accept_loop(state.clone(), slots.clone(), l, via));
         }
     }
     // Entries go out as they come, while the supervisor reads (a controller does; `run`
@@ -116,11 +117,13 @@ async fn run(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUnixStre
     let writer = tokio::spawn(writer(state.clone(), to_supervisor));
     wait_for_stop(&mut from_supervisor).await;
     let _ = stop_tx.send(true);
-    // Connections see the stop and record themselves; the listeners go with the runtime.
-    let _ = tokio::time::timeout(STOP_GRACE, async {
-        let _ = slots.acquire_many(MAX_CONNECTIONS as u32).await;
+    // Each listener stops accepting, gives its connections the grace to record
+    // themselves, and cuts (and records) the rest; only then is the record finished.
+    let _ = tokio::time::timeout(STOP_GRACE.saturating_mul(2), async {
+        while listening.join_next().await.is_some() {}
     })
     .await;
+    listening.abort_all();
     tasks.abort_all();
     state.finish();
     let _ = tokio::time::timeout(FINISH_WITHIN, writer).await;
@@ -186,8 +189,19 @@ fn tcp_listener(fd: OwnedFd) -> std::io::Result<TcpListener> {
 }
 
 async fn accept_loop(state: Arc<State>, slots: Arc<Semaphore>, listener: TcpListener, via: Via) {
+    // The connections are this loop's own, never detached: at the stop, one that has not
+    // ended within the grace is cut here, and its [`Unfinished`] records it, so that no
+    // connection leaves the broker unrecorded wherever it was waiting.
+    let mut connections = tokio::task::JoinSet::new();
+    let mut stop = state.stop.clone();
     loop {
-        let Ok((conn, _)) = listener.accept().await else {
+        let accepted = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((conn, _)) = accepted else {
             continue;
         };
         // Over the limit, a connection is closed at once (never queued without bound).
@@ -196,14 +210,62 @@ async fn accept_loop(state: Arc<State>, slots: Arc<Semaphore>, listener: TcpList
             continue;
         };
         let state = state.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
+            let unfinished = Unfinished::new(&state, via);
             match via {
                 Via::DnsTcp => dns_tcp(&state, conn).await,
                 Via::Proxy => proxy(&state, conn).await,
                 Via::Transparent(port) => transparent(&state, conn, port).await,
             }
+            unfinished.finished();
             drop(slot);
         });
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(STOP_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    connections.abort_all();
+    while connections.join_next().await.is_some() {}
+}
+
+/// A connection's task that has not ended. Every way a connection ends records it, but a
+/// task cut at the stop (still waiting on something the stop does not reach) ends nowhere:
+/// dropped unfinished, it records the connection as `stopped` itself. Queries over TCP
+/// are recorded each as it is answered, so a DNS connection records nothing here.
+struct Unfinished<'a> {
+    state: &'a State,
+    via: Via,
+    started: Instant,
+    done: bool,
+}
+
+impl<'a> Unfinished<'a> {
+    fn new(state: &'a State, via: Via) -> Self {
+        Unfinished {
+            state,
+            via,
+            started: Instant::now(),
+            done: false,
+        }
+    }
+
+    fn finished(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        let port = match self.via {
+            _ if self.done => return,
+            Via::DnsTcp => return,
+            Via::Proxy => None,
+            Via::Transparent(port) => Some(port),
+        };
+        self.state
+            .record(denied(self.via, None, port, "stopped", self.started));
     }
 }
 
@@ -373,4 +435,58 @@ async fn transparent(state: &State, conn: TcpStream, port: u16) {
         started,
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::egress::{AllowList, Resolution};
+
+    fn state() -> (Arc<State>, watch::Sender<bool>) {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let config = BrokerConfig {
+            allow: AllowList::default(),
+            resolution: Resolution::default(),
+            max_bytes: None,
+            ports: Vec::new(),
+        };
+        (Arc::new(State::new(config, stop_rx)), stop_tx)
+    }
+
+    /// A connection whose task is still waiting when the broker stops (here, on a head
+    /// its client never finishes) is cut at the end of the grace and recorded as
+    /// stopped: a task left detached was dropped with the runtime, unrecorded.
+    #[tokio::test]
+    async fn a_connection_still_waiting_at_the_stop_is_cut_and_recorded() -> std::io::Result<()> {
+        let (state, stop) = state();
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let at = listener.local_addr()?;
+        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let serving = tokio::spawn(accept_loop(state.clone(), slots, listener, Via::Proxy));
+        let mut client = TcpStream::connect(at).await?;
+        client
+            .write_all(b"CONNECT api.test:443 HTTP/1.1\r\n")
+            .await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let cut_at = Instant::now();
+        let _ = stop.send(true);
+        let ended = tokio::time::timeout(Duration::from_secs(5), serving).await;
+        assert!(matches!(ended, Ok(Ok(()))), "the listener did not end");
+        assert!(
+            cut_at.elapsed() < HEAD_TIMEOUT,
+            "the stop waited for the head"
+        );
+        let entry = state.next_entry().map(|e| (e.event, e.via, e.reason));
+        assert_eq!(
+            entry,
+            Some((
+                "egress_denied".to_string(),
+                "proxy".to_string(),
+                Some("stopped".to_string())
+            ))
+        );
+        assert!(state.next_entry().is_none());
+        drop(client);
+        Ok(())
+    }
 }
