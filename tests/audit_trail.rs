@@ -369,19 +369,9 @@ struct FullDisk {
 }
 
 impl FullDisk {
+    /// A 16 KiB tmpfs, filled.
     fn new() -> Option<FullDisk> {
-        let dir = elsewhere();
-        let out = run_with_timeout(
-            Command::new("mount")
-                .args(["-t", "tmpfs", "-o", "size=16k,mode=0700", "tmpfs"])
-                .arg(dir.path()),
-            Duration::from_secs(10),
-        );
-        if code(&out) != 0 {
-            eprintln!("SKIP full disk: cannot mount a tmpfs: {}", stderr(&out));
-            return None;
-        }
-        let disk = FullDisk { dir };
+        let disk = FullDisk::mount("16k")?;
         // Fill it: the anchor's first write will find no room.
         let _ = run_with_timeout(
             Command::new("dd")
@@ -390,6 +380,28 @@ impl FullDisk {
             Duration::from_secs(10),
         );
         Some(disk)
+    }
+
+    /// An empty tmpfs of `size`.
+    fn mount(size: &str) -> Option<FullDisk> {
+        let dir = elsewhere();
+        let out = run_with_timeout(
+            Command::new("mount")
+                .args([
+                    "-t",
+                    "tmpfs",
+                    "-o",
+                    &format!("size={size},mode=0700"),
+                    "tmpfs",
+                ])
+                .arg(dir.path()),
+            Duration::from_secs(10),
+        );
+        if code(&out) != 0 {
+            eprintln!("SKIP full disk: cannot mount a tmpfs: {}", stderr(&out));
+            return None;
+        }
+        Some(FullDisk { dir })
     }
 }
 
@@ -431,6 +443,59 @@ fn an_anchor_that_cannot_be_written_engages_the_kill_switch() {
     let _ = c.cli(&["kill-switch", "--release"]);
     c.wait_for("the kill switch again", LONG, |v| v["kill_switch"] == true);
     c.stop();
+    drop(disk);
+}
+
+/// A worker that writes more than its state directory's file system holds (within its
+/// own and every worker's output cap) used to fill it: the next decision could not be
+/// recorded, and the controller stopped every worker. Worker logs now leave a sixteenth
+/// of the file system free for the trail beside them.
+#[test]
+fn a_worker_cannot_fill_the_trails_file_system_with_its_output() {
+    if skip_unless_root("worker output on a small disk") {
+        return;
+    }
+    let Some(disk) = FullDisk::mount("4m") else {
+        return;
+    };
+    let state = disk.dir.path().join("state");
+    let mut c = TestController::start_in(CONTRACT, Some(&state), &[]);
+    let out = c.cli(&[
+        "spawn",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "head -c 8000000 /dev/zero; echo done",
+    ]);
+    assert_ne!(code(&out), 125, "{} {}", stderr(&out), c.log());
+    let out = c.cli(&["spawn", "--wait", "--", "true"]);
+    assert_eq!(
+        code(&out),
+        0,
+        "the next worker was refused: {}\n{}",
+        stderr(&out),
+        c.log()
+    );
+    let logs: u64 = std::fs::read_dir(state.join("workers"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0);
+    assert!(
+        logs > 1 << 20,
+        "the worker wrote too little to prove anything: {logs}"
+    );
+    assert!(
+        logs <= (4 << 20) - (4 << 20) / 16,
+        "worker logs took {logs} bytes of 4 MiB"
+    );
+    assert!(!c.log().contains("kill switch"), "{}", c.log());
+    c.stop();
+    assert_eq!(code(&verify(&state, &[])), 0);
     drop(disk);
 }
 

@@ -150,7 +150,8 @@ pub struct ControllerArgs {
     #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = units::parse_output_cap)]
     pub worker_output_cap: u64,
     /// Most output every worker's log keeps together while the controller runs; past it
-    /// every worker's output is cut
+    /// every worker's output is cut. Worker logs never take the last sixteenth (at most
+    /// 64 MiB) of the state directory's file system: that room is the audit trail's
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = units::parse_output_cap)]
     pub worker_output_total: u64,
     /// Resolve NAME to ADDR for every worker's egress broker, before the host's resolver

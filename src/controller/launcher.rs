@@ -487,7 +487,8 @@ impl Launcher {
 }
 
 /// The launcher's main loop; returns its exit status. Every worker's log together takes
-/// at most `output_total` bytes in the launcher's run.
+/// at most `output_total` bytes in the launcher's run, and never the last sixteenth (at
+/// most 64 MiB) of the file system they are written to.
 pub fn serve(
     requests: UnixStream,
     events: UnixStream,
@@ -503,13 +504,16 @@ pub fn serve(
     // Our own session: a terminal's ^C reaches the controller, which stops workers in
     // order; the launcher follows the controller (end of its request stream), not signals.
     crate::sandbox::process::detach_from_terminal_signals();
+    // Worker logs leave room on their file system for the audit trail beside them.
+    let output_budget = OutputBudget::keeping_room(output_total, workers.as_fd())
+        .unwrap_or_else(|_| OutputBudget::new(output_total));
     let mut l = Launcher {
         host: Host::detect(),
         workers,
         profiles: HashMap::new(),
         running: HashMap::new(),
         events,
-        output_budget: std::rc::Rc::new(std::cell::Cell::new(output_total)),
+        output_budget,
         resolution,
         fence: None,
         fenced: false,

@@ -119,7 +119,99 @@ impl Stream {
 
 /// Bytes that several pumps share (a supervisor of many sandboxes: every worker's log
 /// together), taken from as output is accepted; at zero every pump sharing it is at its cap.
-pub type OutputBudget = std::rc::Rc<std::cell::Cell<u64>>;
+/// Clones share one budget.
+#[derive(Clone)]
+pub struct OutputBudget(std::rc::Rc<SharedBudget>);
+
+struct SharedBudget {
+    left: std::cell::Cell<u64>,
+    /// The file system the output is written to, when it must keep room for others.
+    disk: Option<DiskReserve>,
+}
+
+/// Room a file system keeps for what matters more than output: a controller's audit trail
+/// shares the state directory's file system with every worker's log, and a worker that
+/// filled it would leave no room for the next decision (the controller then stops every
+/// worker, since a decision it cannot record must not take effect).
+struct DiskReserve {
+    fd: OwnedFd,
+    /// Bytes kept free for others.
+    reserve: u64,
+    /// Bytes that may be taken before the file system is asked again.
+    room: std::cell::Cell<u64>,
+}
+
+/// Output accepted between two looks at the file system's free space, at most: others
+/// (the audit trail, other programs) use it too.
+const DISK_LOOK_EVERY: u64 = 1 << 20;
+/// Most a file system keeps free for others: a sixteenth of it, up to this.
+const MOST_RESERVED: u64 = 64 << 20;
+
+impl DiskReserve {
+    /// Free bytes past the reserve, now.
+    fn look(&self) -> u64 {
+        let Ok(st) = nix::sys::statvfs::fstatvfs(&self.fd) else {
+            return 0;
+        };
+        let free = st.blocks_available().saturating_mul(st.fragment_size());
+        free.saturating_sub(self.reserve).min(DISK_LOOK_EVERY)
+    }
+}
+
+impl OutputBudget {
+    /// `bytes` to share.
+    pub fn new(bytes: u64) -> OutputBudget {
+        OutputBudget(std::rc::Rc::new(SharedBudget {
+            left: std::cell::Cell::new(bytes),
+            disk: None,
+        }))
+    }
+
+    /// `bytes` to share, and never so much that the file system of `dir` (where the
+    /// output goes) has less than a sixteenth of its size free (at most 64 MiB), for
+    /// whatever else it holds.
+    pub fn keeping_room(bytes: u64, dir: BorrowedFd<'_>) -> io::Result<OutputBudget> {
+        let st = nix::sys::statvfs::fstatvfs(dir).map_err(io::Error::from)?;
+        let size = st.blocks().saturating_mul(st.fragment_size());
+        let disk = DiskReserve {
+            fd: dir.try_clone_to_owned()?,
+            reserve: (size / 16).min(MOST_RESERVED),
+            room: std::cell::Cell::new(0),
+        };
+        Ok(OutputBudget(std::rc::Rc::new(SharedBudget {
+            left: std::cell::Cell::new(bytes),
+            disk: Some(disk),
+        })))
+    }
+
+    /// Bytes that may be accepted now.
+    pub fn room(&self) -> u64 {
+        let left = self.0.left.get();
+        match &self.0.disk {
+            None => left,
+            Some(disk) => {
+                // Asked again before a read could need more than is known to be left.
+                if disk.room.get() < CHUNK as u64 {
+                    disk.room.set(disk.look());
+                }
+                left.min(disk.room.get())
+            }
+        }
+    }
+
+    /// Takes `n` accepted bytes.
+    pub fn take(&self, n: u64) {
+        self.0.left.set(self.0.left.get().saturating_sub(n));
+        if let Some(disk) = &self.0.disk {
+            disk.room.set(disk.room.get().saturating_sub(n));
+        }
+    }
+
+    /// Bytes of the shared budget left (the file system's room aside).
+    pub fn left(&self) -> u64 {
+        self.0.left.get()
+    }
+}
 
 /// Copies the payload's output to the caller, up to a cap, and the caller's input to the
 /// payload.
@@ -460,7 +552,7 @@ impl OutputPump {
             (None, None) => None,
             (cap, budget) => Some(
                 cap.map_or(u64::MAX, |c| c.saturating_sub(self.accepted))
-                    .min(budget.as_ref().map_or(u64::MAX, |b| b.get())),
+                    .min(budget.as_ref().map_or(u64::MAX, OutputBudget::room)),
             ),
         };
         let keep = match (direction, room) {
@@ -476,7 +568,7 @@ impl OutputPump {
         if direction == Direction::Output {
             self.accepted = self.accepted.saturating_add(keep as u64);
             if let Some(b) = &self.budget {
-                b.set(b.get().saturating_sub(keep as u64));
+                b.take(keep as u64);
             }
         }
         let Some(s) = self.streams.get_mut(i) else {

@@ -41,7 +41,7 @@ fn output_under_the_cap_passes_whole_and_is_not_truncated() -> TestResult {
 
 #[test]
 fn pumps_sharing_a_budget_keep_no_more_than_it_together() -> TestResult {
-    let budget: OutputBudget = std::rc::Rc::new(std::cell::Cell::new(10));
+    let budget = OutputBudget::new(10);
     let (a_out, a_sink) = file_sink()?;
     let (_a_err, a_err_sink) = file_sink()?;
     let (b_out, b_sink) = file_sink()?;
@@ -61,7 +61,7 @@ fn pumps_sharing_a_budget_keep_no_more_than_it_together() -> TestResult {
         "the rest of the shared budget, no more"
     );
     assert!(b.summary().truncated && !a.summary().truncated);
-    assert_eq!(budget.get(), 0);
+    assert_eq!(budget.left(), 0);
     Ok(())
 }
 
