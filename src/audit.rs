@@ -585,7 +585,8 @@ impl AuditLog {
             return Ok(());
         }
         let path = self.dir.path().join(LOG_FILE);
-        match &mut self.file {
+        // Where the trail's whole lines ended before this sync (`None`: it is new).
+        let before = match &mut self.file {
             Some(file) => {
                 // A write cut short (a full disk) would leave half a line, which no later
                 // entry could follow: cut the file back to where the whole lines end, and
@@ -598,10 +599,13 @@ impl AuditLog {
                     let _ = file.set_len(whole);
                     return Err(io_err(&path)(e));
                 }
+                Some(whole)
             }
-            None => self.file = Some(self.create_trail().map_err(io_err(&path))?),
-        }
-        self.pending.clear();
+            None => {
+                self.file = Some(self.create_trail().map_err(io_err(&path))?);
+                None
+            }
+        };
         let head = Head {
             seq: self.seq,
             hash: self.last_hash.clone(),
@@ -609,15 +613,38 @@ impl AuditLog {
         };
         let head_path = self.dir.path().join(HEAD_FILE);
         let json = serde_json::to_vec(&head).unwrap_or_default();
-        self.dir
-            .write_atomically(HEAD_FILE, &json, 0o600)
-            .map_err(io_err(&head_path))?;
+        if let Err(e) = self.dir.write_atomically(HEAD_FILE, &json, 0o600) {
+            // The trail never runs ahead of its head by more than one sync: `verify`
+            // takes entries past the head for ones a crash left between the two writes,
+            // so entries a head that cannot be written (a full disk) never covers could
+            // be cut off unnoticed. They go back to waiting for the next sync.
+            self.unwrite(before);
+            return Err(io_err(&head_path)(e));
+        }
+        self.pending.clear();
         if let (Some(writer), Some(trail)) = (&mut self.anchor, &self.first_hash) {
             let line =
                 anchor::AnchorLine::new(&self.key, trail, &self.session, self.seq, &self.last_hash);
             writer.submit(line.render())?;
         }
         Ok(())
+    }
+
+    /// Takes this sync's entries back off the trail: to `len` bytes, or, for a trail this
+    /// sync created, the file itself (an empty trail file would be evidence of one
+    /// emptied).
+    fn unwrite(&mut self, len: Option<u64>) {
+        match (len, &self.file) {
+            (Some(len), Some(file)) => {
+                let _ = file.set_len(len).and_then(|()| file.sync_data());
+            }
+            (None, Some(_)) => {
+                self.file = None;
+                let _ = self.dir.remove(LOG_FILE);
+                self.dir.sync();
+            }
+            (_, None) => {}
+        }
     }
 
     /// Creates `audit.jsonl` with the pending entries already in it (a new file, made

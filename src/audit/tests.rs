@@ -287,3 +287,36 @@ fn times_format_as_rfc3339() {
 fn keys_are_never_printed() {
     assert_eq!(format!("{:?}", key()), "AuditKey(<redacted>)");
 }
+
+/// A head that cannot be written (a full disk; here, a directory in its place) takes the
+/// sync's entries back off the trail: `verify` takes entries past the head for ones a
+/// crash left unsynced, so entries no head covers could be cut off unnoticed. They are
+/// written, head and all, by the next sync that can.
+#[test]
+fn a_head_that_cannot_be_written_takes_the_entries_back_until_it_can() -> Result<(), AuditError> {
+    let dir = trail(2)?;
+    let io = |e| io_err(Path::new("test"))(e);
+    let before = lines(dir.path());
+    assert_eq!(before.len(), 3);
+    let mut log = AuditLog::open(dir.path(), key())?;
+    let head = dir.path().join(HEAD_FILE);
+    let kept = std::fs::read(&head).map_err(io)?;
+    std::fs::remove_file(&head).map_err(io)?;
+    std::fs::create_dir(&head).map_err(io)?;
+    std::fs::write(head.join("x"), b"x").map_err(io)?;
+    let failed = log.record(event::KILL_SWITCH_ENGAGED, "controller", None, json!({}));
+    assert!(matches!(failed, Err(AuditError::Io { .. })), "{failed:?}");
+    assert_eq!(lines(dir.path()), before, "the trail ran ahead of its head");
+    std::fs::remove_dir_all(&head).map_err(io)?;
+    std::fs::write(&head, kept).map_err(io)?;
+    assert_eq!(verify(dir.path(), &key())?.entries, 3);
+    log.record(event::REAP_STALE, "controller", None, json!({}))?;
+    let after = read_entries(dir.path())?;
+    let events: Vec<&str> = after.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(
+        events.get(3..),
+        Some(&[event::KILL_SWITCH_ENGAGED, event::REAP_STALE][..])
+    );
+    assert_eq!(verify(dir.path(), &key())?.entries, 5);
+    Ok(())
+}
