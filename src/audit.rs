@@ -122,6 +122,10 @@ pub enum AuditError {
         evidence: Vec<String>,
     },
     #[error(
+        "audit trail {path} is {kind}, not a regular file: something was put in its place (a controller only ever writes regular files there)"
+    )]
+    NotAFile { path: PathBuf, kind: &'static str },
+    #[error(
         "--new-audit-trail refused: {path} holds an audit trail ({bytes} bytes), and a trail is never replaced: start without --new-audit-trail (a damaged trail is evidence: move it aside yourself first)"
     )]
     TrailExists { path: PathBuf, bytes: u64 },
@@ -148,6 +152,7 @@ impl AuditError {
     pub fn is_damage(&self) -> bool {
         match self {
             AuditError::Damaged { .. }
+            | AuditError::NotAFile { .. }
             | AuditError::Vanished { .. }
             | AuditError::RolledBack { .. } => true,
             AuditError::Anchor { line, .. } => line.is_some(),
@@ -330,6 +335,18 @@ pub fn survey(
     let at = |name: &str| dir.path().join(name);
     let log_path = at(LOG_FILE);
     let mut evidence = Vec::new();
+    // Anything but a regular file where the trail or its head belongs is damage, never a
+    // file that cannot be read: a symlink, a directory, a FIFO.
+    for name in [LOG_FILE, HEAD_FILE] {
+        if let Some(st) = dir.stat_entry(name).map_err(io_err(&at(name)))? {
+            if let Some(kind) = not_a_file(st.st_mode) {
+                return Err(AuditError::NotAFile {
+                    path: at(name),
+                    kind,
+                });
+            }
+        }
+    }
     if let Some(st) = dir.stat_entry(LOG_FILE).map_err(io_err(&log_path))? {
         let bytes = u64::try_from(st.st_size).unwrap_or(0);
         if bytes > 0 {
@@ -388,6 +405,18 @@ pub fn survey(
     } else {
         TrailState::Vanished { evidence }
     })
+}
+
+/// What a file of mode `mode` is, when it is not a regular file.
+fn not_a_file(mode: libc::mode_t) -> Option<&'static str> {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => None,
+        libc::S_IFLNK => Some("a symbolic link"),
+        libc::S_IFDIR => Some("a directory"),
+        libc::S_IFIFO => Some("a FIFO"),
+        libc::S_IFSOCK => Some("a socket"),
+        _ => Some("a device"),
+    }
 }
 
 /// [`survey`] of the state directory at `dir`, with an anchor file if one is named (for

@@ -583,19 +583,24 @@ fn audit_tail_of_a_large_trail_holds_only_what_it_shows_and_follows_appends() {
     let mut c = TestController::start(CONTRACT, &[]);
     c.stop();
     let state = c.state_dir().to_path_buf();
-    let trail = std::fs::read_to_string(state.join("audit.jsonl")).unwrap_or_default();
-    let first = trail.lines().next().unwrap_or_default().to_string();
-    assert!(first.starts_with('{'), "{trail}");
-    // 150,000 copies: not a trail that verifies, but every line an entry `tail` reads.
-    let copies = 150_000;
-    let mut big = String::with_capacity((first.len() + 1) * copies);
-    for _ in 0..copies {
-        big.push_str(&first);
-        big.push('\n');
+    // 150,000 entries more, each checked as `tail` reads it.
+    let mut log = audit::AuditLog::open(&state, audit_key(&state))
+        .unwrap_or_else(|e| panic!("open the trail: {e}"));
+    let detail = "x".repeat(200);
+    for i in 0..150_000u64 {
+        log.append(
+            "worker_report",
+            "controller",
+            None,
+            serde_json::json!({ "i": i, "pad": detail }),
+        );
     }
-    std::fs::write(state.join("audit.jsonl"), &big).unwrap_or_else(|e| panic!("{e}"));
-    let size_mb = big.len() >> 20;
-    drop(big);
+    log.sync().unwrap_or_else(|e| panic!("sync: {e}"));
+    let trail = std::fs::read_to_string(state.join("audit.jsonl")).unwrap_or_default();
+    let first = trail.lines().last().unwrap_or_default().to_string();
+    assert!(first.contains("\"i\":149999"), "{first}");
+    let size_mb = trail.len() >> 20;
+    drop(trail);
 
     let mut child = Command::new(hatchery())
         .args(["audit", "tail", "-n", "1", "-f", "--json", "--state-dir"])
@@ -624,12 +629,10 @@ fn audit_tail_of_a_large_trail_holds_only_what_it_shows_and_follows_appends() {
         })
         .unwrap_or(u64::MAX);
     // One more entry, appended: followed.
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(state.join("audit.jsonl"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    std::io::Write::write_all(&mut f, format!("{first}\n").as_bytes())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let appended = log
+        .record("worker_report", "controller", None, serde_json::json!({}))
+        .unwrap_or_else(|e| panic!("record: {e}"));
+    let appended = serde_json::to_string(&appended).unwrap_or_default();
     let mut next = String::new();
     let _ = std::io::BufRead::read_line(&mut out, &mut next);
     let _ = child.kill();
@@ -637,9 +640,81 @@ fn audit_tail_of_a_large_trail_holds_only_what_it_shows_and_follows_appends() {
     let _ = stop.send(());
     let _ = watchdog.join();
     assert_eq!(line.trim_end(), first, "the last entry");
-    assert_eq!(next.trim_end(), first, "the appended entry");
+    assert_eq!(next.trim_end(), appended, "the appended entry");
     assert!(
         hwm_kib < 40 << 10,
         "a {size_mb} MB trail took {hwm_kib} KiB to show its last entry"
     );
+}
+
+/// `audit tail` shows no entry the chain refuses (here one appended without the key, by
+/// someone who can write the state directory), and ends with status 1 there; `audit
+/// verify` calls a trail replaced by a symlink, a directory or a FIFO damage (1), never a
+/// file it could not read (2).
+#[test]
+fn tail_shows_no_forged_entry_and_a_replaced_trail_is_damage() {
+    if skip_unless_root("forged and replaced trails") {
+        return;
+    }
+    let mut c = TestController::start(CONTRACT, &[]);
+    let state = c.state.clone();
+    c.stop();
+    let trail = state.join("audit.jsonl");
+    let mut last = entries(&state).pop().unwrap_or(Value::Null);
+    let seq = last["seq"].as_u64().unwrap_or(0);
+    last["seq"] = Value::from(seq + 1);
+    last["event"] = Value::from("kill_switch_released");
+    let mut text = std::fs::read_to_string(&trail).unwrap_or_default();
+    text.push_str(&format!("{last}\n"));
+    assert!(std::fs::write(&trail, &text).is_ok());
+    let tail = |extra: &[&str]| {
+        run_with_timeout(
+            Command::new(hatchery())
+                .args(["audit", "tail", "--state-dir"])
+                .arg(&state)
+                .args(extra),
+            Duration::from_secs(30),
+        )
+    };
+    for extra in [&[][..], &["--json"][..]] {
+        let out = tail(extra);
+        assert_eq!(code(&out), 1, "{}", stderr(&out));
+        assert!(
+            !stdout(&out).contains("kill_switch_released"),
+            "{}",
+            stdout(&out)
+        );
+        assert!(
+            stdout(&out).contains("controller_stopped"),
+            "{}",
+            stdout(&out)
+        );
+        assert!(
+            stderr(&out).contains(&format!("damaged at entry {}", seq + 1)),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let real = state.join("real.jsonl");
+    assert!(std::fs::rename(&trail, &real).is_ok());
+    let replacements: [(&str, &dyn Fn() -> bool); 3] = [
+        ("a symbolic link", &|| {
+            std::os::unix::fs::symlink(&real, &trail).is_ok()
+        }),
+        ("a directory", &|| std::fs::create_dir(&trail).is_ok()),
+        ("a FIFO", &|| {
+            code(&run_with_timeout(
+                Command::new("mkfifo").arg(&trail),
+                Duration::from_secs(10),
+            )) == 0
+        }),
+    ];
+    for (kind, make) in replacements {
+        let _ = std::fs::remove_file(&trail);
+        let _ = std::fs::remove_dir(&trail);
+        assert!(make(), "{kind}");
+        let out = verify(&state, &[]);
+        assert_eq!(code(&out), 1, "{kind}: {} {}", stdout(&out), stderr(&out));
+        assert!(stdout(&out).contains(kind), "{}", stdout(&out));
+    }
 }

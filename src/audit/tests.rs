@@ -320,3 +320,47 @@ fn a_head_that_cannot_be_written_takes_the_entries_back_until_it_can() -> Result
     assert_eq!(verify(dir.path(), &key())?.entries, 5);
     Ok(())
 }
+
+/// Every entry read for `audit tail` passes the chain's checks first: one appended with
+/// a consistent link and hash but no valid MAC (anyone who can write the file, without
+/// the key, can make that) is refused where the key is known, and one that does not link
+/// is refused without it; nothing after the first refused entry is read.
+#[test]
+fn a_followed_trail_shows_no_entry_that_fails_the_chain() -> Result<(), AuditError> {
+    let dir = trail(2)?;
+    let mut entries = read_entries(dir.path())?;
+    let last = entries.last().cloned();
+    let Some(mut forged) = last else {
+        panic!("no entries");
+    };
+    forged.seq += 1;
+    forged.event = event::KILL_SWITCH_RELEASED.into();
+    forged.prev = forged.hash.clone();
+    forged.hash = forged.compute_hash();
+    entries.push(forged);
+    let mut l: Vec<String> = entries
+        .iter()
+        .filter_map(|e| serde_json::to_string(e).ok())
+        .collect();
+    write_lines(dir.path(), &l);
+    let read = |key: Option<&AuditKey>| -> (Vec<u64>, Option<u64>) {
+        let mut shown = Vec::new();
+        let result = TrailFollower::open(dir.path(), key)
+            .and_then(|mut t| t.read_new(|e| shown.push(e.seq)));
+        let at = match result {
+            Err(AuditError::Damaged { line, .. }) => Some(line),
+            _ => None,
+        };
+        (shown, at)
+    };
+    let k = key();
+    assert_eq!(read(Some(&k)), (vec![1, 2, 3], Some(4)));
+    // Without the key, the same forgery passes the chain: that is what the key is for.
+    assert_eq!(read(None), (vec![1, 2, 3, 4], None));
+    // A line moved to the end no longer links, key or not.
+    let moved = l.remove(1);
+    l.push(moved);
+    write_lines(dir.path(), &l);
+    assert_eq!(read(None), (vec![1], Some(2)));
+    Ok(())
+}

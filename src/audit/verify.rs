@@ -39,6 +39,67 @@ pub(super) fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<O
     Ok(Some(()))
 }
 
+/// The checks every line of a trail passes, in order: its sequence number, its link to
+/// the entry before it, its hash, its MAC (where the key is known), and its bytes being
+/// exactly those the controller writes.
+struct Chain<'k> {
+    key: Option<&'k AuditKey>,
+    expected_seq: u64,
+    prev: String,
+}
+
+impl<'k> Chain<'k> {
+    fn new(key: Option<&'k AuditKey>) -> Chain<'k> {
+        Chain {
+            key,
+            expected_seq: 1,
+            prev: GENESIS.to_string(),
+        }
+    }
+
+    /// The entry `line` (with its newline) holds, if it is the next one of the chain;
+    /// else why not.
+    fn next(&mut self, line: &[u8]) -> Result<AuditEntry, String> {
+        let Some(body) = line.strip_suffix(b"\n") else {
+            return Err("truncated line (no newline) or longer than 256 KiB".into());
+        };
+        let entry: AuditEntry =
+            serde_json::from_slice(body).map_err(|e| format!("not a valid entry: {e}"))?;
+        if entry.seq != self.expected_seq {
+            return Err(format!(
+                "sequence number {} where {} was expected (an entry was deleted, inserted or moved)",
+                entry.seq, self.expected_seq
+            ));
+        }
+        if entry.prev != self.prev {
+            return Err(
+                "does not link to the entry before it (deleted, inserted or reordered entries)"
+                    .into(),
+            );
+        }
+        if entry.compute_hash() != entry.hash {
+            return Err("its content does not match its hash (the entry was edited)".into());
+        }
+        if let Some(key) = self.key {
+            if !key.check(entry.hash.as_bytes(), &entry.mac) {
+                return Err(
+                    "its MAC is not valid under this controller's key (the chain was rewritten)"
+                        .into(),
+                );
+            }
+        }
+        // The hash covers the entry as parsed; the line must be that entry exactly as the
+        // controller writes it, or one reader could be shown what another is not (a key
+        // given twice, of which a parser keeps the last and a person reads the first).
+        if serde_json::to_vec(&entry).ok().as_deref() != Some(body) {
+            return Err("its bytes are not as the controller writes the entry it holds (a key given twice, added spaces or another spelling): what one reader shows may not be what the hash covers".into());
+        }
+        self.prev = entry.hash.clone();
+        self.expected_seq = self.expected_seq.saturating_add(1);
+        Ok(entry)
+    }
+}
+
 /// Checks the trail in `dir`: first that it has not vanished ([`survey`]), then every
 /// entry's sequence, chain link, hash and MAC, and the head. Returns the first problem
 /// found.
@@ -99,68 +160,23 @@ pub(super) fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, Audi
     let file = open_trail_file(dir, LOG_FILE)?;
     let mut reader = BufReader::new(file);
     let mut buf = Vec::new();
-    let mut expected_seq = 1u64;
-    let mut prev = GENESIS.to_string();
+    let mut chain = Chain::new(Some(key));
     let mut first_hash = None;
     let mut new_trail = false;
     while read_line(&mut reader, &mut buf)
         .map_err(io_err(&path))?
         .is_some()
     {
-        let n = expected_seq;
-        if buf.last() != Some(&b'\n') {
-            return Err(damaged(
-                n,
-                "truncated line (no newline) or longer than 256 KiB".into(),
-            ));
-        }
-        let entry: AuditEntry = serde_json::from_slice(&buf[..buf.len() - 1])
-            .map_err(|e| damaged(n, format!("not a valid entry: {e}")))?;
-        if entry.seq != expected_seq {
-            return Err(damaged(
-                n,
-                format!(
-                    "sequence number {} where {expected_seq} was expected (an entry was deleted, inserted or moved)",
-                    entry.seq
-                ),
-            ));
-        }
-        if entry.prev != prev {
-            return Err(damaged(
-                n,
-                "does not link to the entry before it (deleted, inserted or reordered entries)"
-                    .into(),
-            ));
-        }
-        if entry.compute_hash() != entry.hash {
-            return Err(damaged(
-                n,
-                "its content does not match its hash (the entry was edited)".into(),
-            ));
-        }
-        if !key.check(entry.hash.as_bytes(), &entry.mac) {
-            return Err(damaged(
-                n,
-                "its MAC is not valid under this controller's key (the chain was rewritten)".into(),
-            ));
-        }
-        // The hash covers the entry as parsed; the line must be that entry exactly as the
-        // controller writes it, or one reader could be shown what another is not (a key
-        // given twice, of which a parser keeps the last and a person reads the first).
-        if serde_json::to_vec(&entry).ok().as_deref() != buf.strip_suffix(b"\n") {
-            return Err(damaged(
-                n,
-                "its bytes are not as the controller writes the entry it holds (a key given twice, added spaces or another spelling): what one reader shows may not be what the hash covers".into(),
-            ));
-        }
-        if expected_seq == 1 {
+        let n = chain.expected_seq;
+        let entry = chain.next(&buf).map_err(|reason| damaged(n, reason))?;
+        if n == 1 {
             first_hash = Some(entry.hash.clone());
             new_trail = entry.event == event::AUDIT_TRAIL_STARTED
                 && entry.details["new_audit_trail"] == serde_json::Value::Bool(true);
         }
-        prev = entry.hash;
-        expected_seq += 1;
     }
+    let prev = chain.prev;
+    let expected_seq = chain.expected_seq;
     let entries = expected_seq - 1;
     let head_path = dir.path().join(HEAD_FILE);
     match dir.read(HEAD_FILE, 64 << 10).map_err(io_err(&head_path))? {
@@ -245,23 +261,27 @@ pub fn read_entries(dir: &Path) -> Result<Vec<AuditEntry>, AuditError> {
 
 /// The trail's entries as they are read, and then as they are appended: `audit tail`
 /// keeps only the last few it shows, and `-f` reads only what was added since (it used to
-/// read and parse the whole trail every 300 ms, holding all of it in memory).
-pub struct TrailFollower {
+/// read and parse the whole trail every 300 ms, holding all of it in memory). Every entry
+/// passes the chain's checks first ([`Chain`]; the MAC too where the key is given), so
+/// that nothing forged, edited, reordered or repeated is ever shown as an entry: the
+/// first that fails them is an error, and nothing after it is read.
+pub struct TrailFollower<'k> {
     reader: BufReader<File>,
     path: PathBuf,
     /// The start of a line whose end has not been written yet.
     pending: Vec<u8>,
-    lines: u64,
+    chain: Chain<'k>,
 }
 
-impl TrailFollower {
-    pub fn open(dir: &Path) -> Result<TrailFollower, AuditError> {
+impl<'k> TrailFollower<'k> {
+    /// Follows the trail in `dir`, checking MACs under `key` where it is given.
+    pub fn open(dir: &Path, key: Option<&'k AuditKey>) -> Result<TrailFollower<'k>, AuditError> {
         let held = Dir::open(dir).map_err(io_err(dir))?;
         Ok(TrailFollower {
             reader: BufReader::new(open_trail_file(&held, LOG_FILE)?),
             path: dir.join(LOG_FILE),
             pending: Vec::new(),
-            lines: 0,
+            chain: Chain::new(key),
         })
     }
 
@@ -274,20 +294,24 @@ impl TrailFollower {
                 .take(room)
                 .read_until(b'\n', &mut self.pending)
                 .map_err(io_err(&self.path))?;
-            let line = self.lines.saturating_add(1);
-            let damaged = |reason: String| AuditError::Damaged {
+            let damaged = |line: u64, reason: String| AuditError::Damaged {
                 path: self.path.clone(),
                 line,
                 reason,
             };
             if self.pending.ends_with(b"\n") {
-                let e: AuditEntry = serde_json::from_slice(self.pending.trim_ascii_end())
-                    .map_err(|e| damaged(format!("not a valid entry: {e}")))?;
+                let line = self.chain.expected_seq;
+                let e = self
+                    .chain
+                    .next(&self.pending)
+                    .map_err(|reason| damaged(line, reason))?;
                 self.pending.clear();
-                self.lines = line;
                 each(e);
             } else if self.pending.len() > MAX_LINE {
-                return Err(damaged(format!("a line longer than {MAX_LINE} bytes")));
+                return Err(damaged(
+                    self.chain.expected_seq,
+                    format!("a line longer than {MAX_LINE} bytes"),
+                ));
             } else if n == 0 {
                 return Ok(());
             }

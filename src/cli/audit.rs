@@ -52,7 +52,8 @@ pub enum AuditCommand {
     /// Check every entry's sequence, link, hash and MAC, that the trail has not vanished,
     /// and (with --anchor) that it holds every anchored head; name the first bad one
     Verify(VerifyArgs),
-    /// Print entries readably
+    /// Print entries readably, each checked first (sequence, link, hash; its MAC with the
+    /// key): a damaged entry ends the output with exit status 1
     Tail(TailArgs),
 }
 
@@ -159,6 +160,7 @@ fn problem(e: &audit::AuditError) -> Problem {
     use audit::AuditError as E;
     let (kind, at, evidence) = match e {
         E::Damaged { line, .. } => ("damaged", Some(*line), Vec::new()),
+        E::NotAFile { .. } => ("damaged", None, Vec::new()),
         E::Vanished { evidence, .. } => ("vanished", None, evidence.clone()),
         E::RolledBack { seq, .. } => ("rolled_back", Some(*seq), Vec::new()),
         E::Anchor { line: Some(l), .. } => ("anchor", Some(*l), Vec::new()),
@@ -381,32 +383,43 @@ fn verify(a: &VerifyArgs) -> i32 {
     code
 }
 
+/// The key `tail` checks MACs with: `--key`, or the state directory's key where there is
+/// one; `None` (the chain alone is checked) where neither is.
+fn tail_key(s: &StateArgs) -> anyhow::Result<Option<AuditKey>> {
+    let default = dir(s).join("controller.key");
+    if s.key.is_none()
+        && matches!(std::fs::symlink_metadata(&default), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+    {
+        return Ok(None);
+    }
+    key(s).map(Some)
+}
+
 fn tail(a: &TailArgs) -> i32 {
     let d = dir(&a.state);
     if let Err(e) = paths::check_fallback_base(&d, paths::BaseUse::Reach) {
         error_line!("{e}");
         return 2;
     }
-    let mut trail = match audit::TrailFollower::open(&d) {
+    let key = match tail_key(&a.state) {
+        Ok(k) => k,
+        Err(e) => {
+            error_line!("{e:#}");
+            return 2;
+        }
+    };
+    if key.is_none() {
+        error_line!(
+            "note: no key: each entry's sequence, link and hash are checked, not its MAC (pass the controller's key with --key FILE)"
+        );
+    }
+    let mut trail = match audit::TrailFollower::open(&d, key.as_ref()) {
         Ok(t) => t,
         Err(e) => {
             error_line!("{e}");
             return 2;
         }
     };
-    // The last `lines` entries of what is there now, and only those kept.
-    let mut last = std::collections::VecDeque::with_capacity(a.lines.min(1024));
-    if let Err(e) = trail.read_new(|e| {
-        if a.lines > 0 {
-            if last.len() == a.lines {
-                last.pop_front();
-            }
-            last.push_back(e);
-        }
-    }) {
-        error_line!("{e}");
-        return 2;
-    }
     let print = |e: &audit::AuditEntry| {
         if a.json {
             super::controller::outln(&hatchery::text::to_json(e).unwrap_or_default());
@@ -420,8 +433,35 @@ fn tail(a: &TailArgs) -> i32 {
             });
         }
     };
+    // A damaged entry ends the reading: what came before it is shown, it and what
+    // follows it never are.
+    let stopped = |e: audit::AuditError| -> i32 {
+        if e.is_damage() {
+            error_line!(
+                "{}; nothing from there on is shown (`hatchery audit verify` checks the whole trail)",
+                hatchery::text::escape_controls(&e.to_string())
+            );
+            1
+        } else {
+            error_line!("{e}");
+            2
+        }
+    };
+    // The last `lines` entries of what is there now, and only those kept.
+    let mut last = std::collections::VecDeque::with_capacity(a.lines.min(1024));
+    let read = trail.read_new(|e| {
+        if a.lines > 0 {
+            if last.len() == a.lines {
+                last.pop_front();
+            }
+            last.push_back(e);
+        }
+    });
     last.iter().for_each(print);
     drop(last);
+    if let Err(e) = read {
+        return stopped(e);
+    }
     if !a.follow {
         return 0;
     }
@@ -432,8 +472,7 @@ fn tail(a: &TailArgs) -> i32 {
         }
         std::thread::sleep(Duration::from_millis(300));
         if let Err(e) = trail.read_new(|e| print(&e)) {
-            error_line!("{e}");
-            return 2;
+            return stopped(e);
         }
     }
 }
