@@ -50,6 +50,43 @@ pub fn is_control_or_format(c: char) -> bool {
         )
 }
 
+/// `s`, or its first `max` characters and how many more there were: for text from a
+/// file or a peer quoted in a message, which must stay a line a person reads (a parser's
+/// error quoting a 1 MB value printed all of it).
+pub fn clip(s: &str, max: usize) -> Cow<'_, str> {
+    match s.char_indices().nth(max) {
+        None => Cow::Borrowed(s),
+        Some((end, _)) => {
+            let more = s.get(end..).map_or(0, |rest| rest.chars().count());
+            Cow::Owned(format!(
+                "{}… ({more} more characters)",
+                s.get(..end).unwrap_or_default()
+            ))
+        }
+    }
+}
+
+/// At most `width` characters of `line` around its character `column` (counted from 1),
+/// with `…` where it was cut: the place a parser's error points at, never the whole line.
+pub fn excerpt(line: &str, column: usize, width: usize) -> String {
+    let total = line.chars().count();
+    if total <= width {
+        return line.to_string();
+    }
+    let at = column.saturating_sub(1).min(total);
+    let start = at
+        .saturating_sub(width / 2)
+        .min(total.saturating_sub(width));
+    let shown: String = line.chars().skip(start).take(width).collect();
+    let before = if start > 0 { "…" } else { "" };
+    let after = if start.saturating_add(width) < total {
+        "…"
+    } else {
+        ""
+    };
+    format!("{before}{shown}{after}")
+}
+
 /// The first such character in `s`, if any.
 pub fn first_control(s: &str) -> Option<char> {
     s.chars().find(|c| is_control_or_format(*c))
@@ -74,6 +111,24 @@ pub fn escape_controls(s: &str) -> Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn clip_and_excerpt_keep_whole_characters_and_say_what_was_cut() {
+        assert_eq!(clip("abc", 3), "abc");
+        assert_eq!(clip("abcd", 3), "abc… (1 more characters)");
+        // A multi-byte character at the cut.
+        assert_eq!(clip("ééé", 2), "éé… (1 more characters)");
+        assert_eq!(clip("", 0), "");
+        assert_eq!(clip("x", 0), "… (1 more characters)");
+        let line = "é".repeat(1000) + " junk";
+        let shown = excerpt(&line, 1002, 10);
+        assert_eq!(shown, "…ééééé junk");
+        assert_eq!(excerpt(&line, 1, 4), "éééé…");
+        assert_eq!(excerpt(&line, 500, 4), "…éééé…");
+        assert_eq!(excerpt("short", 99, 80), "short");
+        // A column past the end (a parser's span at the end of the file).
+        assert_eq!(excerpt("abcdef", 50, 3), "…def");
+    }
+
     use super::*;
 
     #[test]

@@ -431,7 +431,8 @@ impl ReplicationContract {
 
 /// Turns a toml error into one with the line and column it points at.
 fn describe_toml_error(origin: &str, source: &str, err: &toml::de::Error) -> ContractError {
-    let message = err.message().trim().to_string();
+    // It may quote a value of the file, however long.
+    let message = crate::text::clip(err.message().trim(), 300).into_owned();
     match err.span() {
         Some(span) => {
             let start = span.start.min(source.len());

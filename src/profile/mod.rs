@@ -597,12 +597,18 @@ fn not_toml(source: &str, origin: &str) -> Option<String> {
     })
 }
 
+/// Most characters of a parser's message quoted in an error.
+const MOST_QUOTED: usize = 300;
+/// Characters of the line an error points at, around the place.
+const EXCERPT_WIDTH: usize = 80;
+
 /// A toml error as (line, column, "message (at `the line`)").
 fn describe_toml_error(
     source: &str,
     err: &toml::de::Error,
 ) -> (Option<usize>, Option<usize>, String) {
-    let message = err.message().trim().to_string();
+    // Both may quote the file: a value of a megabyte, a line of one.
+    let message = crate::text::clip(err.message().trim(), MOST_QUOTED).into_owned();
     match err.span() {
         Some(span) => {
             let upto = source.get(..span.start.min(source.len())).unwrap_or("");
@@ -611,12 +617,13 @@ fn describe_toml_error(
                 .rsplit('\n')
                 .next()
                 .map_or(1, |l| l.chars().count().saturating_add(1));
-            let text = source
-                .lines()
-                .nth(line.saturating_sub(1))
-                .unwrap_or("")
-                .trim();
-            (Some(line), Some(col), format!("{message} (at `{text}`)"))
+            let text = source.lines().nth(line.saturating_sub(1)).unwrap_or("");
+            let text = crate::text::excerpt(text, col, EXCERPT_WIDTH);
+            (
+                Some(line),
+                Some(col),
+                format!("{message} (at `{}`)", text.trim()),
+            )
         }
         None => (None, None, message),
     }

@@ -205,3 +205,23 @@ fn unknown_names_are_not_files() {
         Err(ProfileError::Unknown(_))
     ));
 }
+
+/// A parser's error quotes the file: a line of a megabyte, or a value of one, is quoted
+/// around the place it points at, a few hundred characters at most.
+#[test]
+fn a_parse_error_quotes_no_more_than_a_line_a_person_reads() {
+    let long = "é".repeat(1 << 19);
+    for src in [
+        format!("x = \"{long}\" junk\n"),
+        format!("[seccomp]\ndefault_action = \"{long}\"\n"),
+        format!("name = [{}]\n", "[".repeat(100_000)),
+    ] {
+        match Profile::from_toml(&src, "test") {
+            Err(e) => {
+                let text = e.to_string();
+                assert!(text.chars().count() < 600, "{} characters", text.len());
+            }
+            Ok(_) => panic!("accepted"),
+        }
+    }
+}
