@@ -215,12 +215,30 @@ fn same_port(named: Option<u16>, port: u16) -> Result<(), EgressError> {
     }
 }
 
-/// A Host header's host and port (`None` when absent).
+/// A Host header's host and port (`None` when absent). The header is passed on as the
+/// client wrote it, so it must be written the one way it was checked: a port with a
+/// leading zero (`:080`) or a name with a trailing dot (`web.test.`) reads as the same
+/// destination here, but a server routing by the Host's text may take it for another.
 fn host_header(value: &[u8]) -> Result<(String, Option<u16>), EgressError> {
     let text = std::str::from_utf8(value)
         .map_err(|_| malformed("the Host header is not ASCII"))?
         .trim();
     let (host, port) = split_authority(text)?;
+    // With a port, it follows the last ':' (an address's own colons are in brackets).
+    let (name_text, port_text) = match (port, text.rsplit_once(':')) {
+        (Some(_), Some((name, port))) => (name, port),
+        _ => (text, ""),
+    };
+    if port_text.len() > 1 && port_text.starts_with('0') {
+        return Err(refused(format!(
+            "the Host header {text:?} writes its port with a leading zero; write it plainly"
+        )));
+    }
+    if name_text.ends_with('.') {
+        return Err(refused(format!(
+            "the Host header {text:?} ends its name with a dot; write the name without it"
+        )));
+    }
     Ok((host, port))
 }
 
@@ -507,9 +525,27 @@ mod tests {
             let req = format!("GET / HTTP/1.1\r\nHost: api.example.com{port}\r\n\r\n");
             assert!(first_request_host(req.as_bytes(), 80).is_err(), "{req}");
         }
-        // Port 80 spelt with leading zeros is port 80.
-        let req = "GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com:080\r\n\r\n";
-        assert!(proxy_request(req.as_bytes()).is_ok());
+        // Spellings that read as the allowed port or name here but are passed on as
+        // written, for a server that may read them otherwise.
+        for host in [
+            "api.example.com:080",
+            "api.example.com.",
+            "api.example.com.:80",
+        ] {
+            let req = format!("GET http://api.example.com/ HTTP/1.1\r\nHost: {host}\r\n\r\n");
+            assert!(proxy_request(req.as_bytes()).is_err(), "{req}");
+            let req = format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n");
+            assert!(first_request_host(req.as_bytes(), 80).is_err(), "{req}");
+        }
+        for host in [
+            "api.example.com:80",
+            "API.example.com",
+            "[2001:db8::1]:80",
+            "[2001:db8::1]",
+        ] {
+            let req = format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n");
+            assert!(first_request_host(req.as_bytes(), 80).is_ok(), "{req}");
+        }
         let req = "GET http://a.example.com/ HTTP/1.1\r\nHost: a.example.com\r\nHost: b.example.com\r\n\r\n";
         assert!(proxy_request(req.as_bytes()).is_err());
     }
