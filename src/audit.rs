@@ -22,6 +22,7 @@
 //! refused.
 
 pub mod anchor;
+mod lost;
 mod verify;
 
 pub use verify::{
@@ -98,6 +99,10 @@ pub mod event {
     pub const APPROVAL_DENIED: &str = "approval_denied";
     pub const APPROVAL_TIMEOUT: &str = "approval_timeout";
     pub const APPROVAL_REFUSED: &str = "approval_refused";
+    /// Entries that failed syncs dropped (their decisions were answered as not done),
+    /// counted by event: the first entry written after them (details `entries`,
+    /// `by_event`, `from`, `until`, `error`).
+    pub const AUDIT_ENTRIES_LOST: &str = "audit_entries_lost";
     /// A trail's first entry: how and why it was begun (details `reason`,
     /// `new_audit_trail`, `evidence`).
     pub const AUDIT_TRAIL_STARTED: &str = "audit_trail_started";
@@ -465,6 +470,14 @@ pub struct AuditLog {
     /// The first entry's hash: the trail's identity in the anchor.
     first_hash: Option<String>,
     pending: Vec<u8>,
+    /// The events of the pending entries (the note of lost ones aside).
+    pending_events: Vec<String>,
+    /// The last entry on disk (sequence number, hash) and the first entry's hash.
+    durable: (u64, String, Option<String>),
+    /// What failed syncs dropped, until an entry saying so is on disk.
+    lost: Option<lost::Lost>,
+    /// Whether that entry is among the pending ones.
+    lost_noted: bool,
     anchor: Option<anchor::AnchorWriter>,
     session: String,
 }
@@ -545,9 +558,17 @@ impl AuditLog {
             file,
             key,
             seq: summary.entries,
+            durable: (
+                summary.entries,
+                summary.last_hash.clone(),
+                summary.first_hash.clone(),
+            ),
             last_hash: summary.last_hash,
             first_hash: summary.first_hash,
             pending: Vec::new(),
+            pending_events: Vec::new(),
+            lost: None,
+            lost_noted: false,
             anchor: start.anchor.map(Anchor::into_writer),
             session: start.session,
         };
@@ -573,8 +594,25 @@ impl AuditLog {
         Ok(log)
     }
 
-    /// Adds an entry (buffered until [`sync`](Self::sync)).
+    /// Adds an entry (buffered until [`sync`](Self::sync)). After entries a failed sync
+    /// dropped, the first one appended is preceded by an entry that says what they were.
     pub fn append(
+        &mut self,
+        event: &str,
+        actor: &str,
+        worker_id: Option<&str>,
+        details: serde_json::Value,
+    ) -> AuditEntry {
+        if let (Some(lost), false) = (&self.lost, self.lost_noted) {
+            let details = lost.details();
+            self.lost_noted = true;
+            self.push(event::AUDIT_ENTRIES_LOST, "controller", None, details);
+        }
+        self.pending_events.push(event.to_string());
+        self.push(event, actor, worker_id, details)
+    }
+
+    fn push(
         &mut self,
         event: &str,
         actor: &str,
@@ -609,54 +647,109 @@ impl AuditLog {
     /// Writes what is buffered, makes it durable, moves the head, and then hands the new
     /// head to the anchor. An anchor that is failing makes this an error too (after the
     /// trail itself was written): the caller treats it as a trail that cannot be written.
+    ///
+    /// A sync that fails drops its entries (see [`lost`]): the trail never runs ahead of
+    /// its head by more than one sync, and never records later what was answered as not
+    /// done. The new head is staged before the trail is touched, so a file system with
+    /// no room for it refuses the sync before any reader could see its entries.
     pub fn sync(&mut self) -> Result<(), AuditError> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let path = self.dir.path().join(LOG_FILE);
-        // Where the trail's whole lines ended before this sync (`None`: it is new).
-        let before = match &mut self.file {
-            Some(file) => {
-                // A write cut short (a full disk) would leave half a line, which no later
-                // entry could follow: cut the file back to where the whole lines end, and
-                // keep the entries for the next try.
-                let whole = file.metadata().map_err(io_err(&path))?.len();
-                if let Err(e) = file
-                    .write_all(&self.pending)
-                    .and_then(|()| file.sync_data())
-                {
-                    let _ = file.set_len(whole);
-                    return Err(io_err(&path)(e));
-                }
-                Some(whole)
+        match self.write_pending() {
+            Ok(()) => {
+                self.pending.clear();
+                self.pending_events.clear();
+                self.lost = None;
+                self.lost_noted = false;
+                self.durable = (self.seq, self.last_hash.clone(), self.first_hash.clone());
             }
-            None => {
-                self.file = Some(self.create_trail().map_err(io_err(&path))?);
-                None
+            Err(e) => {
+                self.drop_pending(&e.to_string());
+                return Err(e);
             }
-        };
-        let head = Head {
-            seq: self.seq,
-            hash: self.last_hash.clone(),
-            mac: self.key.mac(&head_mac_input(self.seq, &self.last_hash)),
-        };
-        let head_path = self.dir.path().join(HEAD_FILE);
-        let json = serde_json::to_vec(&head).unwrap_or_default();
-        if let Err(e) = self.dir.write_atomically(HEAD_FILE, &json, 0o600) {
-            // The trail never runs ahead of its head by more than one sync: `verify`
-            // takes entries past the head for ones a crash left between the two writes,
-            // so entries a head that cannot be written (a full disk) never covers could
-            // be cut off unnoticed. They go back to waiting for the next sync.
-            self.unwrite(before);
-            return Err(io_err(&head_path)(e));
         }
-        self.pending.clear();
         if let (Some(writer), Some(trail)) = (&mut self.anchor, &self.first_hash) {
             let line =
                 anchor::AnchorLine::new(&self.key, trail, &self.session, self.seq, &self.last_hash);
             writer.submit(line.render())?;
         }
         Ok(())
+    }
+
+    /// The pending entries on disk, then the head that covers them.
+    fn write_pending(&mut self) -> Result<(), AuditError> {
+        let path = self.dir.path().join(LOG_FILE);
+        let head_path = self.dir.path().join(HEAD_FILE);
+        let head = Head {
+            seq: self.seq,
+            hash: self.last_hash.clone(),
+            mac: self.key.mac(&head_mac_input(self.seq, &self.last_hash)),
+        };
+        let json = serde_json::to_vec(&head).unwrap_or_default();
+        let mut staged = self
+            .dir
+            .stage(HEAD_FILE, 0o600)
+            .map_err(io_err(&head_path))?;
+        // Written now (a file system with no room refuses it here); made durable, and
+        // named, only once the trail is.
+        if let Err(e) = staged.file.write_all(&json) {
+            self.dir.discard(staged);
+            return Err(io_err(&head_path)(e));
+        }
+        // Where the trail's whole lines ended before this sync (`None`: it is new).
+        let before = match &mut self.file {
+            Some(file) => {
+                // A write cut short (a full disk) would leave half a line, which no later
+                // entry could follow: cut the file back to where the whole lines end.
+                let whole = match file.metadata() {
+                    Ok(m) => m.len(),
+                    Err(e) => {
+                        self.dir.discard(staged);
+                        return Err(io_err(&path)(e));
+                    }
+                };
+                if let Err(e) = file
+                    .write_all(&self.pending)
+                    .and_then(|()| file.sync_data())
+                {
+                    let _ = file.set_len(whole);
+                    self.dir.discard(staged);
+                    return Err(io_err(&path)(e));
+                }
+                Some(whole)
+            }
+            None => match self.create_trail() {
+                Ok(file) => {
+                    self.file = Some(file);
+                    None
+                }
+                Err(e) => {
+                    self.dir.discard(staged);
+                    return Err(io_err(&path)(e));
+                }
+            },
+        };
+        if let Err(e) = self.dir.publish(staged, HEAD_FILE) {
+            self.unwrite(before);
+            return Err(io_err(&head_path)(e));
+        }
+        Ok(())
+    }
+
+    /// Drops the pending entries after a failed sync, counting them as lost, and goes
+    /// back to the last entry on disk.
+    fn drop_pending(&mut self, error: &str) {
+        self.lost
+            .get_or_insert_with(Default::default)
+            .count(&self.pending_events, error);
+        self.pending.clear();
+        self.pending_events.clear();
+        self.lost_noted = false;
+        let (seq, hash, first) = self.durable.clone();
+        self.seq = seq;
+        self.last_hash = hash;
+        self.first_hash = first;
     }
 
     /// Takes this sync's entries back off the trail: to `len` bytes, or, for a trail this

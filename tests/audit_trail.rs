@@ -382,7 +382,7 @@ impl FullDisk {
         Some(disk)
     }
 
-    /// An empty tmpfs of `size`.
+    /// An empty tmpfs of `size` (and its options, such as `nr_inodes=40`).
     fn mount(size: &str) -> Option<FullDisk> {
         let dir = elsewhere();
         let out = run_with_timeout(
@@ -493,6 +493,55 @@ fn a_worker_cannot_fill_the_trails_file_system_with_its_output() {
         logs <= (4 << 20) - (4 << 20) / 16,
         "worker logs took {logs} bytes of 4 MiB"
     );
+    assert!(!c.log().contains("kill switch"), "{}", c.log());
+    // A path the worker writes itself is the kernel's to fill: the operator is told.
+    let ws = disk.dir.path().join("ws");
+    assert!(std::fs::create_dir(&ws).is_ok());
+    let out = c.cli(&["spawn", "--wait", "--rw", &s(&ws), "--", "true"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        c.log()
+            .contains("the worker may write to the state directory's file system"),
+        "{}",
+        c.log()
+    );
+    c.stop();
+    assert_eq!(code(&verify(&state, &[])), 0);
+    drop(disk);
+}
+
+/// Each worker's log is a file: workers enough to use every inode of the state
+/// directory's file system left none for the trail's next head. A launch now leaves the
+/// last sixteenth of them to the trail: it is refused, and nothing else stops.
+#[test]
+fn workers_cannot_use_up_the_trails_inodes() {
+    if skip_unless_root("worker logs and inodes") {
+        return;
+    }
+    let Some(disk) = FullDisk::mount("16m,nr_inodes=40") else {
+        return;
+    };
+    let state = disk.dir.path().join("state");
+    let mut c = TestController::start_in(CONTRACT, Some(&state), &[]);
+    let mut refused = 0;
+    for _ in 0..45 {
+        let out = c.cli(&["spawn", "--wait", "--", "true"]);
+        if code(&out) != 0 {
+            assert!(
+                stderr(&out).contains("no log for the worker"),
+                "{} {}",
+                stderr(&out),
+                c.log()
+            );
+            refused += 1;
+        }
+    }
+    assert!(
+        refused > 0,
+        "45 logs fitted in 40 inodes: the test proves nothing"
+    );
+    let out = c.cli(&["ps"]);
+    assert_eq!(code(&out), 0, "{} {}", stderr(&out), c.log());
     assert!(!c.log().contains("kill switch"), "{}", c.log());
     c.stop();
     assert_eq!(code(&verify(&state, &[])), 0);

@@ -554,12 +554,44 @@ fn a_full_disk_leaves_no_half_written_entry_and_engages_the_kill_switch() {
     c.wait_for("the kill switch", LONG, |v| {
         v["kill_switch"] == Value::Bool(true)
     });
+    // Asked again while the disk is full: refused, and the refusal changes nothing.
+    let out = c.cli(&["kill-switch", "--release"]);
+    assert_ne!(code(&out), 0, "{}", stdout(&out));
     let _ = std::fs::remove_file(&filler);
     c.stop();
     let mut cmd = Command::new(hatchery());
     cmd.args(["audit", "verify", "--state-dir"]).arg(&state);
     let out = run_with_timeout(&mut cmd, Duration::from_secs(30));
     assert_eq!(code(&out), 0, "{} {}", stdout(&out), stderr(&out));
+    // What the failed syncs dropped is counted, the kill switch they engaged is recorded,
+    // and nothing they were refused is recorded as done.
+    let entries: Vec<Value> = std::fs::read_to_string(state.join("audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let events: Vec<&str> = entries.iter().filter_map(|e| e["event"].as_str()).collect();
+    let lost = entries
+        .iter()
+        .position(|e| e["event"] == "audit_entries_lost")
+        .unwrap_or_else(|| panic!("no count of the dropped entries: {events:?}"));
+    assert!(
+        entries[lost]["details"]["entries"].as_u64() > Some(0),
+        "{}",
+        entries[lost]
+    );
+    assert_eq!(
+        entries
+            .get(lost + 1)
+            .map(|e| (&e["event"], &e["details"]["reason"])),
+        Some((
+            &Value::from("kill_switch_engaged"),
+            &Value::from("the audit trail could not be written")
+        )),
+        "{events:?}"
+    );
+    assert!(!events.contains(&"kill_switch_released"), "{events:?}");
+    assert!(!events.contains(&"replication_requested"), "{events:?}");
 }
 
 #[test]

@@ -288,12 +288,13 @@ fn keys_are_never_printed() {
     assert_eq!(format!("{:?}", key()), "AuditKey(<redacted>)");
 }
 
-/// A head that cannot be written (a full disk; here, a directory in its place) takes the
-/// sync's entries back off the trail: `verify` takes entries past the head for ones a
-/// crash left unsynced, so entries no head covers could be cut off unnoticed. They are
-/// written, head and all, by the next sync that can.
+/// A sync whose head cannot be written (a full disk; here, a directory in its place)
+/// takes its entries back off the trail and drops them: `verify` takes entries past the
+/// head for ones a crash left unsynced, so entries no head covers could be cut off
+/// unnoticed, and an entry kept for a later sync would record as done a decision that
+/// was answered as not done. The next entry written is preceded by one that counts them.
 #[test]
-fn a_head_that_cannot_be_written_takes_the_entries_back_until_it_can() -> Result<(), AuditError> {
+fn a_sync_that_fails_drops_its_entries_and_the_next_says_so() -> Result<(), AuditError> {
     let dir = trail(2)?;
     let io = |e| io_err(Path::new("test"))(e);
     let before = lines(dir.path());
@@ -304,9 +305,12 @@ fn a_head_that_cannot_be_written_takes_the_entries_back_until_it_can() -> Result
     std::fs::remove_file(&head).map_err(io)?;
     std::fs::create_dir(&head).map_err(io)?;
     std::fs::write(head.join("x"), b"x").map_err(io)?;
-    let failed = log.record(event::KILL_SWITCH_ENGAGED, "controller", None, json!({}));
-    assert!(matches!(failed, Err(AuditError::Io { .. })), "{failed:?}");
-    assert_eq!(lines(dir.path()), before, "the trail ran ahead of its head");
+    for _ in 0..2 {
+        let failed = log.record(event::KILL_SWITCH_RELEASED, "uid:0", None, json!({}));
+        assert!(matches!(failed, Err(AuditError::Io { .. })), "{failed:?}");
+        assert_eq!(lines(dir.path()), before, "the trail ran ahead of its head");
+        assert_eq!(log.len(), 3);
+    }
     std::fs::remove_dir_all(&head).map_err(io)?;
     std::fs::write(&head, kept).map_err(io)?;
     assert_eq!(verify(dir.path(), &key())?.entries, 3);
@@ -315,9 +319,21 @@ fn a_head_that_cannot_be_written_takes_the_entries_back_until_it_can() -> Result
     let events: Vec<&str> = after.iter().map(|e| e.event.as_str()).collect();
     assert_eq!(
         events.get(3..),
-        Some(&[event::KILL_SWITCH_ENGAGED, event::REAP_STALE][..])
+        Some(&[event::AUDIT_ENTRIES_LOST, event::REAP_STALE][..])
+    );
+    let note = &after[3].details;
+    assert_eq!(note["entries"], 2);
+    assert_eq!(note["by_event"][event::KILL_SWITCH_RELEASED], 2);
+    assert!(
+        note["error"]
+            .as_str()
+            .is_some_and(|e| e.contains(HEAD_FILE)),
+        "{note}"
     );
     assert_eq!(verify(dir.path(), &key())?.entries, 5);
+    // Said once.
+    log.record(event::REAP_STALE, "controller", None, json!({}))?;
+    assert_eq!(verify(dir.path(), &key())?.entries, 6);
     Ok(())
 }
 
@@ -362,5 +378,22 @@ fn a_followed_trail_shows_no_entry_that_fails_the_chain() -> Result<(), AuditErr
     l.push(moved);
     write_lines(dir.path(), &l);
     assert_eq!(read(None), (vec![1], Some(2)));
+    Ok(())
+}
+
+/// A damaged line's reason quotes what the parser quotes of it, a few hundred
+/// characters at most, however long the line.
+#[test]
+fn a_damaged_line_is_quoted_briefly() -> Result<(), AuditError> {
+    let dir = trail(1)?;
+    let mut l = lines(dir.path());
+    l.push(format!("{{\"seq\":\"{}\"}}", "A".repeat(200_000)));
+    write_lines(dir.path(), &l);
+    match verify(dir.path(), &key()) {
+        Err(e @ AuditError::Damaged { .. }) => {
+            assert!(e.to_string().len() < 1000, "{} bytes", e.to_string().len())
+        }
+        other => panic!("{other:?}"),
+    }
     Ok(())
 }

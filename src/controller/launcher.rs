@@ -265,6 +265,9 @@ impl Launcher {
         socket: Option<OwnedFd>,
     ) -> Result<(SandboxSpec, sandbox::Plan, Option<OutputPump>), String> {
         let mut spec = self.worker_spec(ls, egress, host_ids)?;
+        self.output_budget
+            .room_for_a_file()
+            .map_err(|why| format!("no log for the worker: {why}"))?;
         let log = self
             .workers
             .create_new(&ls.log_name, 0o600, true)
@@ -285,6 +288,12 @@ impl Launcher {
         let plan = sandbox::preflight(&spec, &self.host, sandbox::Asker::Controller)
             .map_err(|e| e.to_string())?;
         Ok((spec, plan, Some(pump)))
+    }
+
+    /// Whether a file of device `dev` lies on the file system of the state directory (its
+    /// `workers/`).
+    fn on_the_state_file_system(&self, dev: u64) -> bool {
+        self.workers.stat().is_ok_and(|st| st.st_dev == dev)
     }
 
     /// The sandbox spec of a launch, without its stdio and descriptors: as its manifest
@@ -315,6 +324,15 @@ impl Launcher {
         for (paths, writable) in [(&ls.ro, false), (&ls.rw, true)] {
             for p in paths {
                 let host = check_host_path(p).map_err(|e| e.to_string())?;
+                if writable && self.on_the_state_file_system(host.dev) {
+                    // Worker logs leave room for the trail; a path the worker writes
+                    // itself is the kernel's to fill.
+                    tracing::warn!(
+                        worker = %ls.worker_id,
+                        path = %host.path.display(),
+                        "the worker may write to the state directory's file system: filling it would leave the audit trail no room and stop every worker (keep the state directory on a file system of its own)"
+                    );
+                }
                 exposures.push(Exposure { host, writable });
             }
         }

@@ -137,6 +137,8 @@ struct DiskReserve {
     fd: OwnedFd,
     /// Bytes kept free for others.
     reserve: u64,
+    /// Files (inodes) kept free for others: the trail's head is a new file at each sync.
+    files_reserve: u64,
     /// Bytes that may be taken before the file system is asked again.
     room: std::cell::Cell<u64>,
 }
@@ -146,6 +148,8 @@ struct DiskReserve {
 const DISK_LOOK_EVERY: u64 = 1 << 20;
 /// Most a file system keeps free for others: a sixteenth of it, up to this.
 const MOST_RESERVED: u64 = 64 << 20;
+/// Most files (inodes) it keeps free for others: a sixteenth of them, up to this.
+const MOST_FILES_RESERVED: u64 = 4096;
 
 impl DiskReserve {
     /// Free bytes past the reserve, now.
@@ -176,6 +180,9 @@ impl OutputBudget {
         let disk = DiskReserve {
             fd: dir.try_clone_to_owned()?,
             reserve: (size / 16).min(MOST_RESERVED),
+            // At least one: the next head. A file system that counts no inodes (btrfs)
+            // has no such limit.
+            files_reserve: (st.files() / 16).clamp(1, MOST_FILES_RESERVED),
             room: std::cell::Cell::new(0),
         };
         Ok(OutputBudget(std::rc::Rc::new(SharedBudget {
@@ -205,6 +212,25 @@ impl OutputBudget {
         if let Some(disk) = &self.0.disk {
             disk.room.set(disk.room.get().saturating_sub(n));
         }
+    }
+
+    /// Whether one more file (a worker's log) may be made where the output goes, leaving
+    /// the file system's reserve of files (inodes) to others; if not, why.
+    pub fn room_for_a_file(&self) -> Result<(), String> {
+        let Some(disk) = &self.0.disk else {
+            return Ok(());
+        };
+        let Ok(st) = nix::sys::statvfs::fstatvfs(&disk.fd) else {
+            return Ok(());
+        };
+        if st.files() == 0 || st.files_available() > disk.files_reserve {
+            return Ok(());
+        }
+        Err(format!(
+            "its file system has {} free inodes, and the last {} are kept for the audit trail: remove old worker logs or give the state directory's file system more inodes",
+            st.files_available(),
+            disk.files_reserve
+        ))
     }
 
     /// Bytes of the shared budget left (the file system's room aside).

@@ -21,13 +21,35 @@ use super::Engine;
 pub(super) struct Held {
     /// A decision recorded since the last sync must be durable before anything leaves.
     pub(super) must_sync: bool,
-    /// The last sync failed and none has succeeded since: entries are waiting that are not
-    /// durable, so everything is held (and launches are cancelled) until one succeeds.
+    /// The last sync failed (its entries were dropped) and none has succeeded since:
+    /// everything is held (and launches are cancelled) until one does.
     pub(super) failing: bool,
+    /// The kill switch the engine engaged when the trail could not be written, until an
+    /// entry saying so is on disk.
+    pub(super) audit_failure: Option<AuditFailure>,
     api: Vec<(oneshot::Sender<ApiResponse>, ApiResponse)>,
     workers: Vec<(WorkerId, WorkerReply)>,
     /// This node's acknowledgements of the cluster's kill switch: (revision, killed, ms).
     acks: Vec<(i64, usize, u64)>,
+}
+
+/// When the trail first failed, and why.
+pub(super) struct AuditFailure {
+    since_ms: u64,
+    error: String,
+    /// Whether the entry that records it is appended and waiting for a sync.
+    pub(super) noted: bool,
+}
+
+impl AuditFailure {
+    /// The details of the `kill_switch_engaged` entry that records it.
+    pub(super) fn details(&self) -> serde_json::Value {
+        serde_json::json!({
+            "reason": "the audit trail could not be written",
+            "since": crate::audit::format_time(self.since_ms),
+            "error": self.error,
+        })
+    }
 }
 
 impl Held {
@@ -89,10 +111,25 @@ impl Engine {
         match self.audit.sync() {
             Ok(()) => {
                 self.held.failing = false;
+                if self.held.audit_failure.as_ref().is_some_and(|f| f.noted) {
+                    self.held.audit_failure = None;
+                }
                 true
             }
             Err(e) => {
                 self.held.failing = true;
+                // The failed sync dropped its entries (see `AuditLog::sync`), that one
+                // too: the first entry recorded after it says why the kill switch is on.
+                match &mut self.held.audit_failure {
+                    Some(f) => f.noted = false,
+                    None => {
+                        self.held.audit_failure = Some(AuditFailure {
+                            since_ms: self.effects.now_ms(),
+                            error: crate::text::clip(&e.to_string(), 300).into_owned(),
+                            noted: false,
+                        })
+                    }
+                }
                 tracing::error!(error = %e, "the audit trail cannot be written; engaging the kill switch");
                 for (reply, response) in std::mem::take(&mut self.held.api) {
                     let _ = reply.send(not_durable(response));

@@ -235,6 +235,13 @@ impl Engine {
                 return;
             }
         }
+        if let Some(failure) = self.held.audit_failure.as_mut().filter(|f| !f.noted) {
+            failure.noted = true;
+            let details = failure.details();
+            self.audit
+                .append(event::KILL_SWITCH_ENGAGED, "controller", None, details);
+            self.held.must_sync = true;
+        }
         self.audit
             .append(ev, actor, worker.map(|w| w.as_str()), details);
         if sync {

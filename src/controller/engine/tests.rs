@@ -729,3 +729,48 @@ fn exited_workers_large_manifests_are_kept_within_a_size_not_only_a_count() -> R
     assert_eq!(e.registry.subtree(&top), vec![top.clone(), leaf.clone()]);
     Ok(())
 }
+
+/// The kill switch a failed sync engaged is recorded by the first entry after it, once
+/// the trail can be written (the failed sync dropped whatever it held): the trail never
+/// shows the switch released, or workers refused by it, without its engagement first.
+#[test]
+fn the_kill_switch_a_failed_sync_engaged_is_the_next_entry() -> Result {
+    let (mut e, world) = engine(CONTRACT)?;
+    let _rx = take_spawn(&mut e)?;
+    world.sync_fails.store(true, Ordering::SeqCst);
+    e.take(Input::Tick);
+    e.commit();
+    assert!(e.store.kill_switch_engaged());
+    world.sync_fails.store(false, Ordering::SeqCst);
+    let before = world.did().len();
+    let _rx = take_spawn(&mut e)?;
+    e.commit();
+    let did = world.did();
+    let appended: Vec<&str> = did
+        .get(before..)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|d| match d {
+            Did::Append(ev) => Some(ev.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        appended.first(),
+        Some(&event::KILL_SWITCH_ENGAGED),
+        "{appended:?}"
+    );
+    // Once written, said once.
+    let before = world.did().len();
+    let _rx = take_spawn(&mut e)?;
+    e.commit();
+    let again = world
+        .did()
+        .get(before..)
+        .unwrap_or_default()
+        .iter()
+        .filter(|d| **d == Did::Append(event::KILL_SWITCH_ENGAGED.to_string()))
+        .count();
+    assert_eq!(again, 0);
+    Ok(())
+}
