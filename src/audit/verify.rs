@@ -63,8 +63,13 @@ impl<'k> Chain<'k> {
         let Some(body) = line.strip_suffix(b"\n") else {
             return Err("truncated line (no newline) or longer than 256 KiB".into());
         };
-        let entry: AuditEntry =
-            serde_json::from_slice(body).map_err(|e| format!("not a valid entry: {e}"))?;
+        let entry: AuditEntry = serde_json::from_slice(body).map_err(|e| {
+            // The parser quotes the line's values, however long.
+            format!(
+                "not a valid entry: {}",
+                crate::text::clip(&e.to_string(), 300)
+            )
+        })?;
         if entry.seq != self.expected_seq {
             return Err(format!(
                 "sequence number {} where {} was expected (an entry was deleted, inserted or moved)",

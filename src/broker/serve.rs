@@ -204,9 +204,22 @@ async fn accept_loop(state: Arc<State>, slots: Arc<Semaphore>, listener: TcpList
         let Ok((conn, _)) = accepted else {
             continue;
         };
-        // Over the limit, a connection is closed at once (never queued without bound).
+        // Over the limit, a connection is closed at once (never queued without bound), and
+        // recorded like any refusal (within the entries' own bounds).
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             drop(conn);
+            let port = match via {
+                Via::DnsTcp => continue,
+                Via::Proxy => None,
+                Via::Transparent(port) => Some(port),
+            };
+            state.record(denied(
+                via,
+                None,
+                port,
+                "too_many_connections",
+                Instant::now(),
+            ));
             continue;
         };
         let state = state.clone();
@@ -487,6 +500,37 @@ mod tests {
         );
         assert!(state.next_entry().is_none());
         drop(client);
+        Ok(())
+    }
+
+    /// A connection past the limit is closed at once, and recorded.
+    #[tokio::test]
+    async fn a_connection_past_the_limit_is_recorded() -> std::io::Result<()> {
+        let (state, stop) = state();
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let at = listener.local_addr()?;
+        let full = Arc::new(Semaphore::new(0));
+        let serving = tokio::spawn(accept_loop(
+            state.clone(),
+            full,
+            listener,
+            Via::Transparent(80),
+        ));
+        let mut client = TcpStream::connect(at).await?;
+        let mut buf = [0u8; 1];
+        let closed = tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf)).await;
+        assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
+        let entry = state.next_entry().map(|e| (e.event, e.port, e.reason));
+        assert_eq!(
+            entry,
+            Some((
+                "egress_denied".to_string(),
+                Some(80),
+                Some("too_many_connections".to_string())
+            ))
+        );
+        let _ = stop.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(5), serving).await;
         Ok(())
     }
 }

@@ -76,6 +76,9 @@ pub fn is_json() -> bool {
     JSON.load(Ordering::Relaxed)
 }
 
+/// Most characters of one error line.
+const MOST_LINE: usize = 4096;
+
 /// Prints the line that ends a command with an error (without the `hatchery: ` prefix):
 /// plain text, or a JSON log object with `--log-format json`.
 /// A message that begins `warning: ` or `note: ` is logged at that level instead.
@@ -83,6 +86,8 @@ pub fn error_line(message: &str) {
     // The message may carry a path or a field a sandbox or a file chose: it must not
     // drive the terminal, nor break the one line into several.
     let message = &*hatchery::text::escape_controls(message);
+    // Nor run to megabytes, whatever part of it a file or a peer chose.
+    let message = &*hatchery::text::clip(message, MOST_LINE);
     if !JSON.load(Ordering::Relaxed) {
         eprintln!("hatchery: {message}");
         return;

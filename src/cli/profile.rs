@@ -544,8 +544,9 @@ fn import(a: ImportArgs) -> anyhow::Result<i32> {
     let toml = oci::to_toml(&imported.profile, &imported.notes)?;
     // What is written must load as it is.
     Profile::from_toml(&toml, "the imported profile")?;
+    // A note may quote a name the file chose, however long.
     for n in &imported.notes {
-        error_line!("note: {n}");
+        error_line!("note: {}", hatchery::text::clip(n, 300));
     }
     match &a.output {
         Some(path) => {

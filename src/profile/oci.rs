@@ -222,7 +222,12 @@ pub fn parse(text: &str, origin: &str) -> Result<OciProfile, OciError> {
     }
     serde_json::from_str(text).map_err(|e| OciError::Json {
         origin: origin.to_string(),
-        message: format!("line {}, column {}: {e}", e.line(), e.column()),
+        message: format!(
+            "line {}, column {}: {}",
+            e.line(),
+            e.column(),
+            crate::text::clip(&e.to_string(), 300)
+        ),
     })
 }
 
@@ -236,7 +241,7 @@ pub fn to_toml(profile: &Profile, notes: &[String]) -> Result<String, ProfileErr
     if !notes.is_empty() {
         out.push_str("#\n# Import notes:\n");
         for n in notes {
-            out.push_str(&format!("#  - {n}\n"));
+            out.push_str(&format!("#  - {}\n", crate::text::clip(n, 300)));
         }
     }
     out.push('\n');

@@ -225,3 +225,13 @@ fn a_parse_error_quotes_no_more_than_a_line_a_person_reads() {
         }
     }
 }
+
+/// The same for OCI seccomp JSON: serde's message quotes a whole value.
+#[test]
+fn an_oci_parse_error_quotes_no_more_than_a_line_a_person_reads() {
+    let src = format!("{{\"defaultAction\":\"{}\"}}", "A".repeat(100_000));
+    match super::oci::parse(&src, "test") {
+        Err(e) => assert!(e.to_string().len() < 600, "{} bytes", e.to_string().len()),
+        Ok(_) => panic!("accepted"),
+    }
+}
