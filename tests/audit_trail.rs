@@ -455,11 +455,9 @@ fn a_worker_cannot_fill_the_trails_file_system_with_its_output() {
     if skip_unless_root("worker output on a small disk") {
         return;
     }
-    let Some(disk) = FullDisk::mount("4m") else {
+    let Some((disk, state, c)) = controller_on_small_disk("4m") else {
         return;
     };
-    let state = disk.dir.path().join("state");
-    let mut c = TestController::start_in(CONTRACT, Some(&state), &[]);
     let out = c.cli(&[
         "spawn",
         "--wait",
@@ -505,9 +503,7 @@ fn a_worker_cannot_fill_the_trails_file_system_with_its_output() {
         "{}",
         c.log()
     );
-    c.stop();
-    assert_eq!(code(&verify(&state, &[])), 0);
-    drop(disk);
+    stop_intact(c, &state, disk);
 }
 
 /// Each worker's log is a file: workers enough to use every inode of the state
@@ -518,11 +514,9 @@ fn workers_cannot_use_up_the_trails_inodes() {
     if skip_unless_root("worker logs and inodes") {
         return;
     }
-    let Some(disk) = FullDisk::mount("16m,nr_inodes=40") else {
+    let Some((disk, state, c)) = controller_on_small_disk("16m,nr_inodes=40") else {
         return;
     };
-    let state = disk.dir.path().join("state");
-    let mut c = TestController::start_in(CONTRACT, Some(&state), &[]);
     let mut refused = 0;
     for _ in 0..45 {
         let out = c.cli(&["spawn", "--wait", "--", "true"]);
@@ -542,9 +536,22 @@ fn workers_cannot_use_up_the_trails_inodes() {
     );
     let out = c.cli(&["ps"]);
     assert_eq!(code(&out), 0, "{} {}", stderr(&out), c.log());
+    stop_intact(c, &state, disk);
+}
+
+/// A controller whose state directory is on a tmpfs of `options` (its size first).
+fn controller_on_small_disk(options: &str) -> Option<(FullDisk, PathBuf, TestController)> {
+    let disk = FullDisk::mount(options)?;
+    let state = disk.dir.path().join("state");
+    let c = TestController::start_in(CONTRACT, Some(&state), &[]);
+    Some((disk, state, c))
+}
+
+/// Stops `c`, which never engaged its kill switch, and checks its trail.
+fn stop_intact(mut c: TestController, state: &Path, disk: FullDisk) {
     assert!(!c.log().contains("kill switch"), "{}", c.log());
     c.stop();
-    assert_eq!(code(&verify(&state, &[])), 0);
+    assert_eq!(code(&verify(state, &[])), 0);
     drop(disk);
 }
 

@@ -419,8 +419,6 @@ async fn one_way(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::BrokerConfig;
-    use crate::egress::{AllowList, Resolution};
     use std::time::Duration;
     use tokio::net::{TcpListener, TcpSocket};
 
@@ -430,14 +428,7 @@ mod tests {
     /// unrecorded).
     #[tokio::test]
     async fn a_first_write_an_upstream_never_reads_ends_at_the_stop() -> std::io::Result<()> {
-        let (stop, stop_rx) = watch::channel(false);
-        let config = BrokerConfig {
-            allow: AllowList::default(),
-            resolution: Resolution::default(),
-            max_bytes: None,
-            ports: Vec::new(),
-        };
-        let state = State::new(config, stop_rx);
+        let (state, stop) = State::allowing_nothing();
         let sink = TcpSocket::new_v4()?;
         sink.set_recv_buffer_size(1)?;
         sink.bind("127.0.0.1:0".parse().map_err(std::io::Error::other)?)?;

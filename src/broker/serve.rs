@@ -453,17 +453,10 @@ async fn transparent(state: &State, conn: TcpStream, port: u16) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::egress::{AllowList, Resolution};
 
     fn state() -> (Arc<State>, watch::Sender<bool>) {
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let config = BrokerConfig {
-            allow: AllowList::default(),
-            resolution: Resolution::default(),
-            max_bytes: None,
-            ports: Vec::new(),
-        };
-        (Arc::new(State::new(config, stop_rx)), stop_tx)
+        let (state, stop) = State::allowing_nothing();
+        (Arc::new(state), stop)
     }
 
     /// A connection whose task is still waiting when the broker stops (here, on a head

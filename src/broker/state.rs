@@ -108,6 +108,19 @@ impl State {
         }
     }
 
+    /// A broker's state that allows nothing, and the sender of its stop (tests).
+    #[cfg(test)]
+    pub(super) fn allowing_nothing() -> (State, watch::Sender<bool>) {
+        let (stop, stop_rx) = watch::channel(false);
+        let config = BrokerConfig {
+            allow: Default::default(),
+            resolution: Default::default(),
+            max_bytes: None,
+            ports: Vec::new(),
+        };
+        (State::new(config, stop_rx), stop)
+    }
+
     /// Waits until entries are queued (or the broker is finishing).
     pub(super) async fn entries_queued(&self) {
         self.wake.notified().await
