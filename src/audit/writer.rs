@@ -1,0 +1,380 @@
+//! The writer side of the trail: [`AuditLog`], one per controller, which appends entries,
+//! makes them durable with their head, and hands each head to the anchor.
+
+use super::*;
+
+/// How a controller begins with its trail (see [`AuditLog::start`]).
+#[derive(Debug, Default)]
+pub struct Start {
+    /// `--new-audit-trail`: begin a trail where an earlier one vanished.
+    pub new_trail: bool,
+    /// The key file was created by this start (so it is no evidence of an earlier trail).
+    pub key_created: bool,
+    /// Checked against the trail now, written with every synced head from now on.
+    pub anchor: Option<Anchor>,
+    /// The controller's session, carried by every anchor line.
+    pub session: String,
+}
+
+/// A trail's last synced entry, and the trail's name (its first entry's hash).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncedHead {
+    pub seq: u64,
+    pub hash: String,
+    pub trail: String,
+}
+
+/// The writer side: one per controller.
+pub struct AuditLog {
+    /// The state directory, held open: every file of the trail is reached through it.
+    dir: Dir,
+    /// `None` until the first sync of a new trail creates the file with its entries.
+    file: Option<File>,
+    key: AuditKey,
+    seq: u64,
+    last_hash: String,
+    /// The first entry's hash: the trail's identity in the anchor.
+    first_hash: Option<String>,
+    pending: Vec<u8>,
+    /// The events of the pending entries (the note of lost ones aside).
+    pending_events: Vec<String>,
+    /// The last entry on disk (sequence number, hash) and the first entry's hash.
+    durable: (u64, String, Option<String>),
+    /// What failed syncs dropped, until an entry saying so is on disk.
+    lost: Option<lost::Lost>,
+    /// Whether that entry is among the pending ones.
+    lost_noted: bool,
+    anchor: Option<anchor::AnchorWriter>,
+    session: String,
+}
+
+impl AuditLog {
+    /// Opens (or begins) the trail in `dir` with no anchor: [`AuditLog::start`] with
+    /// the defaults.
+    pub fn open(dir: &Path, key: AuditKey) -> Result<AuditLog, AuditError> {
+        AuditLog::start(dir, key, Start::default())
+    }
+
+    /// Opens the trail in `dir` to continue it, or begins one, deciding by what the
+    /// directory holds ([`survey`]):
+    ///
+    /// - a trail: its chain is verified, then checked against the anchor's heads; a
+    ///   damaged or rolled-back trail is refused, never silently continued, and so is
+    ///   `new_trail` (an existing trail is never replaced);
+    /// - no trail, no evidence of one: a trail is begun;
+    /// - no trail, but evidence of one: refused, unless `new_trail`.
+    ///
+    /// A trail begun here gets its first entry, `audit_trail_started`, synced before
+    /// this returns: why it was begun and what evidence of an earlier trail there was.
+    ///
+    /// No thread is started here (the controller forks after this); the anchor's writer
+    /// starts at the next sync.
+    pub fn start(dir: &Path, key: AuditKey, start: Start) -> Result<AuditLog, AuditError> {
+        let path = dir.join(LOG_FILE);
+        let held = Dir::open(dir).map_err(io_err(dir))?;
+        let anchor_file = match &start.anchor {
+            Some(a) => a.read()?.map(|f| (f, a.target().to_string())),
+            None => None,
+        };
+        let state = survey(
+            &held,
+            start.key_created,
+            anchor_file.as_ref().map(|(f, n)| (f, n.as_str())),
+        )?;
+        let (summary, begin) = match state {
+            TrailState::Present { bytes } => {
+                if start.new_trail {
+                    return Err(AuditError::TrailExists { path, bytes });
+                }
+                let summary = verify_in(&held, &key)?;
+                if let Some((file, name)) = &anchor_file {
+                    anchor::check(&held, &key, &summary, file, name)?;
+                }
+                (summary, None)
+            }
+            TrailState::New => {
+                let reason = if start.new_trail {
+                    "a new trail was asked for (--new-audit-trail); no earlier trail was found"
+                } else {
+                    "the first start in this state directory"
+                };
+                (VerifySummary::empty(), Some((reason, Vec::new())))
+            }
+            TrailState::Vanished { evidence } => {
+                if !start.new_trail {
+                    return Err(AuditError::Vanished { path, evidence });
+                }
+                let reason = "the earlier trail vanished (removed or emptied); a new one was begun with --new-audit-trail";
+                (VerifySummary::empty(), Some((reason, evidence)))
+            }
+        };
+        let file = match held.stat_entry(LOG_FILE).map_err(io_err(&path))? {
+            Some(_) => Some(held.open_append(LOG_FILE, 0o600).map_err(io_err(&path))?),
+            None => None,
+        };
+        let mut log = AuditLog {
+            dir: held,
+            file,
+            key,
+            seq: summary.entries,
+            durable: (
+                summary.entries,
+                summary.last_hash.clone(),
+                summary.first_hash.clone(),
+            ),
+            last_hash: summary.last_hash,
+            first_hash: summary.first_hash,
+            pending: Vec::new(),
+            pending_events: Vec::new(),
+            lost: None,
+            lost_noted: false,
+            anchor: start.anchor.map(Anchor::into_writer),
+            session: start.session,
+        };
+        if let Some(writer) = &mut log.anchor {
+            writer.hold(true);
+        }
+        if let Some((reason, evidence)) = begin {
+            log.record(
+                event::AUDIT_TRAIL_STARTED,
+                "controller",
+                None,
+                serde_json::json!({
+                    "reason": reason,
+                    "new_audit_trail": start.new_trail,
+                    "evidence": evidence,
+                    "key_created": start.key_created,
+                }),
+            )?;
+        }
+        if let Some(writer) = &mut log.anchor {
+            writer.hold(false);
+        }
+        Ok(log)
+    }
+
+    /// Adds an entry (buffered until [`sync`](Self::sync)). After entries a failed sync
+    /// dropped, the first one appended is preceded by an entry that says what they were.
+    pub fn append(
+        &mut self,
+        event: &str,
+        actor: &str,
+        worker_id: Option<&str>,
+        details: serde_json::Value,
+    ) -> AuditEntry {
+        if let (Some(lost), false) = (&self.lost, self.lost_noted) {
+            let details = lost.details();
+            self.lost_noted = true;
+            self.push(event::AUDIT_ENTRIES_LOST, "controller", None, details);
+        }
+        self.pending_events.push(event.to_string());
+        self.push(event, actor, worker_id, details)
+    }
+
+    fn push(
+        &mut self,
+        event: &str,
+        actor: &str,
+        worker_id: Option<&str>,
+        details: serde_json::Value,
+    ) -> AuditEntry {
+        let mut entry = AuditEntry {
+            seq: self.seq + 1,
+            time: format_time(now_ms()),
+            event: event.to_string(),
+            actor: actor.to_string(),
+            worker_id: worker_id.map(str::to_string),
+            details,
+            prev: self.last_hash.clone(),
+            hash: String::new(),
+            mac: String::new(),
+        };
+        entry.hash = entry.compute_hash();
+        entry.mac = self.key.mac(entry.hash.as_bytes());
+        if let Ok(line) = serde_json::to_vec(&entry) {
+            self.pending.extend_from_slice(&line);
+            self.pending.push(b'\n');
+        }
+        self.seq = entry.seq;
+        self.last_hash = entry.hash.clone();
+        if self.first_hash.is_none() {
+            self.first_hash = Some(entry.hash.clone());
+        }
+        entry
+    }
+
+    /// Writes what is buffered, makes it durable, moves the head, and then hands the new
+    /// head to the anchor. An anchor that is failing makes this an error too (after the
+    /// trail itself was written): the caller treats it as a trail that cannot be written.
+    ///
+    /// A sync that fails drops its entries (see [`lost`]): the trail never runs ahead of
+    /// its head by more than one sync, and never records later what was answered as not
+    /// done. The new head is staged before the trail is touched, so a file system with
+    /// no room for it refuses the sync before any reader could see its entries.
+    pub fn sync(&mut self) -> Result<(), AuditError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        match self.write_pending() {
+            Ok(()) => {
+                self.pending.clear();
+                self.pending_events.clear();
+                self.lost = None;
+                self.lost_noted = false;
+                self.durable = (self.seq, self.last_hash.clone(), self.first_hash.clone());
+            }
+            Err(e) => {
+                self.drop_pending(&e.to_string());
+                return Err(e);
+            }
+        }
+        if let (Some(writer), Some(trail)) = (&mut self.anchor, &self.first_hash) {
+            let line =
+                anchor::AnchorLine::new(&self.key, trail, &self.session, self.seq, &self.last_hash);
+            writer.submit(line.render())?;
+        }
+        Ok(())
+    }
+
+    /// The pending entries on disk, then the head that covers them.
+    fn write_pending(&mut self) -> Result<(), AuditError> {
+        let path = self.dir.path().join(LOG_FILE);
+        let head_path = self.dir.path().join(HEAD_FILE);
+        let head = Head {
+            seq: self.seq,
+            hash: self.last_hash.clone(),
+            mac: self.key.mac(&head_mac_input(self.seq, &self.last_hash)),
+        };
+        let json = serde_json::to_vec(&head).unwrap_or_default();
+        let mut staged = self
+            .dir
+            .stage(HEAD_FILE, 0o600)
+            .map_err(io_err(&head_path))?;
+        // Written now (a file system with no room refuses it here); made durable, and
+        // named, only once the trail is.
+        if let Err(e) = staged.file.write_all(&json) {
+            self.dir.discard(staged);
+            return Err(io_err(&head_path)(e));
+        }
+        // Where the trail's whole lines ended before this sync (`None`: it is new).
+        let before = match &mut self.file {
+            Some(file) => {
+                // A write cut short (a full disk) would leave half a line, which no later
+                // entry could follow: cut the file back to where the whole lines end.
+                let whole = match file.metadata() {
+                    Ok(m) => m.len(),
+                    Err(e) => {
+                        self.dir.discard(staged);
+                        return Err(io_err(&path)(e));
+                    }
+                };
+                if let Err(e) = file
+                    .write_all(&self.pending)
+                    .and_then(|()| file.sync_data())
+                {
+                    let _ = file.set_len(whole);
+                    self.dir.discard(staged);
+                    return Err(io_err(&path)(e));
+                }
+                Some(whole)
+            }
+            None => match self.create_trail() {
+                Ok(file) => {
+                    self.file = Some(file);
+                    None
+                }
+                Err(e) => {
+                    self.dir.discard(staged);
+                    return Err(io_err(&path)(e));
+                }
+            },
+        };
+        if let Err(e) = self.dir.publish(staged, HEAD_FILE) {
+            self.unwrite(before);
+            return Err(io_err(&head_path)(e));
+        }
+        Ok(())
+    }
+
+    /// Drops the pending entries after a failed sync, counting them as lost, and goes
+    /// back to the last entry on disk.
+    fn drop_pending(&mut self, error: &str) {
+        self.lost
+            .get_or_insert_with(Default::default)
+            .count(&self.pending_events, error);
+        self.pending.clear();
+        self.pending_events.clear();
+        self.lost_noted = false;
+        let (seq, hash, first) = self.durable.clone();
+        self.seq = seq;
+        self.last_hash = hash;
+        self.first_hash = first;
+    }
+
+    /// Takes this sync's entries back off the trail: to `len` bytes, or, for a trail this
+    /// sync created, the file itself (an empty trail file would be evidence of one
+    /// emptied).
+    fn unwrite(&mut self, len: Option<u64>) {
+        match (len, &self.file) {
+            (Some(len), Some(file)) => {
+                let _ = file.set_len(len).and_then(|()| file.sync_data());
+            }
+            (None, Some(_)) => {
+                self.file = None;
+                let _ = self.dir.remove(LOG_FILE);
+                self.dir.sync();
+            }
+            (_, None) => {}
+        }
+    }
+
+    /// Creates `audit.jsonl` with the pending entries already in it (a new file, made
+    /// durable and only then given its name), so that the file is never seen empty: an
+    /// empty trail file is evidence that a trail was emptied.
+    fn create_trail(&self) -> io::Result<File> {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        let mut staged = self.dir.stage(LOG_FILE, 0o600)?;
+        if let Err(e) = staged.file.write_all(&self.pending) {
+            self.dir.discard(staged);
+            return Err(e);
+        }
+        let keep = staged.file.try_clone()?;
+        self.dir.publish(staged, LOG_FILE)?;
+        let flags = fcntl(&keep, FcntlArg::F_GETFL).map_err(io::Error::from)?;
+        let flags = OFlag::from_bits_truncate(flags) | OFlag::O_APPEND;
+        fcntl(&keep, FcntlArg::F_SETFL(flags)).map_err(io::Error::from)?;
+        Ok(keep)
+    }
+
+    /// Appends and syncs: for decisions that must be on disk before they take effect.
+    pub fn record(
+        &mut self,
+        event: &str,
+        actor: &str,
+        worker_id: Option<&str>,
+        details: serde_json::Value,
+    ) -> Result<AuditEntry, AuditError> {
+        let e = self.append(event, actor, worker_id, details);
+        self.sync()?;
+        Ok(e)
+    }
+
+    /// The last entry on disk (its sequence number and hash) and the trail's first hash
+    /// (its name), when nothing appended is waiting for a sync.
+    pub fn synced_head(&self) -> Option<SyncedHead> {
+        let trail = self.first_hash.clone()?;
+        (self.pending.is_empty() && self.seq > 0).then(|| SyncedHead {
+            seq: self.seq,
+            hash: self.last_hash.clone(),
+            trail,
+        })
+    }
+
+    pub fn len(&self) -> u64 {
+        self.seq
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seq == 0
+    }
+}
