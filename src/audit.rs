@@ -32,7 +32,7 @@ pub use verify::{
 use verify::{open_trail_file, read_line, verify_in};
 
 pub use anchor::{Anchor, AnchorReport, AnchorTarget};
-pub use writer::{AuditLog, Start, SyncedHead};
+pub use writer::{AuditLog, EntryKind, Start, SyncedHead};
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};

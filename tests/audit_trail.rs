@@ -440,9 +440,45 @@ fn an_anchor_that_cannot_be_written_engages_the_kill_switch() {
         stderr(&out)
     );
     // Released, it engages again at once: nothing is admitted while the anchor fails.
-    let _ = c.cli(&["kill-switch", "--release"]);
+    let out = c.cli(&["kill-switch", "--release"]);
     c.wait_for("the kill switch again", LONG, |v| v["kill_switch"] == true);
     c.stop();
+    // The trail is on disk while the anchor fails: what it records was answered as
+    // done (the release), and each engagement the failure caused is recorded with why.
+    let events: Vec<(String, String)> = entries(&c.state)
+        .iter()
+        .map(|e| {
+            (
+                e["event"].as_str().unwrap_or_default().to_string(),
+                e["details"]["reason"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect();
+    let released = events
+        .iter()
+        .filter(|(e, _)| e == "kill_switch_released")
+        .count();
+    assert_eq!(
+        released,
+        usize::from(code(&out) == 0),
+        "{events:?} {}",
+        stderr(&out)
+    );
+    let engaged_after = |at: usize| {
+        events.iter().skip(at).any(|(e, r)| {
+            e == "kill_switch_engaged" && r == "the audit anchor could not be written"
+        })
+    };
+    assert!(engaged_after(0), "{events:?}");
+    if let Some(at) = events.iter().position(|(e, _)| e == "kill_switch_released") {
+        assert!(
+            engaged_after(at),
+            "released and never engaged again: {events:?}"
+        );
+    }
     drop(disk);
 }
 
@@ -507,36 +543,40 @@ fn a_worker_cannot_fill_the_trails_file_system_with_its_output() {
 }
 
 /// Each worker's log is a file: workers enough to use every inode of the state
-/// directory's file system left none for the trail's next head. A launch now leaves the
-/// last sixteenth of them to the trail: it is refused, and nothing else stops.
+/// directory's file system, or every block (a log of one byte takes a block), left none
+/// for the trail's next head. A launch now leaves the last sixteenth of both to the
+/// trail: it is refused, and nothing else stops.
 #[test]
-fn workers_cannot_use_up_the_trails_inodes() {
-    if skip_unless_root("worker logs and inodes") {
+fn workers_cannot_use_up_the_trails_inodes_or_blocks() {
+    if skip_unless_root("worker logs, inodes and blocks") {
         return;
     }
-    let Some((disk, state, c)) = controller_on_small_disk("16m,nr_inodes=40") else {
-        return;
-    };
-    let mut refused = 0;
-    for _ in 0..45 {
-        let out = c.cli(&["spawn", "--wait", "--", "true"]);
-        if code(&out) != 0 {
-            assert!(
-                stderr(&out).contains("no log for the worker"),
-                "{} {}",
-                stderr(&out),
-                c.log()
-            );
-            refused += 1;
+    for (options, most) in [("16m,nr_inodes=40", 45), ("512k", 200)] {
+        let Some((disk, state, c)) = controller_on_small_disk(options) else {
+            return;
+        };
+        let mut refused = false;
+        for _ in 0..most {
+            let out = c.cli(&["spawn", "--wait", "--", "sh", "-c", "echo x"]);
+            if code(&out) != 0 {
+                assert!(
+                    stderr(&out).contains("no log for the worker"),
+                    "{options}: {} {}",
+                    stderr(&out),
+                    c.log()
+                );
+                refused = true;
+                break;
+            }
         }
+        assert!(
+            refused,
+            "{options}: {most} logs fitted: the test proves nothing"
+        );
+        let out = c.cli(&["ps"]);
+        assert_eq!(code(&out), 0, "{} {}", stderr(&out), c.log());
+        stop_intact(c, &state, disk);
     }
-    assert!(
-        refused > 0,
-        "45 logs fitted in 40 inodes: the test proves nothing"
-    );
-    let out = c.cli(&["ps"]);
-    assert_eq!(code(&out), 0, "{} {}", stderr(&out), c.log());
-    stop_intact(c, &state, disk);
 }
 
 /// A controller whose state directory is on a tmpfs of `options` (its size first).

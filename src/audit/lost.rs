@@ -1,8 +1,8 @@
-//! Entries that could not be written. A sync that fails leaves its entries' decisions
-//! undone (the controller answers them as not done and engages its kill switch), so they
-//! are not kept for a later sync, which would record as done what was refused; nor do
-//! they vanish without a word. They are counted here, by event, and the first entry
-//! written after them says so ([`super::event::AUDIT_ENTRIES_LOST`]).
+//! Decisions that could not be written. A sync that fails leaves its decisions undone
+//! (the controller answers them as not done and engages its kill switch), so their
+//! entries are not kept for a later sync, which would record as done what was refused;
+//! nor do they vanish without a word. They are counted here, by event, in an entry that
+//! goes first among those waiting for the next sync ([`super::event::AUDIT_ENTRIES_LOST`]).
 
 use std::collections::BTreeMap;
 

@@ -289,10 +289,10 @@ fn keys_are_never_printed() {
 }
 
 /// A sync whose head cannot be written (a full disk; here, a directory in its place)
-/// takes its entries back off the trail and drops them: `verify` takes entries past the
-/// head for ones a crash left unsynced, so entries no head covers could be cut off
-/// unnoticed, and an entry kept for a later sync would record as done a decision that
-/// was answered as not done. The next entry written is preceded by one that counts them.
+/// takes its entries back off the trail: `verify` takes entries past the head for ones a
+/// crash left unsynced, so entries no head covers could be cut off unnoticed. Its
+/// decisions are dropped (one kept for a later sync would record as done what was
+/// answered as not done) and counted in an entry that goes first; its records wait.
 #[test]
 fn a_sync_that_fails_drops_its_entries_and_the_next_says_so() -> Result<(), AuditError> {
     let dir = trail(2)?;
@@ -305,11 +305,22 @@ fn a_sync_that_fails_drops_its_entries_and_the_next_says_so() -> Result<(), Audi
     std::fs::remove_file(&head).map_err(io)?;
     std::fs::create_dir(&head).map_err(io)?;
     std::fs::write(head.join("x"), b"x").map_err(io)?;
+    // Each try: a decision (dropped), and a record (kept, once).
+    log.append(event::WORKER_EXITED, "controller", Some("w1"), json!({}));
     for _ in 0..2 {
-        let failed = log.record(event::KILL_SWITCH_RELEASED, "uid:0", None, json!({}));
+        log.append_kind(
+            event::KILL_SWITCH_RELEASED,
+            "uid:0",
+            None,
+            json!({}),
+            EntryKind::Decision,
+        );
+        let failed = log.sync();
         assert!(matches!(failed, Err(AuditError::Io { .. })), "{failed:?}");
         assert_eq!(lines(dir.path()), before, "the trail ran ahead of its head");
-        assert_eq!(log.len(), 3);
+        // The count of what was dropped, then the record.
+        assert_eq!(log.len(), 5);
+        assert!(!log.complete());
     }
     std::fs::remove_dir_all(&head).map_err(io)?;
     std::fs::write(&head, kept).map_err(io)?;
@@ -319,7 +330,13 @@ fn a_sync_that_fails_drops_its_entries_and_the_next_says_so() -> Result<(), Audi
     let events: Vec<&str> = after.iter().map(|e| e.event.as_str()).collect();
     assert_eq!(
         events.get(3..),
-        Some(&[event::AUDIT_ENTRIES_LOST, event::REAP_STALE][..])
+        Some(
+            &[
+                event::AUDIT_ENTRIES_LOST,
+                event::WORKER_EXITED,
+                event::REAP_STALE
+            ][..]
+        )
     );
     let note = &after[3].details;
     assert_eq!(note["entries"], 2);
@@ -330,10 +347,11 @@ fn a_sync_that_fails_drops_its_entries_and_the_next_says_so() -> Result<(), Audi
             .is_some_and(|e| e.contains(HEAD_FILE)),
         "{note}"
     );
-    assert_eq!(verify(dir.path(), &key())?.entries, 5);
+    assert_eq!(verify(dir.path(), &key())?.entries, 6);
+    assert!(log.complete());
     // Said once.
     log.record(event::REAP_STALE, "controller", None, json!({}))?;
-    assert_eq!(verify(dir.path(), &key())?.entries, 6);
+    assert_eq!(verify(dir.path(), &key())?.entries, 7);
     Ok(())
 }
 

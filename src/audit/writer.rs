@@ -24,6 +24,31 @@ pub struct SyncedHead {
     pub trail: String,
 }
 
+/// What an entry records, which decides what a failed sync does with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// Something that happened (a worker started or exited, a connection was made): kept
+    /// after a failed sync, for the next one.
+    Record,
+    /// A decision whose effect waits for its entry to be durable: a failed sync undoes
+    /// the effect (the request is answered as not done), so the entry is dropped with it,
+    /// and counted ([`event::AUDIT_ENTRIES_LOST`]).
+    Decision,
+    /// The count of dropped decisions: made again at each failed sync.
+    Lost,
+}
+
+/// An entry appended and not yet on disk.
+struct Pending {
+    entry: AuditEntry,
+    kind: EntryKind,
+}
+
+/// Most bytes of records kept for a later sync while syncs fail; past it the oldest are
+/// dropped too, and counted (a controller whose disk stays full is not to grow without
+/// bound).
+const MOST_KEPT: usize = 16 << 20;
+
 /// The writer side: one per controller.
 pub struct AuditLog {
     /// The state directory, held open: every file of the trail is reached through it.
@@ -35,15 +60,12 @@ pub struct AuditLog {
     last_hash: String,
     /// The first entry's hash: the trail's identity in the anchor.
     first_hash: Option<String>,
-    pending: Vec<u8>,
-    /// The events of the pending entries (the note of lost ones aside).
-    pending_events: Vec<String>,
+    /// Entries appended and not yet on disk, in order.
+    pending: Vec<Pending>,
     /// The last entry on disk (sequence number, hash) and the first entry's hash.
     durable: (u64, String, Option<String>),
     /// What failed syncs dropped, until an entry saying so is on disk.
     lost: Option<lost::Lost>,
-    /// Whether that entry is among the pending ones.
-    lost_noted: bool,
     anchor: Option<anchor::AnchorWriter>,
     session: String,
 }
@@ -125,9 +147,7 @@ impl AuditLog {
             last_hash: summary.last_hash,
             first_hash: summary.first_hash,
             pending: Vec::new(),
-            pending_events: Vec::new(),
             lost: None,
-            lost_noted: false,
             anchor: start.anchor.map(Anchor::into_writer),
             session: start.session,
         };
@@ -153,8 +173,7 @@ impl AuditLog {
         Ok(log)
     }
 
-    /// Adds an entry (buffered until [`sync`](Self::sync)). After entries a failed sync
-    /// dropped, the first one appended is preceded by an entry that says what they were.
+    /// Adds a record (buffered until [`sync`](Self::sync); kept if a sync fails).
     pub fn append(
         &mut self,
         event: &str,
@@ -162,25 +181,34 @@ impl AuditLog {
         worker_id: Option<&str>,
         details: serde_json::Value,
     ) -> AuditEntry {
-        if let (Some(lost), false) = (&self.lost, self.lost_noted) {
-            let details = lost.details();
-            self.lost_noted = true;
-            self.push(event::AUDIT_ENTRIES_LOST, "controller", None, details);
-        }
-        self.pending_events.push(event.to_string());
-        self.push(event, actor, worker_id, details)
+        self.append_kind(event, actor, worker_id, details, EntryKind::Record)
     }
 
+    /// Adds an entry of `kind` (buffered until [`sync`](Self::sync)).
+    pub fn append_kind(
+        &mut self,
+        event: &str,
+        actor: &str,
+        worker_id: Option<&str>,
+        details: serde_json::Value,
+        kind: EntryKind,
+    ) -> AuditEntry {
+        self.push(event, actor, worker_id, details, None, kind)
+    }
+
+    /// Chains an entry after the last one (at `time`, or now) and queues it.
     fn push(
         &mut self,
         event: &str,
         actor: &str,
         worker_id: Option<&str>,
         details: serde_json::Value,
+        time: Option<String>,
+        kind: EntryKind,
     ) -> AuditEntry {
         let mut entry = AuditEntry {
             seq: self.seq + 1,
-            time: format_time(now_ms()),
+            time: time.unwrap_or_else(|| format_time(now_ms())),
             event: event.to_string(),
             actor: actor.to_string(),
             worker_id: worker_id.map(str::to_string),
@@ -191,26 +219,28 @@ impl AuditLog {
         };
         entry.hash = entry.compute_hash();
         entry.mac = self.key.mac(entry.hash.as_bytes());
-        if let Ok(line) = serde_json::to_vec(&entry) {
-            self.pending.extend_from_slice(&line);
-            self.pending.push(b'\n');
-        }
         self.seq = entry.seq;
         self.last_hash = entry.hash.clone();
         if self.first_hash.is_none() {
             self.first_hash = Some(entry.hash.clone());
         }
+        self.pending.push(Pending {
+            entry: entry.clone(),
+            kind,
+        });
         entry
     }
 
     /// Writes what is buffered, makes it durable, moves the head, and then hands the new
-    /// head to the anchor. An anchor that is failing makes this an error too (after the
-    /// trail itself was written): the caller treats it as a trail that cannot be written.
+    /// head to the anchor. An anchor that is failing makes this an error too, after the
+    /// trail itself was written: [`AuditError::Anchor`] from here means the entries are
+    /// durable.
     ///
-    /// A sync that fails drops its entries (see [`lost`]): the trail never runs ahead of
-    /// its head by more than one sync, and never records later what was answered as not
-    /// done. The new head is staged before the trail is touched, so a file system with
-    /// no room for it refuses the sync before any reader could see its entries.
+    /// A sync that fails drops its decisions and keeps its records (see [`EntryKind`]):
+    /// the trail never runs ahead of its head by more than one sync, and never records
+    /// later as done what was answered as not done. The new head is staged before the
+    /// trail is touched, so a file system with no room for it refuses the sync before
+    /// any reader could see its entries.
     pub fn sync(&mut self) -> Result<(), AuditError> {
         if self.pending.is_empty() {
             return Ok(());
@@ -218,13 +248,11 @@ impl AuditLog {
         match self.write_pending() {
             Ok(()) => {
                 self.pending.clear();
-                self.pending_events.clear();
                 self.lost = None;
-                self.lost_noted = false;
                 self.durable = (self.seq, self.last_hash.clone(), self.first_hash.clone());
             }
             Err(e) => {
-                self.drop_pending(&e.to_string());
+                self.after_failure(&e.to_string());
                 return Err(e);
             }
         }
@@ -236,8 +264,26 @@ impl AuditLog {
         Ok(())
     }
 
+    /// Whether everything appended is on disk, and nothing was dropped since.
+    pub fn complete(&self) -> bool {
+        self.pending.is_empty() && self.lost.is_none()
+    }
+
+    /// The pending entries as the lines of the trail.
+    fn pending_lines(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for p in &self.pending {
+            if let Ok(line) = serde_json::to_vec(&p.entry) {
+                out.extend_from_slice(&line);
+                out.push(b'\n');
+            }
+        }
+        out
+    }
+
     /// The pending entries on disk, then the head that covers them.
     fn write_pending(&mut self) -> Result<(), AuditError> {
+        let lines = self.pending_lines();
         let path = self.dir.path().join(LOG_FILE);
         let head_path = self.dir.path().join(HEAD_FILE);
         let head = Head {
@@ -268,17 +314,14 @@ impl AuditLog {
                         return Err(io_err(&path)(e));
                     }
                 };
-                if let Err(e) = file
-                    .write_all(&self.pending)
-                    .and_then(|()| file.sync_data())
-                {
+                if let Err(e) = file.write_all(&lines).and_then(|()| file.sync_data()) {
                     let _ = file.set_len(whole);
                     self.dir.discard(staged);
                     return Err(io_err(&path)(e));
                 }
                 Some(whole)
             }
-            None => match self.create_trail() {
+            None => match self.create_trail(&lines) {
                 Ok(file) => {
                     self.file = Some(file);
                     None
@@ -296,19 +339,63 @@ impl AuditLog {
         Ok(())
     }
 
-    /// Drops the pending entries after a failed sync, counting them as lost, and goes
-    /// back to the last entry on disk.
-    fn drop_pending(&mut self, error: &str) {
-        self.lost
-            .get_or_insert_with(Default::default)
-            .count(&self.pending_events, error);
-        self.pending.clear();
-        self.pending_events.clear();
-        self.lost_noted = false;
-        let (seq, hash, first) = self.durable.clone();
+    /// After a failed sync: goes back to the last entry on disk, drops the decisions
+    /// (counted as lost) and chains again, after an entry that counts what was dropped,
+    /// the records, which wait for the next sync.
+    fn after_failure(&mut self, error: &str) {
+        let pending = std::mem::take(&mut self.pending);
+        let mut dropped = Vec::new();
+        let mut kept = Vec::new();
+        for p in pending {
+            match p.kind {
+                EntryKind::Decision => dropped.push(p.entry.event),
+                EntryKind::Record => kept.push(p.entry),
+                EntryKind::Lost => {}
+            }
+        }
+        // Bounded: the oldest records go first.
+        let mut size: usize = kept
+            .iter()
+            .map(|e| serde_json::to_vec(e).map_or(0, |l| l.len()))
+            .sum();
+        let mut first = 0;
+        while size > MOST_KEPT && first < kept.len() {
+            let e = &kept[first];
+            size = size.saturating_sub(serde_json::to_vec(e).map_or(0, |l| l.len()));
+            dropped.push(e.event.clone());
+            first += 1;
+        }
+        let kept = kept.split_off(first);
+        if !dropped.is_empty() {
+            self.lost
+                .get_or_insert_with(Default::default)
+                .count(&dropped, error);
+        }
+        let (seq, hash, first_hash) = self.durable.clone();
         self.seq = seq;
         self.last_hash = hash;
-        self.first_hash = first;
+        self.first_hash = first_hash;
+        if let Some(lost) = &self.lost {
+            let details = lost.details();
+            self.push(
+                event::AUDIT_ENTRIES_LOST,
+                "controller",
+                None,
+                details,
+                None,
+                EntryKind::Lost,
+            );
+        }
+        for e in kept {
+            self.push(
+                &e.event,
+                &e.actor,
+                e.worker_id.as_deref(),
+                e.details,
+                Some(e.time),
+                EntryKind::Record,
+            );
+        }
     }
 
     /// Takes this sync's entries back off the trail: to `len` bytes, or, for a trail this
@@ -331,10 +418,10 @@ impl AuditLog {
     /// Creates `audit.jsonl` with the pending entries already in it (a new file, made
     /// durable and only then given its name), so that the file is never seen empty: an
     /// empty trail file is evidence that a trail was emptied.
-    fn create_trail(&self) -> io::Result<File> {
+    fn create_trail(&self, lines: &[u8]) -> io::Result<File> {
         use nix::fcntl::{FcntlArg, OFlag, fcntl};
         let mut staged = self.dir.stage(LOG_FILE, 0o600)?;
-        if let Err(e) = staged.file.write_all(&self.pending) {
+        if let Err(e) = staged.file.write_all(lines) {
             self.dir.discard(staged);
             return Err(e);
         }

@@ -189,8 +189,22 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     let result = engine.rt.block_on(served);
     stop(engine.rt, engine.tx, engine.thread, launcher.pid);
     let _ = std::fs::remove_file(&paths.socket);
-    let _ = state.remove("controller.pid");
-    result
+    match result {
+        Ok(true) => {
+            let _ = state.remove("controller.pid");
+            Ok(())
+        }
+        // The trail lacks this session's last entries (or the count of what was
+        // dropped): the pid file stays, so the next start records that this session did
+        // not stop cleanly, as after a crash.
+        Ok(false) => {
+            tracing::error!(
+                "the audit trail's last entries could not be written; controller.pid is kept so that the next start records this session as not stopped cleanly"
+            );
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Checks what can be checked before anything is created: the contract parses, the
@@ -407,7 +421,7 @@ struct RunningEngine {
     /// The engine's inputs: clients, the launcher's events, the ticker, the signals.
     tx: mpsc::Sender<input::Input>,
     /// Fires when the engine has finished (everything stopped).
-    done: tokio::sync::oneshot::Receiver<()>,
+    done: tokio::sync::oneshot::Receiver<bool>,
     thread: std::thread::JoinHandle<()>,
 }
 
@@ -527,9 +541,9 @@ async fn serve(
     events: std::os::unix::net::UnixStream,
     policy: server::AccessPolicy,
     tx: &mpsc::Sender<input::Input>,
-    done: tokio::sync::oneshot::Receiver<()>,
+    done: tokio::sync::oneshot::Receiver<bool>,
     socket: &Path,
-) -> Result<(), ControllerError> {
+) -> Result<bool, ControllerError> {
     listener.set_nonblocking(true).map_err(io_err(socket))?;
     let listener = tokio::net::UnixListener::from_std(listener).map_err(io_err(socket))?;
     events
@@ -552,8 +566,8 @@ async fn serve(
         }
         let _ = shutdown_tx.send(input::Input::Shutdown);
     });
-    let _ = done.await;
-    Ok(())
+    // A lost engine says nothing of the trail: as if it had not ended cleanly.
+    Ok(done.await.unwrap_or(false))
 }
 
 /// Stops in turn: the runtime's tasks, the engine thread once its inputs are closed, then

@@ -152,13 +152,16 @@ const MOST_RESERVED: u64 = 64 << 20;
 const MOST_FILES_RESERVED: u64 = 4096;
 
 impl DiskReserve {
-    /// Free bytes past the reserve, now.
+    /// Free bytes output may take now: past the reserve, and past a quarter of it more,
+    /// which the next workers' logs (files, a block or two each) may take; output that
+    /// took everything down to the reserve would leave no room to start another worker.
     fn look(&self) -> u64 {
         let Ok(st) = nix::sys::statvfs::fstatvfs(&self.fd) else {
             return 0;
         };
         let free = st.blocks_available().saturating_mul(st.fragment_size());
-        free.saturating_sub(self.reserve).min(DISK_LOOK_EVERY)
+        let kept = self.reserve.saturating_add(self.reserve / 4);
+        free.saturating_sub(kept).min(DISK_LOOK_EVERY)
     }
 }
 
@@ -215,22 +218,36 @@ impl OutputBudget {
     }
 
     /// Whether one more file (a worker's log) may be made where the output goes, leaving
-    /// the file system's reserve of files (inodes) to others; if not, why.
+    /// the file system's reserve of files (inodes) and of bytes to others; if not, why.
+    /// A file takes whole blocks however little is written to it: counted by bytes,
+    /// many small logs took several times what they held (1-byte logs, 4 KiB each), so
+    /// each new one is checked against the free space itself, and the next output asks
+    /// the file system again.
     pub fn room_for_a_file(&self) -> Result<(), String> {
         let Some(disk) = &self.0.disk else {
             return Ok(());
         };
+        disk.room.set(0);
         let Ok(st) = nix::sys::statvfs::fstatvfs(&disk.fd) else {
             return Ok(());
         };
-        if st.files() == 0 || st.files_available() > disk.files_reserve {
-            return Ok(());
+        let how = "remove old worker logs or give the state directory's file system more room";
+        if st.files() != 0 && st.files_available() <= disk.files_reserve {
+            return Err(format!(
+                "its file system has {} free inodes, and the last {} are kept for the audit trail: {how}",
+                st.files_available(),
+                disk.files_reserve
+            ));
         }
-        Err(format!(
-            "its file system has {} free inodes, and the last {} are kept for the audit trail: remove old worker logs or give the state directory's file system more inodes",
-            st.files_available(),
-            disk.files_reserve
-        ))
+        let free = st.blocks_available().saturating_mul(st.fragment_size());
+        let block = st.block_size().max(st.fragment_size());
+        if free < disk.reserve.saturating_add(block.saturating_mul(2)) {
+            return Err(format!(
+                "its file system has {free} bytes free, and the last {} are kept for the audit trail: {how}",
+                disk.reserve
+            ));
+        }
+        Ok(())
     }
 
     /// Bytes of the shared budget left (the file system's room aside).

@@ -21,9 +21,6 @@ use super::Engine;
 pub(super) struct Held {
     /// A decision recorded since the last sync must be durable before anything leaves.
     pub(super) must_sync: bool,
-    /// The last sync failed (its entries were dropped) and none has succeeded since:
-    /// everything is held (and launches are cancelled) until one does.
-    pub(super) failing: bool,
     /// The kill switch the engine engaged when the trail could not be written, until an
     /// entry saying so is on disk.
     pub(super) audit_failure: Option<AuditFailure>,
@@ -36,6 +33,8 @@ pub(super) struct Held {
 /// When the trail first failed, and why.
 pub(super) struct AuditFailure {
     since_ms: u64,
+    /// What could not be written: the trail, or its anchor.
+    what: &'static str,
     error: String,
     /// Whether the entry that records it is appended and waiting for a sync.
     pub(super) noted: bool,
@@ -45,7 +44,7 @@ impl AuditFailure {
     /// The details of the `kill_switch_engaged` entry that records it.
     pub(super) fn details(&self) -> serde_json::Value {
         serde_json::json!({
-            "reason": "the audit trail could not be written",
+            "reason": format!("the audit {} could not be written", self.what),
             "since": crate::audit::format_time(self.since_ms),
             "error": self.error,
         })
@@ -54,7 +53,7 @@ impl AuditFailure {
 
 impl Held {
     pub(super) fn holding(&self) -> bool {
-        self.must_sync || self.failing
+        self.must_sync
     }
 }
 
@@ -103,45 +102,69 @@ impl Engine {
 
     /// Makes every entry recorded so far durable. A trail that cannot be written stops
     /// everything: what was held is answered as not done (and dropped for workers and the
-    /// cluster), the kill switch engages, every sandbox is killed through the controller's
-    /// own handles, every queued launch is cancelled, and the launcher is told to kill too.
-    /// Until a sync succeeds, whatever follows is held in turn.
+    /// cluster; the trail drops those decisions too), the kill switch engages, every
+    /// sandbox is killed through the controller's own handles, every queued launch is
+    /// cancelled, and the launcher is told to kill too. An anchor that cannot be written
+    /// stops everything the same way, but what was held is on disk, so it goes out as
+    /// decided first. Either way the next entry recorded says why the kill switch is on.
     pub(super) fn sync_trail(&mut self) -> bool {
         self.held.must_sync = false;
-        match self.audit.sync() {
+        let e = match self.audit.sync() {
             Ok(()) => {
-                self.held.failing = false;
                 if self.held.audit_failure.as_ref().is_some_and(|f| f.noted) {
                     self.held.audit_failure = None;
                 }
-                true
+                return true;
             }
-            Err(e) => {
-                self.held.failing = true;
-                // The failed sync dropped its entries (see `AuditLog::sync`), that one
-                // too: the first entry recorded after it says why the kill switch is on.
-                match &mut self.held.audit_failure {
-                    Some(f) => f.noted = false,
-                    None => {
-                        self.held.audit_failure = Some(AuditFailure {
-                            since_ms: self.effects.now_ms(),
-                            error: crate::text::clip(&e.to_string(), 300).into_owned(),
-                            noted: false,
-                        })
-                    }
-                }
-                tracing::error!(error = %e, "the audit trail cannot be written; engaging the kill switch");
-                for (reply, response) in std::mem::take(&mut self.held.api) {
-                    let _ = reply.send(not_durable(response));
-                }
-                self.held.workers.clear();
-                self.held.acks.clear();
-                self.engage_local_kill_switch();
-                self.kill_all_directly();
-                let _ = self.send_launcher(&LauncherRequest::KillAll, None);
-                // No launch is left in the queue: the kills go out now.
-                self.write_launcher_queue();
-                false
+            Err(e) => e,
+        };
+        let written = matches!(e, crate::audit::AuditError::Anchor { .. });
+        let what = if written { "anchor" } else { "trail" };
+        tracing::error!(error = %e, "the audit {what} cannot be written; engaging the kill switch");
+        if written {
+            self.release_held();
+        } else {
+            for (reply, response) in std::mem::take(&mut self.held.api) {
+                let _ = reply.send(not_durable(response));
+            }
+            self.held.workers.clear();
+            self.held.acks.clear();
+        }
+        match &mut self.held.audit_failure {
+            None => {
+                self.held.audit_failure = Some(AuditFailure {
+                    since_ms: self.effects.now_ms(),
+                    what,
+                    error: crate::text::clip(&e.to_string(), 300).into_owned(),
+                    noted: false,
+                })
+            }
+            // A release whose entry is on disk took effect (only the anchor failed), and
+            // the switch engages again: that is recorded again too.
+            Some(f) if written && !self.store.kill_switch_engaged() => f.noted = false,
+            Some(_) => {}
+        }
+        self.engage_local_kill_switch();
+        self.kill_all_directly();
+        let _ = self.send_launcher(&LauncherRequest::KillAll, None);
+        // No launch is left in the queue: the kills go out now.
+        self.write_launcher_queue();
+        false
+    }
+
+    /// Lets out what the batch held: the API's answers, workers' replies, the cluster's
+    /// acknowledgements.
+    fn release_held(&mut self) {
+        for (reply, response) in std::mem::take(&mut self.held.api) {
+            let _ = reply.send(response);
+        }
+        for (id, reply) in std::mem::take(&mut self.held.workers) {
+            self.deliver_worker(&id, reply);
+        }
+        let acks = std::mem::take(&mut self.held.acks);
+        if let Some(c) = &mut self.cluster {
+            for (revision, killed, ms) in acks {
+                c.ack(revision, killed, ms);
             }
         }
     }
@@ -155,18 +178,7 @@ impl Engine {
             if self.held.holding() && !self.sync_trail() {
                 break;
             }
-            for (reply, response) in std::mem::take(&mut self.held.api) {
-                let _ = reply.send(response);
-            }
-            for (id, reply) in std::mem::take(&mut self.held.workers) {
-                self.deliver_worker(&id, reply);
-            }
-            let acks = std::mem::take(&mut self.held.acks);
-            if let Some(c) = &mut self.cluster {
-                for (revision, killed, ms) in acks {
-                    c.ack(revision, killed, ms);
-                }
-            }
+            self.release_held();
             if !self.held.must_sync {
                 break;
             }

@@ -57,17 +57,26 @@ pub trait Effects: Send {
 
 /// The audit trail as the engine writes it.
 pub trait Trail: Send {
-    /// Adds an entry (buffered until [`Trail::sync`]).
+    /// Adds an entry (buffered until [`Trail::sync`]): a `decision`, whose effect waits
+    /// for the entry to be durable (a failed sync drops it, and its effect is undone), or
+    /// a record of what happened (kept for the next sync).
     fn append(
         &mut self,
         event: &str,
         actor: &str,
         worker: Option<&str>,
         details: serde_json::Value,
+        decision: bool,
     );
 
-    /// Makes every appended entry durable.
+    /// Makes every appended entry durable. [`AuditError::Anchor`] means they are, and
+    /// only the anchor failed; any other error, that the decisions were dropped.
     fn sync(&mut self) -> Result<(), AuditError>;
+
+    /// Whether every entry appended is on disk and none was dropped.
+    fn complete(&self) -> bool {
+        true
+    }
 
     /// How many entries the trail holds.
     fn entries(&self) -> u64;
@@ -86,12 +95,22 @@ impl Trail for AuditLog {
         actor: &str,
         worker: Option<&str>,
         details: serde_json::Value,
+        decision: bool,
     ) {
-        AuditLog::append(self, event, actor, worker, details);
+        let kind = if decision {
+            crate::audit::EntryKind::Decision
+        } else {
+            crate::audit::EntryKind::Record
+        };
+        AuditLog::append_kind(self, event, actor, worker, details, kind);
     }
 
     fn sync(&mut self) -> Result<(), AuditError> {
         AuditLog::sync(self)
+    }
+
+    fn complete(&self) -> bool {
+        AuditLog::complete(self)
     }
 
     fn entries(&self) -> u64 {

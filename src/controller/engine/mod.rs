@@ -137,7 +137,7 @@ pub struct Engine {
     /// Answers and launches waiting for the batch's decisions to be durable.
     held: commit::Held,
     /// Set when the engine is done; the server stops.
-    pub finished: Option<oneshot::Sender<()>>,
+    pub finished: Option<oneshot::Sender<bool>>,
 }
 
 impl Engine {
@@ -168,7 +168,7 @@ impl Engine {
         audit: Box<dyn Trail>,
         store: Box<dyn AdmissionStore>,
         effects: Box<dyn Effects>,
-        finished: oneshot::Sender<()>,
+        finished: oneshot::Sender<bool>,
     ) -> Engine {
         Engine {
             cfg,
@@ -235,15 +235,22 @@ impl Engine {
                 return;
             }
         }
+        // The kill switch a failed sync engaged, recorded before anything after it (kept
+        // by the trail until it is written, like any record).
         if let Some(failure) = self.held.audit_failure.as_mut().filter(|f| !f.noted) {
             failure.noted = true;
             let details = failure.details();
-            self.audit
-                .append(event::KILL_SWITCH_ENGAGED, "controller", None, details);
+            self.audit.append(
+                event::KILL_SWITCH_ENGAGED,
+                "controller",
+                None,
+                details,
+                false,
+            );
             self.held.must_sync = true;
         }
         self.audit
-            .append(ev, actor, worker.map(|w| w.as_str()), details);
+            .append(ev, actor, worker.map(|w| w.as_str()), details, sync);
         if sync {
             self.held.must_sync = true;
         }
@@ -447,7 +454,8 @@ impl Engine {
             c.leave();
         }
         if let Some(done) = self.finished.take() {
-            let _ = done.send(());
+            // Whether the trail holds everything: if not, the session did not end cleanly.
+            let _ = done.send(self.audit.complete() && self.held.audit_failure.is_none());
         }
     }
 

@@ -129,7 +129,7 @@ impl Effects for FakeEffects {
 struct FakeTrail(Arc<World>, u64);
 
 impl Trail for FakeTrail {
-    fn append(&mut self, event: &str, _: &str, _: Option<&str>, _: serde_json::Value) {
+    fn append(&mut self, event: &str, _: &str, _: Option<&str>, _: serde_json::Value, _: bool) {
         self.1 = self.1.saturating_add(1);
         self.0.push(Did::Append(event.to_string()));
     }
@@ -730,9 +730,9 @@ fn exited_workers_large_manifests_are_kept_within_a_size_not_only_a_count() -> R
     Ok(())
 }
 
-/// The kill switch a failed sync engaged is recorded by the first entry after it, once
-/// the trail can be written (the failed sync dropped whatever it held): the trail never
-/// shows the switch released, or workers refused by it, without its engagement first.
+/// The kill switch a failed sync engaged is recorded by the first entry after it (kept
+/// by the trail until it can be written): the trail never shows the switch released, or
+/// workers refused by it, without its engagement first; and it is recorded once.
 #[test]
 fn the_kill_switch_a_failed_sync_engaged_is_the_next_entry() -> Result {
     let (mut e, world) = engine(CONTRACT)?;
@@ -741,36 +741,42 @@ fn the_kill_switch_a_failed_sync_engaged_is_the_next_entry() -> Result {
     e.take(Input::Tick);
     e.commit();
     assert!(e.store.kill_switch_engaged());
+    let failed_at = world.did().len();
     world.sync_fails.store(false, Ordering::SeqCst);
-    let before = world.did().len();
-    let _rx = take_spawn(&mut e)?;
-    e.commit();
-    let did = world.did();
-    let appended: Vec<&str> = did
-        .get(before..)
+    for _ in 0..2 {
+        let _rx = take_spawn(&mut e)?;
+        e.commit();
+    }
+    let appended: Vec<String> = world
+        .did()
+        .get(failed_at..)
         .unwrap_or_default()
         .iter()
         .filter_map(|d| match d {
-            Did::Append(ev) => Some(ev.as_str()),
+            Did::Append(ev) => Some(ev.clone()),
             _ => None,
         })
         .collect();
-    assert_eq!(
-        appended.first(),
-        Some(&event::KILL_SWITCH_ENGAGED),
-        "{appended:?}"
-    );
-    // Once written, said once.
-    let before = world.did().len();
-    let _rx = take_spawn(&mut e)?;
-    e.commit();
-    let again = world
+    let all: Vec<String> = world
         .did()
-        .get(before..)
-        .unwrap_or_default()
         .iter()
-        .filter(|d| **d == Did::Append(event::KILL_SWITCH_ENGAGED.to_string()))
-        .count();
-    assert_eq!(again, 0);
+        .filter_map(|d| match d {
+            Did::Append(ev) => Some(ev.clone()),
+            _ => None,
+        })
+        .collect();
+    let engaged: Vec<usize> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, ev)| *ev == event::KILL_SWITCH_ENGAGED)
+        .map(|(i, _)| i)
+        .collect();
+    let denied = all.iter().position(|ev| ev == event::DENY_KILL_SWITCH);
+    assert_eq!(engaged.len(), 1, "{all:?}");
+    assert!(
+        matches!((engaged.first(), denied), (Some(e), Some(d)) if *e < d),
+        "refused by a kill switch not yet recorded: {all:?}"
+    );
+    assert!(!appended.is_empty());
     Ok(())
 }
