@@ -557,12 +557,17 @@ fn a_full_disk_leaves_no_half_written_entry_and_engages_the_kill_switch() {
     // Asked again while the disk is full: refused, and the refusal changes nothing.
     let out = c.cli(&["kill-switch", "--release"]);
     assert_ne!(code(&out), 0, "{}", stdout(&out));
+    // A spawn refused meanwhile stays refused, and its refusal is kept for the trail.
+    let out = c.cli(&["spawn", "--", "true"]);
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
     // Room again: the next decision writes what the failure left to say first.
     let _ = std::fs::remove_file(&filler);
     let out = c.cli(&["spawn", "--", "true"]);
     assert_eq!(code(&out), 3, "{}", stderr(&out));
     let entries = trail_of(&state);
     let events: Vec<&str> = entries.iter().filter_map(|e| e["event"].as_str()).collect();
+    let refused = events.iter().filter(|e| **e == "deny_kill_switch").count();
+    assert_eq!(refused, 2, "{events:?}");
     // What the failed syncs dropped is counted, the kill switch they engaged is recorded,
     // and nothing they were refused is recorded as done.
     let lost = entries

@@ -140,6 +140,16 @@ pub struct Engine {
     pub finished: Option<oneshot::Sender<bool>>,
 }
 
+/// Decisions whose effect a failed sync undoes: the launch it would have made (the
+/// queued launches are cancelled), the kill switch's release (it engages again). Their
+/// entries are dropped with them and counted. Refusals stand whatever the trail, and
+/// kills, exits, violations and the like happened: those entries are kept.
+const UNDONE_WHEN_NOT_DURABLE: [&str; 3] = [
+    event::REPLICATION_REQUESTED,
+    event::APPROVAL_GRANTED,
+    event::KILL_SWITCH_RELEASED,
+];
+
 impl Engine {
     /// This node's own kill switch: admission refuses until this node releases it.
     fn engage_local_kill_switch(&mut self) {
@@ -207,7 +217,9 @@ impl Engine {
     }
 
     /// Appends an entry; `sync` (security decisions) makes it durable before anything the
-    /// batch decided leaves the engine (see `commit`).
+    /// batch decided leaves the engine (see `commit`). Of those, the ones a failed sync
+    /// undoes ([`UNDONE_WHEN_NOT_DURABLE`]) are dropped with it; every other entry records
+    /// what happened, and the trail keeps it for the next sync.
     fn record(
         &mut self,
         ev: &str,
@@ -249,8 +261,9 @@ impl Engine {
             );
             self.held.must_sync = true;
         }
+        let decision = sync && UNDONE_WHEN_NOT_DURABLE.contains(&ev);
         self.audit
-            .append(ev, actor, worker.map(|w| w.as_str()), details, sync);
+            .append(ev, actor, worker.map(|w| w.as_str()), details, decision);
         if sync {
             self.held.must_sync = true;
         }
