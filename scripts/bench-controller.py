@@ -291,6 +291,9 @@ def main():
         c0, l0, w0 = cpu_ticks(ctl.pid), sum(cpu_ticks(p) for p in launcher), time.monotonic()
         time.sleep(a.window)
         c1, l1, w1 = cpu_ticks(ctl.pid), sum(cpu_ticks(p) for p in launcher), time.monotonic()
+        # A fresh connection: the controller ends one idle for a minute (its
+        # API_IDLE_TIMEOUT), and the rounds and the pool's refill may have taken longer.
+        api = Api(sock)
         ws = api.call({"op": "ps"})["workers"]
         alive = sum(1 for w in ws if w["state"] == "running")
         print(f"idle, {alive} workers heartbeating every 1 s, {a.window} s window:")
