@@ -45,6 +45,11 @@ impl Lost {
         }
     }
 
+    /// When the first of them was dropped: the time of the entry that counts them.
+    pub(super) fn since(&self) -> String {
+        format_time(self.first_ms)
+    }
+
     /// The details of the entry that says what was dropped.
     pub(super) fn details(&self) -> serde_json::Value {
         serde_json::json!({

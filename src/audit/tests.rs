@@ -415,3 +415,44 @@ fn a_damaged_line_is_quoted_briefly() -> Result<(), AuditError> {
     }
     Ok(())
 }
+
+/// While syncs fail, the records kept for the next one are bounded: past the bound the
+/// oldest are dropped too, and counted with the decisions.
+#[test]
+fn records_kept_while_syncs_fail_are_bounded() -> Result<(), AuditError> {
+    let dir = trail(1)?;
+    let io = |e| io_err(Path::new("test"))(e);
+    let mut log = AuditLog::open(dir.path(), key())?;
+    let head = dir.path().join(HEAD_FILE);
+    let kept = std::fs::read(&head).map_err(io)?;
+    std::fs::remove_file(&head).map_err(io)?;
+    std::fs::create_dir(&head).map_err(io)?;
+    std::fs::write(head.join("x"), b"x").map_err(io)?;
+    let pad = "x".repeat(1000);
+    for i in 0..2000 {
+        log.append(
+            event::DENY_QUOTA,
+            "uid:0",
+            None,
+            json!({ "i": i, "pad": pad }),
+        );
+    }
+    assert!(log.sync().is_err());
+    let waiting = log.len() - 2;
+    assert!(
+        (100..400).contains(&waiting),
+        "{waiting} entries kept for the next sync"
+    );
+    std::fs::remove_dir_all(&head).map_err(io)?;
+    std::fs::write(&head, kept).map_err(io)?;
+    log.sync()?;
+    let after = read_entries(dir.path())?;
+    let note = &after[2];
+    assert_eq!(note.event, event::AUDIT_ENTRIES_LOST);
+    let dropped = note.details["by_event"][event::DENY_QUOTA]
+        .as_u64()
+        .unwrap_or(0);
+    assert_eq!(dropped + waiting - 1, 2000, "{}", note.details);
+    assert_eq!(verify(dir.path(), &key())?.entries, log.len());
+    Ok(())
+}

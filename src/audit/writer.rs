@@ -45,9 +45,26 @@ struct Pending {
 }
 
 /// Most bytes of records kept for a later sync while syncs fail; past it the oldest are
-/// dropped too, and counted (a controller whose disk stays full is not to grow without
-/// bound).
-const MOST_KEPT: usize = 16 << 20;
+/// dropped too, and counted. Small: a controller whose disk stays full is not to grow,
+/// re-chain this at each failed sync (a flood of refusals makes one each), or need more
+/// room to recover than a little freed space gives.
+const MOST_KEPT: usize = 256 << 10;
+
+/// Allocates `len` bytes of `file` from `offset` without changing its size; a file system
+/// that cannot (`EOPNOTSUPP`) is written without it.
+fn take_room(file: &File, offset: u64, len: usize) -> io::Result<()> {
+    use nix::fcntl::{FallocateFlags, fallocate};
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Err(io::Error::other("the trail is too large"));
+    };
+    if len == 0 {
+        return Ok(());
+    }
+    match fallocate(file, FallocateFlags::FALLOC_FL_KEEP_SIZE, offset, len) {
+        Ok(()) | Err(nix::errno::Errno::EOPNOTSUPP) | Err(nix::errno::Errno::ENOSYS) => Ok(()),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
 
 /// The writer side: one per controller.
 pub struct AuditLog {
@@ -314,6 +331,13 @@ impl AuditLog {
                         return Err(io_err(&path)(e));
                     }
                 };
+                // The room for the lines is taken first, past the end (the file's size
+                // unchanged): a file system without it refuses here, before any reader
+                // could see a line of them.
+                if let Err(e) = take_room(file, whole, lines.len()) {
+                    self.dir.discard(staged);
+                    return Err(io_err(&path)(e));
+                }
                 if let Err(e) = file.write_all(&lines).and_then(|()| file.sync_data()) {
                     let _ = file.set_len(whole);
                     self.dir.discard(staged);
@@ -376,13 +400,13 @@ impl AuditLog {
         self.last_hash = hash;
         self.first_hash = first_hash;
         if let Some(lost) = &self.lost {
-            let details = lost.details();
+            let (details, since) = (lost.details(), lost.since());
             self.push(
                 event::AUDIT_ENTRIES_LOST,
                 "controller",
                 None,
                 details,
-                None,
+                Some(since),
                 EntryKind::Lost,
             );
         }

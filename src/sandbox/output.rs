@@ -139,6 +139,8 @@ struct DiskReserve {
     reserve: u64,
     /// Files (inodes) kept free for others: the trail's head is a new file at each sync.
     files_reserve: u64,
+    /// The file system's block: what a write may take from it however short.
+    block: u64,
     /// Bytes that may be taken before the file system is asked again.
     room: std::cell::Cell<u64>,
 }
@@ -186,6 +188,7 @@ impl OutputBudget {
             // At least one: the next head. A file system that counts no inodes (btrfs)
             // has no such limit.
             files_reserve: (st.files() / 16).clamp(1, MOST_FILES_RESERVED),
+            block: st.block_size().max(st.fragment_size()).max(1),
             room: std::cell::Cell::new(0),
         };
         Ok(OutputBudget(std::rc::Rc::new(SharedBudget {
@@ -209,11 +212,14 @@ impl OutputBudget {
         }
     }
 
-    /// Takes `n` accepted bytes.
+    /// Takes `n` accepted bytes. From the file system's room they take whole blocks: each
+    /// log's last block is taken whole however little is written to it, so many short
+    /// writes to many logs take more than their bytes (the next look then sees the rest).
     pub fn take(&self, n: u64) {
         self.0.left.set(self.0.left.get().saturating_sub(n));
         if let Some(disk) = &self.0.disk {
-            disk.room.set(disk.room.get().saturating_sub(n));
+            let blocks = n.div_ceil(disk.block).saturating_mul(disk.block);
+            disk.room.set(disk.room.get().saturating_sub(blocks));
         }
     }
 
