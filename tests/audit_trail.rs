@@ -385,18 +385,7 @@ impl FullDisk {
     /// An empty tmpfs of `size` (and its options, such as `nr_inodes=40`).
     fn mount(size: &str) -> Option<FullDisk> {
         let dir = elsewhere();
-        let out = run_with_timeout(
-            Command::new("mount")
-                .args([
-                    "-t",
-                    "tmpfs",
-                    "-o",
-                    &format!("size={size},mode=0700"),
-                    "tmpfs",
-                ])
-                .arg(dir.path()),
-            Duration::from_secs(10),
-        );
+        let out = mount_tmpfs(dir.path(), size);
         if code(&out) != 0 {
             eprintln!("SKIP full disk: cannot mount a tmpfs: {}", stderr(&out));
             return None;

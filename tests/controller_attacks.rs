@@ -523,31 +523,9 @@ fn a_full_disk_leaves_no_half_written_entry_and_engages_the_kill_switch() {
     if skip("full disk") {
         return;
     }
-    let mnt = shared_tempdir();
-    let state = mnt.path().join("state");
-    let mounted = run_with_timeout(
-        Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs"])
-            .arg(mnt.path()),
-        Duration::from_secs(10),
-    );
-    assert_eq!(code(&mounted), 0, "{}", stderr(&mounted));
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(mnt.path().to_path_buf());
-    let mut c = TestController::start_in(&base_contract(""), Some(&state), &[]);
     // Fill the filesystem, then ask for decisions that must be recorded.
-    let filler = mnt.path().join("filler");
-    let _ = run_with_timeout(
-        Command::new("dd")
-            .args(["if=/dev/zero", "bs=64k"])
-            .arg(format!("of={}", filler.display())),
-        Duration::from_secs(20),
-    );
+    let (disk, mut c) = FullDisk::new("2m");
+    let (state, filler) = (disk.state(), disk.filler());
     // The spawn's decision cannot be made durable: it fails, and everything stops.
     let out = c.cli(&["spawn", "--", "true"]);
     assert_ne!(code(&out), 0, "{}", stdout(&out));
@@ -627,30 +605,8 @@ fn a_backlog_larger_than_the_room_freed_is_never_half_written() {
     if skip("backlog and partial room") {
         return;
     }
-    let mnt = shared_tempdir();
-    let state = mnt.path().join("state");
-    let mounted = run_with_timeout(
-        Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs"])
-            .arg(mnt.path()),
-        Duration::from_secs(10),
-    );
-    assert_eq!(code(&mounted), 0, "{}", stderr(&mounted));
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(mnt.path().to_path_buf());
-    let mut c = TestController::start_in(&base_contract(""), Some(&state), &[]);
-    let filler = mnt.path().join("filler");
-    let _ = run_with_timeout(
-        Command::new("dd")
-            .args(["if=/dev/zero", "bs=4k"])
-            .arg(format!("of={}", filler.display())),
-        Duration::from_secs(20),
-    );
+    let (disk, mut c) = FullDisk::new("4m");
+    let (state, filler) = (disk.state(), disk.filler());
     let trail = state.join("audit.jsonl");
     let size = || std::fs::metadata(&trail).map_or(0, |m| m.len());
     let at_failure = size();
@@ -697,6 +653,41 @@ fn a_backlog_larger_than_the_room_freed_is_never_half_written() {
     cmd.args(["audit", "verify", "--state-dir"]).arg(&state);
     let out = run_with_timeout(&mut cmd, Duration::from_secs(30));
     assert_eq!(code(&out), 0, "{} {}", stdout(&out), stderr(&out));
+}
+
+/// A tmpfs of its own for a controller's state directory, filled to the last block once
+/// the controller has started; unmounted when dropped.
+struct FullDisk(tempfile::TempDir);
+
+impl FullDisk {
+    fn new(size: &str) -> (FullDisk, TestController) {
+        let mnt = shared_tempdir();
+        let mounted = mount_tmpfs(mnt.path(), size);
+        assert_eq!(code(&mounted), 0, "{}", stderr(&mounted));
+        let disk = FullDisk(mnt);
+        let c = TestController::start_in(&base_contract(""), Some(&disk.state()), &[]);
+        let _ = run_with_timeout(
+            Command::new("dd")
+                .args(["if=/dev/zero", "bs=4k"])
+                .arg(format!("of={}", disk.filler().display())),
+            Duration::from_secs(20),
+        );
+        (disk, c)
+    }
+
+    fn state(&self) -> std::path::PathBuf {
+        self.0.path().join("state")
+    }
+
+    fn filler(&self) -> std::path::PathBuf {
+        self.0.path().join("filler")
+    }
+}
+
+impl Drop for FullDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
 }
 
 /// The entries of the trail in `state`, as stored.

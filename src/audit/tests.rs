@@ -288,6 +288,26 @@ fn keys_are_never_printed() {
     assert_eq!(format!("{:?}", key()), "AuditKey(<redacted>)");
 }
 
+/// Puts a directory where the head is, so that no head can be written there (as on a
+/// full disk); the head it held is returned, for [`mend_head`].
+fn break_head(dir: &Path) -> Result<Vec<u8>, AuditError> {
+    let io = |e| io_err(Path::new("test"))(e);
+    let head = dir.join(HEAD_FILE);
+    let kept = std::fs::read(&head).map_err(io)?;
+    std::fs::remove_file(&head).map_err(io)?;
+    std::fs::create_dir(&head).map_err(io)?;
+    std::fs::write(head.join("x"), b"x").map_err(io)?;
+    Ok(kept)
+}
+
+/// Puts the head `kept` back.
+fn mend_head(dir: &Path, kept: Vec<u8>) -> Result<(), AuditError> {
+    let io = |e| io_err(Path::new("test"))(e);
+    let head = dir.join(HEAD_FILE);
+    std::fs::remove_dir_all(&head).map_err(io)?;
+    std::fs::write(&head, kept).map_err(io)
+}
+
 /// A sync whose head cannot be written (a full disk; here, a directory in its place)
 /// takes its entries back off the trail: `verify` takes entries past the head for ones a
 /// crash left unsynced, so entries no head covers could be cut off unnoticed. Its
@@ -296,15 +316,10 @@ fn keys_are_never_printed() {
 #[test]
 fn a_sync_that_fails_drops_its_entries_and_the_next_says_so() -> Result<(), AuditError> {
     let dir = trail(2)?;
-    let io = |e| io_err(Path::new("test"))(e);
     let before = lines(dir.path());
     assert_eq!(before.len(), 3);
     let mut log = AuditLog::open(dir.path(), key())?;
-    let head = dir.path().join(HEAD_FILE);
-    let kept = std::fs::read(&head).map_err(io)?;
-    std::fs::remove_file(&head).map_err(io)?;
-    std::fs::create_dir(&head).map_err(io)?;
-    std::fs::write(head.join("x"), b"x").map_err(io)?;
+    let kept = break_head(dir.path())?;
     // Each try: a decision (dropped), and a record (kept, once).
     log.append(event::WORKER_EXITED, "controller", Some("w1"), json!({}));
     for _ in 0..2 {
@@ -322,8 +337,7 @@ fn a_sync_that_fails_drops_its_entries_and_the_next_says_so() -> Result<(), Audi
         assert_eq!(log.len(), 5);
         assert!(!log.complete());
     }
-    std::fs::remove_dir_all(&head).map_err(io)?;
-    std::fs::write(&head, kept).map_err(io)?;
+    mend_head(dir.path(), kept)?;
     assert_eq!(verify(dir.path(), &key())?.entries, 3);
     log.record(event::REAP_STALE, "controller", None, json!({}))?;
     let after = read_entries(dir.path())?;
@@ -421,13 +435,8 @@ fn a_damaged_line_is_quoted_briefly() -> Result<(), AuditError> {
 #[test]
 fn records_kept_while_syncs_fail_are_bounded() -> Result<(), AuditError> {
     let dir = trail(1)?;
-    let io = |e| io_err(Path::new("test"))(e);
     let mut log = AuditLog::open(dir.path(), key())?;
-    let head = dir.path().join(HEAD_FILE);
-    let kept = std::fs::read(&head).map_err(io)?;
-    std::fs::remove_file(&head).map_err(io)?;
-    std::fs::create_dir(&head).map_err(io)?;
-    std::fs::write(head.join("x"), b"x").map_err(io)?;
+    let kept = break_head(dir.path())?;
     let pad = "x".repeat(1000);
     for i in 0..2000 {
         log.append(
@@ -443,8 +452,7 @@ fn records_kept_while_syncs_fail_are_bounded() -> Result<(), AuditError> {
         (100..400).contains(&waiting),
         "{waiting} entries kept for the next sync"
     );
-    std::fs::remove_dir_all(&head).map_err(io)?;
-    std::fs::write(&head, kept).map_err(io)?;
+    mend_head(dir.path(), kept)?;
     log.sync()?;
     let after = read_entries(dir.path())?;
     let note = &after[2];

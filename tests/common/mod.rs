@@ -181,6 +181,23 @@ pub fn in_sandbox_id_range(id: u32) -> bool {
 }
 
 /// A temporary directory that sandboxes running as the default host uid (65534) may write.
+/// Mounts a tmpfs of `size` (and its options, such as `nr_inodes=40`), mode 0700, at
+/// `at`: `mount`'s output.
+pub fn mount_tmpfs(at: &Path, size: &str) -> Output {
+    run_with_timeout(
+        Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(at),
+        Duration::from_secs(10),
+    )
+}
+
 pub fn shared_tempdir() -> tempfile::TempDir {
     let dir = match tempfile::Builder::new().prefix("hatchery-test-").tempdir() {
         Ok(d) => d,

@@ -747,24 +747,19 @@ fn the_kill_switch_a_failed_sync_engaged_is_the_next_entry() -> Result {
         let _rx = take_spawn(&mut e)?;
         e.commit();
     }
-    let appended: Vec<String> = world
-        .did()
-        .get(failed_at..)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|d| match d {
-            Did::Append(ev) => Some(ev.clone()),
-            _ => None,
-        })
-        .collect();
-    let all: Vec<String> = world
-        .did()
-        .iter()
-        .filter_map(|d| match d {
-            Did::Append(ev) => Some(ev.clone()),
-            _ => None,
-        })
-        .collect();
+    let appended = |from: usize| -> Vec<String> {
+        world
+            .did()
+            .get(from..)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|d| match d {
+                Did::Append(ev) => Some(ev.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let all = appended(0);
     let engaged: Vec<usize> = all
         .iter()
         .enumerate()
@@ -777,6 +772,6 @@ fn the_kill_switch_a_failed_sync_engaged_is_the_next_entry() -> Result {
         matches!((engaged.first(), denied), (Some(e), Some(d)) if *e < d),
         "refused by a kill switch not yet recorded: {all:?}"
     );
-    assert!(!appended.is_empty());
+    assert!(!appended(failed_at).is_empty());
     Ok(())
 }
