@@ -417,15 +417,29 @@ fn a_followed_trail_shows_no_entry_that_fails_the_chain() -> Result<(), AuditErr
 /// characters at most, however long the line.
 #[test]
 fn a_damaged_line_is_quoted_briefly() -> Result<(), AuditError> {
-    let dir = trail(1)?;
-    let mut l = lines(dir.path());
-    l.push(format!("{{\"seq\":\"{}\"}}", "A".repeat(200_000)));
-    write_lines(dir.path(), &l);
-    match verify(dir.path(), &key()) {
-        Err(e @ AuditError::Damaged { .. }) => {
-            assert!(e.to_string().len() < 1000, "{} bytes", e.to_string().len())
+    let io = |e| io_err(Path::new("test"))(e);
+    // A long value; and bytes that are not UTF-8, with a terminal escape among them.
+    let long = format!("{{\"seq\":\"{}\"}}\n", "A".repeat(200_000)).into_bytes();
+    let raw = b"{\"seq\":\"\x1b]0;owned\x07\xff\xfe\"}\n".to_vec();
+    for bad in [long, raw] {
+        let dir = trail(1)?;
+        let mut bytes = std::fs::read(dir.path().join(LOG_FILE)).map_err(io)?;
+        bytes.extend(&bad);
+        std::fs::write(dir.path().join(LOG_FILE), bytes).map_err(io)?;
+        match verify(dir.path(), &key()) {
+            Err(e @ AuditError::Damaged { .. }) => {
+                assert!(e.to_string().len() < 1000, "{} bytes", e.to_string().len())
+            }
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
+        let mut shown = 0;
+        let read = TrailFollower::open(dir.path(), Some(&key()))
+            .and_then(|mut t| t.read_new(|_| shown += 1));
+        assert!(
+            matches!(read, Err(AuditError::Damaged { line: 3, .. })),
+            "{read:?}"
+        );
+        assert_eq!(shown, 2);
     }
     Ok(())
 }

@@ -162,6 +162,16 @@ pub(super) fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, Audi
         line,
         reason,
     };
+    // The head first: a controller appending meanwhile moves it only after the entries
+    // it names are in the trail, so read in this order the trail holds them; and the
+    // entry it names is seen as the trail goes by (no second reading).
+    let head_path = dir.path().join(HEAD_FILE);
+    let head_bytes = dir.read(HEAD_FILE, 64 << 10).map_err(io_err(&head_path))?;
+    let head_seq = head_bytes
+        .as_deref()
+        .and_then(|b| serde_json::from_slice::<Head>(b).ok())
+        .map(|h| h.seq);
+    let mut hash_at_head = None;
     let file = open_trail_file(dir, LOG_FILE)?;
     let mut reader = BufReader::new(file);
     let mut buf = Vec::new();
@@ -174,6 +184,9 @@ pub(super) fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, Audi
     {
         let n = chain.expected_seq;
         let entry = chain.next(&buf).map_err(|reason| damaged(n, reason))?;
+        if Some(n) == head_seq {
+            hash_at_head = Some(entry.hash.clone());
+        }
         if n == 1 {
             first_hash = Some(entry.hash.clone());
             new_trail = entry.event == event::AUDIT_TRAIL_STARTED
@@ -183,8 +196,7 @@ pub(super) fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, Audi
     let prev = chain.prev;
     let expected_seq = chain.expected_seq;
     let entries = expected_seq - 1;
-    let head_path = dir.path().join(HEAD_FILE);
-    match dir.read(HEAD_FILE, 64 << 10).map_err(io_err(&head_path))? {
+    match head_bytes {
         Some(bytes) => {
             let head: Head = serde_json::from_slice(&bytes)
                 .map_err(|e| damaged(entries, format!("the head file is not valid: {e}")))?;
@@ -202,16 +214,11 @@ pub(super) fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, Audi
             }
             // Entries after the head are ones appended but not yet synced when the writer
             // stopped: fine, they still chain and carry valid MACs.
-            if head.seq > 0 && head.seq <= entries {
-                // Re-read to check the head's hash matches that entry.
-                let at = entry_hash_at(open_trail_file(dir, LOG_FILE)?, head.seq)
-                    .map_err(io_err(&path))?;
-                if at.as_deref() != Some(head.hash.as_str()) {
-                    return Err(damaged(
-                        head.seq,
-                        "does not match the head file (the end of the trail was rewritten)".into(),
-                    ));
-                }
+            if head.seq > 0 && hash_at_head.as_deref() != Some(head.hash.as_str()) {
+                return Err(damaged(
+                    head.seq,
+                    "does not match the head file (the end of the trail was rewritten)".into(),
+                ));
             }
         }
         None if entries == 0 => {}
@@ -225,21 +232,6 @@ pub(super) fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, Audi
         first_hash,
         new_trail,
     })
-}
-
-fn entry_hash_at(file: File, seq: u64) -> io::Result<Option<String>> {
-    let mut reader = BufReader::new(file);
-    let mut buf = Vec::new();
-    let mut n = 0;
-    while read_line(&mut reader, &mut buf)?.is_some() {
-        n += 1;
-        if n == seq {
-            return Ok(serde_json::from_slice::<AuditEntry>(buf.trim_ascii_end())
-                .ok()
-                .map(|e| e.hash));
-        }
-    }
-    Ok(None)
 }
 
 /// Reads every entry (for `audit tail`), skipping nothing: a malformed line is an error.

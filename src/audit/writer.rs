@@ -378,18 +378,20 @@ impl AuditLog {
             }
         }
         // Bounded: the oldest records go first.
-        let mut size: usize = kept
+        let sizes: Vec<usize> = kept
             .iter()
             .map(|e| serde_json::to_vec(e).map_or(0, |l| l.len()))
-            .sum();
-        let mut first = 0;
-        while size > MOST_KEPT && first < kept.len() {
-            let e = &kept[first];
-            size = size.saturating_sub(serde_json::to_vec(e).map_or(0, |l| l.len()));
-            dropped.push(e.event.clone());
-            first += 1;
-        }
-        let kept = kept.split_off(first);
+            .collect();
+        let mut size: usize = sizes.iter().sum();
+        let over = sizes
+            .iter()
+            .take_while(|s| {
+                let over = size > MOST_KEPT;
+                size = size.saturating_sub(**s);
+                over
+            })
+            .count();
+        dropped.extend(kept.drain(..over).map(|e| e.event));
         if !dropped.is_empty() {
             self.lost
                 .get_or_insert_with(Default::default)
@@ -457,7 +459,8 @@ impl AuditLog {
         Ok(keep)
     }
 
-    /// Appends and syncs: for decisions that must be on disk before they take effect.
+    /// Appends a record and syncs it: for what must be on disk before anything follows
+    /// (a trail's first entry, a start after a crash).
     pub fn record(
         &mut self,
         event: &str,

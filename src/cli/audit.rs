@@ -101,13 +101,19 @@ fn dir(s: &StateArgs) -> PathBuf {
     s.state_dir.clone().unwrap_or_else(paths::default_state_dir)
 }
 
-fn key(s: &StateArgs) -> anyhow::Result<AuditKey> {
+/// The key file (`--key`, or the state directory's), and whether there is none.
+fn key_file(s: &StateArgs) -> (PathBuf, bool) {
     let path = s
         .key
         .clone()
         .unwrap_or_else(|| dir(s).join("controller.key"));
-    // Checking needs the key the trail was written with: a new key would check nothing.
     let missing = matches!(std::fs::symlink_metadata(&path), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+    (path, missing)
+}
+
+fn key(s: &StateArgs) -> anyhow::Result<AuditKey> {
+    // Checking needs the key the trail was written with: a new key would check nothing.
+    let (path, missing) = key_file(s);
     if missing && s.key.is_none() {
         anyhow::bail!(
             "the controller's key {} does not exist: checking the trail needs the key the controller wrote it with (pass it with --key FILE, or name the controller's state directory with --state-dir)",
@@ -386,10 +392,7 @@ fn verify(a: &VerifyArgs) -> i32 {
 /// The key `tail` checks MACs with: `--key`, or the state directory's key where there is
 /// one; `None` (the chain alone is checked) where neither is.
 fn tail_key(s: &StateArgs) -> anyhow::Result<Option<AuditKey>> {
-    let default = dir(s).join("controller.key");
-    if s.key.is_none()
-        && matches!(std::fs::symlink_metadata(&default), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
-    {
+    if s.key.is_none() && key_file(s).1 {
         return Ok(None);
     }
     key(s).map(Some)

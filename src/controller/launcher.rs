@@ -9,25 +9,24 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags};
 
 use crate::broker::{Broker, BrokerConfig, EgressEntry};
-use crate::egress::{AllowList, Resolution};
-use crate::paths::{Dir, check_host_path};
-use crate::profile::floor::Floor;
-use crate::profile::{Profile, SeccompProgram};
-use crate::sandbox::cgroup::Limits;
+use crate::egress::Resolution;
+use crate::paths::Dir;
 use crate::sandbox::launch::warm::{self, ClaimError, Prepared};
 use crate::sandbox::output::{OutputBudget, OutputPump};
-use crate::sandbox::{self, Exposure, Host, RunRequest, Sandbox, SandboxSpec, spec, wait};
+use crate::sandbox::{self, Host, Sandbox, wait};
 
 pub use super::launch_protocol::{LaunchSpec, LauncherEvent, LauncherRequest, LiveUsage};
 use super::link::{Inbox, Incoming};
 use super::warm_pool::WarmPool;
 use super::wire::{self, FrameError};
+
+mod worker_spec;
+use worker_spec::Compiled;
 
 /// Where the hatchery binary appears inside workers (for `hatchery agent`).
 pub const AGENT_BIN_DIR: &str = "/run/hatchery/bin";
@@ -57,20 +56,12 @@ struct Running {
     broker: Option<Broker>,
 }
 
-/// A profile as the launcher keeps it: resolved and compiled once, with both seccomp
-/// floors it may need (a worker's manifest can add an executable allowlist).
-#[derive(Clone)]
-struct Compiled {
-    profile: Profile,
-    program: SeccompProgram,
-    floor: Floor,
-    floor_allowlist: Floor,
-}
-
 struct Launcher {
     host: Host,
     /// The state directory's `workers/`, held open since before any worker ran.
     workers: Dir,
+    /// The device of its file system (where the audit trail is too).
+    state_dev: Option<u64>,
     profiles: HashMap<String, Compiled>,
     running: HashMap<String, Running>,
     events: UnixStream,
@@ -105,24 +96,6 @@ impl Launcher {
 
     fn emit(&mut self, ev: &LauncherEvent) {
         let _ = wire::write_frame(&mut self.events, ev);
-    }
-
-    fn profile(&mut self, name: &str) -> Result<Compiled, String> {
-        if let Some(p) = self.profiles.get(name) {
-            return Ok(p.clone());
-        }
-        let profile = Profile::builtin(name).map_err(|e| e.to_string())?;
-        let program = profile.compile_seccomp().map_err(|e| e.to_string())?;
-        let floor = Floor::new(&profile.seccomp, false).map_err(|e| e.to_string())?;
-        let floor_allowlist = Floor::new(&profile.seccomp, true).map_err(|e| e.to_string())?;
-        let compiled = Compiled {
-            profile,
-            program,
-            floor,
-            floor_allowlist,
-        };
-        self.profiles.insert(name.to_string(), compiled.clone());
-        Ok(compiled)
     }
 
     fn launch(&mut self, spec: LaunchSpec, socket: Option<OwnedFd>) {
@@ -255,129 +228,6 @@ impl Launcher {
         })
     }
 
-    /// The sandbox spec of a launch with its stdio (through an output pump) and its socket,
-    /// and its plan.
-    fn worker_sandbox(
-        &mut self,
-        ls: &LaunchSpec,
-        egress: Option<&BrokerConfig>,
-        host_ids: Option<(u32, u32)>,
-        socket: Option<OwnedFd>,
-    ) -> Result<(SandboxSpec, sandbox::Plan, Option<OutputPump>), String> {
-        let mut spec = self.worker_spec(ls, egress, host_ids)?;
-        self.output_budget
-            .room_for_a_file()
-            .map_err(|why| format!("no log for the worker: {why}"))?;
-        let log = self
-            .workers
-            .create_new(&ls.log_name, 0o600, true)
-            .map_err(|e| e.to_string())?;
-        let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
-        let err = log.try_clone().map_err(|e| e.to_string())?;
-        // Always through a pump: the worker's own cap and every worker's shared budget
-        // hold however the worker writes (a log written directly could fill the disk).
-        let (mut pump, [out, err]) =
-            OutputPump::new(ls.max_output_bytes, OwnedFd::from(log), OwnedFd::from(err))
-                .map_err(|e| format!("output pipes: {e}"))?;
-        pump.share_budget(self.output_budget.clone());
-        spec.stdio = Some([OwnedFd::from(null), out, err]);
-        if let Some(sock) = socket {
-            spec.pass_fds.push((sock, 3));
-        }
-        // Refusals name the controller's own way to go on degraded, not the spawner's.
-        let plan = sandbox::preflight(&spec, &self.host, sandbox::Asker::Controller)
-            .map_err(|e| e.to_string())?;
-        Ok((spec, plan, Some(pump)))
-    }
-
-    /// Whether a file of device `dev` lies on the file system of the state directory (its
-    /// `workers/`).
-    fn on_the_state_file_system(&self, dev: u64) -> bool {
-        self.workers.stat().is_ok_and(|st| st.st_dev == dev)
-    }
-
-    /// The sandbox spec of a launch, without its stdio and descriptors: as its manifest
-    /// and the controller decided, running as `host_ids` when they are given (a prepared
-    /// sandbox's) or as ids leased for it.
-    fn worker_spec(
-        &mut self,
-        ls: &LaunchSpec,
-        egress: Option<&BrokerConfig>,
-        host_ids: Option<(u32, u32)>,
-    ) -> Result<SandboxSpec, String> {
-        if ls.share_network {
-            // Half of the host's network (its loopback services, its interfaces) is no
-            // policy: a worker reaches named hosts through its broker, never the host's
-            // network namespace.
-            return Err("allow_external is refused: a worker never shares the host's network namespace; list the hosts it may reach in network_policy.allow_hosts".into());
-        }
-        let Compiled {
-            mut profile,
-            program,
-            floor,
-            floor_allowlist,
-        } = self.profile(&ls.profile)?;
-        profile
-            .narrow_exec(&ls.allow_exec)
-            .map_err(|e| e.to_string())?;
-        let mut exposures = Vec::new();
-        for (paths, writable) in [(&ls.ro, false), (&ls.rw, true)] {
-            for p in paths {
-                let host = check_host_path(p).map_err(|e| e.to_string())?;
-                if writable && self.on_the_state_file_system(host.dev) {
-                    // Worker logs leave room for the trail; a path the worker writes
-                    // itself is the kernel's to fill.
-                    tracing::warn!(
-                        worker = %ls.worker_id,
-                        path = %host.path.display(),
-                        "the worker may write to the state directory's file system: filling it would leave the audit trail no room and stop every worker (keep the state directory on a file system of its own)"
-                    );
-                }
-                exposures.push(Exposure { host, writable });
-            }
-        }
-        let mut extra_binds = Vec::new();
-        let mut env = ls.env.clone();
-        if let Some(bin) = &ls.agent_binary {
-            let host = check_host_path(bin).map_err(|e| format!("agent binary: {e}"))?;
-            extra_binds.push((host, PathBuf::from(AGENT_BIN_DIR).join("hatchery")));
-            env.push((
-                "PATH".into(),
-                format!("{AGENT_BIN_DIR}:{}", sandbox::DEFAULT_PATH),
-            ));
-        }
-        let request = RunRequest {
-            command: ls.command.clone(),
-            env,
-            cwd: ls.cwd.as_ref().map(PathBuf::from),
-            exposures,
-            limits: Limits {
-                memory: ls.memory,
-                cpus: ls.cpus,
-                pids: ls.pids,
-            },
-            host_ids,
-            hostname: ls.worker_id.clone(),
-            allow_degraded: ls.allow_degraded,
-            cgroup_name: ls.cgroup_name.clone(),
-            extra_binds,
-            payload_ids: ls.payload_ids,
-            egress_ports: egress.map(|c| c.ports.clone()),
-        };
-        let floor = if profile.landlock.allow_exec.is_some() {
-            &floor_allowlist
-        } else {
-            &floor
-        };
-        let mut spec = spec::build_compiled(request, &profile, program, floor, None)
-            .map_err(|e| e.to_string())?;
-        if ls.agent_binary.is_some() {
-            spec.landlock.read.push(PathBuf::from(AGENT_BIN_DIR));
-            spec.landlock.execute.push(PathBuf::from(AGENT_BIN_DIR));
-        }
-        Ok(spec)
-    }
-
     /// Prepares one sandbox for the warm pool, when it wants one.
     fn prepare_one(&mut self) {
         let Some(ls) = self.pool.wanted() else {
@@ -395,24 +245,6 @@ impl Launcher {
                 self.pool.failed();
             }
         }
-    }
-
-    /// The broker settings of a worker whose manifest allows hosts.
-    fn egress(&self, ls: &LaunchSpec) -> Result<Option<BrokerConfig>, String> {
-        let Some(e) = &ls.egress else {
-            return Ok(None);
-        };
-        let mut allow = AllowList::new(e.allow_hosts.clone()).map_err(|e| e.to_string())?;
-        if e.any_public {
-            allow = allow.with_any_public();
-        }
-        let ports = allow.ports().into_iter().collect();
-        Ok(Some(BrokerConfig {
-            allow,
-            resolution: self.resolution.clone(),
-            max_bytes: e.max_bytes,
-            ports,
-        }))
     }
 
     /// Passes on what a worker's broker recorded, in frames of bounded size.
@@ -527,6 +359,7 @@ pub fn serve(
         .unwrap_or_else(|_| OutputBudget::new(output_total));
     let mut l = Launcher {
         host: Host::detect(),
+        state_dev: workers.stat().ok().map(|st| st.st_dev),
         workers,
         profiles: HashMap::new(),
         running: HashMap::new(),

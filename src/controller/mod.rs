@@ -192,19 +192,16 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     match result {
         Ok(true) => {
             let _ = state.remove("controller.pid");
-            Ok(())
         }
         // The trail lacks this session's last entries (or the count of what was
         // dropped): the pid file stays, so the next start records that this session did
         // not stop cleanly, as after a crash.
-        Ok(false) => {
-            tracing::error!(
-                "the audit trail's last entries could not be written; controller.pid is kept so that the next start records this session as not stopped cleanly"
-            );
-            Ok(())
-        }
-        Err(e) => Err(e),
+        Ok(false) => tracing::error!(
+            "the audit trail's last entries could not be written; controller.pid is kept so that the next start records this session as not stopped cleanly"
+        ),
+        Err(_) => {}
     }
+    result.map(drop)
 }
 
 /// Checks what can be checked before anything is created: the contract parses, the
