@@ -8,6 +8,7 @@
 //! It dies with its supervisor; stopping it (the sandbox ended, the kill switch) closes
 //! every connection it holds and returns what it recorded.
 
+mod held;
 mod relay;
 mod serve;
 mod state;

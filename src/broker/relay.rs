@@ -3,14 +3,16 @@
 //! ways within the sandbox's byte budget until either side ends or the broker stops.
 
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::time::Instant;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::watch;
 
 use super::EgressEntry;
+use super::held::{Cut, ResetUnsent, drained};
 use super::state::{HEAD_TIMEOUT, State, Via, connect_timeout, denied, elapsed_ms};
 use crate::egress::{Destination, EgressError, http, tls};
 
@@ -338,47 +340,70 @@ async fn out(
 /// Relays until both directions end: bytes out, bytes in, and why it was cut, if it was.
 async fn both_ways(
     state: &State,
-    client: TcpStream,
-    upstream: TcpStream,
+    mut client: TcpStream,
+    mut upstream: TcpStream,
     first: Vec<u8>,
 ) -> (u64, u64, Option<&'static str>) {
-    let (cr, cw) = client.into_split();
-    let (ur, mut uw) = upstream.into_split();
+    // Either direction cut short (the budget, or the broker's held bytes) ends the
+    // other too.
+    let (cut, _) = watch::channel(None);
+    // Counted by their descriptors until `_counted` drops, which is before the streams
+    // (declared earlier, dropped later) close them: never a number another socket got.
+    let sockets = [client.as_raw_fd(), upstream.as_raw_fd()];
+    let _counted = state.held.count(sockets, &cut);
+    // However it ends, nothing it was given stays behind in a socket no one owns.
+    let _reset = ResetUnsent(sockets);
+    // The sandbox's side was accepted with a small receive buffer (what it can leave
+    // there before it is counted); relayed, it gets the full one.
+    let _ = nix::sys::socket::setsockopt(
+        &client,
+        nix::sys::socket::sockopt::RcvBuf,
+        &super::serve::SANDBOX_SIDE_BUFFER,
+    );
+    let (cr, cw) = client.split();
+    let (ur, mut uw) = upstream.split();
     let granted = state.take_budget(first.len());
     if granted < first.len() {
         return (0, 0, state.budget_spent().then_some("budget_exhausted"));
     }
     // An upstream that reads nothing leaves this write waiting; the stop ends it.
     let mut stop = state.stop.clone();
+    let mut cut_seen = cut.subscribe();
     let head = tokio::select! {
         biased;
-        _ = stop.wait_for(|s| *s) => return (0, 0, Some("stopped")),
+        why = ended(&mut stop, &mut cut_seen) => return (0, 0, Some(why)),
         w = uw.write_all(first.get(..granted).unwrap_or_default()) => w,
     };
     if head.is_err() {
         return (0, 0, None);
     }
     let sent = u64::try_from(granted).unwrap_or(0);
-    // Either direction cut short (the budget) ends the other too.
-    let (cut, _) = watch::channel(false);
     let (up, down) = tokio::join!(one_way(state, cr, uw, &cut), one_way(state, ur, cw, &cut));
-    (sent.saturating_add(up.0), down.0, up.1.or(down.1))
+    let why = up.1.or(down.1);
+    if why.is_none() {
+        // Still counted while the last bytes and FINs reach their peers.
+        drained(sockets, &mut stop, &mut cut_seen).await;
+    }
+    (sent.saturating_add(up.0), down.0, why)
 }
 
-/// Resolves once the broker stops, or the connection is cut.
-async fn ended(stop: &mut watch::Receiver<bool>, cut: &mut watch::Receiver<bool>) -> &'static str {
+/// Resolves once the broker stops, or the connection is cut: why.
+async fn ended(
+    stop: &mut watch::Receiver<bool>,
+    cut: &mut watch::Receiver<Option<&'static str>>,
+) -> &'static str {
     tokio::select! {
         _ = stop.wait_for(|s| *s) => "stopped",
-        _ = cut.wait_for(|c| *c) => "budget_exhausted",
+        why = cut.wait_for(Option::is_some) => why.ok().and_then(|w| *w).unwrap_or("stopped"),
     }
 }
 
 /// One direction: bytes moved and why it was cut, if it was.
 async fn one_way(
     state: &State,
-    mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
-    cut: &watch::Sender<bool>,
+    mut from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+    cut: &Cut,
 ) -> (u64, Option<&'static str>) {
     let mut stop = state.stop.clone();
     let mut cut_seen = cut.subscribe();
@@ -410,7 +435,7 @@ async fn one_way(
         moved = moved.saturating_add(u64::try_from(granted).unwrap_or(0));
         if granted < n {
             let _ = to.shutdown().await;
-            cut.send_replace(true);
+            cut.send_replace(Some("budget_exhausted"));
             return (moved, Some("budget_exhausted"));
         }
     }

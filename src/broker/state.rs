@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, watch};
 
+use super::held::{Held, MAX_HELD};
 use super::{BrokerConfig, EgressEntry, Line, MAX_ENTRIES};
 use crate::egress::{Denial, Destination, FakePool, dns, policy};
 use crate::pace::TokenBucket;
@@ -87,6 +88,8 @@ pub(super) struct State {
     bytes_out: AtomicU64,
     bytes_in: AtomicU64,
     lookups: AtomicU64,
+    /// What the relayed connections hold in the kernel, kept within its limit.
+    pub(super) held: Held,
     pub(super) stop: watch::Receiver<bool>,
 }
 
@@ -104,6 +107,7 @@ impl State {
             bytes_out: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
             lookups: AtomicU64::new(0),
+            held: Held::new(MAX_HELD),
             stop,
         }
     }

@@ -3,7 +3,77 @@
 //! so the only way out of the sandbox is a file descriptor the supervisor hands in.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// The memory a socket holds in the kernel, as the protocol's memory pool (`tcp_mem`)
+/// counts it: its receive queue, its send queue and what it has reserved ahead
+/// (`SO_MEMINFO`: rmem_alloc, wmem_queued, fwd_alloc). The egress broker counts what a
+/// sandbox's connections make it hold outside the sandbox's cgroup.
+pub fn held_memory(sock: RawFd) -> io::Result<u64> {
+    let mut info = [0u32; 9];
+    let mut len = libc::socklen_t::try_from(std::mem::size_of_val(&info)).unwrap_or(0);
+    // SAFETY: the kernel writes at most `len` bytes into `info`, which we own and whose
+    // size `len` is, and stores the length it wrote. A descriptor that is not a socket
+    // is refused (ENOTSOCK, EBADF); keeping it the caller's socket is the caller's part.
+    let r = unsafe {
+        libc::getsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_MEMINFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let at = |i: libc::c_int| {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| info.get(i))
+            .map_or(0, |v| u64::from(*v))
+    };
+    Ok(at(libc::SK_MEMINFO_RMEM_ALLOC)
+        .saturating_add(at(libc::SK_MEMINFO_WMEM_QUEUED))
+        .saturating_add(at(libc::SK_MEMINFO_FWD_ALLOC)))
+}
+
+/// The bytes a TCP socket has yet to see acknowledged, its FIN counting as one
+/// (`TIOCOUTQ`): zero once the peer has everything that was written.
+pub fn unacknowledged(sock: RawFd) -> io::Result<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one int through the pointer, which points at `n`, owned
+    // here. A descriptor that is not a socket is refused (ENOTTY, EBADF).
+    if unsafe { libc::ioctl(sock, libc::TIOCOUTQ, &mut n) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// Makes the socket's close a reset (`SO_LINGER` of zero): what waits in its queues is
+/// freed at once instead of being sent to a peer that may never read it.
+pub fn reset_on_close(sock: RawFd) -> io::Result<()> {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    let len = libc::socklen_t::try_from(std::mem::size_of_val(&linger)).unwrap_or(0);
+    // SAFETY: the kernel reads `len` bytes from `linger`, which we own and whose size
+    // `len` is. A descriptor that is not a socket is refused (ENOTSOCK, EBADF).
+    let r = unsafe {
+        libc::setsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::from_ref(&linger).cast(),
+            len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
 
 /// Sets `lo` up in the calling process's network namespace.
 pub fn loopback_up() -> io::Result<()> {

@@ -215,7 +215,7 @@ pub struct Bed {
     /// The fake internet's namespace (`hbi-<pid>-<n>`).
     pub internet: String,
     pub kit: Kit,
-    /// The servers on ports 80, 443, 9000, 9001 and UDP 53 of every bed address.
+    /// The servers on ports 80, 443, 9000, 9001, 9002 and UDP 53 of every bed address.
     servers: Option<Server>,
     /// The servers' key, certificate, scripts and logs (not given to sandboxes).
     dir: TempDir,

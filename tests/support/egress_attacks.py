@@ -25,6 +25,12 @@ printing one line:
   connect-many N HOST PORT
                         N connections, one after the other, to HOST:PORT (resolved by
                         the sandbox's stub), each closed at once ("connected N failed F")
+  stuff N MIB HOST PORT SECONDS
+                        opens N connections to HOST:PORT (a server that never reads) and
+                        writes up to MIB MiB into each, as fast as the kernel takes them,
+                        for at most SECONDS; keeps them open until the payload ends
+                        ("stuffed N with B bytes, C cut")
+  close                 closes every connection kept so far ("closed N")
 """
 
 import codecs
@@ -183,6 +189,57 @@ def step_connect_many(n, host, port):
     return f"connected {ok} failed {failed}"
 
 
+def step_stuff(n, mib, host, port, seconds):
+    """Kernel memory outside the sandbox's cgroup, filled by the sandbox: every byte the
+    broker has taken from the sandbox but cannot pass on waits in one of its sockets."""
+    socks = []
+    for _ in range(int(n)):
+        try:
+            s = socket.create_connection((host, int(port)), timeout=payload.TIMEOUT)
+        except OSError:
+            continue
+        # Its own sockets small: what is measured is mostly what waits outside.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+        s.setblocking(False)
+        socks.append([s, 0])
+    limit = int(mib) * 1024 * 1024
+    chunk = b"x" * 65536
+    total = cut = 0
+    deadline = time.monotonic() + float(seconds)
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - quiet_since < 1.0:
+        moved = False
+        for entry in socks:
+            s, sent = entry
+            if s is None or sent >= limit:
+                continue
+            try:
+                k = s.send(chunk[: min(len(chunk), limit - sent)])
+            except BlockingIOError:
+                continue
+            except OSError:
+                entry[0] = None
+                cut += 1
+                continue
+            entry[1] += k
+            total += k
+            moved = True
+        if moved:
+            quiet_since = time.monotonic()
+        else:
+            time.sleep(0.005)
+    HELD.extend(s for s, _ in socks if s is not None)
+    return f"stuffed {len(socks)} with {total} bytes, {cut} cut"
+
+
+def step_close():
+    n = len(HELD)
+    for s in HELD:
+        s.close()
+    HELD.clear()
+    return f"closed {n}"
+
+
 STEPS = dict(payload.STEPS)
 STEPS.update(
     {
@@ -195,6 +252,8 @@ STEPS.update(
         "pipeline": step_pipeline,
         "hold": step_hold,
         "get-many": step_get_many,
+        "stuff": step_stuff,
+        "close": step_close,
     }
 )
 

@@ -11,6 +11,7 @@ what reached the bed, not only what the sandbox saw.
       443   the same over TLS (CERT, KEY), with sni=the ClientHello's server name
       9000  sends 1 MiB on connect, then closes
       9001  sends one byte every 100 ms until the peer goes away ("closed 9001" in LOG)
+      9002  closes its sending side at once and reads nothing, into a small receive buffer
       53    UDP: logs every datagram, answers nothing
   egress_bed_server.py http LOG
       HTTP as on port 80 above, on 127.0.0.1 at a free port
@@ -41,9 +42,11 @@ def log(line):
         LOG.flush()
 
 
-def listen(addr, port):
+def listen(addr, port, rcvbuf=None):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if rcvbuf:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     s.bind((addr, port))
     s.listen(128)
     return s
@@ -168,6 +171,12 @@ def slow(conn, port, local):
         log(f"closed {port} local={local}")
 
 
+def deaf(conn, port, local):
+    conn.shutdown(socket.SHUT_WR)
+    while True:
+        time.sleep(3600)
+
+
 def stream(conn, port, local):
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     line = b""
@@ -205,6 +214,7 @@ def main():
         serve_forever(listen("0.0.0.0", 443), https(context))
         serve_forever(listen("0.0.0.0", 9000), one_mib)
         serve_forever(listen("0.0.0.0", 9001), slow)
+        serve_forever(listen("0.0.0.0", 9002, rcvbuf=4096), deaf)
         dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         dns.bind(("0.0.0.0", 53))
         udp(dns)
