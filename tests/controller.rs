@@ -104,6 +104,34 @@ sleep 20"#;
 }
 
 #[test]
+fn a_worker_that_asked_to_shut_down_makes_no_more_workers() {
+    if skip("replication after shutdown") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    // Before, its 5 s of grace let it start as many children as its quota allowed.
+    let script = r#"hatchery agent register >/dev/null
+hatchery agent shutdown >/dev/null
+hatchery agent replicate --reason late -- sleep 20 2>&1; echo "late=$?"
+sleep 20"#;
+    let id = spawned(&c, &[], script);
+    c.wait_audit("worker_shutdown_requested", LONG);
+    let deadline = std::time::Instant::now() + LONG;
+    let mut log = String::new();
+    while std::time::Instant::now() < deadline && !log.contains("late=") {
+        std::thread::sleep(Duration::from_millis(100));
+        log = stdout(&c.cli(&["logs", id.as_str()]));
+    }
+    assert!(log.contains("late=1"), "{log}");
+    assert!(log.contains("asked to shut down"), "{log}");
+    assert_eq!(
+        c.audit("replication_requested").len(),
+        1,
+        "the root only: {log}"
+    );
+}
+
+#[test]
 fn a_stop_condition_refuses_and_names_itself() {
     if skip("stop condition") {
         return;

@@ -70,6 +70,18 @@ impl Engine {
                 }
                 self.reply_worker(&id, WorkerReply::Ok);
             }
+            // A worker that said it is stopping makes no more workers in its grace: that
+            // is for finishing, and a child started then would outlive the reason for it.
+            (WorkerMessage::Replicate(_), _)
+                if self.shutdown_deadlines.iter().any(|(w, _)| w == &id) =>
+            {
+                self.reply_worker(
+                    &id,
+                    WorkerReply::Error {
+                        message: "this worker asked to shut down: it may not replicate".into(),
+                    },
+                );
+            }
             (WorkerMessage::Replicate(r), _) => self.replicate(&id, *r),
             (WorkerMessage::Report(r), _) => {
                 let result = r.result;
