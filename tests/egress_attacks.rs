@@ -968,3 +968,31 @@ fn connections_the_sandbox_ends_leave_nothing_held_in_the_kernel() {
         memory >> 20
     );
 }
+
+#[test]
+fn an_answer_the_sandbox_reads_late_after_closing_its_side_is_still_delivered() {
+    if skip("late read") {
+        return;
+    }
+    let bed = Bed::new();
+    let server = bed.stream_server();
+    let named = format!("local.test:{}", server.port);
+    let address = format!("127.0.0.1:{}", server.port);
+    let mut flags = bed_flags(&[&named, &address]);
+    flags.extend(strings(&["--resolve", "local.test=127.0.0.1"]));
+    // Both directions have ended for the broker (the sandbox closed its side, the server
+    // sent 200 kB and closed); what the sandbox's 8 KiB buffer cannot take waits,
+    // unacknowledged, in the broker's socket until it reads. A first version of the
+    // drain gave that side the upstream's 10 s, then reset it.
+    let port = server.port.to_string();
+    let run = run_attack(
+        &bed,
+        &flags,
+        &[&["late-read", "local.test", &port, "200000", "11"]],
+    );
+    assert_eq!(code(&run.out), 0, "{}", stderr(&run.out));
+    assert_eq!(run.line(0), "read 200000", "{:#}", run.report["egress"]);
+    let entries = run.entries(&[("event", json!("egress_allowed"))]);
+    assert_eq!(entries.len(), 1, "{entries:#?}");
+    assert!(entries[0]["reason"].is_null(), "{entries:#?}");
+}

@@ -16,11 +16,11 @@
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 use crate::sandbox::net::{held_memory, reset_on_close, unacknowledged};
 
@@ -32,6 +32,13 @@ pub(super) const MAX_HELD: u64 = 64 << 20;
 /// How often the sum is taken. A connection fills at most what the kernel lets it grow
 /// to in this time before it is seen.
 pub(super) const SWEEP_EVERY: Duration = Duration::from_millis(20);
+
+/// Less than this held by all connections together, and no more than at the last look,
+/// lets the sweep slow down.
+const QUIET: u64 = 1 << 20;
+
+/// The longest pause between two looks while the connections are quiet.
+const SWEEP_QUIET: Duration = Duration::from_millis(500);
 
 /// How long an ended connection may take to deliver what it was last given (and its
 /// FIN), still counted, before it is reset instead.
@@ -51,9 +58,20 @@ pub(super) struct Held {
     max: u64,
     next: AtomicU64,
     connections: Mutex<HashMap<u64, Connection>>,
-    /// Wakes the sweep when a connection is counted: a broker without connections (a
-    /// controller's idle worker) does not wake every 20 ms.
-    counted: Notify,
+    /// Set while the sweep has slowed down or waits for a first connection: then a
+    /// connection counted or bytes moved wake it ([`Held::poke`]). A broker whose
+    /// connections hold next to nothing and move nothing (a controller's idle worker
+    /// keeping a connection open) does not wake every 20 ms.
+    quiet: AtomicBool,
+    poked: Mutex<bool>,
+    wake: Condvar,
+    /// Set once the broker stops: the sweep ends.
+    stopped: AtomicBool,
+    /// Set while the last look found more than half the limit held: relays then yield
+    /// after every chunk (see [`Held::pressed`]).
+    pressed: AtomicBool,
+    /// Looks taken so far.
+    sweeps: AtomicU64,
 }
 
 struct Connection {
@@ -80,7 +98,12 @@ impl Held {
             max,
             next: AtomicU64::new(0),
             connections: Mutex::new(HashMap::new()),
-            counted: Notify::new(),
+            quiet: AtomicBool::new(true),
+            poked: Mutex::new(false),
+            wake: Condvar::new(),
+            stopped: AtomicBool::new(false),
+            pressed: AtomicBool::new(false),
+            sweeps: AtomicU64::new(0),
         }
     }
 
@@ -100,13 +123,14 @@ impl Held {
             cut: cut.clone(),
         };
         self.lock().insert(id, connection);
-        self.counted.notify_one();
+        self.poke();
         Counted { held: self, id }
     }
 
     /// Adds up what every connection holds and cuts the largest until the rest are
     /// within the limit: the total before, and how many were cut.
     pub(super) fn sweep(&self) -> (u64, usize) {
+        self.sweeps.fetch_add(1, Ordering::Relaxed);
         let connections = self.lock();
         let mut sizes: Vec<(u64, u64)> = connections
             .iter()
@@ -123,6 +147,7 @@ impl Held {
             .iter()
             .map(|(h, _)| *h)
             .fold(0u64, u64::saturating_add);
+        self.pressed.store(total > self.max / 2, Ordering::Relaxed);
         let mut left = total;
         let mut cut = 0;
         sizes.sort_unstable_by(|a, b| b.cmp(a));
@@ -150,16 +175,87 @@ impl Held {
         (total, cut)
     }
 
-    /// Sweeps every [`SWEEP_EVERY`] while there are connections, until the broker stops.
-    pub(super) async fn watch(&self, mut stop: watch::Receiver<bool>) {
+    /// Whether relays should yield after every chunk. The broker's runtime has one
+    /// thread, and a relay polled while its sockets take bytes moves up to tokio's
+    /// budget (128 chunks, 2 MiB) before the next runs: 200 connections pushing bytes
+    /// filled 200 MiB in one round, before the connections a look had cut could close.
+    pub(super) fn pressed(&self) -> bool {
+        self.pressed.load(Ordering::Relaxed)
+    }
+
+    /// Wakes the sweep now.
+    fn poke(&self) {
+        *self.poked.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.wake.notify_one();
+    }
+
+    /// Bytes moved through a connection: a sweep that had slowed down looks again now.
+    /// (One load while it has not.)
+    pub(super) fn moved(&self) {
+        if self.quiet.load(Ordering::Relaxed) {
+            self.poke();
+        }
+    }
+
+    /// Ends [`Held::sweeping`].
+    pub(super) fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+        self.poke();
+    }
+
+    /// Waits for a poke, or `pause` (none: for a poke only), or the stop: whether to go on.
+    fn rest(&self, pause: Option<Duration>) -> bool {
+        let mut poked = self.poked.lock().unwrap_or_else(PoisonError::into_inner);
+        while !*poked && !self.stopped.load(Ordering::Relaxed) {
+            match pause {
+                None => {
+                    poked = self
+                        .wake
+                        .wait(poked)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                Some(pause) => {
+                    let (guard, timeout) = self
+                        .wake
+                        .wait_timeout(poked, pause)
+                        .unwrap_or_else(PoisonError::into_inner);
+                    poked = guard;
+                    if timeout.timed_out() {
+                        break;
+                    }
+                }
+            }
+        }
+        *poked = false;
+        !self.stopped.load(Ordering::Relaxed)
+    }
+
+    /// The sweep, on a thread of its own until [`Held::stop`]: the broker's runtime has
+    /// one thread, and with hundreds of connections moving bytes as fast as they can, a
+    /// timer on it fired a tenth of a second late while they filled 250 MiB. Every
+    /// [`SWEEP_EVERY`] while the connections hold or gain something; while they hold less
+    /// than [`QUIET`] and gain nothing, the pause doubles up to [`SWEEP_QUIET`], and any
+    /// bytes moved, or a new connection, end it at once: held memory grows only from
+    /// bytes moved (into a queue the broker writes, or one it stopped reading after moving
+    /// bytes through it), so a burst after a quiet spell is seen within its first chunk.
+    pub(super) fn sweeping(&self) {
+        let mut pause = SWEEP_EVERY;
+        let mut last = 0u64;
         loop {
             let idle = self.lock().is_empty();
-            tokio::select! {
-                _ = stop.wait_for(|s| *s) => return,
-                _ = self.counted.notified(), if idle => {}
-                _ = tokio::time::sleep(SWEEP_EVERY), if !idle => {}
+            self.quiet
+                .store(idle || pause > SWEEP_EVERY, Ordering::Relaxed);
+            if !self.rest((!idle).then_some(pause)) {
+                return;
             }
-            self.sweep();
+            self.quiet.store(false, Ordering::Relaxed);
+            let (total, _) = self.sweep();
+            pause = if total >= QUIET || total > last {
+                SWEEP_EVERY
+            } else {
+                pause.saturating_mul(2).min(SWEEP_QUIET)
+            };
+            last = total;
         }
     }
 }
@@ -181,29 +277,57 @@ impl Drop for ResetUnsent {
     }
 }
 
-/// Waits, within [`DRAIN_WITHIN`], until both sockets' peers have acknowledged all that
-/// was written to them, unless the broker stops or the connection is cut first.
+/// How long a connection that ended may still deliver what it was given once the broker
+/// is stopped (within the stop's grace of 0.5 s).
+const STOP_DRAIN: Duration = Duration::from_millis(250);
+
+/// The pause between two looks at the sandbox's side alone: a sandbox that reads what it
+/// was sent late (or never, until it ends) keeps its connection waiting, at one look a
+/// second.
+const CLIENT_LOOK: Duration = Duration::from_secs(1);
+
+/// Waits until both peers of an ended connection have acknowledged all that was written
+/// to them, still counted: `None` then, or why it was given up with bytes undelivered.
+/// The upstream has [`DRAIN_WITHIN`] (`undelivered`); the sandbox's side has until the
+/// sandbox reads them (its buffers are fixed and small, and the connection keeps its slot
+/// meanwhile). At the stop either has [`STOP_DRAIN`] more (`stopped`); a cut ends it at
+/// once.
 pub(super) async fn drained(
-    sockets: [RawFd; 2],
+    [client, upstream]: [RawFd; 2],
     stop: &mut watch::Receiver<bool>,
     cut: &mut watch::Receiver<Option<&'static str>>,
-) {
+) -> Option<&'static str> {
     let deadline = tokio::time::Instant::now() + DRAIN_WITHIN;
+    let mut stopping: Option<tokio::time::Instant> = None;
     let mut pause = Duration::from_millis(1);
     loop {
-        let left = sockets
-            .iter()
-            .map(|s| unacknowledged(*s).unwrap_or(0))
-            .fold(0u64, u64::saturating_add);
-        if left == 0 || tokio::time::Instant::now() >= deadline {
-            return;
+        let upstream_left = unacknowledged(upstream).unwrap_or(0);
+        let client_left = unacknowledged(client).unwrap_or(0);
+        if upstream_left == 0 && client_left == 0 {
+            return None;
         }
+        let now = tokio::time::Instant::now();
+        if stopping.is_some_and(|until| now >= until) {
+            return Some("stopped");
+        }
+        if upstream_left > 0 && now >= deadline {
+            return Some("undelivered");
+        }
+        let look = if upstream_left > 0 {
+            pause.min(SWEEP_EVERY)
+        } else {
+            pause.min(CLIENT_LOOK)
+        };
         tokio::select! {
-            _ = stop.wait_for(|s| *s) => return,
-            _ = cut.wait_for(Option::is_some) => return,
-            _ = tokio::time::sleep(pause) => {}
+            _ = stop.wait_for(|s| *s), if stopping.is_none() => {
+                stopping = Some(now + STOP_DRAIN);
+            }
+            why = cut.wait_for(Option::is_some) => {
+                return Some(why.ok().and_then(|w| *w).unwrap_or("stopped"));
+            }
+            _ = tokio::time::sleep(look) => {}
         }
-        pause = pause.saturating_mul(2).min(SWEEP_EVERY);
+        pause = pause.saturating_mul(2);
     }
 }
 
@@ -299,12 +423,48 @@ mod tests {
             .enable_time()
             .build()?;
         let started = std::time::Instant::now();
-        runtime.block_on(drained(sockets, &mut stop, &mut cut));
+        assert_eq!(
+            runtime.block_on(drained(sockets, &mut stop, &mut cut)),
+            None
+        );
         assert!(started.elapsed() < DRAIN_WITHIN);
         drop(ResetUnsent(sockets));
         drop(w);
         assert_eq!(read_to_end(&mut r)?, 0);
         Ok(())
+    }
+
+    #[test]
+    fn quiet_connections_are_looked_at_less_often_until_bytes_move() -> std::io::Result<()> {
+        let held = std::sync::Arc::new(Held::new(MAX_HELD));
+        let (w, r) = pair()?;
+        let (cut, _) = watch::channel(None);
+        let counted = held.count([r.as_raw_fd(), w.as_raw_fd()], &cut);
+        let sweeping = std::sync::Arc::clone(&held);
+        let sweep = std::thread::spawn(move || sweeping.sweeping());
+        std::thread::sleep(Duration::from_millis(1500));
+        let quiet = held.sweeps.load(Ordering::Relaxed);
+        // 20, 40, 80, 160, 320, then 500 ms: not 75 looks.
+        assert!(quiet <= 12, "{quiet} looks in 1.5 s of quiet");
+        held.moved();
+        std::thread::sleep(Duration::from_millis(30));
+        let after = held.sweeps.load(Ordering::Relaxed);
+        assert!(after > quiet, "bytes moved and no look within 30 ms");
+        drop(counted);
+        held.stop();
+        assert!(sweep.join().is_ok());
+        Ok(())
+    }
+
+    #[test]
+    fn the_sweep_waits_for_a_first_connection_and_ends_at_the_stop() {
+        let held = std::sync::Arc::new(Held::new(MAX_HELD));
+        let sweeping = std::sync::Arc::clone(&held);
+        let sweep = std::thread::spawn(move || sweeping.sweeping());
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(held.sweeps.load(Ordering::Relaxed), 0);
+        held.stop();
+        assert!(sweep.join().is_ok());
     }
 
     #[test]

@@ -379,10 +379,11 @@ async fn both_ways(
     }
     let sent = u64::try_from(granted).unwrap_or(0);
     let (up, down) = tokio::join!(one_way(state, cr, uw, &cut), one_way(state, ur, cw, &cut));
-    let why = up.1.or(down.1);
+    let mut why = up.1.or(down.1);
     if why.is_none() {
-        // Still counted while the last bytes and FINs reach their peers.
-        drained(sockets, &mut stop, &mut cut_seen).await;
+        // Still counted while the last bytes and FINs reach their peers; what does not
+        // is reset (by `_reset`) and said.
+        why = drained(sockets, &mut stop, &mut cut_seen).await;
     }
     (sent.saturating_add(up.0), down.0, why)
 }
@@ -423,6 +424,10 @@ async fn one_way(
                 Ok(n) => n,
             },
         };
+        // Cut meanwhile: not one more chunk into its queues.
+        if let Some(why) = *cut_seen.borrow() {
+            return (moved, Some(why));
+        }
         let granted = state.take_budget(n);
         let chunk = buf.get(..granted).unwrap_or_default();
         let written = tokio::select! {
@@ -433,6 +438,10 @@ async fn one_way(
             return (moved, None);
         }
         moved = moved.saturating_add(u64::try_from(granted).unwrap_or(0));
+        state.held.moved();
+        if state.held.pressed() {
+            tokio::task::yield_now().await;
+        }
         if granted < n {
             let _ = to.shutdown().await;
             cut.send_replace(Some("budget_exhausted"));

@@ -106,9 +106,16 @@ async fn run(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUnixStre
     let kinds = [Via::DnsTcp, Via::Proxy]
         .into_iter()
         .chain(ports.into_iter().map(Via::Transparent));
+    // Its own thread: see `Held::sweeping`. Without it nothing bounds what connections
+    // hold, so none is relayed: the broker ends, and the supervisor reports its record
+    // lost.
     let sweeping = state.clone();
-    let stop = state.stop.clone();
-    tasks.spawn(async move { sweeping.held.watch(stop).await });
+    let Ok(sweep) = std::thread::Builder::new()
+        .name("sweep".into())
+        .spawn(move || sweeping.held.sweeping())
+    else {
+        return;
+    };
     let mut listening = tokio::task::JoinSet::new();
     for (fd, via) in listeners.zip(kinds) {
         if let Ok(l) = tcp_listener(fd) {
@@ -128,6 +135,8 @@ async fn run(config: BrokerConfig, listeners: Vec<OwnedFd>, control: StdUnixStre
     .await;
     listening.abort_all();
     tasks.abort_all();
+    state.held.stop();
+    let _ = sweep.join();
     state.finish();
     let _ = tokio::time::timeout(FINISH_WITHIN, writer).await;
 }

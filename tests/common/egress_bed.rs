@@ -396,6 +396,12 @@ impl Bed {
         Server::start(&self.client, self.dir.path(), "http", &[])
     }
 
+    /// A server on the client's loopback (127.0.0.1, a free port) that reads one line
+    /// "N" and sends N bytes, then closes. Dropped before the bed.
+    pub fn stream_server(&self) -> Server {
+        Server::start(&self.client, self.dir.path(), "stream", &[])
+    }
+
     /// An HTTP server of the client itself on every address (0.0.0.0, a free port): a
     /// host service that its own non-loopback address ([`CLIENT_ADDR`]) reaches as well
     /// as loopback does. Dropped before the bed.

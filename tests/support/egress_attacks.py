@@ -31,6 +31,10 @@ printing one line:
                         for at most SECONDS; keeps them open until the payload ends
                         ("stuffed N with B bytes, C cut")
   close                 closes every connection kept so far ("closed N")
+  late-read HOST PORT N SECONDS
+                        asks a stream server at HOST:PORT for N bytes with a 8 KiB receive
+                        buffer, closes its sending side at once, and reads only after
+                        SECONDS ("read N", or "reset after N")
 """
 
 import codecs
@@ -240,6 +244,26 @@ def step_close():
     return f"closed {n}"
 
 
+def step_late_read(host, port, n, seconds):
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+    sock.settimeout(payload.TIMEOUT)
+    sock.connect((host, int(port)))
+    sock.sendall(f"{int(n)}\n".encode())
+    sock.shutdown(socket.SHUT_WR)
+    time.sleep(float(seconds))
+    got = 0
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += len(chunk)
+    except ConnectionResetError:
+        return f"reset after {got}"
+    return f"read {got}"
+
+
 STEPS = dict(payload.STEPS)
 STEPS.update(
     {
@@ -254,6 +278,7 @@ STEPS.update(
         "get-many": step_get_many,
         "stuff": step_stuff,
         "close": step_close,
+        "late-read": step_late_read,
     }
 )
 
