@@ -69,6 +69,7 @@ pub mod event {
     pub const REPLICATION_REQUESTED: &str = "replication_requested";
     pub const KILL_SWITCH_ENGAGED: &str = "kill_switch_engaged";
     pub const KILL_SWITCH_RELEASED: &str = "kill_switch_released";
+    pub const KILL_SWITCH_RELEASE_REFUSED: &str = "kill_switch_release_refused";
     /// This node of a cluster could not renew its lease in time and killed its workers.
     pub const CLUSTER_FENCED: &str = "cluster_fenced";
     /// A fenced node holds a new lease and admits again.

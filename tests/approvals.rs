@@ -442,3 +442,70 @@ fn a_killed_workers_requests_leave_the_queue_with_it() {
         c.log()
     );
 }
+
+/// `hatchery ARGS` run as nobody (a member of the socket's group, 65534) against `c`.
+fn as_member(c: &TestController, args: &[&str]) -> std::process::Output {
+    let _ = std::fs::set_permissions(
+        c.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    );
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(hatchery())
+        .arg(args[0])
+        .arg("--socket")
+        .arg(&c.socket)
+        .args(&args[1..]);
+    run_with_timeout(&mut cmd, Duration::from_secs(30))
+}
+
+#[test]
+fn a_member_of_the_socket_group_neither_releases_the_kill_switch_nor_skips_approval() {
+    if skip_unless_root("a member's decisions") {
+        return;
+    }
+    let c = TestController::start(
+        &contract("require = [{ kind = \"always\" }]"),
+        &["--socket-group", "65534"],
+    );
+    // Before, a member who "may look" released the owner's kill switch, and made with
+    // `spawn --parent` exactly the child a person was to decide on.
+    let out = c.cli(&["kill-switch"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = as_member(&c, &["kill-switch", "--release"]);
+    assert_ne!(code(&out), 0, "{}", stdout(&out));
+    assert!(stderr(&out).contains("may not release"), "{}", stderr(&out));
+    let refused = c.audit("kill_switch_release_refused");
+    assert!(
+        refused.iter().any(|e| e["actor"] == "uid:65534"),
+        "{refused:?}"
+    );
+    assert!(c.audit("kill_switch_released").is_empty());
+    let out = c.cli(&["spawn", "--", "true"]);
+    assert_ne!(code(&out), 0, "the kill switch is still engaged");
+    let out = c.cli(&["kill-switch", "--release"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+
+    let parent = match c.spawn(&[], &common::agents::idle(30)) {
+        Ok(id) => id,
+        Err(o) => panic!("{}", stderr(&o)),
+    };
+    c.wait_audit("worker_registered", LONG);
+    let out = as_member(&c, &["spawn", "--parent", &parent, "--", "true"]);
+    assert_ne!(code(&out), 0, "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("waiting for a decision"),
+        "{}",
+        stderr(&out)
+    );
+    let pending = wait_pending(&c, 1);
+    assert_eq!(pending.len(), 1, "the member's child waits for a person");
+    assert_eq!(
+        c.audit("replication_requested").len(),
+        1,
+        "the parent only, nothing started without a decision"
+    );
+    // The owner's own `spawn --parent` is that person's decision.
+    let out = c.cli(&["spawn", "--parent", &parent, "--", "true"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}

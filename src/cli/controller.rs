@@ -130,7 +130,8 @@ pub struct ControllerArgs {
     /// Heartbeat interval suggested to workers
     #[arg(long, value_name = "DUR", default_value = "5s", value_parser = units::parse_duration)]
     pub heartbeat_interval: Duration,
-    /// Let members of this group (a name or a number) use the API socket
+    /// Let members of this group (a name or a number) use the API socket (to look, spawn and
+    /// stop; approvals and releasing the kill switch stay the owner's and root's)
     #[arg(long, value_name = "GROUP", value_parser = parse_group)]
     pub socket_group: Option<u32>,
     /// Start workers even where their limits cannot be enforced here (reported per worker)

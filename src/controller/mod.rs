@@ -87,7 +87,8 @@ pub struct ControllerOptions {
     pub register_timeout: Duration,
     pub heartbeat_interval: Duration,
     pub allow_degraded: bool,
-    /// Let members of this group use the API socket (mode 0660).
+    /// Let members of this group use the API socket (mode 0660): to look, spawn and stop,
+    /// never to decide (see `Engine::decides`).
     pub socket_group: Option<u32>,
     /// Where every synced head of the audit trail is also written (outside the state
     /// directory), and what the trail is checked against at start.

@@ -111,8 +111,13 @@ pub enum ChildDecision {
 /// Who asks for a child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Requester {
-    /// A person through the API: that person is the approver.
+    /// A person who may decide approvals (the controller's owner or root) through the
+    /// API: that person is the approver.
     Person,
+    /// A member of `--socket-group` through the API, who may not decide approvals: the
+    /// request goes through the contract's approval rules, as the parent's own would
+    /// (otherwise `spawn --parent` made exactly the child a person was to decide on).
+    Member,
     /// The parent itself: its request goes through the contract's approval rules.
     Parent,
 }
@@ -156,7 +161,7 @@ pub fn decide_child(
         Ok(manifest) => {
             let approval = match requester {
                 Requester::Person => ApprovalVerdict::NotNeeded,
-                Requester::Parent => {
+                Requester::Member | Requester::Parent => {
                     contract
                         .approval
                         .evaluate(parent, &request_of(&manifest), manifest.depth.get())

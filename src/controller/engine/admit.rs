@@ -139,6 +139,7 @@ impl Engine {
         request: SpawnRequest,
         actor: &str,
         reason: Option<&str>,
+        requester: Requester,
     ) -> Admission {
         let now = self.now_s();
         let parent_manifest = match self.registry.get(parent) {
@@ -158,12 +159,6 @@ impl Engine {
             Err(message) => return Admission::Failed(message),
         };
         let extra = json!({ "parent": parent.as_str(), "why": reason });
-        // A person asked through the API is the approver; a worker's own request goes
-        // through the approval rules.
-        let requester = match reason {
-            Some(_) => Requester::Parent,
-            None => Requester::Person,
-        };
         let asked = ChildRequest {
             parent: &parent_manifest,
             request,

@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+use serde_json::json;
+
+use crate::audit::event;
+use crate::controller::admission::Requester;
 use crate::manifest::WorkerId;
 
 use crate::controller::input::Input;
@@ -58,6 +62,13 @@ fn read_log(
 }
 
 impl Engine {
+    /// Whether `uid` may take the decisions that raise risk (approvals, releasing the kill
+    /// switch, a child without the approval rules): the controller's owner or root.
+    /// Members of `--socket-group` may look, spawn and stop.
+    pub(super) fn decides(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.owner_uid
+    }
+
     pub(super) fn api(
         &mut self,
         uid: u32,
@@ -69,7 +80,14 @@ impl Engine {
             ApiRequest::Spawn { parent, request } => {
                 let outcome = match parent {
                     None => self.spawn_root(*request, &actor),
-                    Some(p) => self.spawn_child(&p, *request, &actor, None),
+                    Some(p) => {
+                        let requester = if self.decides(uid) {
+                            Requester::Person
+                        } else {
+                            Requester::Member
+                        };
+                        self.spawn_child(&p, *request, &actor, None, requester)
+                    }
                 };
                 self.answer(reply, api_answer(outcome));
             }
@@ -78,6 +96,21 @@ impl Engine {
                 worker_id,
                 recursive,
             } => self.kill(&actor, &worker_id, recursive, reply),
+            // Engaging stops things, and anyone who may connect may; releasing undoes
+            // the stop, and is the owner's or root's, as deciding an approval is.
+            ApiRequest::KillSwitch { release: true, .. } if !self.decides(uid) => {
+                let message = format!(
+                    "uid {uid} may not release the kill switch (only the controller's owner or root)"
+                );
+                self.record(
+                    event::KILL_SWITCH_RELEASE_REFUSED,
+                    &actor,
+                    None,
+                    json!({ "why": message }),
+                    true,
+                );
+                self.answer(reply, ApiResponse::Error { message });
+            }
             ApiRequest::KillSwitch {
                 release,
                 cluster: true,

@@ -115,7 +115,7 @@ impl Engine {
             );
             ApiResponse::Error { message: why }
         };
-        if uid != 0 && uid != self.owner_uid {
+        if !self.decides(uid) {
             return refuse(
                 self,
                 format!("uid {uid} may not decide approvals (only the controller's owner or root)"),

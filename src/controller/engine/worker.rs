@@ -6,7 +6,7 @@ use serde_json::json;
 use crate::audit::event;
 use crate::manifest::{Manifest, SpawnRequest, StateSnapshot, WorkerId};
 
-use crate::controller::admission::{self, Admission, Registration};
+use crate::controller::admission::{self, Admission, Registration, Requester};
 use crate::controller::bounded;
 use crate::controller::protocol::{MAX_TEXT_BYTES, ReplicateMsg, WorkerMessage, WorkerReply};
 use crate::controller::registry::WorkerState;
@@ -287,7 +287,8 @@ impl Engine {
             cwd: r.cwd.or_else(|| parent.cwd.clone()),
             state_snapshot: snapshot,
         };
-        let reply = match self.spawn_child(id, request, &actor, Some(&r.reason)) {
+        let reply = match self.spawn_child(id, request, &actor, Some(&r.reason), Requester::Parent)
+        {
             Admission::Started { worker_id, depth } => WorkerReply::Allowed {
                 child_id: worker_id,
                 depth,
