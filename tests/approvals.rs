@@ -509,3 +509,39 @@ fn a_member_of_the_socket_group_neither_releases_the_kill_switch_nor_skips_appro
     let out = c.cli(&["spawn", "--parent", &parent, "--", "true"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
 }
+
+#[test]
+fn an_approval_past_the_deadline_is_refused_whenever_the_reaper_runs() {
+    if skip_unless_root("late approval") {
+        return;
+    }
+    let c = TestController::start(
+        &contract("timeout_seconds = 1\nrequire = [{ kind = \"always\" }]"),
+        &[],
+    );
+    if let Err(o) = c.spawn(&[], &parent_script()) {
+        panic!("{}", stderr(&o));
+    }
+    let pending = wait_pending(&c, 1);
+    let id = pending[0]["approval_id"].as_str().unwrap_or("").to_string();
+    let deadline = pending[0]["deadline_ms"].as_u64().unwrap_or(0);
+    // Just past the deadline, before the reaper's next tick (every 250 ms) is likely:
+    // before, such an approval was granted unless that tick came first.
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    while now() < deadline + 5 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let out = c.cli(&["approve", &id]);
+    assert_ne!(code(&out), 0, "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("past its deadline"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(c.audit("approval_granted").is_empty());
+    assert_eq!(c.audit("approval_timeout").len(), 1);
+}

@@ -121,10 +121,16 @@ impl Engine {
                 format!("uid {uid} may not decide approvals (only the controller's owner or root)"),
             );
         }
+        // A request past its deadline is denied first, as the reaper's next tick would
+        // have: whether a late decision counted depended on when that tick came (an
+        // approval 127 ms late was granted, one 67 ms late refused).
+        self.expire_approvals(self.effects.now_ms());
         let Some(p) = self.pending_approvals.remove(approval_id) else {
             return refuse(
                 self,
-                format!("no pending approval {approval_id} (unknown, or already decided)"),
+                format!(
+                    "no pending approval {approval_id} (unknown, already decided, or past its deadline)"
+                ),
             );
         };
         let parent = p.requested_by.clone();
