@@ -1308,3 +1308,37 @@ print(answers, flush=True)
     );
     alive_and_answering(&c);
 }
+
+#[test]
+fn a_launcher_killed_from_outside_leaves_each_workers_end_in_the_trail() {
+    if skip_unless_root("launcher killed") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let ids: Vec<String> = (0..2)
+        .map(|_| match c.spawn(&["--no-controller"], "sleep 100") {
+            Ok(id) => id,
+            Err(o) => panic!("{}", stderr(&o)),
+        })
+        .collect();
+    c.wait_for("two running", LONG, |v| {
+        TestController::count(v, "running") == 2
+    });
+    let launcher = c.launcher_pid();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(launcher as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    // The controller stops (it cannot start or stop anything without its launcher);
+    // before, its trail named neither worker's end and said none was active.
+    let stopped = c.wait_audit("controller_stopped", LONG);
+    let exited = c.audit("worker_exited");
+    for id in &ids {
+        let end = exited.iter().find(|e| e["worker_id"] == id.as_str());
+        let Some(end) = end else {
+            panic!("no worker_exited for {id}: {exited:?}");
+        };
+        assert_eq!(end["details"]["ended_by"], "launcher exited", "{end}");
+    }
+    assert_eq!(stopped[0]["details"]["active_workers"], 0);
+}

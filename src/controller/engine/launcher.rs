@@ -273,6 +273,34 @@ impl Engine {
 }
 
 impl Engine {
+    /// An exit the controller confirmed itself, the launcher not reporting it: recorded
+    /// as such, then ended.
+    pub(super) fn exit_confirmed(
+        &mut self,
+        id: &WorkerId,
+        ended_by: Option<String>,
+        signal: Option<i32>,
+    ) {
+        self.record(
+            event::WORKER_EXITED,
+            "controller",
+            Some(id),
+            json!({ "ended_by": ended_by, "signal": signal, "confirmed_by": "controller", "launcher_reported": false }),
+            false,
+        );
+        self.exited(
+            id,
+            ExitInfo {
+                exit_code: 137,
+                signal,
+                oom_killed: false,
+                timed_out: false,
+                ended_by,
+                error: None,
+            },
+        );
+    }
+
     /// A worker that never started: recorded, and ended as `run` ends a sandbox that could
     /// not be set up (125).
     pub(super) fn start_failed(

@@ -38,7 +38,7 @@ use super::audit_budget::AuditBudgets;
 use super::bounded;
 use super::input::Input;
 use super::launcher::{LauncherRequest, LiveUsage};
-use super::protocol::{ApiResponse, ExitInfo, PendingApproval, WorkerReply};
+use super::protocol::{ApiResponse, PendingApproval, WorkerReply};
 use super::registry::Registry;
 use super::server;
 
@@ -384,20 +384,12 @@ impl Engine {
             Input::Launcher(ev) => self.launcher_event(ev),
             Input::LauncherGone => {
                 self.launcher_alive = false;
-                // Every sandbox died with the launcher (parent-death signals).
+                // Every sandbox died with the launcher (parent-death signals), and each
+                // end is recorded: before, the trail named none of them, and its
+                // `controller_stopped` said no worker was active.
                 let ids: Vec<WorkerId> = self.registry.active().map(|(id, _)| id.clone()).collect();
                 for id in ids {
-                    self.exited(
-                        &id,
-                        ExitInfo {
-                            exit_code: 137,
-                            signal: Some(9),
-                            oom_killed: false,
-                            timed_out: false,
-                            ended_by: Some("launcher exited".into()),
-                            error: None,
-                        },
-                    );
+                    self.exit_confirmed(&id, Some("launcher exited".into()), Some(9));
                 }
                 if !self.shutting_down {
                     tracing::error!("the launcher exited unexpectedly; stopping the controller");

@@ -8,7 +8,6 @@ use crate::manifest::WorkerId;
 use crate::sandbox::handle::KillHandle;
 
 use crate::controller::admission::reaping::{self, Patience, Phase, Reap, Vitals};
-use crate::controller::protocol::ExitInfo;
 use crate::controller::registry::{WorkerRecord, WorkerState};
 
 use super::Engine;
@@ -158,24 +157,7 @@ impl Engine {
             }
         }
         for (id, ended_by) in confirmed {
-            self.record(
-                event::WORKER_EXITED,
-                "controller",
-                Some(&id),
-                json!({ "ended_by": ended_by, "confirmed_by": "controller", "launcher_reported": false }),
-                false,
-            );
-            self.exited(
-                &id,
-                ExitInfo {
-                    exit_code: 137,
-                    signal: None,
-                    oom_killed: false,
-                    timed_out: false,
-                    ended_by,
-                    error: None,
-                },
-            );
+            self.exit_confirmed(&id, ended_by, None);
         }
     }
 }
