@@ -200,10 +200,23 @@ fn cgroup_refused(e: super::cgroup::CgroupError) -> SandboxError {
 }
 
 fn namespaces_refused(e: io::Error) -> SandboxError {
+    // The clone also makes a pidfd and a process: running out of either is not a matter of
+    // namespaces (a controller at its open-file limit was told to check its sysctls).
+    let fix = match e.raw_os_error() {
+        Some(libc::EMFILE | libc::ENFILE) => {
+            "this process is out of file descriptors: raise its open-file limit (`ulimit -n`, systemd's LimitNOFILE=) or run fewer sandboxes at once"
+        }
+        Some(libc::EAGAIN) => {
+            "no process could be made: check this user's process limit (`ulimit -u`) and the host's `kernel.pid_max` and `kernel.threads-max`"
+        }
+        _ => {
+            "user namespaces may be disabled: check `sysctl user.max_user_namespaces` (and, for non-root users, kernel.unprivileged_userns_clone or kernel.apparmor_restrict_unprivileged_userns); `hatchery doctor` shows what this host allows"
+        }
+    };
     SandboxError::Refused {
         what: "namespaces".into(),
         why: format!("cannot create the sandbox's user, mount and pid namespaces: {e}"),
-        fix: "user namespaces may be disabled: check `sysctl user.max_user_namespaces` (and, for non-root users, kernel.unprivileged_userns_clone or kernel.apparmor_restrict_unprivileged_userns); `hatchery doctor` shows what this host allows".into(),
+        fix: fix.into(),
     }
 }
 
@@ -633,5 +646,18 @@ mod tests {
             .exit_code(),
             126
         );
+    }
+
+    #[test]
+    fn a_clone_out_of_descriptors_is_not_blamed_on_user_namespaces() {
+        let hint = |errno| match namespaces_refused(io::Error::from_raw_os_error(errno)) {
+            SandboxError::Refused { fix, .. } => fix,
+            other => other.to_string(),
+        };
+        assert!(hint(libc::EMFILE).contains("open-file limit"));
+        assert!(!hint(libc::EMFILE).contains("user namespaces"));
+        assert!(hint(libc::EAGAIN).contains("process limit"));
+        assert!(hint(libc::ENOSPC).contains("max_user_namespaces"));
+        assert!(hint(libc::EPERM).contains("max_user_namespaces"));
     }
 }
