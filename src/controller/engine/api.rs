@@ -169,6 +169,13 @@ impl Engine {
     /// Fresh usage if the launcher answers soon, else the last it gave: `ps` never waits
     /// on the launcher for longer than PS_WAIT.
     pub(super) fn ps_request(&mut self, reply: oneshot::Sender<ApiResponse>) {
+        // One question to the launcher answers every `ps` that comes while it is asked:
+        // before, each asked again, and a flood of them (root's and the owner's are not
+        // paced) kept the launcher busy for seconds after it ended, and a spawn waited.
+        if self.launcher_alive && !self.pending_ps.is_empty() {
+            self.pending_ps.push(reply);
+            return;
+        }
         if self.launcher_alive && self.send_launcher(&LauncherRequest::Usage, None).is_ok() {
             if self.pending_ps.is_empty() {
                 self.effects.wake_after(PS_WAIT, Input::PsDeadline);

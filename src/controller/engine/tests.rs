@@ -364,6 +364,29 @@ fn ps_waits_for_the_launcher_only_until_its_timer() -> Result {
     Ok(())
 }
 
+#[test]
+fn a_ps_asked_while_another_waits_shares_its_question_to_the_launcher() -> Result {
+    let (mut e, world) = engine(CONTRACT)?;
+    spawned(spawn(&mut e)?);
+    let mut answers = Vec::new();
+    for _ in 0..50 {
+        let (reply, rx) = oneshot::channel();
+        e.handle(Input::Api {
+            peer_uid: 0,
+            request: Box::new(ApiRequest::Ps(Default::default())),
+            reply,
+        });
+        answers.push(rx);
+    }
+    let asked = world.did().iter().filter(|d| **d == Did::Usage).count();
+    assert_eq!(asked, 1, "one question for 50 requests");
+    e.handle(Input::PsDeadline);
+    for mut rx in answers {
+        assert!(matches!(rx.try_recv(), Ok(ApiResponse::Workers { .. })));
+    }
+    Ok(())
+}
+
 /// Takes `kill-switch [--release]` into the current batch; the receiver gets its answer.
 fn take_kill_switch(e: &mut Engine, release: bool) -> oneshot::Receiver<ApiResponse> {
     let (reply, rx) = oneshot::channel();
