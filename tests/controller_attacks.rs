@@ -1342,3 +1342,69 @@ fn a_launcher_killed_from_outside_leaves_each_workers_end_in_the_trail() {
     }
     assert_eq!(stopped[0]["details"]["active_workers"], 0);
 }
+
+/// Waits (at most `limit`) for `child`, killing it past that: its exit status, if any.
+fn wait_child(child: &mut std::process::Child, limit: Duration) -> Option<i32> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status.code();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+#[test]
+fn a_launch_the_launcher_reads_with_the_kill_switch_is_cancelled_not_started() {
+    if skip_unless_root("launch behind a kill switch") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let launcher = nix::unistd::Pid::from_raw(c.launcher_pid() as i32);
+    let cli = |args: &[&str]| {
+        let mut cmd = Command::new(hatchery());
+        cmd.arg(args[0])
+            .arg("--socket")
+            .arg(&c.socket)
+            .args(&args[1..])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    // The launcher held up: a spawn decided now waits in its socket, and the kill switch
+    // engaged after it is read in the same batch once the launcher runs again. Before,
+    // the worker was started (and killed at once) after the switch was engaged.
+    let _ = nix::sys::signal::kill(launcher, nix::sys::signal::Signal::SIGSTOP);
+    let mut spawn = cli(&["spawn", "--no-controller", "--", "true"]);
+    c.wait_audit("replication_requested", LONG);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut switch = cli(&["kill-switch"]);
+    c.wait_audit("kill_switch_engaged", LONG);
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = nix::sys::signal::kill(launcher, nix::sys::signal::Signal::SIGCONT);
+    let spawned = wait_child(&mut spawn, LONG);
+    let switched = wait_child(&mut switch, LONG);
+    assert_eq!(switched, Some(0), "the kill switch answered");
+    assert_ne!(spawned, Some(0), "the spawn was not started");
+    let engaged = c.audit("kill_switch_engaged");
+    let after = engaged[0]["seq"].as_u64().unwrap_or(0);
+    let started: Vec<Value> = c
+        .audit("worker_started")
+        .into_iter()
+        .filter(|e| e["seq"].as_u64().unwrap_or(0) > after)
+        .collect();
+    assert!(started.is_empty(), "started after the switch: {started:?}");
+    let failed = c.audit("worker_start_failed");
+    assert!(
+        failed.iter().any(|e| e["details"]["error"]
+            .as_str()
+            .is_some_and(|m| m.contains("cancelled"))),
+        "{failed:?}"
+    );
+}

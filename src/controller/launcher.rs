@@ -472,8 +472,28 @@ pub fn serve(
         }
         l.pool.reap_retired();
         if request_ready {
-            for incoming in requests.read() {
+            let batch = requests.read();
+            // A kill switch (or a stop) read in the same batch as launches decided before
+            // it cancels them: started, they would only be killed again (a launcher held
+            // up, then let go, started a worker after the switch was engaged).
+            let stops_at = batch.iter().rposition(|i| {
+                matches!(
+                    i,
+                    Incoming::Request(LauncherRequest::KillAll | LauncherRequest::Shutdown, _)
+                        | Incoming::Closed
+                )
+            });
+            for (at, incoming) in batch.into_iter().enumerate() {
                 match incoming {
+                    Incoming::Request(LauncherRequest::Launch { spec }, _)
+                        if stops_at.is_some_and(|s| at < s) =>
+                    {
+                        l.emit(&LauncherEvent::StartFailed {
+                            worker_id: spec.worker_id.clone(),
+                            error: "cancelled: the kill switch was engaged before it started"
+                                .into(),
+                        });
+                    }
                     Incoming::Request(LauncherRequest::Launch { spec }, sock) => {
                         l.launch(*spec, sock)
                     }
