@@ -492,14 +492,18 @@ fn a_member_of_the_socket_group_neither_releases_the_kill_switch_nor_skips_appro
     };
     c.wait_audit("worker_registered", LONG);
     let out = as_member(&c, &["spawn", "--parent", &parent, "--", "true"]);
-    assert_ne!(code(&out), 0, "{}", stdout(&out));
+    assert_eq!(code(&out), 3, "{}", stdout(&out));
     assert!(
-        stderr(&out).contains("waiting for a decision"),
+        stderr(&out).contains("needs a person's approval"),
         "{}",
         stderr(&out)
     );
-    let pending = wait_pending(&c, 1);
-    assert_eq!(pending.len(), 1, "the member's child waits for a person");
+    let refused = c.audit("approval_refused");
+    assert!(
+        refused.iter().any(|e| e["actor"] == "uid:65534"),
+        "{refused:?}"
+    );
+    assert!(c.audit("approval_requested").is_empty(), "nothing queued");
     assert_eq!(
         c.audit("replication_requested").len(),
         1,

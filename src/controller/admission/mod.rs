@@ -116,7 +116,8 @@ pub enum Requester {
     Person,
     /// A member of `--socket-group` through the API, who may not decide approvals: the
     /// request goes through the contract's approval rules, as the parent's own would
-    /// (otherwise `spawn --parent` made exactly the child a person was to decide on).
+    /// (otherwise `spawn --parent` made exactly the child a person was to decide on), and
+    /// one that needs a person is refused.
     Member,
     /// The parent itself: its request goes through the contract's approval rules.
     Parent,

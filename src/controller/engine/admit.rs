@@ -200,6 +200,23 @@ impl Engine {
                     true,
                 );
             }
+            // A member of the socket's group may not approve, and its request is not the
+            // parent's own (whose connection a decision would answer): refused, for the
+            // owner to make if a person wants it.
+            ApprovalVerdict::Needed { reasons } if requester == Requester::Member => {
+                let why = "this child needs a person's approval, which only the controller's owner or root gives: ask them to spawn it";
+                self.record(
+                    event::APPROVAL_REFUSED,
+                    actor,
+                    Some(parent),
+                    json!({ "why": why, "rules": reasons, "parent": parent.as_str() }),
+                    true,
+                );
+                return Admission::Denied {
+                    event: event::APPROVAL_REFUSED.into(),
+                    reason: why.into(),
+                };
+            }
             ApprovalVerdict::Needed { reasons } => {
                 return self.hold_for_approval(parent, manifest, reasons, reason.unwrap_or(""));
             }
