@@ -549,3 +549,31 @@ fn an_approval_past_the_deadline_is_refused_whenever_the_reaper_runs() {
     assert!(c.audit("approval_granted").is_empty());
     assert_eq!(c.audit("approval_timeout").len(), 1);
 }
+
+#[test]
+fn a_request_waiting_when_its_worker_asks_to_shut_down_is_denied_not_started() {
+    if skip_unless_root("request before shutdown") {
+        return;
+    }
+    let c = TestController::start(&contract("require = [{ kind = \"always\" }]"), &[]);
+    // Before, the owner could approve it in the worker's 5 s of grace, and the child
+    // started from a worker that had said it was stopping.
+    let script = common::agents::python_agent(
+        "print(w.register(), flush=True)\nprint('asked', w.replicate('r', ['true']), flush=True)\nimport time\ntime.sleep(1)\nprint('shutdown', w.shutdown(), flush=True)\nprint('then', w.receive(), flush=True)",
+        "sleep 30",
+    );
+    let ex = common::agents::examples_dir();
+    let parent = match c.spawn(&["--ro", &ex], &script) {
+        Ok(id) => id,
+        Err(o) => panic!("{}", stderr(&o)),
+    };
+    let pending = wait_pending(&c, 1);
+    let id = pending[0]["approval_id"].as_str().unwrap_or("").to_string();
+    c.wait_audit("worker_shutdown_requested", LONG);
+    let out = c.cli(&["approve", &id]);
+    assert_ne!(code(&out), 0, "{}", stdout(&out));
+    let log = wait_log(&c, &parent, "then");
+    assert!(log.contains("shutting down"), "{log}");
+    assert!(c.audit("approval_granted").is_empty());
+    assert_eq!(c.audit("replication_requested").len(), 1, "the parent only");
+}

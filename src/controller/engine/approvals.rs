@@ -268,7 +268,9 @@ impl Engine {
     /// Denies what an ended worker was waiting for: its children could never start, and
     /// its requests held places of the approval queue, which every worker shares, until
     /// they timed out.
-    pub(super) fn drop_approvals_of(&mut self, parent: &WorkerId) {
+    /// Denies every request `parent` has waiting, for `reason`; the worker is told when it
+    /// still runs to hear it (`answer`).
+    pub(super) fn drop_approvals_of(&mut self, parent: &WorkerId, reason: &str, answer: bool) {
         let theirs: Vec<String> = self
             .pending_approvals
             .values()
@@ -281,10 +283,22 @@ impl Engine {
                     event::APPROVAL_DENIED,
                     "controller",
                     Some(&p.manifest.worker_id),
-                    json!({ "approval_id": id, "reason": "the worker that asked has ended" }),
+                    json!({ "approval_id": id, "reason": reason }),
                     false,
                 );
+                if answer {
+                    self.reply_worker(
+                        parent,
+                        WorkerReply::Denied {
+                            event: event::APPROVAL_DENIED.into(),
+                            reason: reason.into(),
+                        },
+                    );
+                }
             }
+        }
+        if let Some(w) = self.registry.get_mut(parent) {
+            w.awaiting_approval = false;
         }
     }
 

@@ -117,6 +117,8 @@ impl Engine {
                     false,
                 );
                 self.reply_worker(&id, WorkerReply::Ok);
+                // What it asked for before is not started in its grace either.
+                self.drop_approvals_of(&id, "the worker that asked is shutting down", true);
                 self.shutdown_deadlines.push((
                     id.clone(),
                     self.effects.now_ms().saturating_add(SHUTDOWN_GRACE_MS),
