@@ -199,13 +199,14 @@ fn cgroup_refused(e: super::cgroup::CgroupError) -> SandboxError {
     }
 }
 
+/// The hint for a step refused for want of descriptors, whatever the step.
+const OUT_OF_DESCRIPTORS: &str = "this process is out of file descriptors: raise its open-file limit (`ulimit -n`, systemd's LimitNOFILE=) or run fewer sandboxes at once";
+
 fn namespaces_refused(e: io::Error) -> SandboxError {
     // The clone also makes a pidfd and a process: running out of either is not a matter of
     // namespaces (a controller at its open-file limit was told to check its sysctls).
     let fix = match e.raw_os_error() {
-        Some(libc::EMFILE | libc::ENFILE) => {
-            "this process is out of file descriptors: raise its open-file limit (`ulimit -n`, systemd's LimitNOFILE=) or run fewer sandboxes at once"
-        }
+        Some(libc::EMFILE | libc::ENFILE) => OUT_OF_DESCRIPTORS,
         Some(libc::EAGAIN) => {
             "no process could be made: check this user's process limit (`ulimit -u`) and the host's `kernel.pid_max` and `kernel.threads-max`"
         }
@@ -479,7 +480,11 @@ fn prepare_trees(
     .map_err(|e| SandboxError::Refused {
         what: "the sandbox's filesystem".into(),
         why: format!("{}: {}", e.step, io::Error::from_raw_os_error(e.errno)),
-        fix: "check that the path is still there and is a local filesystem".into(),
+        fix: match e.errno {
+            libc::EMFILE | libc::ENFILE => OUT_OF_DESCRIPTORS,
+            _ => "check that the path is still there and is a local filesystem",
+        }
+        .into(),
     })?;
     enforcement
         .not_enforced
