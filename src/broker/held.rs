@@ -44,6 +44,18 @@ const SWEEP_QUIET: Duration = Duration::from_millis(500);
 /// FIN), still counted, before it is reset instead.
 pub(super) const DRAIN_WITHIN: Duration = Duration::from_secs(10);
 
+/// Each buffer of a relayed connection's sandbox side (the kernel doubles it for its own
+/// bookkeeping). That side is the sandbox's own loopback, whose round trip is microseconds:
+/// a fixed buffer costs no throughput there, and without it the kernel grows the receive
+/// buffer of a sandbox that writes faster than the upstream reads to the host's
+/// `tcp_rmem` maximum (32 MiB on some hosts) between two sweeps.
+pub(super) const SANDBOX_SIDE_BUFFER: usize = 256 * 1024;
+
+/// The receive buffer of a connection accepted and not relayed yet (its head being read,
+/// its host looked up or connected to), which no sweep counts: what 256 such
+/// connections can leave in the broker is 256 times twice this.
+pub(super) const WAITING_SIDE_BUFFER: usize = 64 * 1024;
+
 /// The reason a connection cut by the sweep is recorded with.
 pub(super) const BUFFERS_FULL: &str = "buffers_full";
 

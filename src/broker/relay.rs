@@ -358,7 +358,7 @@ async fn both_ways(
     let _ = nix::sys::socket::setsockopt(
         &client,
         nix::sys::socket::sockopt::RcvBuf,
-        &super::serve::SANDBOX_SIDE_BUFFER,
+        &super::held::SANDBOX_SIDE_BUFFER,
     );
     let (cr, cw) = client.split();
     let (ur, mut uw) = upstream.split();

@@ -13,9 +13,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{Semaphore, watch};
 
-use super::relay;
 use super::state::{HEAD_TIMEOUT, State, Via, denied};
 use super::{BrokerConfig, EgressEntry, Line};
+use super::{held, relay};
 use crate::egress::{Denial, Destination, dns, http};
 
 /// How long connections get to record themselves once the broker is stopped.
@@ -194,23 +194,11 @@ fn udp_socket(fd: OwnedFd) -> std::io::Result<UdpSocket> {
     UdpSocket::from_std(s)
 }
 
-/// Each buffer of a relayed connection's sandbox side (the kernel doubles it for its own
-/// bookkeeping). That side is the sandbox's own loopback, whose round trip is microseconds:
-/// a fixed buffer costs no throughput there, and without it the kernel grows the receive
-/// buffer of a sandbox that writes faster than the upstream reads to the host's
-/// `tcp_rmem` maximum (32 MiB on some hosts) between two sweeps of [`super::held`].
-pub(super) const SANDBOX_SIDE_BUFFER: usize = 256 * 1024;
-
-/// The receive buffer of a connection accepted and not relayed yet (its head being read,
-/// its host looked up or connected to), which no sweep counts: what 256 such
-/// connections can leave in the broker is 256 times twice this.
-const WAITING_SIDE_BUFFER: usize = 64 * 1024;
-
 fn tcp_listener(fd: OwnedFd) -> std::io::Result<TcpListener> {
     use nix::sys::socket::{setsockopt, sockopt};
     // Set on the listener, the sizes pass to every connection it accepts.
-    setsockopt(&fd, sockopt::RcvBuf, &WAITING_SIDE_BUFFER)?;
-    setsockopt(&fd, sockopt::SndBuf, &SANDBOX_SIDE_BUFFER)?;
+    setsockopt(&fd, sockopt::RcvBuf, &held::WAITING_SIDE_BUFFER)?;
+    setsockopt(&fd, sockopt::SndBuf, &held::SANDBOX_SIDE_BUFFER)?;
     let l = std::net::TcpListener::from(fd);
     l.set_nonblocking(true)?;
     TcpListener::from_std(l)
