@@ -559,7 +559,7 @@ fn a_request_waiting_when_its_worker_asks_to_shut_down_is_denied_not_started() {
     // Before, the owner could approve it in the worker's 5 s of grace, and the child
     // started from a worker that had said it was stopping.
     let script = common::agents::python_agent(
-        "print(w.register(), flush=True)\nprint('asked', w.replicate('r', ['true']), flush=True)\nimport time\ntime.sleep(1)\nprint('shutdown', w.shutdown(), flush=True)\nprint('then', w.receive(), flush=True)",
+        "print(w.register(), flush=True)\nprint('asked', w.replicate('r', ['true']), flush=True)\nimport time\ntime.sleep(1)\nprint('shutdown', w.shutdown(), flush=True)\nprint('then', w.report('done'), flush=True)",
         "sleep 30",
     );
     let ex = common::agents::examples_dir();
@@ -572,8 +572,39 @@ fn a_request_waiting_when_its_worker_asks_to_shut_down_is_denied_not_started() {
     c.wait_audit("worker_shutdown_requested", LONG);
     let out = c.cli(&["approve", &id]);
     assert_ne!(code(&out), 0, "{}", stdout(&out));
+    // Not told: its next call reads its own reply, not a decision it was not waiting for.
     let log = wait_log(&c, &parent, "then");
-    assert!(log.contains("shutting down"), "{log}");
+    assert!(log.contains("then {'type': 'ok'}"), "{log}");
+    let denied = c.audit("approval_denied");
+    assert!(
+        denied.iter().any(|e| e["details"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("shutting down"))),
+        "{denied:?}"
+    );
     assert!(c.audit("approval_granted").is_empty());
+    assert_eq!(c.audit("replication_requested").len(), 1, "the parent only");
+}
+
+#[test]
+fn a_member_gives_no_child_to_a_worker_that_asked_to_shut_down() {
+    if skip_unless_root("a member's child of a stopping worker") {
+        return;
+    }
+    let c = TestController::start(&contract(""), &["--socket-group", "65534"]);
+    let script = "hatchery agent register >/dev/null\nhatchery agent shutdown >/dev/null\nsleep 10";
+    let parent = match c.spawn(&[], script) {
+        Ok(id) => id,
+        Err(o) => panic!("{}", stderr(&o)),
+    };
+    c.wait_audit("worker_shutdown_requested", LONG);
+    // Before, it started, after the worker's own requests had been refused.
+    let out = as_member(&c, &["spawn", "--parent", &parent, "--", "true"]);
+    assert_ne!(code(&out), 0, "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("asked to shut down"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(c.audit("replication_requested").len(), 1, "the parent only");
 }

@@ -154,6 +154,15 @@ impl Engine {
             }
             None => return Admission::Failed(format!("no worker {parent}")),
         };
+        // A worker that asked to shut down gets no more children, from its own requests
+        // or a member's; the owner's or root's is a person's decision.
+        if requester != Requester::Person
+            && self.shutdown_deadlines.iter().any(|(w, _)| w == parent)
+        {
+            return Admission::Failed(format!(
+                "worker {parent} asked to shut down: it gets no more children"
+            ));
+        }
         let id = match new_worker_id() {
             Ok(id) => id,
             Err(message) => return Admission::Failed(message),

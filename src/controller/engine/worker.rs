@@ -117,8 +117,10 @@ impl Engine {
                     false,
                 );
                 self.reply_worker(&id, WorkerReply::Ok);
-                // What it asked for before is not started in its grace either.
-                self.drop_approvals_of(&id, "the worker that asked is shutting down", true);
+                // What it asked for before is not started in its grace either. It is not
+                // told (a decision frame after the `ok` was read by its next call, whose
+                // reply every later one then took in turn): it is going away.
+                self.drop_approvals_of(&id, "the worker that asked is shutting down", false);
                 self.shutdown_deadlines.push((
                     id.clone(),
                     self.effects.now_ms().saturating_add(SHUTDOWN_GRACE_MS),
