@@ -97,6 +97,24 @@ fn a_run_whose_caller_closed_every_standard_descriptor_writes_nowhere_it_should_
     assert_eq!(left, ["report.json"], "files next to the report");
 }
 
+/// Under a small open-file limit the command still writes where `run` was told to: the
+/// payload's descriptors were staged at a fixed 100, refused past the limit (EINVAL), and
+/// each stdio source then passed for a closed one, so the command ran with /dev/null for
+/// its output and `run` exited 0 (the caller's stdout saw nothing).
+#[test]
+fn a_run_under_a_small_open_file_limit_keeps_the_commands_output() {
+    let script = r#"ulimit -n 32 && exec "$HATCHERY" run -- sh -c 'echo OUT; echo ERR >&2'"#;
+    let out = run_with_timeout(
+        Command::new("sh")
+            .args(["-c", script])
+            .env("HATCHERY", hatchery()),
+        LIMIT,
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "OUT");
+    assert!(stderr(&out).contains("ERR"), "{}", stderr(&out));
+}
+
 // ---- 9: a closed stdout ends quietly -------------------------------------------------
 
 #[test]

@@ -113,14 +113,24 @@ pub fn install_descriptors<'a>(
     chan: &'a OwnedFd,
 ) -> Result<BorrowedFd<'a>, Step> {
     let chan_fd = chan.as_raw_fd();
+    // Staged copies go above every target, so that none is overwritten before it is
+    // installed. Not at a fixed number: one at or past the open-file limit is refused
+    // (EINVAL), and under a limit of 100 or less a fixed 100 made every stdio source
+    // pass for a closed one, and the command ran with /dev/null for its output.
+    let above = fds
+        .iter()
+        .map(|(_, dst)| *dst)
+        .fold(2, RawFd::max)
+        .saturating_add(1);
     let mut staged = Vec::new();
     for (src, dst) in fds {
         // Move every source out of the way first so no target overwrites a later source.
         // SAFETY: F_DUPFD_CLOEXEC on a descriptor number; a closed one fails with EBADF.
-        let hi = unsafe { libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 100) };
+        let hi = unsafe { libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, above) };
+        let closed = hi < 0 && last_errno_or_ebadf() == libc::EBADF;
         let hi = if hi >= 0 {
             hi
-        } else if src == dst && *dst <= 2 {
+        } else if closed && src == dst && *dst <= 2 {
             // The caller's own stdio is closed: give the payload /dev/null there instead.
             nix::fcntl::open(
                 "/dev/null",
@@ -140,7 +150,7 @@ pub fn install_descriptors<'a>(
     }
     let moved_chan = if fds.iter().any(|(_, dst)| *dst == chan_fd) {
         // SAFETY: F_DUPFD_CLOEXEC on the channel descriptor, which is open.
-        let fd = unsafe { libc::fcntl(chan_fd, libc::F_DUPFD_CLOEXEC, 100) };
+        let fd = unsafe { libc::fcntl(chan_fd, libc::F_DUPFD_CLOEXEC, above) };
         if fd < 0 {
             return Err(Step::new("move channel", last_errno_or_ebadf()));
         }
