@@ -91,7 +91,13 @@ struct Connection {
     cut: Cut,
 }
 
-/// A connection counted until it is dropped.
+/// A connection counted until it is dropped, which is before its sockets close. Then
+/// each of them that still has something unacknowledged is made to close with a reset:
+/// closed plainly, such a socket would live on in the kernel, owned by no process and
+/// counted by no sweep, for as long as a peer that never reads keeps acknowledging probes
+/// (minutes): a sandbox ending connection after connection to such a server left
+/// hundreds of megabytes so. (What waits unread in a receive queue makes the kernel reset
+/// at the close by itself.)
 pub(super) struct Counted<'a> {
     held: &'a Held,
     id: u64,
@@ -100,7 +106,11 @@ pub(super) struct Counted<'a> {
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
         let removed = self.held.lock().remove(&self.id);
-        drop(removed);
+        for s in removed.map(|c| c.sockets).unwrap_or_default() {
+            if unacknowledged(s).map_or(true, |n| n > 0) {
+                let _ = reset_on_close(s);
+            }
+        }
     }
 }
 
@@ -167,12 +177,8 @@ impl Held {
             if left <= self.max {
                 break;
             }
+            // Its relay ends, and its [`Counted`] resets what it still holds.
             if let Some(c) = connections.get(&id) {
-                // Closed with a reset: what waits in its queues is freed at once, not
-                // held until a peer that never reads gives up on it.
-                for s in c.sockets {
-                    let _ = reset_on_close(s);
-                }
                 c.cut.send_if_modified(|why| {
                     let first = why.is_none();
                     if first {
@@ -268,23 +274,6 @@ impl Held {
                 pause.saturating_mul(2).min(SWEEP_QUIET)
             };
             last = total;
-        }
-    }
-}
-
-/// Resets, when dropped, each of a connection's sockets that still has something
-/// unacknowledged. Closed plainly, such a socket would live on in the kernel, owned by
-/// no process and counted by no sweep, for as long as a peer that never reads keeps
-/// acknowledging probes (minutes): a sandbox ending connection after connection to such
-/// a server left hundreds of megabytes so. Dropped before the sockets close.
-pub(super) struct ResetUnsent(pub(super) [RawFd; 2]);
-
-impl Drop for ResetUnsent {
-    fn drop(&mut self) {
-        for s in self.0 {
-            if unacknowledged(s).map_or(true, |n| n > 0) {
-                let _ = reset_on_close(s);
-            }
         }
     }
 }
@@ -410,9 +399,12 @@ mod tests {
         let (mut w, mut r) = pair()?;
         w.set_nonblocking(true)?;
         let chunk = vec![1u8; 1 << 16];
+        let held = Held::new(MAX_HELD);
+        let (cut, _) = watch::channel(None);
+        let counted = held.count([w.as_raw_fd(), r.as_raw_fd()], &cut);
         // Until the kernel takes no more: the rest waits, unacknowledged.
         while w.write(&chunk).is_ok() {}
-        drop(ResetUnsent([w.as_raw_fd(), r.as_raw_fd()]));
+        drop(counted);
         drop(w);
         let end = read_to_end(&mut r);
         assert_eq!(
@@ -429,8 +421,10 @@ mod tests {
         let mut got = [0u8; 9];
         std::io::Read::read_exact(&mut r, &mut got)?;
         let mut stop = watch::channel(false).1;
-        let mut cut = watch::channel(None).1;
+        let (cutter, mut cut) = watch::channel(None);
         let sockets = [w.as_raw_fd(), r.as_raw_fd()];
+        let held = Held::new(MAX_HELD);
+        let counted = held.count(sockets, &cutter);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()?;
@@ -440,7 +434,7 @@ mod tests {
             None
         );
         assert!(started.elapsed() < DRAIN_WITHIN);
-        drop(ResetUnsent(sockets));
+        drop(counted);
         drop(w);
         assert_eq!(read_to_end(&mut r)?, 0);
         Ok(())

@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::EgressEntry;
-use super::held::{Cut, ResetUnsent, drained};
+use super::held::{Cut, drained};
 use super::state::{HEAD_TIMEOUT, State, Via, connect_timeout, denied, elapsed_ms};
 use crate::egress::{Destination, EgressError, http, tls};
 
@@ -349,10 +349,9 @@ async fn both_ways(
     let (cut, _) = watch::channel(None);
     // Counted by their descriptors until `_counted` drops, which is before the streams
     // (declared earlier, dropped later) close them: never a number another socket got.
+    // However it ends, nothing it was given then stays behind in a socket no one owns.
     let sockets = [client.as_raw_fd(), upstream.as_raw_fd()];
     let _counted = state.held.count(sockets, &cut);
-    // However it ends, nothing it was given stays behind in a socket no one owns.
-    let _reset = ResetUnsent(sockets);
     // The sandbox's side was accepted with a small receive buffer (what it can leave
     // there before it is counted); relayed, it gets the full one.
     let _ = nix::sys::socket::setsockopt(
@@ -382,7 +381,7 @@ async fn both_ways(
     let mut why = up.1.or(down.1);
     if why.is_none() {
         // Still counted while the last bytes and FINs reach their peers; what does not
-        // is reset (by `_reset`) and said.
+        // is reset (by `_counted`) and said.
         why = drained(sockets, &mut stop, &mut cut_seen).await;
     }
     (sent.saturating_add(up.0), down.0, why)

@@ -155,10 +155,9 @@ impl Engine {
             None => return Admission::Failed(format!("no worker {parent}")),
         };
         // A worker that asked to shut down gets no more children, from its own requests
-        // or a member's; the owner's or root's is a person's decision.
-        if requester != Requester::Person
-            && self.shutdown_deadlines.iter().any(|(w, _)| w == parent)
-        {
+        // or a member's: its grace is for finishing, and a child started then would
+        // outlive the reason for it. The owner's or root's is a person's decision.
+        if requester != Requester::Person && self.shutting_down(parent) {
             return Admission::Failed(format!(
                 "worker {parent} asked to shut down: it gets no more children"
             ));

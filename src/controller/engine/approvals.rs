@@ -268,9 +268,10 @@ impl Engine {
     /// Denies what an ended worker was waiting for: its children could never start, and
     /// its requests held places of the approval queue, which every worker shares, until
     /// they timed out.
-    /// Denies every request `parent` has waiting, for `reason`; the worker is told when it
-    /// still runs to hear it (`answer`).
-    pub(super) fn drop_approvals_of(&mut self, parent: &WorkerId, reason: &str, answer: bool) {
+    /// Denies every request `parent` has waiting, for `reason`. The worker is not told: it
+    /// has ended or is going away, and a decision frame after its last call's reply would
+    /// be read by its next call.
+    pub(super) fn drop_approvals_of(&mut self, parent: &WorkerId, reason: &str) {
         let theirs: Vec<String> = self
             .pending_approvals
             .values()
@@ -286,15 +287,6 @@ impl Engine {
                     json!({ "approval_id": id, "reason": reason }),
                     false,
                 );
-                if answer {
-                    self.reply_worker(
-                        parent,
-                        WorkerReply::Denied {
-                            event: event::APPROVAL_DENIED.into(),
-                            reason: reason.into(),
-                        },
-                    );
-                }
             }
         }
         if let Some(w) = self.registry.get_mut(parent) {

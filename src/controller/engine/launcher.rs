@@ -262,7 +262,7 @@ impl Engine {
 
     pub(super) fn exited(&mut self, id: &WorkerId, exit: ExitInfo) {
         self.registry.mark_exited(id, exit);
-        self.drop_approvals_of(id, "the worker that asked has ended", false);
+        self.drop_approvals_of(id, "the worker that asked has ended");
         self.store.release(id);
         self.noisy.retain(|(w, _), _| w != id);
         if let Some(counts) = self.audit_budgets.remove(id) {

@@ -27,6 +27,11 @@ impl Engine {
             .is_some_and(|w| w.state != WorkerState::Exited)
     }
 
+    /// Whether `id` asked to shut down and is in its grace.
+    pub(super) fn shutting_down(&self, id: &WorkerId) -> bool {
+        self.shutdown_deadlines.iter().any(|(w, _)| w == id)
+    }
+
     pub(super) fn worker(&mut self, id: WorkerId, message: WorkerMessage) {
         if !self.speaks_for_live_worker(&id) {
             return;
@@ -70,18 +75,6 @@ impl Engine {
                 }
                 self.reply_worker(&id, WorkerReply::Ok);
             }
-            // A worker that said it is stopping makes no more workers in its grace: that
-            // is for finishing, and a child started then would outlive the reason for it.
-            (WorkerMessage::Replicate(_), _)
-                if self.shutdown_deadlines.iter().any(|(w, _)| w == &id) =>
-            {
-                self.reply_worker(
-                    &id,
-                    WorkerReply::Error {
-                        message: "this worker asked to shut down: it may not replicate".into(),
-                    },
-                );
-            }
             (WorkerMessage::Replicate(r), _) => self.replicate(&id, *r),
             (WorkerMessage::Report(r), _) => {
                 let result = r.result;
@@ -105,7 +98,7 @@ impl Engine {
             }
             (WorkerMessage::Shutdown(_), _) => {
                 // Once: asking again changes nothing and is not recorded again.
-                if self.shutdown_deadlines.iter().any(|(w, _)| w == &id) {
+                if self.shutting_down(&id) {
                     self.reply_worker(&id, WorkerReply::Ok);
                     return;
                 }
@@ -117,10 +110,9 @@ impl Engine {
                     false,
                 );
                 self.reply_worker(&id, WorkerReply::Ok);
-                // What it asked for before is not started in its grace either. It is not
-                // told (a decision frame after the `ok` was read by its next call, whose
-                // reply every later one then took in turn): it is going away.
-                self.drop_approvals_of(&id, "the worker that asked is shutting down", false);
+                // What it asked for before is not started in its grace either (nor what
+                // it asks for now: `spawn_child`).
+                self.drop_approvals_of(&id, "the worker that asked is shutting down");
                 self.shutdown_deadlines.push((
                     id.clone(),
                     self.effects.now_ms().saturating_add(SHUTDOWN_GRACE_MS),
