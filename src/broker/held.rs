@@ -178,13 +178,10 @@ impl Held {
                 break;
             }
             // Its relay ends, and its [`Counted`] resets what it still holds.
+            // Told even when already cut for its budget: it may be draining.
             if let Some(c) = connections.get(&id) {
-                c.cut.send_if_modified(|why| {
-                    let first = why.is_none();
-                    if first {
-                        *why = Some(BUFFERS_FULL);
-                    }
-                    first
+                c.cut.send_modify(|why| {
+                    why.get_or_insert(BUFFERS_FULL);
                 });
                 cut += 1;
             }
@@ -298,6 +295,8 @@ pub(super) async fn drained(
     stop: &mut watch::Receiver<bool>,
     cut: &mut watch::Receiver<Option<&'static str>>,
 ) -> Option<&'static str> {
+    // A cut from here on is the sweep's (the relay's own, for a spent budget, is seen).
+    cut.borrow_and_update();
     let deadline = tokio::time::Instant::now() + DRAIN_WITHIN;
     let mut stopping: Option<tokio::time::Instant> = None;
     let mut pause = Duration::from_millis(1);
@@ -323,8 +322,9 @@ pub(super) async fn drained(
             _ = stop.wait_for(|s| *s), if stopping.is_none() => {
                 stopping = Some(now + STOP_DRAIN);
             }
-            why = cut.wait_for(Option::is_some) => {
-                return Some(why.ok().and_then(|w| *w).unwrap_or("stopped"));
+            changed = cut.changed() => {
+                let why = changed.ok().and(*cut.borrow());
+                return Some(why.unwrap_or("stopped"));
             }
             _ = tokio::time::sleep(look) => {}
         }

@@ -378,11 +378,14 @@ async fn both_ways(
     }
     let sent = u64::try_from(granted).unwrap_or(0);
     let (up, down) = tokio::join!(one_way(state, cr, uw, &cut), one_way(state, ur, cw, &cut));
-    let mut why = up.1.or(down.1);
-    if why.is_none() {
-        // Still counted while the last bytes and FINs reach their peers; what does not
-        // is reset (by `_counted`) and said.
-        why = drained(sockets, &mut stop, &mut cut_seen).await;
+    let why = up.1.or(down.1);
+    // Still counted while the last bytes and FINs reach their peers; what does not is
+    // reset (by `_counted`) and said. A spent budget ends the relay, not what was relayed
+    // before it: reset at once, a sandbox that had not read the bytes within its budget
+    // yet lost them (its connect could even fail, the data, FIN and reset all in).
+    if matches!(why, None | Some("budget_exhausted")) {
+        let end = drained(sockets, &mut stop, &mut cut_seen).await;
+        return (sent.saturating_add(up.0), down.0, why.or(end));
     }
     (sent.saturating_add(up.0), down.0, why)
 }
