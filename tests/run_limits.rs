@@ -655,7 +655,10 @@ fn own_hierarchies() -> Vec<std::path::PathBuf> {
 /// A `run` killed with SIGKILL cannot remove its cgroups; a later run sweeps them, but
 /// under its own cgroup only, and every login session or service has its own: from
 /// another one they stayed for good. A killed run's cgroups are removed by the next run,
-/// wherever it was started from.
+/// wherever it was started from, even while something of its sandbox is still in them:
+/// its pid 1, dying of its parent's death, is listed for a while after the run has ended,
+/// and a later run that came then skipped the populated directories (CI saw it once).
+/// A process put in them here stands for that sandbox, dying or not.
 #[test]
 fn a_killed_runs_cgroups_are_removed_by_a_later_run_started_elsewhere() {
     if skip_unless_root("killed run's cgroups") {
@@ -712,27 +715,73 @@ fn a_killed_runs_cgroups_are_removed_by_a_later_run_started_elsewhere() {
         !left.is_empty(),
         "the killed run made no cgroup to leave behind"
     );
+    let mut straggler = KilledOnDrop(
+        Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
+    for dir in &left {
+        std::fs::write(dir.join("cgroup.procs"), straggler.0.id().to_string())
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    }
 
     // A run from the test's own cgroup, elsewhere: it sweeps them while it runs.
     let out = hatchery_cmd(&["run", "--memory", "64M", "--", "/bin/true"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let still: Vec<_> = places.iter().flat_map(&made).collect();
     assert!(still.is_empty(), "left behind: {still:?}");
+    let ended = (0..250).find_map(|_| {
+        let status = straggler.0.try_wait().ok().flatten();
+        if status.is_none() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        status
+    });
+    assert!(
+        ended.is_some_and(|s| std::os::unix::process::ExitStatusExt::signal(&s) == Some(9)),
+        "what was left of the killed run's sandbox was not killed: {ended:?}"
+    );
 }
 
-/// Cgroups the test made, removed with whatever was left in them (empty cgroups of a
-/// killed run) when dropped, whether or not the test passed.
+/// A child killed and reaped when dropped, whether or not the test passed.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Cgroups the test made, removed with whatever was left in them (cgroups of a killed
+/// run, whose last processes may still be exiting) when dropped, whether or not the test
+/// passed.
 struct RemovedOnDrop(Vec<std::path::PathBuf>);
 
 impl Drop for RemovedOnDrop {
     fn drop(&mut self) {
+        let removed = |dir: &Path| {
+            (0..100).any(|_| {
+                if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+                    }
+                }
+                let gone = std::fs::remove_dir(dir).is_ok() || !dir.exists();
+                if !gone {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                gone
+            })
+        };
         for p in &self.0 {
             if let Ok(d) = std::fs::read_dir(p) {
                 for e in d.flatten().filter(|e| e.path().is_dir()) {
-                    let _ = std::fs::remove_dir(e.path());
+                    removed(&e.path());
                 }
             }
-            let _ = std::fs::remove_dir(p);
+            removed(p);
         }
     }
 }

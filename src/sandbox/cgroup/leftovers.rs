@@ -7,7 +7,8 @@
 //! a cgroup of its own. So a privileged `run` notes the directories it is about to make
 //! in `/run/hatchery/runs` (root's alone, reached without following symlinks), one small
 //! file named after the cgroup, and removes the note once the directories are gone; any
-//! later privileged run removes the directories of notes whose owner no longer exists.
+//! later privileged run removes the directories of notes whose owner no longer exists,
+//! with whatever of its sandbox is still in them.
 
 use std::path::{Path, PathBuf};
 
@@ -66,34 +67,41 @@ pub(super) fn note(name: &str, dirs: &[&Path]) -> Option<Noted> {
         text.push_str(d.to_str()?);
         text.push('\n');
     }
-    let file = dir.create_new(name, 0o600, false).ok()?;
-    let forget = |_| {
-        let _ = dir.remove(name);
-    };
-    let mut lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| forget(e))
-        .ok()?;
-    if let Err(e) = std::io::Write::write_all(&mut *lock, text.as_bytes()) {
-        forget(nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)));
-        return None;
+    // A sweep from another pid namespace may take the lock between the note's creation
+    // and ours, and remove the note: a note no longer linked is made again, once.
+    for _ in 0..2 {
+        let file = dir.create_new(name, 0o600, false).ok()?;
+        let forget = |_| {
+            let _ = dir.remove(name);
+        };
+        let mut lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| forget(e))
+            .ok()?;
+        if nix::sys::stat::fstat(&*lock).is_ok_and(|st| st.st_nlink == 0) {
+            continue;
+        }
+        if let Err(e) = std::io::Write::write_all(&mut *lock, text.as_bytes()) {
+            forget(nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)));
+            return None;
+        }
+        return Some(Noted {
+            dir,
+            name: name.to_string(),
+            _lock: lock,
+        });
     }
-    Some(Noted {
-        dir,
-        name: name.to_string(),
-        _lock: lock,
-    })
+    None
 }
 
-/// Whether the run that wrote note `name` is gone: its lock can be taken, and its pid
-/// (as this pid namespace sees it) is not that run's. Both: between a note's creation and
-/// its lock, the pid says the run lives; a run in another pid namespace holds the lock.
-fn run_is_gone(dir: &Dir, name: &str) -> bool {
-    let Ok(Some(file)) = dir.open_read(name) else {
-        return false;
-    };
-    let unlocked =
-        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok();
-    unlocked && super::is_stale(name)
+/// The lock of note `name`, taken, when the run that wrote it is gone: its lock could be
+/// taken, and its pid (as this pid namespace sees it) is not that run's. Both: between a
+/// note's creation and its lock, the pid says the run lives; a run in another pid
+/// namespace holds the lock. Held while its cgroups are removed, so no run can take the
+/// note for its own meanwhile.
+fn gone_runs_lock(dir: &Dir, name: &str) -> Option<nix::fcntl::Flock<std::fs::File>> {
+    let file = dir.open_read(name).ok()??;
+    let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).ok()?;
+    super::is_stale(name).then_some(lock)
 }
 
 impl Noted {
@@ -127,8 +135,9 @@ pub(super) fn sweep() -> Vec<PathBuf> {
     let stale = names
         .iter()
         .filter_map(|n| n.to_str())
-        .filter(|n| n.starts_with(RUN_PREFIX) && run_is_gone(dir, n));
-    for name in stale.take(MAX_SWEPT) {
+        .filter(|n| n.starts_with(RUN_PREFIX))
+        .filter_map(|n| gone_runs_lock(dir, n).map(|lock| (n, lock)));
+    for (name, _lock) in stale.take(MAX_SWEPT) {
         let Ok(Some(bytes)) = dir.read(name, MAX_NOTE_BYTES) else {
             let _ = dir.remove(name);
             continue;
@@ -143,11 +152,10 @@ pub(super) fn sweep() -> Vec<PathBuf> {
             if !path.exists() {
                 continue;
             }
-            // Processes in it: not a cgroup a dead run left (its sandbox died with it).
-            if super::is_populated(path) {
-                all_gone = false;
-                continue;
-            }
+            // Its run is gone, so whatever is still in it is that run's sandbox: dying of
+            // its parent's death (a pid 1 tearing down its namespaces is still listed for
+            // a while after the run itself has ended), or a straggler that must not
+            // outlive it. Either way it is killed with the directory.
             match super::remove_tree(path) {
                 Ok(()) => removed.push(path.to_path_buf()),
                 Err(_) => all_gone = false,
