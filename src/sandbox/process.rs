@@ -131,18 +131,22 @@ pub fn install_descriptors<'a>(
         let hi = if hi >= 0 {
             hi
         } else if closed && src == dst && *dst <= 2 {
-            // The caller's own stdio is closed: give the payload /dev/null there instead.
-            nix::fcntl::open(
+            // The caller's own stdio is closed: give the payload /dev/null there instead,
+            // staged above the targets like every other source. Where open puts it, the
+            // lowest free number, may be another pair's target, installed (overwritten)
+            // before this copy of /dev/null is.
+            let null = nix::fcntl::open(
                 "/dev/null",
                 nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
                 nix::sys::stat::Mode::empty(),
             )
-            .map(|fd| {
-                let raw = fd.as_raw_fd();
-                std::mem::forget(fd);
-                raw
-            })
-            .step("open /dev/null for stdio")?
+            .step("open /dev/null for stdio")?;
+            // SAFETY: F_DUPFD_CLOEXEC on the descriptor just opened; `null` closes it.
+            let raised = unsafe { libc::fcntl(null.as_raw_fd(), libc::F_DUPFD_CLOEXEC, above) };
+            if raised < 0 {
+                return Err(Step::new("open /dev/null for stdio", last_errno_or_ebadf()));
+            }
+            raised
         } else {
             return Err(Step::new("duplicate descriptors", last_errno_or_ebadf()));
         };
@@ -359,6 +363,58 @@ impl ProcTitle {
         }
         if let Ok(comm) = CString::new(name) {
             let _ = nix::sys::prctl::set_name(&comm);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What fd `fd` of this process is, as `/proc/self/fd` names it.
+    fn names(fd: RawFd) -> String {
+        std::fs::read_link(format!("/proc/self/fd/{fd}"))
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_closed_stdio_source_gets_dev_null_even_when_its_number_is_another_target() {
+        let (read, write) = match nix::unistd::pipe() {
+            Ok(p) => p,
+            Err(e) => panic!("pipe: {e}"),
+        };
+        // SAFETY: the child makes system calls (and glibc's malloc, which is fork-safe
+        // there) and leaves with _exit, never returning into the test harness.
+        match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Child) => {
+                // Stdin and stdout closed; the payload's stdin comes from the pipe and its
+                // stdout, closed here, must be /dev/null. Open puts that /dev/null at 0,
+                // the lowest free number: the target of the pipe, installed first.
+                // SAFETY: closing this child's own descriptors.
+                unsafe {
+                    libc::close(0);
+                    libc::close(1);
+                }
+                let chan = write;
+                let pairs = [(read.as_raw_fd(), 0), (1, 1)];
+                let ok = install_descriptors(&pairs, &chan).is_ok()
+                    && names(0).starts_with("pipe:")
+                    && names(1) == "/dev/null";
+                // SAFETY: leave the child without running the parent's destructors.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+            }
+            Ok(nix::unistd::ForkResult::Parent { child }) => {
+                drop((read, write));
+                assert!(
+                    matches!(
+                        super::super::wait::reap_child(child),
+                        Ok(nix::sys::wait::WaitStatus::Exited(_, 0))
+                    ),
+                    "the payload's stdout was not /dev/null"
+                );
+            }
+            Err(e) => panic!("fork: {e}"),
         }
     }
 }
