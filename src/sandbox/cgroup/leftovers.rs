@@ -124,9 +124,9 @@ pub(super) fn note_says_alive(name: &str) -> Option<bool> {
     Some(nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err())
 }
 
-/// Removes the cgroups of notes whose owner no longer exists, and their notes; returns
-/// the directories removed.
-pub(super) fn sweep() -> Vec<PathBuf> {
+/// Removes the cgroups of notes whose owner no longer exists, and their notes, by
+/// `deadline` (the rest is left to the next sweep); returns the directories removed.
+pub(super) fn sweep(deadline: std::time::Instant) -> Vec<PathBuf> {
     let mut removed = Vec::new();
     let Some(dir) = notes_dir() else {
         return removed;
@@ -156,7 +156,7 @@ pub(super) fn sweep() -> Vec<PathBuf> {
             // its parent's death (a pid 1 tearing down its namespaces is still listed for
             // a while after the run itself has ended), or a straggler that must not
             // outlive it. Either way it is killed with the directory.
-            match super::remove_tree(path) {
+            match super::remove_tree(path, deadline) {
                 Ok(()) => removed.push(path.to_path_buf()),
                 Err(_) => all_gone = false,
             }

@@ -343,16 +343,23 @@ pub(crate) fn remove_when_empty(dir: &Path, deadline: Instant) -> Result<(), Cgr
     }
 }
 
-/// Removes a stale hatchery cgroup tree depth-first (children first), killing stragglers.
-pub(crate) fn remove_tree(dir: &Path) -> Result<(), CgroupError> {
+/// How long one sweep of stale cgroups may take in all. A sweep runs in a `run` while its
+/// sandbox does; what a dead run left usually goes in well under a millisecond (a pid 1
+/// still dying, in a few), but a process that cannot be killed (stuck in the kernel)
+/// would hold every later run for as long as the sweep waited on it: what is not gone
+/// by then is left to the next sweep.
+pub(crate) const SWEEP_BUDGET: Duration = Duration::from_millis(500);
+
+/// Removes a stale hatchery cgroup tree depth-first (children first), killing stragglers,
+/// by `deadline` (each process listed is sent SIGKILL at least once).
+pub(crate) fn remove_tree(dir: &Path, deadline: Instant) -> Result<(), CgroupError> {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
             if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                remove_tree(&e.path())?;
+                remove_tree(&e.path(), deadline)?;
             }
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(2);
     kill_procs_until_empty(dir, deadline)?;
     remove_when_empty(dir, deadline)
 }
@@ -362,8 +369,8 @@ pub(crate) fn is_populated(dir: &Path) -> bool {
     read_string(&dir.join("cgroup.procs")).is_none_or(|procs| !procs.trim().is_empty())
 }
 
-/// Sweeps stale hatchery cgroups directly under `base`.
-pub(crate) fn sweep_dir(base: &Path) -> Vec<PathBuf> {
+/// Sweeps stale hatchery cgroups directly under `base`, by `deadline`.
+pub(crate) fn sweep_dir(base: &Path, deadline: Instant) -> Vec<PathBuf> {
     let mut removed = Vec::new();
     let Ok(entries) = std::fs::read_dir(base) else {
         return removed;
@@ -376,7 +383,7 @@ pub(crate) fn sweep_dir(base: &Path) -> Vec<PathBuf> {
         // process here.
         // A run's note, where it has one, says whether it lives; else its pid does.
         let gone = leftovers::note_says_alive(name).map_or_else(|| is_stale(name), |alive| !alive);
-        if gone && !is_populated(&e.path()) && remove_tree(&e.path()).is_ok() {
+        if gone && !is_populated(&e.path()) && remove_tree(&e.path(), deadline).is_ok() {
             removed.push(e.path());
         }
     }

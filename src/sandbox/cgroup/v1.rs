@@ -126,11 +126,12 @@ impl CgroupManager for V1Manager {
     }
 
     fn sweep_stale(&self) -> Vec<PathBuf> {
+        let deadline = std::time::Instant::now() + super::SWEEP_BUDGET;
         let mut removed: Vec<PathBuf> = unique(self.bases.iter().map(|(_, b)| b))
             .into_iter()
-            .flat_map(|b| super::sweep_dir(b))
+            .flat_map(|b| super::sweep_dir(b, deadline))
             .collect();
-        removed.extend(super::leftovers::sweep());
+        removed.extend(super::leftovers::sweep(deadline));
         removed
     }
 }

@@ -251,11 +251,12 @@ impl CgroupManager for V2Manager {
     }
 
     fn sweep_stale(&self) -> Vec<PathBuf> {
-        let mut removed = super::sweep_dir(&self.own);
+        let deadline = std::time::Instant::now() + super::SWEEP_BUDGET;
+        let mut removed = super::sweep_dir(&self.own, deadline);
         if self.root_user && self.own != self.mount {
-            removed.extend(super::sweep_dir(&self.mount));
+            removed.extend(super::sweep_dir(&self.mount, deadline));
         }
-        removed.extend(super::leftovers::sweep());
+        removed.extend(super::leftovers::sweep(deadline));
         removed
     }
 
