@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::controller::{TestController, worker_cgroups};
 use common::etcd::{Etcd, EtcdCluster, node, refused_controller, serial};
-use common::{code, process_exists, skip_unless_root, stderr, stdout};
+use common::{code, process_exists, skip_unless_root, stderr, stdout, wait_process};
 use serde_json::Value;
 
 const PREFIX: &str = "/hatchery/workers/";
@@ -223,7 +223,13 @@ fn a_frozen_controllers_workers_are_dead_before_another_node_takes_their_slots()
             panic!("spawn on the first node: {}", stderr(&o));
         }
     }
-    assert!(process_exists("sleep 6101"));
+    // `spawn` answers once the sandbox is started, maybe before its command is.
+    wait_process(
+        "sleep 6101",
+        true,
+        Duration::from_secs(10),
+        "the workers never ran",
+    );
     let refused = b.cli(&["spawn", "--no-controller", "--", "sleep", "6102"]);
     assert_eq!(
         code(&refused),

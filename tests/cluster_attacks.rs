@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::etcd::{Etcd, node, serial};
-use common::{code, process_exists, skip_unless_root, stderr, stdout};
+use common::{code, process_exists, skip_unless_root, stderr, stdout, wait_process};
 
 /// Sends SIGCONT to `pid` when dropped (a stopped process is never left behind).
 struct Thaw(i32);
@@ -242,7 +242,13 @@ fn large_foreign_values_under_control_do_not_deafen_a_node_to_the_kill_switch() 
     if let Err(o) = a.spawn(&["--no-controller"], "exec sleep 6601") {
         panic!("{}", stderr(&o));
     }
-    assert!(process_exists("sleep 6601"));
+    // `spawn` answers once the sandbox is started, maybe before its command is.
+    wait_process(
+        "sleep 6601",
+        true,
+        Duration::from_secs(10),
+        "the worker never ran",
+    );
     etcd.etcdctl(&[
         "put",
         "/hatchery/control/kill-switch",

@@ -406,9 +406,10 @@ fn the_kill_switch_timeouts_and_shutdown_hold_while_the_launcher_is_stopped() {
     for _ in 0..3 {
         spawned(&c, &[], &format!("{}; : {marker}", idle(300)));
     }
+    // Long enough to be seen running with the others on a busy host first.
     let timed = spawned(
         &c,
-        &["--timeout", "4s"],
+        &["--timeout", "8s"],
         &format!("{}; : {marker}", idle(300)),
     );
     wait_running(&c, 4);

@@ -153,11 +153,12 @@ fn a_fuzzing_worker_neither_stops_stalls_nor_grows_the_controller() {
         std::thread::sleep(Duration::from_millis(200));
     }
     // A stall, not a slow answer: on a host busy with other tests or builds an answer
-    // waits tens of milliseconds for a processor, while an engine blocked by a worker's
-    // input would hold it for seconds. How fast the controller answers is measured by
+    // waits tens of milliseconds for a processor (under CI's load, with audit syncs, a
+    // second is within reach), while an engine blocked by a worker's input would hold it
+    // for the rest of the soak. How fast the controller answers is measured by
     // scripts/bench-controller.sh, never asserted here.
     assert!(
-        slowest < Duration::from_secs(1),
+        slowest < Duration::from_secs(3),
         "a ps took {slowest:?}, a stall; the engine's slow inputs:\n{}",
         c.log()
             .lines()

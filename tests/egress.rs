@@ -693,7 +693,7 @@ fn a_timed_out_run_leaves_no_broker_and_its_connections_are_closed() {
             .unwrap_or(0)
     );
     let mut flags = bed_flags(&["api.test:9001"]);
-    flags.extend(strings(&["--timeout", "2s"]));
+    flags.extend(strings(&["--timeout", "5s"]));
     let run = run_payload(
         &bed,
         User::Root,

@@ -189,7 +189,7 @@ fn a_prepared_sandbox_killed_from_outside_is_passed_over() {
         );
     }
     // Reaped, and its cgroup removed, as soon as it ends: not left for the next launch.
-    c.wait_prepared(0, Duration::from_secs(5));
+    c.wait_prepared(0, Duration::from_secs(15));
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
         c.prepared(),
