@@ -8,7 +8,7 @@
 //! in `/run/hatchery/runs` (root's alone, reached without following symlinks), one small
 //! file named after the cgroup, and removes the note once the directories are gone; any
 //! later privileged run removes the directories of notes whose owner no longer exists,
-//! with whatever of its sandbox is still in them.
+//! once they are empty (see [`sweep`]).
 
 use std::path::{Path, PathBuf};
 
@@ -126,7 +126,17 @@ pub(super) fn note_says_alive(name: &str) -> Option<bool> {
 
 /// Removes the cgroups of notes whose owner no longer exists, and their notes, by
 /// `deadline` (the rest is left to the next sweep); returns the directories removed.
-pub(super) fn sweep(deadline: std::time::Instant) -> Vec<PathBuf> {
+/// `own` are the caller's own cgroups: a directory that holds them is never touched.
+///
+/// Nothing is killed: a dead run's sandbox dies by itself (its pid 1 of its parent's
+/// death, everything else with its pid namespace), but not at once. Its pid 1, tearing
+/// down its namespaces, is still listed for a while after the run has ended, and a sweep
+/// right then found the directories populated and skipped them. So the first sweep of a
+/// note waits, within `deadline`, for its cgroups to empty; a note it gave up on is
+/// marked (its modification time set to the epoch), and later sweeps remove its cgroups
+/// once they are empty without waiting again: a process that will not die (stuck in the
+/// kernel) costs one sweep's budget, not every later run's.
+pub(super) fn sweep(own: &[&Path], deadline: std::time::Instant) -> Vec<PathBuf> {
     let mut removed = Vec::new();
     let Some(dir) = notes_dir() else {
         return removed;
@@ -137,11 +147,12 @@ pub(super) fn sweep(deadline: std::time::Instant) -> Vec<PathBuf> {
         .filter_map(|n| n.to_str())
         .filter(|n| n.starts_with(RUN_PREFIX))
         .filter_map(|n| gone_runs_lock(dir, n).map(|lock| (n, lock)));
-    for (name, _lock) in stale.take(MAX_SWEPT) {
+    for (name, lock) in stale.take(MAX_SWEPT) {
         let Ok(Some(bytes)) = dir.read(name, MAX_NOTE_BYTES) else {
             let _ = dir.remove(name);
             continue;
         };
+        let waited_before = nix::sys::stat::fstat(&*lock).is_ok_and(|st| st.st_mtime == 0);
         let text = String::from_utf8_lossy(&bytes);
         let mut all_gone = true;
         for path in text
@@ -152,20 +163,41 @@ pub(super) fn sweep(deadline: std::time::Instant) -> Vec<PathBuf> {
             if !path.exists() {
                 continue;
             }
-            // Its run is gone, so whatever is still in it is that run's sandbox: dying of
-            // its parent's death (a pid 1 tearing down its namespaces is still listed for
-            // a while after the run itself has ended), or a straggler that must not
-            // outlive it. Either way it is killed with the directory.
-            match super::remove_tree(path, deadline) {
-                Ok(()) => removed.push(path.to_path_buf()),
-                Err(_) => all_gone = false,
+            // What holds the caller is no dead run's (root may have put it there), and
+            // what is not a cgroup directory reached without a symbolic link is not one
+            // this names.
+            if own.iter().any(|o| o.starts_with(path)) || !is_cgroup_dir(path) {
+                all_gone = false;
+                continue;
+            }
+            let empty =
+                !super::is_populated(path) || (!waited_before && super::empties_by(path, deadline));
+            match empty.then(|| super::remove_empty_tree(path, deadline)) {
+                Some(Ok(())) => removed.push(path.to_path_buf()),
+                _ => all_gone = false,
             }
         }
         if all_gone {
             let _ = dir.remove(name);
+        } else if !waited_before {
+            let epoch = nix::sys::time::TimeSpec::new(0, 0);
+            let _ = nix::sys::stat::futimens(&*lock, &epoch, &epoch);
         }
     }
     removed
+}
+
+/// Whether `path` is a directory of a cgroup file system, reached without following a
+/// symbolic link (a note is root's, but is read as if it were not: `/sys/fs/cgroup` of a
+/// v1 host is a tmpfs where root may have left a link to anywhere).
+fn is_cgroup_dir(path: &Path) -> bool {
+    use nix::sys::statfs::{CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC, statfs};
+    let unlinked = path.canonicalize().is_ok_and(|real| real == path);
+    unlinked
+        && statfs(path).is_ok_and(|fs| {
+            let kind = fs.filesystem_type();
+            kind == CGROUP_SUPER_MAGIC || kind == CGROUP2_SUPER_MAGIC
+        })
 }
 
 /// Whether `path` is the cgroup `name` in a hierarchy under `/sys/fs/cgroup` (a note is

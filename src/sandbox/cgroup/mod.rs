@@ -364,6 +364,35 @@ pub(crate) fn remove_tree(dir: &Path, deadline: Instant) -> Result<(), CgroupErr
     remove_when_empty(dir, deadline)
 }
 
+/// Waits until no process is in `dir`, or `deadline`: whether it emptied.
+pub(crate) fn empties_by(dir: &Path, deadline: Instant) -> bool {
+    loop {
+        if !is_populated(dir) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Removes `dir` and the cgroups below it, children first, by `deadline`, killing
+/// nothing: a cgroup that holds a process is left, and so is everything above it.
+pub(crate) fn remove_empty_tree(dir: &Path, deadline: Instant) -> Result<(), CgroupError> {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_empty_tree(&e.path(), deadline)?;
+            }
+        }
+    }
+    if is_populated(dir) {
+        return Err(CgroupError::Busy(dir.to_path_buf()));
+    }
+    remove_when_empty(dir, deadline)
+}
+
 /// Whether a process is in `dir` (or it cannot be told: then it is left alone).
 pub(crate) fn is_populated(dir: &Path) -> bool {
     read_string(&dir.join("cgroup.procs")).is_none_or(|procs| !procs.trim().is_empty())

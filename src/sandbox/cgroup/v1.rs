@@ -131,7 +131,8 @@ impl CgroupManager for V1Manager {
             .into_iter()
             .flat_map(|b| super::sweep_dir(b, deadline))
             .collect();
-        removed.extend(super::leftovers::sweep(deadline));
+        let own: Vec<&Path> = self.bases.iter().map(|(_, b)| b.as_path()).collect();
+        removed.extend(super::leftovers::sweep(&own, deadline));
         removed
     }
 }

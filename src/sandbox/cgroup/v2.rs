@@ -256,7 +256,7 @@ impl CgroupManager for V2Manager {
         if self.root_user && self.own != self.mount {
             removed.extend(super::sweep_dir(&self.mount, deadline));
         }
-        removed.extend(super::leftovers::sweep(deadline));
+        removed.extend(super::leftovers::sweep(&[self.own.as_path()], deadline));
         removed
     }
 
