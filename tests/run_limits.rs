@@ -730,7 +730,16 @@ fn a_killed_runs_cgroups_are_removed_by_a_later_run_started_elsewhere() {
     let out = hatchery_cmd(&["run", "--memory", "64M", "--", "/bin/true"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let still: Vec<_> = places.iter().flat_map(&made).collect();
-    assert!(still.is_empty(), "left behind: {still:?}");
+    let held: Vec<String> = still
+        .iter()
+        .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+        .flat_map(|p| p.lines().map(str::to_string).collect::<Vec<_>>())
+        .map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            format!("{pid}: {}", stat.trim())
+        })
+        .collect();
+    assert!(still.is_empty(), "left behind: {still:?}, holding {held:?}");
     // It ended by itself: the sweep waited for it, and killed nothing.
     let ended = straggler.0.wait().map(|s| s.success());
     assert!(

@@ -76,9 +76,15 @@ fn contain_steps(mut ctx: ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible
     process::die_with_parent().step("parent death signal")?;
     await_supervisor(ToSandbox::IdentityReady, chan);
     userns::assume_identity(&spec.identity).step("identity")?;
-    // Changing credentials cleared the parent-death signal: arm it again. (Should the
-    // supervisor die in between, the next read from the channel ends us.)
+    // Changing credentials cleared the parent-death signal: arm it again. A supervisor
+    // that died in between sent no signal, and the next read from the channel did not
+    // always end us: the go-ahead to join the cgroup may be sent before it dies, and was
+    // then read, and the sandbox ran on without it (a killed `run` left its command
+    // running). Its end of the channel tells.
     process::die_with_parent().step("parent death signal")?;
+    if channel::peer_gone(chan) {
+        supervisor_gone()
+    }
     if spec.namespaces.net {
         net::loopback_up().step("loopback")?;
     }
