@@ -345,9 +345,9 @@ pub(crate) fn remove_when_empty(dir: &Path, deadline: Instant) -> Result<(), Cgr
 
 /// How long one sweep of stale cgroups may take in all. A sweep runs in a `run` while its
 /// sandbox does; what a dead run left usually goes in well under a millisecond, and a
-/// pid 1 still dying in a few (on a host with four times as many busy processes as
-/// processors, half a second was seen not to be enough). A process that never leaves
-/// costs one sweep this once: the note is marked, and later sweeps do not wait on it.
+/// pid 1 still dying in a few, more on a busy host or for a sandbox with much memory to
+/// give back. A process that never leaves costs one sweep this once: the note is marked,
+/// and later sweeps do not wait on it.
 pub(crate) const SWEEP_BUDGET: Duration = Duration::from_secs(2);
 
 /// Removes a stale hatchery cgroup tree depth-first (children first), killing stragglers,
