@@ -857,13 +857,13 @@ fn a_run_started_inside_a_dead_runs_cgroup_does_not_sweep_itself() {
     assert_eq!(stdout(&out).trim(), "ran");
 }
 
-/// A command that ended before its deadline is not reported as timed out when its
-/// supervisor comes to it late: here held up by the first sweep of a dead run's cgroup
-/// that a process stays in (its bounded wait is longer than the timeout). Before, the
-/// deadline was looked at first, and `run` said 124 for a command that had ended.
+/// A run whose own deadline is near does not wait for a dead run's sandbox to leave its
+/// cgroups: the sweep comes before the supervisor watches the deadline, and a wait there
+/// made it late (a command that overran then passed for one that ended in time, or one
+/// that ended in time for a timeout). Here a process stays in a dead run's cgroup.
 #[test]
-fn a_command_that_ended_in_time_is_no_timeout_when_run_comes_to_it_late() {
-    if skip_unless_root("late supervisor") {
+fn a_run_whose_deadline_is_near_is_not_held_by_a_dead_runs_cgroups() {
+    if skip_unless_root("near deadline") {
         return;
     }
     let parent = format!("hatchery-test-late-{}", std::process::id());
@@ -871,7 +871,8 @@ fn a_command_that_ended_in_time_is_no_timeout_when_run_comes_to_it_late() {
         own_hierarchies().iter().map(|h| h.join(&parent)).collect();
     let _removed = RemovedOnDrop(places);
     let (name, dirs) = a_dead_runs_cgroups(&parent);
-    let _note = NoteRemovedOnDrop(Path::new("/run/hatchery/runs").join(&name));
+    let note = Path::new("/run/hatchery/runs").join(&name);
+    let _note = NoteRemovedOnDrop(note.clone());
     let stays = KilledOnDrop(
         Command::new("sleep")
             .arg("30")
@@ -882,19 +883,93 @@ fn a_command_that_ended_in_time_is_no_timeout_when_run_comes_to_it_late() {
         std::fs::write(d.join("cgroup.procs"), stays.0.id().to_string())
             .unwrap_or_else(|e| panic!("{}: {e}", d.display()));
     }
+    // Ends in time: its status, not 124.
     let out = hatchery_cmd(&[
         "run",
         "--memory",
         "64M",
         "--timeout",
-        "200ms",
+        "300ms",
         "--",
         "echo",
         "ran",
     ]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "ran");
+    // Overruns: 124, and what it would have printed after its deadline never comes.
+    let out = hatchery_cmd(&[
+        "run",
+        "--memory",
+        "64M",
+        "--timeout",
+        "300ms",
+        "--",
+        "sh",
+        "-c",
+        "sleep 1; echo late",
+    ]);
+    assert_eq!(code(&out), 124, "{}", stderr(&out));
+    assert!(!stdout(&out).contains("late"), "{}", stdout(&out));
+    // Neither waited, so the note is not marked as waited for.
+    let mtime = std::fs::metadata(&note).map(|m| std::os::unix::fs::MetadataExt::mtime(&m));
+    assert!(matches!(mtime, Ok(t) if t != 0), "{mtime:?}");
     drop(stays);
+}
+
+/// The older sweep of stale names under a run's own cgroup killed what was in the
+/// cgroups below one (its process list reads only its own): a process root had put in a
+/// child of a directory named like a dead run's was killed by the next run.
+#[test]
+fn a_sweep_kills_nothing_below_a_stale_cgroup() {
+    if skip_unless_root("below a stale cgroup") {
+        return;
+    }
+    let parent = format!("hatchery-test-below-{}", std::process::id());
+    let places: Vec<std::path::PathBuf> =
+        own_hierarchies().iter().map(|h| h.join(&parent)).collect();
+    let _removed = RemovedOnDrop(places.clone());
+    let mut gone = Command::new("true")
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let _ = gone.wait();
+    let stale = format!("hatchery-run-{}-1", gone.id());
+    let mut below = Vec::new();
+    for p in &places {
+        let dir = p.join(&stale).join("x");
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        below.push(dir);
+    }
+    let mut victim = KilledOnDrop(
+        Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
+    for d in &below {
+        std::fs::write(d.join("cgroup.procs"), victim.0.id().to_string())
+            .unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+    }
+    // A run from the parent: the stale name is among its own cgroup's children.
+    let joins: String = places
+        .iter()
+        .map(|p| format!("echo $$ > {}/cgroup.procs && ", p.display()))
+        .collect();
+    let out = run_with_timeout(
+        Command::new("sh").arg("-c").arg(format!(
+            "{joins}exec {} run --memory 64M -- true",
+            hatchery().display()
+        )),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        matches!(victim.0.try_wait(), Ok(None)),
+        "the sweep killed a process below a stale cgroup"
+    );
+    assert!(
+        below.iter().all(|d| d.is_dir()),
+        "a populated cgroup was removed"
+    );
 }
 
 /// A note names its cgroups by path, and `/sys/fs/cgroup` of a v1 host is a tmpfs where

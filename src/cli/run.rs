@@ -420,14 +420,21 @@ fn detect_host() -> Host {
 }
 
 /// Removes cgroups left by hatchery processes that no longer exist: done while the
-/// sandbox runs, not before it starts (nothing about starting depends on it).
-fn sweep_stale_cgroups(host: &Host) {
+/// sandbox runs, not before it starts (nothing about starting depends on it). A dead
+/// run's sandbox still dying is waited for only by a run whose own deadline, if any, is
+/// well past the sweep's budget: the sweep comes before the supervisor watches the
+/// deadline, and must not make it late.
+fn sweep_stale_cgroups(host: &Host, timeout: Option<Duration>) {
+    let wait = timeout.is_none_or(|t| t > sandbox::cgroup::SWEEP_BUDGET + SWEEP_MARGIN);
     if let Some(m) = &host.cgroups {
-        for stale in m.sweep_stale() {
+        for stale in m.sweep_stale(wait) {
             tracing::info!(path = %stale.display(), "removed a cgroup left by a hatchery process that no longer exists");
         }
     }
 }
+
+/// How far before a run's deadline the sweep of stale cgroups must be done waiting.
+const SWEEP_MARGIN: Duration = Duration::from_secs(1);
 
 /// How a supervised sandbox ended, what was enforced, and what its broker recorded.
 type Supervised = (
@@ -473,7 +480,7 @@ fn supervise(
         spec.stdio = None;
         let mut enforcement = sb.enforcement.clone();
         enforcement.stdio = Some(stdio.report.clone());
-        sweep_stale_cgroups(host);
+        sweep_stale_cgroups(host, timeout);
         let outcome = sb.wait(timeout, signals.as_ref(), stdio.pump.as_mut());
         // The sandbox is gone: its connections go with the broker.
         let egress = broker.and_then(super::egress::RunningBroker::stop);

@@ -374,7 +374,7 @@ pub fn serve(
         .host
         .cgroups
         .as_ref()
-        .map(|m| m.sweep_stale())
+        .map(|m| m.sweep_stale(true))
         .unwrap_or_default();
     l.emit(&LauncherEvent::Ready { swept });
     let mut shutting_down = false;

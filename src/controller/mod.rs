@@ -584,7 +584,7 @@ fn stop(
         // Killed (it did not stop when asked) or crashed: its sandboxes are gone with it,
         // their cgroups are not; remove them as its successor would.
         if let Ok(Some(cgroups)) = crate::sandbox::cgroup::detect() {
-            let swept = cgroups.sweep_stale();
+            let swept = cgroups.sweep_stale(true);
             tracing::info!(count = swept.len(), "removed the launcher's cgroups");
         }
     }

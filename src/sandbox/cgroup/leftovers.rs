@@ -135,8 +135,9 @@ pub(super) fn note_says_alive(name: &str) -> Option<bool> {
 /// note waits, within `deadline`, for its cgroups to empty; a note it gave up on is
 /// marked (its modification time set to the epoch), and later sweeps remove its cgroups
 /// once they are empty without waiting again: a process that will not die (stuck in the
-/// kernel) costs one sweep's budget, not every later run's.
-pub(super) fn sweep(own: &[&Path], deadline: std::time::Instant) -> Vec<PathBuf> {
+/// kernel) costs one sweep's budget, not every later run's. Without `wait` (a run whose
+/// deadline is near), only what is empty already is removed, and nothing is marked.
+pub(super) fn sweep(own: &[&Path], wait: bool, deadline: std::time::Instant) -> Vec<PathBuf> {
     let mut removed = Vec::new();
     let Some(dir) = notes_dir() else {
         return removed;
@@ -152,7 +153,7 @@ pub(super) fn sweep(own: &[&Path], deadline: std::time::Instant) -> Vec<PathBuf>
             let _ = dir.remove(name);
             continue;
         };
-        let waited_before = nix::sys::stat::fstat(&*lock).is_ok_and(|st| st.st_mtime == 0);
+        let waits = wait && nix::sys::stat::fstat(&*lock).is_ok_and(|st| st.st_mtime != 0);
         let text = String::from_utf8_lossy(&bytes);
         let mut all_gone = true;
         for path in text
@@ -170,8 +171,7 @@ pub(super) fn sweep(own: &[&Path], deadline: std::time::Instant) -> Vec<PathBuf>
                 all_gone = false;
                 continue;
             }
-            let empty =
-                !super::is_populated(path) || (!waited_before && super::empties_by(path, deadline));
+            let empty = !super::is_populated(path) || (waits && super::empties_by(path, deadline));
             match empty.then(|| super::remove_empty_tree(path, deadline)) {
                 Some(Ok(())) => removed.push(path.to_path_buf()),
                 _ => all_gone = false,
@@ -179,7 +179,7 @@ pub(super) fn sweep(own: &[&Path], deadline: std::time::Instant) -> Vec<PathBuf>
         }
         if all_gone {
             let _ = dir.remove(name);
-        } else if !waited_before {
+        } else if waits {
             let epoch = nix::sys::time::TimeSpec::new(0, 0);
             let _ = nix::sys::stat::futimens(&*lock, &epoch, &epoch);
         }

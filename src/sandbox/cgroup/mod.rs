@@ -110,8 +110,11 @@ pub trait CgroupManager: Send + Sync {
     fn base(&self) -> PathBuf;
     /// Creates a cgroup named `name` with `limits` applied. Fails without leaving a trace.
     fn create(&self, name: &str, limits: &Limits) -> Result<Box<dyn SandboxCgroup>, CgroupError>;
-    /// Removes cgroups left behind by hatchery processes that no longer exist.
-    fn sweep_stale(&self) -> Vec<PathBuf>;
+    /// Removes cgroups left behind by hatchery processes that no longer exist. `wait`:
+    /// whether a dead run's sandbox still dying may be waited for (up to
+    /// [`SWEEP_BUDGET`], once per note); a run with less time than that before its own
+    /// deadline must not be held past it, and leaves them to a later sweep.
+    fn sweep_stale(&self, wait: bool) -> Vec<PathBuf>;
     /// Undoes what preparing the base did (v2: the supervisor's move into a leaf).
     fn release(&self) {}
 }
@@ -348,21 +351,7 @@ pub(crate) fn remove_when_empty(dir: &Path, deadline: Instant) -> Result<(), Cgr
 /// pid 1 still dying in a few, more on a busy host or for a sandbox with much memory to
 /// give back. A process that never leaves costs one sweep this once: the note is marked,
 /// and later sweeps do not wait on it.
-pub(crate) const SWEEP_BUDGET: Duration = Duration::from_secs(2);
-
-/// Removes a stale hatchery cgroup tree depth-first (children first), killing stragglers,
-/// by `deadline` (each process listed is sent SIGKILL at least once).
-pub(crate) fn remove_tree(dir: &Path, deadline: Instant) -> Result<(), CgroupError> {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                remove_tree(&e.path(), deadline)?;
-            }
-        }
-    }
-    kill_procs_until_empty(dir, deadline)?;
-    remove_when_empty(dir, deadline)
-}
+pub const SWEEP_BUDGET: Duration = Duration::from_secs(2);
 
 /// Waits until no process is in `dir`, or `deadline`: whether it emptied.
 pub(crate) fn empties_by(dir: &Path, deadline: Instant) -> bool {
@@ -412,7 +401,8 @@ pub(crate) fn sweep_dir(base: &Path, deadline: Instant) -> Vec<PathBuf> {
         // process here.
         // A run's note, where it has one, says whether it lives; else its pid does.
         let gone = leftovers::note_says_alive(name).map_or_else(|| is_stale(name), |alive| !alive);
-        if gone && !is_populated(&e.path()) && remove_tree(&e.path(), deadline).is_ok() {
+        // Nothing is killed: what holds a process below it too is no dead run's to take.
+        if gone && !is_populated(&e.path()) && remove_empty_tree(&e.path(), deadline).is_ok() {
             removed.push(e.path());
         }
     }

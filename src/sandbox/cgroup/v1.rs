@@ -125,14 +125,14 @@ impl CgroupManager for V1Manager {
         Ok(Box::new(cg))
     }
 
-    fn sweep_stale(&self) -> Vec<PathBuf> {
+    fn sweep_stale(&self, wait: bool) -> Vec<PathBuf> {
         let deadline = std::time::Instant::now() + super::SWEEP_BUDGET;
         let mut removed: Vec<PathBuf> = unique(self.bases.iter().map(|(_, b)| b))
             .into_iter()
             .flat_map(|b| super::sweep_dir(b, deadline))
             .collect();
         let own: Vec<&Path> = self.bases.iter().map(|(_, b)| b.as_path()).collect();
-        removed.extend(super::leftovers::sweep(&own, deadline));
+        removed.extend(super::leftovers::sweep(&own, wait, deadline));
         removed
     }
 }

@@ -250,13 +250,17 @@ impl CgroupManager for V2Manager {
         Ok(Box::new(cg))
     }
 
-    fn sweep_stale(&self) -> Vec<PathBuf> {
+    fn sweep_stale(&self, wait: bool) -> Vec<PathBuf> {
         let deadline = std::time::Instant::now() + super::SWEEP_BUDGET;
         let mut removed = super::sweep_dir(&self.own, deadline);
         if self.root_user && self.own != self.mount {
             removed.extend(super::sweep_dir(&self.mount, deadline));
         }
-        removed.extend(super::leftovers::sweep(&[self.own.as_path()], deadline));
+        removed.extend(super::leftovers::sweep(
+            &[self.own.as_path()],
+            wait,
+            deadline,
+        ));
         removed
     }
 

@@ -111,26 +111,11 @@ impl Sandbox {
         let mut listening = true;
         let mut usage_at_exit = None;
         loop {
-            // Once the payload has ended, only pid 1's own exit is left: no timeout then.
-            let live_deadline = deadline.filter(|_| told.payload_status.is_none());
-            if live_deadline.is_some_and(|d| d <= Instant::now()) {
-                // A supervisor held up past the deadline (a busy host, a slow sweep of
-                // stale cgroups) may find the sandbox ended in time: not a timeout.
-                if listening {
-                    listening = self.hear(&mut told);
-                    if told.payload_status.is_some() && usage_at_exit.is_none() {
-                        usage_at_exit = self.usage();
-                    }
-                }
-                let ended = told.payload_status.is_some()
-                    || wait::has_exited(self.pidfd.as_fd()).unwrap_or(false);
-                if !ended {
-                    timed_out = true;
-                    self.kill();
-                    break;
-                }
+            if deadline.is_some_and(|d| d <= Instant::now()) {
+                timed_out = true;
+                self.kill();
+                break;
             }
-            let live_deadline = deadline.filter(|_| told.payload_status.is_none());
             let (exited, signalled, message) = {
                 let mut fds = vec![PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
                 if let Some(s) = signals {
@@ -143,7 +128,7 @@ impl Sandbox {
                 if let Some(pump) = output.as_deref() {
                     fds.extend(pump.poll_fds());
                 }
-                match wait::poll_until(&mut fds, live_deadline, None) {
+                match wait::poll_until(&mut fds, deadline, None) {
                     Ok(0) => continue,
                     Ok(_) => {}
                     Err(_) => break,
@@ -196,15 +181,8 @@ impl Sandbox {
         }
         let status = self.reap_status();
         // Everything in the sandbox is gone now: what its pipes hold is all there is.
-        // A command that ended in time has its output delivered, even when the
-        // supervisor came to it after the deadline: a little past it, not cut at once.
-        let drain_by = if timed_out {
-            deadline
-        } else {
-            deadline.map(|d| d.max(Instant::now() + IN_TIME_DRAIN))
-        };
         let summary = output.map(|pump| {
-            pump.drain(drain_by);
+            pump.drain(deadline);
             pump.summary()
         });
         let mut outcome = self.finish_told(told, usage_at_exit, status, timed_out);
@@ -310,10 +288,6 @@ impl Sandbox {
         }
     }
 }
-
-/// How long past a deadline the output of a command that ended before it may still take
-/// to be delivered (the supervisor may come to it late on a busy host).
-const IN_TIME_DRAIN: Duration = Duration::from_millis(500);
 
 /// Most messages read from pid 1 in one go (it sends a handful in a sandbox's life).
 const HEARD_AT_ONCE: usize = 8;
