@@ -748,27 +748,86 @@ fn a_killed_runs_cgroups_are_removed_by_a_later_run_started_elsewhere() {
     );
 }
 
-/// The cgroups a note names, made as a killed run would have left them, with the note:
-/// the note's name and the directories (one per hierarchy), under `parent` in each.
-fn a_dead_runs_cgroups(parent: &str) -> (String, Vec<std::path::PathBuf>) {
-    // A pid that was just reaped names no process.
+/// A name of the kind `run` gives its cgroups, for a pid that was just reaped: a run
+/// that no longer exists.
+fn a_dead_runs_name() -> String {
     let mut gone = Command::new("true")
         .spawn()
         .unwrap_or_else(|e| panic!("{e}"));
     let _ = gone.wait();
-    let name = format!("hatchery-run-{}-1", gone.id());
-    let dirs: Vec<std::path::PathBuf> = own_hierarchies()
-        .iter()
-        .map(|h| h.join(parent).join(&name))
-        .collect();
-    for d in &dirs {
-        std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+    format!("hatchery-run-{}-1", gone.id())
+}
+
+/// The test's own cgroup `parent` in each hierarchy, removed with everything below it
+/// when dropped.
+fn test_cgroups(parent: &str) -> (Vec<std::path::PathBuf>, RemovedOnDrop) {
+    let places: Vec<std::path::PathBuf> =
+        own_hierarchies().iter().map(|h| h.join(parent)).collect();
+    (places.clone(), RemovedOnDrop(places))
+}
+
+/// What a killed run leaves: its cgroups (one per hierarchy, under the test's cgroup
+/// `parent`) and its note naming them, both removed when dropped.
+struct DeadRun {
+    dirs: Vec<std::path::PathBuf>,
+    note: std::path::PathBuf,
+    _note: NoteRemovedOnDrop,
+    _removed: RemovedOnDrop,
+}
+
+impl DeadRun {
+    fn new(parent: &str) -> DeadRun {
+        let (places, removed) = test_cgroups(parent);
+        let name = a_dead_runs_name();
+        let dirs: Vec<std::path::PathBuf> = places.iter().map(|p| p.join(&name)).collect();
+        for d in &dirs {
+            std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        }
+        let text: String = dirs.iter().map(|d| format!("{}\n", d.display())).collect();
+        std::fs::create_dir_all("/run/hatchery/runs").unwrap_or_else(|e| panic!("{e}"));
+        let note = Path::new("/run/hatchery/runs").join(&name);
+        std::fs::write(&note, text).unwrap_or_else(|e| panic!("{e}"));
+        DeadRun {
+            dirs,
+            _note: NoteRemovedOnDrop(note.clone()),
+            note,
+            _removed: removed,
+        }
     }
-    let text: String = dirs.iter().map(|d| format!("{}\n", d.display())).collect();
-    std::fs::create_dir_all("/run/hatchery/runs").unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(Path::new("/run/hatchery/runs").join(&name), text)
-        .unwrap_or_else(|e| panic!("{e}"));
-    (name, dirs)
+
+    /// Whether its note is marked as waited for (its modification time the epoch).
+    fn marked(&self) -> bool {
+        std::fs::metadata(&self.note).is_ok_and(|m| std::os::unix::fs::MetadataExt::mtime(&m) == 0)
+    }
+}
+
+/// A process that stays (until dropped) in each of `dirs`.
+fn a_process_in(dirs: &[std::path::PathBuf]) -> KilledOnDrop {
+    let p = KilledOnDrop(
+        Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
+    for d in dirs {
+        std::fs::write(d.join("cgroup.procs"), p.0.id().to_string())
+            .unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+    }
+    p
+}
+
+/// `hatchery run ARGS` started from the cgroups `dirs` (one per hierarchy).
+fn run_from(dirs: &[std::path::PathBuf], args: &str) -> std::process::Output {
+    let joins: String = dirs
+        .iter()
+        .map(|d| format!("echo $$ > {}/cgroup.procs && ", d.display()))
+        .collect();
+    run_with_timeout(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("{joins}exec {} run {args}", hatchery().display())),
+        Duration::from_secs(60),
+    )
 }
 
 /// A process in a dead run's cgroup that does not end (stuck in the kernel, or put there
@@ -779,23 +838,8 @@ fn what_stays_in_a_dead_runs_cgroup_is_neither_killed_nor_waited_for_twice() {
     if skip_unless_root("dead run's populated cgroups") {
         return;
     }
-    let parent = format!("hatchery-test-stays-{}", std::process::id());
-    let places: Vec<std::path::PathBuf> =
-        own_hierarchies().iter().map(|h| h.join(&parent)).collect();
-    let _removed = RemovedOnDrop(places);
-    let (name, dirs) = a_dead_runs_cgroups(&parent);
-    let note = Path::new("/run/hatchery/runs").join(&name);
-    let _note = NoteRemovedOnDrop(note.clone());
-    let mut stays = KilledOnDrop(
-        Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap_or_else(|e| panic!("{e}")),
-    );
-    for d in &dirs {
-        std::fs::write(d.join("cgroup.procs"), stays.0.id().to_string())
-            .unwrap_or_else(|e| panic!("{}: {e}", d.display()));
-    }
+    let dead = DeadRun::new(&format!("hatchery-test-stays-{}", std::process::id()));
+    let mut stays = a_process_in(&dead.dirs);
     let out = hatchery_cmd(&["run", "--memory", "64M", "--", "/bin/true"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(
@@ -803,19 +847,15 @@ fn what_stays_in_a_dead_runs_cgroup_is_neither_killed_nor_waited_for_twice() {
         "the sweep killed a process it did not know"
     );
     assert!(
-        dirs.iter().all(|d| d.is_dir()),
+        dead.dirs.iter().all(|d| d.is_dir()),
         "a populated cgroup was removed"
     );
-    let mtime = std::fs::metadata(&note).map(|m| std::os::unix::fs::MetadataExt::mtime(&m));
-    assert!(
-        matches!(mtime, Ok(0)),
-        "the note was not marked as waited for: {mtime:?}"
-    );
+    assert!(dead.marked(), "the note was not marked as waited for");
     // Once it is gone, the next run removes what is left, without waiting.
     let _ = stays.0.kill();
     let _ = stays.0.wait();
     let start = std::time::Instant::now();
-    while dirs.iter().any(|d| {
+    while dead.dirs.iter().any(|d| {
         std::fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|p| !p.trim().is_empty())
     }) && start.elapsed() < Duration::from_secs(10)
     {
@@ -823,9 +863,9 @@ fn what_stays_in_a_dead_runs_cgroup_is_neither_killed_nor_waited_for_twice() {
     }
     let out = hatchery_cmd(&["run", "--memory", "64M", "--", "/bin/true"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    let left: Vec<_> = dirs.iter().filter(|d| d.exists()).collect();
+    let left: Vec<_> = dead.dirs.iter().filter(|d| d.exists()).collect();
     assert!(left.is_empty(), "left behind: {left:?}");
-    assert!(!note.exists(), "the note outlived its cgroups");
+    assert!(!dead.note.exists(), "the note outlived its cgroups");
 }
 
 /// A run started from inside a dead run's cgroup (root put it there) does not sweep the
@@ -836,23 +876,8 @@ fn a_run_started_inside_a_dead_runs_cgroup_does_not_sweep_itself() {
     if skip_unless_root("run inside a dead run's cgroup") {
         return;
     }
-    let parent = format!("hatchery-test-inside-{}", std::process::id());
-    let places: Vec<std::path::PathBuf> =
-        own_hierarchies().iter().map(|h| h.join(&parent)).collect();
-    let _removed = RemovedOnDrop(places);
-    let (name, dirs) = a_dead_runs_cgroups(&parent);
-    let _note = NoteRemovedOnDrop(Path::new("/run/hatchery/runs").join(&name));
-    let joins: String = dirs
-        .iter()
-        .map(|d| format!("echo $$ > {}/cgroup.procs && ", d.display()))
-        .collect();
-    let out = run_with_timeout(
-        Command::new("sh").arg("-c").arg(format!(
-            "{joins}exec {} run --memory 64M -- echo ran",
-            hatchery().display()
-        )),
-        Duration::from_secs(60),
-    );
+    let dead = DeadRun::new(&format!("hatchery-test-inside-{}", std::process::id()));
+    let out = run_from(&dead.dirs, "--memory 64M -- echo ran");
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "ran");
 }
@@ -866,54 +891,25 @@ fn a_run_whose_deadline_is_near_is_not_held_by_a_dead_runs_cgroups() {
     if skip_unless_root("near deadline") {
         return;
     }
-    let parent = format!("hatchery-test-late-{}", std::process::id());
-    let places: Vec<std::path::PathBuf> =
-        own_hierarchies().iter().map(|h| h.join(&parent)).collect();
-    let _removed = RemovedOnDrop(places);
-    let (name, dirs) = a_dead_runs_cgroups(&parent);
-    let note = Path::new("/run/hatchery/runs").join(&name);
-    let _note = NoteRemovedOnDrop(note.clone());
-    let stays = KilledOnDrop(
-        Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap_or_else(|e| panic!("{e}")),
-    );
-    for d in &dirs {
-        std::fs::write(d.join("cgroup.procs"), stays.0.id().to_string())
-            .unwrap_or_else(|e| panic!("{}: {e}", d.display()));
-    }
+    let dead = DeadRun::new(&format!("hatchery-test-late-{}", std::process::id()));
+    let _stays = a_process_in(&dead.dirs);
+    let within_300ms = |command: &[&str]| {
+        let mut args = vec!["run", "--memory", "64M", "--timeout", "300ms", "--"];
+        args.extend_from_slice(command);
+        hatchery_cmd(&args)
+    };
     // Ends in time: its status, not 124.
-    let out = hatchery_cmd(&[
-        "run",
-        "--memory",
-        "64M",
-        "--timeout",
-        "300ms",
-        "--",
-        "echo",
-        "ran",
-    ]);
+    let out = within_300ms(&["echo", "ran"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "ran");
     // Overruns: 124, and what it would have printed after its deadline never comes.
-    let out = hatchery_cmd(&[
-        "run",
-        "--memory",
-        "64M",
-        "--timeout",
-        "300ms",
-        "--",
-        "sh",
-        "-c",
-        "sleep 1; echo late",
-    ]);
+    let out = within_300ms(&["sh", "-c", "sleep 1; echo late"]);
     assert_eq!(code(&out), 124, "{}", stderr(&out));
     assert!(!stdout(&out).contains("late"), "{}", stdout(&out));
-    // Neither waited, so the note is not marked as waited for.
-    let mtime = std::fs::metadata(&note).map(|m| std::os::unix::fs::MetadataExt::mtime(&m));
-    assert!(matches!(mtime, Ok(t) if t != 0), "{mtime:?}");
-    drop(stays);
+    assert!(
+        !dead.marked(),
+        "a run with a near deadline waited for the dead run's cgroups"
+    );
 }
 
 /// The older sweep of stale names under a run's own cgroup killed what was in the
@@ -924,43 +920,15 @@ fn a_sweep_kills_nothing_below_a_stale_cgroup() {
     if skip_unless_root("below a stale cgroup") {
         return;
     }
-    let parent = format!("hatchery-test-below-{}", std::process::id());
-    let places: Vec<std::path::PathBuf> =
-        own_hierarchies().iter().map(|h| h.join(&parent)).collect();
-    let _removed = RemovedOnDrop(places.clone());
-    let mut gone = Command::new("true")
-        .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let _ = gone.wait();
-    let stale = format!("hatchery-run-{}-1", gone.id());
-    let mut below = Vec::new();
-    for p in &places {
-        let dir = p.join(&stale).join("x");
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-        below.push(dir);
-    }
-    let mut victim = KilledOnDrop(
-        Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap_or_else(|e| panic!("{e}")),
-    );
+    let (places, _removed) = test_cgroups(&format!("hatchery-test-below-{}", std::process::id()));
+    let stale = a_dead_runs_name();
+    let below: Vec<std::path::PathBuf> = places.iter().map(|p| p.join(&stale).join("x")).collect();
     for d in &below {
-        std::fs::write(d.join("cgroup.procs"), victim.0.id().to_string())
-            .unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
     }
+    let mut victim = a_process_in(&below);
     // A run from the parent: the stale name is among its own cgroup's children.
-    let joins: String = places
-        .iter()
-        .map(|p| format!("echo $$ > {}/cgroup.procs && ", p.display()))
-        .collect();
-    let out = run_with_timeout(
-        Command::new("sh").arg("-c").arg(format!(
-            "{joins}exec {} run --memory 64M -- true",
-            hatchery().display()
-        )),
-        Duration::from_secs(60),
-    );
+    let out = run_from(&places, "--memory 64M -- true");
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(
         matches!(victim.0.try_wait(), Ok(None)),
@@ -988,11 +956,7 @@ fn a_sweep_follows_no_link_out_of_the_cgroup_file_systems() {
         return;
     }
     let _link = NoteRemovedOnDrop(link.clone());
-    let mut gone = Command::new("true")
-        .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let _ = gone.wait();
-    let name = format!("hatchery-run-{}-1", gone.id());
+    let name = a_dead_runs_name();
     let inside = target.path().join(&name).join("sub");
     std::fs::create_dir_all(&inside).unwrap_or_else(|e| panic!("{e}"));
     // An empty process list: what a cgroup no process is in shows.
