@@ -748,6 +748,19 @@ fn a_killed_runs_cgroups_are_removed_by_a_later_run_started_elsewhere() {
     );
 }
 
+/// Where `run` keeps its notes, made as `run` makes it where no run has yet (on a freshly
+/// booted host): root's alone, or no run reads or writes a note there.
+fn notes_dir() -> &'static Path {
+    use std::os::unix::fs::DirBuilderExt;
+    let _ = std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create("/run/hatchery");
+    let _ = std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create("/run/hatchery/runs");
+    Path::new("/run/hatchery/runs")
+}
+
 /// A name of the kind `run` gives its cgroups, for a pid that was just reaped: a run
 /// that no longer exists.
 fn a_dead_runs_name() -> String {
@@ -784,8 +797,7 @@ impl DeadRun {
             std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
         }
         let text: String = dirs.iter().map(|d| format!("{}\n", d.display())).collect();
-        std::fs::create_dir_all("/run/hatchery/runs").unwrap_or_else(|e| panic!("{e}"));
-        let note = Path::new("/run/hatchery/runs").join(&name);
+        let note = notes_dir().join(&name);
         std::fs::write(&note, text).unwrap_or_else(|e| panic!("{e}"));
         DeadRun {
             dirs,
@@ -962,8 +974,7 @@ fn a_sweep_follows_no_link_out_of_the_cgroup_file_systems() {
     // An empty process list: what a cgroup no process is in shows.
     std::fs::write(target.path().join(&name).join("cgroup.procs"), "")
         .unwrap_or_else(|e| panic!("{e}"));
-    std::fs::create_dir_all("/run/hatchery/runs").unwrap_or_else(|e| panic!("{e}"));
-    let note = Path::new("/run/hatchery/runs").join(&name);
+    let note = notes_dir().join(&name);
     std::fs::write(&note, format!("{}\n", link.join(&name).display()))
         .unwrap_or_else(|e| panic!("{e}"));
     let _note = NoteRemovedOnDrop(note);
