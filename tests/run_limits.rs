@@ -1013,7 +1013,10 @@ impl Drop for RemovedOnDrop {
             (0..100).any(|_| {
                 if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
                     for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
                     }
                 }
                 let gone = std::fs::remove_dir(dir).is_ok() || !dir.exists();

@@ -383,11 +383,11 @@ async fn both_ways(
     // reset (by `_counted`) and said. A spent budget ends the relay, not what was relayed
     // before it: reset at once, a sandbox that had not read the bytes within its budget
     // yet lost them (its connect could even fail, the data, FIN and reset all in).
-    if matches!(why, None | Some("budget_exhausted")) {
-        let end = drained(sockets, &mut stop, &mut cut_seen).await;
-        return (sent.saturating_add(up.0), down.0, why.or(end));
-    }
-    (sent.saturating_add(up.0), down.0, why)
+    let end = match why {
+        None | Some("budget_exhausted") => drained(sockets, &mut stop, &mut cut_seen).await,
+        Some(_) => None,
+    };
+    (sent.saturating_add(up.0), down.0, why.or(end))
 }
 
 /// Resolves once the broker stops, or the connection is cut: why.

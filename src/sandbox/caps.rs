@@ -151,27 +151,6 @@ pub fn not_dumpable() -> Result<(), PrivError> {
 mod tests {
     use super::*;
 
-    /// Whether `test` held in a child of this process (false too if the child could not
-    /// be started): the child's credentials change, the test process's do not.
-    fn holds_in_a_child(test: fn() -> bool) -> bool {
-        // SAFETY: the child makes system calls (and glibc's malloc, which is fork-safe
-        // there) and leaves with _exit, never returning into the test harness.
-        match unsafe { nix::unistd::fork() } {
-            Ok(nix::unistd::ForkResult::Child) => {
-                let ok = test();
-                // SAFETY: leave the child without running the parent's destructors.
-                unsafe { libc::_exit(if ok { 0 } else { 1 }) }
-            }
-            Ok(nix::unistd::ForkResult::Parent { child }) => {
-                matches!(
-                    super::super::wait::reap_child(child),
-                    Ok(nix::sys::wait::WaitStatus::Exited(_, 0))
-                )
-            }
-            Err(_) => false,
-        }
-    }
-
     /// Every capability gone from the bounding set, as `/proc/self/status` shows it.
     fn bounding_is_empty() -> bool {
         super::super::kernel_text::read("/proc/self/status")
@@ -191,14 +170,14 @@ mod tests {
             return;
         }
         // Told it was emptied, though nothing emptied it: the check sees CAP_SYS_ADMIN.
-        let said_emptied = holds_in_a_child(|| {
+        let said_emptied = super::super::wait::holds_in_a_child(|| {
             bounding_holds_sys_admin()
                 && drop_all(None, Bounding::Emptied).is_ok()
                 && bounding_is_empty()
         });
         assert!(said_emptied, "the bounding set was left as it was");
         // Emptied first, as pid 1 does: nothing left for drop_all to drop.
-        let emptied = holds_in_a_child(|| {
+        let emptied = super::super::wait::holds_in_a_child(|| {
             drop_bounding_set().is_ok()
                 && !bounding_holds_sys_admin()
                 && bounding_is_empty()

@@ -56,18 +56,6 @@ pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
     .map_err(io::Error::from)
 }
 
-/// Whether the other end of the channel is closed (its process is gone), now, without
-/// waiting: hang-up is reported with data still unread, unlike end-of-stream, which a
-/// reader sees only after everything sent before the close.
-pub fn peer_gone(fd: impl AsFd) -> bool {
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::empty())];
-    poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0)
-        && fds[0]
-            .revents()
-            .is_some_and(|r| r.contains(PollFlags::POLLHUP))
-}
-
 /// Sends one packet with write(2): the one call every seccomp profile allows, so that an
 /// exec failure can still be reported after the payload's filter is loaded.
 fn send_bytes(fd: BorrowedFd<'_>, bytes: &[u8]) -> io::Result<()> {
@@ -272,14 +260,20 @@ mod tests {
             Ok(p) => p,
             Err(e) => panic!("socketpair: {e}"),
         };
-        assert!(!peer_gone(&sandbox), "the supervisor is there");
+        assert!(
+            !super::super::wait::hung_up_now(sandbox.as_fd()),
+            "the supervisor is there"
+        );
         ToSandbox::IdentityReady
             .send(&supervisor)
             .unwrap_or_else(|e| panic!("{e}"));
-        assert!(!peer_gone(&sandbox), "a message is no hang-up");
+        assert!(
+            !super::super::wait::hung_up_now(sandbox.as_fd()),
+            "a message is no hang-up"
+        );
         drop(supervisor);
         // The go-ahead is still there to read; the hang-up shows all the same.
-        assert!(peer_gone(&sandbox));
+        assert!(super::super::wait::hung_up_now(sandbox.as_fd()));
         assert!(ToSandbox::expect(ToSandbox::IdentityReady, &sandbox).is_ok());
     }
 

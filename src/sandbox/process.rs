@@ -384,37 +384,20 @@ mod tests {
             Ok(p) => p,
             Err(e) => panic!("pipe: {e}"),
         };
-        // SAFETY: the child makes system calls (and glibc's malloc, which is fork-safe
-        // there) and leaves with _exit, never returning into the test harness.
-        match unsafe { nix::unistd::fork() } {
-            Ok(nix::unistd::ForkResult::Child) => {
-                // Stdin and stdout closed; the payload's stdin comes from the pipe and its
-                // stdout, closed here, must be /dev/null. Open puts that /dev/null at 0,
-                // the lowest free number: the target of the pipe, installed first.
-                // SAFETY: closing this child's own descriptors.
-                unsafe {
-                    libc::close(0);
-                    libc::close(1);
-                }
-                let chan = write;
-                let pairs = [(read.as_raw_fd(), 0), (1, 1)];
-                let ok = install_descriptors(&pairs, &chan).is_ok()
-                    && names(0).starts_with("pipe:")
-                    && names(1) == "/dev/null";
-                // SAFETY: leave the child without running the parent's destructors.
-                unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+        let installed = super::super::wait::holds_in_a_child(|| {
+            // Stdin and stdout closed; the payload's stdin comes from the pipe and its
+            // stdout, closed here, must be /dev/null. Open puts that /dev/null at 0, the
+            // lowest free number: the target of the pipe, installed first.
+            // SAFETY: closing this child's own descriptors.
+            unsafe {
+                libc::close(0);
+                libc::close(1);
             }
-            Ok(nix::unistd::ForkResult::Parent { child }) => {
-                drop((read, write));
-                assert!(
-                    matches!(
-                        super::super::wait::reap_child(child),
-                        Ok(nix::sys::wait::WaitStatus::Exited(_, 0))
-                    ),
-                    "the payload's stdout was not /dev/null"
-                );
-            }
-            Err(e) => panic!("fork: {e}"),
-        }
+            let pairs = [(read.as_raw_fd(), 0), (1, 1)];
+            install_descriptors(&pairs, &write).is_ok()
+                && names(0).starts_with("pipe:")
+                && names(1) == "/dev/null"
+        });
+        assert!(installed, "the payload's stdout was not /dev/null");
     }
 }

@@ -7,7 +7,7 @@ use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::poll::{PollFd, PollTimeout, poll};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
 use nix::unistd::Pid;
 
@@ -67,8 +67,45 @@ pub fn has_exited(pidfd: BorrowedFd<'_>) -> nix::Result<bool> {
 
 /// Whether `fd` has something to read (or its peer hung up), now, without waiting.
 pub fn ready_now(fd: BorrowedFd<'_>) -> nix::Result<bool> {
-    let mut fds = [PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
-    poll(&mut fds, PollTimeout::ZERO).map(|n| n > 0)
+    events_now(fd, PollFlags::POLLIN).map(|r| !r.is_empty())
+}
+
+/// Whether the other end of `fd` (a socket) is closed, now, without waiting: hang-up is
+/// reported with data still unread, unlike end-of-stream, which a reader sees only after
+/// everything sent before the close.
+pub fn hung_up_now(fd: BorrowedFd<'_>) -> bool {
+    events_now(fd, PollFlags::empty()).is_ok_and(|r| r.contains(PollFlags::POLLHUP))
+}
+
+/// What poll(2) reports for `fd` (asked for `events`; hang-up and errors always come),
+/// now, without waiting.
+fn events_now(fd: BorrowedFd<'_>, events: PollFlags) -> nix::Result<PollFlags> {
+    let mut fds = [PollFd::new(fd, events)];
+    poll(&mut fds, PollTimeout::ZERO)?;
+    Ok(fds
+        .first()
+        .and_then(PollFd::revents)
+        .unwrap_or(PollFlags::empty()))
+}
+
+/// Whether `test` held in a forked child of this process (false too if the child could
+/// not be started): for tests of what changes a process for good (its credentials, its
+/// descriptors), which the test process must keep.
+#[cfg(test)]
+pub(crate) fn holds_in_a_child(test: impl FnOnce() -> bool) -> bool {
+    // SAFETY: the child makes system calls (and glibc's malloc, which is fork-safe there)
+    // and leaves with _exit, never returning into the test harness.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            let ok = test();
+            // SAFETY: leave the child without running the parent's destructors.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            matches!(reap_child(child), Ok(WaitStatus::Exited(_, 0)))
+        }
+        Err(_) => false,
+    }
 }
 
 /// Whether poll(2) reported anything (readiness, hang-up or error) for `fd`.
@@ -79,7 +116,6 @@ pub fn is_ready(fd: &PollFd<'_>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nix::poll::PollFlags;
     use std::os::fd::AsFd;
 
     #[test]

@@ -21,6 +21,7 @@ use super::super::spawn::{self, Left};
 use super::super::step::{Step, StepResult};
 use super::super::tty;
 use super::super::userns;
+use super::super::wait;
 use super::{ChildContext, SETUP_FAILED};
 
 /// Leaves quietly: the supervisor is gone or gave up on this sandbox, so there is no one
@@ -82,7 +83,7 @@ fn contain_steps(mut ctx: ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible
     // then read, and the sandbox ran on without it (a killed `run` left its command
     // running). Its end of the channel tells.
     process::die_with_parent().step("parent death signal")?;
-    if channel::peer_gone(chan) {
+    if wait::hung_up_now(chan.as_fd()) {
         supervisor_gone()
     }
     if spec.namespaces.net {
