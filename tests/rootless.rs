@@ -171,6 +171,27 @@ fn rootless_host_processes_are_invisible() {
     assert_eq!(stdout(&probe_as_nobody(&[], &["kill", &me])), "err 3");
 }
 
+#[test]
+fn rootless_payloads_may_run_on_every_processor_their_supervisor_may() {
+    // A rootless supervisor bars its pid 1 from its own processor at first too, and must
+    // be allowed to give the whole mask back (src/sandbox/elsewhere.rs).
+    if skip("rootless processor mask") {
+        return;
+    }
+    let allowed = |status: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|l| l.trim().to_string())
+            .unwrap_or_default()
+    };
+    let ours = allowed(&std::fs::read_to_string("/proc/self/status").unwrap_or_default());
+    let out = as_nobody(&["run", "--", "cat", "/proc/self/status"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(!ours.is_empty());
+    assert_eq!(allowed(&stdout(&out)), ours);
+}
+
 fn no_delegated_cgroup() -> bool {
     // On this kind of host (cgroup v1, or v2 without delegation to nobody) rootless limits
     // cannot come from cgroups; in a delegated VM they can (tests/cgroup_v2*).

@@ -444,6 +444,54 @@ fn the_sandbox_has_its_own_hostname_and_is_not_host_root() {
     );
 }
 
+/// The processors a process may run on, as its `/proc/PID/status` lists them.
+fn cpus_allowed(status: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|l| l.trim().to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_payload_may_run_on_every_processor_its_supervisor_may() {
+    // pid 1 starts barred from the supervisor's processor (src/sandbox/elsewhere.rs); the
+    // mask it hands down must be whole again by the time the payload starts, with the
+    // limits (the cgroup's join) and without, and under a mask narrowed by the caller.
+    if skip_unless_root("processor mask") {
+        return;
+    }
+    let ours = cpus_allowed(&std::fs::read_to_string("/proc/self/status").unwrap_or_default());
+    assert!(!ours.is_empty());
+    for limits in [
+        &[][..],
+        &["--memory", "64M", "--cpus", "1", "--pids", "16"][..],
+    ] {
+        let mut args = vec!["run"];
+        args.extend_from_slice(limits);
+        args.extend(["--", "cat", "/proc/self/status", "/proc/1/status"]);
+        let out = hatchery_cmd(&args);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let text = stdout(&out);
+        let (payload, pid1) = text.split_once("\nName:").unwrap_or((&text, ""));
+        assert_eq!(cpus_allowed(payload), ours, "the payload, {limits:?}");
+        assert_eq!(cpus_allowed(pid1), ours, "pid 1, {limits:?}");
+    }
+    let first = ours.split([',', '-']).next().unwrap_or("0").to_string();
+    let mut narrowed = Command::new("taskset");
+    narrowed
+        .args(["-c", &first])
+        .arg(hatchery())
+        .args(["run", "--", "cat", "/proc/self/status"]);
+    let out = run_with_timeout(&mut narrowed, Duration::from_secs(60));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        cpus_allowed(&stdout(&out)),
+        first,
+        "under taskset -c {first}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // The seccomp floor: refused under every profile, whatever the profile says. Each attack
 // is first shown to work without hatchery (on the host, or under a plain `unshare -r`),

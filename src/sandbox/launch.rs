@@ -22,6 +22,7 @@ use nix::unistd::Pid;
 
 use super::cgroup::{CgroupManager, CgroupVersion, SandboxCgroup, Usage};
 use super::channel::{self, FromSandbox, ToSandbox};
+use super::elsewhere::{self, Elsewhere};
 use super::mounts;
 use super::namespaces::{self, Cloned};
 use super::output::OutputSummary;
@@ -241,6 +242,8 @@ struct Pid1 {
     tree_notes: Vec<String>,
     /// The exposures' owners' groups its bind sources were mapped with.
     owner_groups: mounts::OwnerGroups,
+    /// Barred from the supervisor's processor until its id maps are written.
+    elsewhere: Option<Elsewhere>,
 }
 
 /// How a cloned pid 1 gets into its cgroup.
@@ -353,6 +356,8 @@ fn clone_pid1(
         Ok(Cloned::Parent { pid, pidfd }) => (pid, pidfd),
         Err(e) => return Err(namespaces_refused(e)),
     };
+    // First, so that pid 1 builds its root while this process does its own half.
+    let elsewhere = elsewhere::start_elsewhere(pid);
     drop(sandbox_end);
     // The sandbox has its own copies.
     drop(prepared);
@@ -382,6 +387,7 @@ fn clone_pid1(
         into_cgroup,
         tree_notes,
         owner_groups,
+        elsewhere,
     })
 }
 
@@ -501,7 +507,7 @@ fn hand_over(
     cgroups: Option<&dyn CgroupManager>,
 ) -> Result<Sandbox, SandboxError> {
     let mut sandbox = pid1.sandbox;
-    if let Err(e) = grant_identity(&sandbox, spec) {
+    if let Err(e) = grant_identity(&sandbox, spec, pid1.elsewhere) {
         // pid 1 may have failed and left before its maps were written: its report, not
         // the closed channel, says why.
         return match sent_report(&sandbox) {
@@ -529,8 +535,13 @@ fn hand_over(
     Ok(sandbox)
 }
 
-/// Writes the sandbox's uid and gid maps and tells it so: it may take its identity.
-fn grant_identity(sandbox: &Sandbox, spec: &SandboxSpec) -> Result<(), SandboxError> {
+/// Writes the sandbox's uid and gid maps and tells it so: it may take its identity. Then
+/// gives it the supervisor's processor mask again (see [`elsewhere`]).
+fn grant_identity(
+    sandbox: &Sandbox,
+    spec: &SandboxSpec,
+    elsewhere: Option<Elsewhere>,
+) -> Result<(), SandboxError> {
     let pid = sandbox.pid;
     tracing::debug!(pid = pid.as_raw(), "writing the sandbox's uid and gid maps");
     spec.identity
@@ -542,7 +553,12 @@ fn grant_identity(sandbox: &Sandbox, spec: &SandboxSpec) -> Result<(), SandboxEr
         })?;
     ToSandbox::IdentityReady
         .send(&sandbox.channel)
-        .map_err(|e| SandboxError::Internal(format!("sandbox went away during setup: {e}")))
+        .map_err(|e| SandboxError::Internal(format!("sandbox went away during setup: {e}")))?;
+    elsewhere.map_or(Ok(()), Elsewhere::give_back).map_err(|e| {
+        SandboxError::Internal(format!(
+            "cannot give the sandbox the supervisor's processor mask again: {e}"
+        ))
+    })
 }
 
 /// A report pid 1 has already sent (a failed step), taken without waiting for one.

@@ -14,6 +14,7 @@ pub mod caps;
 pub mod cgroup;
 pub mod channel;
 pub mod confine;
+pub mod elsewhere;
 pub mod entry;
 pub mod exec;
 pub mod filter_cache;

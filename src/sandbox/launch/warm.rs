@@ -191,7 +191,7 @@ pub fn prepare(
         )
     })?;
     let mut pid1 = super::clone_pid1(spec, plan, cgroups, true)?;
-    super::grant_identity(&pid1.sandbox, spec)?;
+    super::grant_identity(&pid1.sandbox, spec, pid1.elsewhere.take())?;
     super::settle_cgroup(&mut pid1.sandbox, pid1.into_cgroup, spec, plan, cgroups)?
         .map_err(|e| SandboxError::Internal(format!("sandbox went away during setup: {e}")))?;
     Ok(Prepared {
