@@ -536,7 +536,7 @@ fn hand_over(
 }
 
 /// Writes the sandbox's uid and gid maps and tells it so: it may take its identity. Then
-/// gives it the supervisor's processor mask again (see [`elsewhere`]).
+/// lets it run on every processor its cpuset allows again (see [`elsewhere`]).
 fn grant_identity(
     sandbox: &Sandbox,
     spec: &SandboxSpec,
@@ -556,7 +556,7 @@ fn grant_identity(
         .map_err(|e| SandboxError::Internal(format!("sandbox went away during setup: {e}")))?;
     elsewhere.map_or(Ok(()), Elsewhere::give_back).map_err(|e| {
         SandboxError::Internal(format!(
-            "cannot give the sandbox the supervisor's processor mask again: {e}"
+            "cannot let the sandbox run on every processor again: {e}"
         ))
     })
 }
