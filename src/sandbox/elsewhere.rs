@@ -66,16 +66,28 @@ fn covers(mask: &CpuSet, list: &str) -> Option<bool> {
     Some(all)
 }
 
+/// Calls of [`Elsewhere::give_back`] a cpuset changing meanwhile may spoil.
+const GIVE_BACK_TRIES: usize = 4;
+
 impl Elsewhere {
     /// Gives pid 1 a request for every processor, which the kernel narrows to its cpuset
     /// (see the module's comment). pid 1 is the caller's child, not reaped before this:
-    /// the call reaches it even when it has ended.
+    /// the call reaches it even when it has ended. The kernel answers EINVAL when pid 1's
+    /// cpuset shrank during the call (it then puts the earlier request back): the call is
+    /// made again, a few times at most.
     pub fn give_back(self) -> Result<(), Errno> {
         let mut every = CpuSet::new();
         for cpu in 0..CpuSet::count() {
             every.set(cpu)?;
         }
-        sched_setaffinity(self.pid, &every)
+        let mut tries = GIVE_BACK_TRIES;
+        loop {
+            tries = tries.saturating_sub(1);
+            match sched_setaffinity(self.pid, &every) {
+                Err(Errno::EINVAL) if tries > 0 => continue,
+                done => return done,
+            }
+        }
     }
 }
 
