@@ -37,6 +37,7 @@ fn cgroup_gone(report: &Value) {
 
 #[test]
 fn a_memory_bomb_is_oom_killed_with_137() {
+    let _sweeps = sweeps_shared();
     if skip_unless_root("memory") {
         return;
     }
@@ -51,6 +52,7 @@ fn a_memory_bomb_is_oom_killed_with_137() {
 
 #[test]
 fn memory_under_the_limit_is_fine_and_counted() {
+    let _sweeps = sweeps_shared();
     if skip_unless_root("memory ok") {
         return;
     }
@@ -66,6 +68,7 @@ fn memory_under_the_limit_is_fine_and_counted() {
 
 #[test]
 fn tmpfs_cannot_exceed_the_memory_limit() {
+    let _sweeps = sweeps_shared();
     if skip_unless_root("tmpfs") {
         return;
     }
@@ -99,6 +102,7 @@ fn tmpfs_cannot_exceed_the_memory_limit() {
 
 #[test]
 fn a_fork_bomb_is_contained_by_the_pids_limit() {
+    let _sweeps = sweeps_shared();
     if skip_unless_root("pids") {
         return;
     }
@@ -125,6 +129,7 @@ fn a_fork_bomb_is_contained_by_the_pids_limit() {
 
 #[test]
 fn half_a_cpu_is_about_half_a_cpu() {
+    let _sweeps = sweeps_shared();
     if skip_unless_root("cpus") {
         return;
     }
@@ -142,6 +147,7 @@ fn half_a_cpu_is_about_half_a_cpu() {
 
 #[test]
 fn a_timeout_kills_everything_with_124() {
+    let _sweeps = sweeps_shared();
     if skip_unless_root("timeout") {
         return;
     }
@@ -169,6 +175,7 @@ fn a_timeout_kills_everything_with_124() {
 
 #[test]
 fn a_double_forked_daemon_does_not_outlive_run() {
+    let _sweeps = sweeps_shared();
     if skip_unless_root("daemon") {
         return;
     }
@@ -198,6 +205,7 @@ fn a_double_forked_daemon_does_not_outlive_run() {
 
 #[test]
 fn exit_statuses_follow_the_contract() {
+    let _sweeps = sweeps_shared();
     if skip_unless_root("statuses") {
         return;
     }
@@ -224,6 +232,7 @@ fn exit_statuses_follow_the_contract() {
 
 #[test]
 fn the_report_has_every_contract_key() {
+    let _sweeps = sweeps_shared();
     if skip_unless_root("report") {
         return;
     }
@@ -307,6 +316,7 @@ fn the_report_has_every_contract_key() {
 
 #[test]
 fn signals_to_run_reach_the_command() {
+    let _sweeps = sweeps_shared();
     if skip_unless_root("signals") {
         return;
     }
@@ -458,6 +468,7 @@ fn slow_fs_bed() -> Option<(tempfile::TempDir, std::path::PathBuf, SlowFs)> {
 
 #[test]
 fn a_signal_to_run_stops_a_command_whose_start_hangs_on_a_slow_file_system() {
+    let _sweeps = sweeps_shared();
     let Some((_dir, mnt, fs)) = slow_fs_bed() else {
         return;
     };
@@ -495,6 +506,7 @@ fn a_signal_to_run_stops_a_command_whose_start_hangs_on_a_slow_file_system() {
 
 #[test]
 fn a_user_database_stuck_in_the_kernel_holds_a_start_no_longer_than_its_deadline() {
+    let _sweeps = sweeps_shared();
     if skip_unless_root("stuck user database") {
         return;
     }
@@ -543,6 +555,7 @@ fn a_user_database_stuck_in_the_kernel_holds_a_start_no_longer_than_its_deadline
 
 #[test]
 fn a_payload_killed_during_its_set_up_ends_the_run_with_that_signal() {
+    let _sweeps = sweeps_shared();
     let Some((dir, mnt, fs)) = slow_fs_bed() else {
         return;
     };
@@ -590,6 +603,7 @@ fn a_payload_killed_during_its_set_up_ends_the_run_with_that_signal() {
 
 #[test]
 fn a_killed_run_takes_its_sandbox_along() {
+    let _sweeps = sweeps_shared();
     if skip_unless_root("run killed") {
         return;
     }
@@ -661,6 +675,7 @@ fn own_hierarchies() -> Vec<std::path::PathBuf> {
 /// A process put in them here, ending a moment later, stands for that dying sandbox.
 #[test]
 fn a_killed_runs_cgroups_are_removed_by_a_later_run_started_elsewhere() {
+    let _sweeps = sweeps_alone();
     if skip_unless_root("killed run's cgroups") {
         return;
     }
@@ -746,6 +761,27 @@ fn a_killed_runs_cgroups_are_removed_by_a_later_run_started_elsewhere() {
         matches!(ended, Ok(true)),
         "the dying process was killed: {ended:?}"
     );
+}
+
+/// Every run sweeps every dead run's note, whichever test started it, and holds a note's
+/// lock while it waits for its cgroups: a test whose dead run must meet its own runs'
+/// sweeps only (the first to find it, or none that waits) holds this alone, and every
+/// other test shares it. (Once, in CI's cgroup v1 guest, another test's run had taken the
+/// note first, and the test's own run, finding it locked, neither waited nor marked it.)
+static SWEEPS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// For a test whose runs may sweep any dead run's note.
+fn sweeps_shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    SWEEPS
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// For a test whose dead run no other test's run may sweep meanwhile.
+fn sweeps_alone() -> std::sync::RwLockWriteGuard<'static, ()> {
+    SWEEPS
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Where `run` keeps its notes, made as `run` makes it where no run has yet (on a freshly
@@ -847,6 +883,7 @@ fn run_from(dirs: &[std::path::PathBuf], args: &str) -> std::process::Output {
 /// it a bounded while and marks the note; the cgroups go once they are empty.
 #[test]
 fn what_stays_in_a_dead_runs_cgroup_is_neither_killed_nor_waited_for_twice() {
+    let _sweeps = sweeps_alone();
     if skip_unless_root("dead run's populated cgroups") {
         return;
     }
@@ -885,6 +922,7 @@ fn what_stays_in_a_dead_runs_cgroup_is_neither_killed_nor_waited_for_twice() {
 /// and killed them (exit 137, the command never ran).
 #[test]
 fn a_run_started_inside_a_dead_runs_cgroup_does_not_sweep_itself() {
+    let _sweeps = sweeps_alone();
     if skip_unless_root("run inside a dead run's cgroup") {
         return;
     }
@@ -900,6 +938,7 @@ fn a_run_started_inside_a_dead_runs_cgroup_does_not_sweep_itself() {
 /// that ended in time for a timeout). Here a process stays in a dead run's cgroup.
 #[test]
 fn a_run_whose_deadline_is_near_is_not_held_by_a_dead_runs_cgroups() {
+    let _sweeps = sweeps_alone();
     if skip_unless_root("near deadline") {
         return;
     }
@@ -929,6 +968,7 @@ fn a_run_whose_deadline_is_near_is_not_held_by_a_dead_runs_cgroups() {
 /// child of a directory named like a dead run's was killed by the next run.
 #[test]
 fn a_sweep_kills_nothing_below_a_stale_cgroup() {
+    let _sweeps = sweeps_shared();
     if skip_unless_root("below a stale cgroup") {
         return;
     }
@@ -957,6 +997,7 @@ fn a_sweep_kills_nothing_below_a_stale_cgroup() {
 /// is not on a cgroup file system (it removed directories through one).
 #[test]
 fn a_sweep_follows_no_link_out_of_the_cgroup_file_systems() {
+    let _sweeps = sweeps_shared();
     if skip_unless_root("link in /sys/fs/cgroup") {
         return;
     }
@@ -1046,6 +1087,7 @@ impl Drop for RemovedOnDrop {
 /// cgroup with processes in it is never swept.
 #[test]
 fn a_live_run_in_another_pid_namespace_is_not_swept_by_a_later_run() {
+    let _sweeps = sweeps_shared();
     if skip_unless_root("pid namespace sweep") {
         return;
     }
