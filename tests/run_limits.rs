@@ -37,10 +37,9 @@ fn cgroup_gone(report: &Value) {
 
 #[test]
 fn a_memory_bomb_is_oom_killed_with_137() {
-    let _sweeps = sweeps_shared();
-    if skip_unless_root("memory") {
+    let Some(_sweeps) = sweeps_shared_as_root("memory") else {
         return;
-    }
+    };
     let (code, report, _) = probe_with_report(&["--memory", "64M"], &["memhog", "256"]);
     assert_eq!(code, 137, "{report}");
     assert_eq!(report["oom_killed"], Value::Bool(true));
@@ -52,10 +51,9 @@ fn a_memory_bomb_is_oom_killed_with_137() {
 
 #[test]
 fn memory_under_the_limit_is_fine_and_counted() {
-    let _sweeps = sweeps_shared();
-    if skip_unless_root("memory ok") {
+    let Some(_sweeps) = sweeps_shared_as_root("memory ok") else {
         return;
-    }
+    };
     let (code, report, out) = probe_with_report(&["--memory", "128M"], &["memhog", "32"]);
     assert_eq!((code, out.as_str()), (0, "ok 32"), "{report}");
     assert_eq!(report["oom_killed"], Value::Bool(false));
@@ -68,10 +66,9 @@ fn memory_under_the_limit_is_fine_and_counted() {
 
 #[test]
 fn tmpfs_cannot_exceed_the_memory_limit() {
-    let _sweeps = sweeps_shared();
-    if skip_unless_root("tmpfs") {
+    let Some(_sweeps) = sweeps_shared_as_root("tmpfs") else {
         return;
-    }
+    };
     let dir = shared_tempdir();
     let report = dir.path().join("r.json");
     let r = report.to_string_lossy().to_string();
@@ -102,10 +99,9 @@ fn tmpfs_cannot_exceed_the_memory_limit() {
 
 #[test]
 fn a_fork_bomb_is_contained_by_the_pids_limit() {
-    let _sweeps = sweeps_shared();
-    if skip_unless_root("pids") {
+    let Some(_sweeps) = sweeps_shared_as_root("pids") else {
         return;
-    }
+    };
     let (code, report, out) = probe_with_report(&["--pids", "32"], &["forkbomb", "300", "300"]);
     assert_eq!(code, 0, "{out} {report}");
     let forked: u32 = out
@@ -129,10 +125,9 @@ fn a_fork_bomb_is_contained_by_the_pids_limit() {
 
 #[test]
 fn half_a_cpu_is_about_half_a_cpu() {
-    let _sweeps = sweeps_shared();
-    if skip_unless_root("cpus") {
+    let Some(_sweeps) = sweeps_shared_as_root("cpus") else {
         return;
-    }
+    };
     let (code, report, _) = probe_with_report(&["--cpus", "0.5"], &["spin", "2"]);
     assert_eq!(code, 0, "{report}");
     let cpu = report["cpu_usec"].as_f64().unwrap_or(0.0);
@@ -147,10 +142,9 @@ fn half_a_cpu_is_about_half_a_cpu() {
 
 #[test]
 fn a_timeout_kills_everything_with_124() {
-    let _sweeps = sweeps_shared();
-    if skip_unless_root("timeout") {
+    let Some(_sweeps) = sweeps_shared_as_root("timeout") else {
         return;
-    }
+    };
     let dir = shared_tempdir();
     let report = dir.path().join("r.json");
     let r = report.to_string_lossy().to_string();
@@ -175,10 +169,9 @@ fn a_timeout_kills_everything_with_124() {
 
 #[test]
 fn a_double_forked_daemon_does_not_outlive_run() {
-    let _sweeps = sweeps_shared();
-    if skip_unless_root("daemon") {
+    let Some(_sweeps) = sweeps_shared_as_root("daemon") else {
         return;
-    }
+    };
     let dir = shared_tempdir();
     let d = canonical(dir.path());
     let marker = d.join(format!("daemon-{}", std::process::id()));
@@ -205,10 +198,9 @@ fn a_double_forked_daemon_does_not_outlive_run() {
 
 #[test]
 fn exit_statuses_follow_the_contract() {
-    let _sweeps = sweeps_shared();
-    if skip_unless_root("statuses") {
+    let Some(_sweeps) = sweeps_shared_as_root("statuses") else {
         return;
-    }
+    };
     assert_eq!(code(&hatchery_cmd(&["run", "--", "sh", "-c", "exit 3"])), 3);
     assert_eq!(
         code(&hatchery_cmd(&["run", "--", "sh", "-c", "kill -TERM $$"])),
@@ -232,10 +224,9 @@ fn exit_statuses_follow_the_contract() {
 
 #[test]
 fn the_report_has_every_contract_key() {
-    let _sweeps = sweeps_shared();
-    if skip_unless_root("report") {
+    let Some(_sweeps) = sweeps_shared_as_root("report") else {
         return;
-    }
+    };
     let (code, v, _) = probe_with_report(
         &["--memory", "128M", "--pids", "64", "--cpus", "1"],
         &["syscall", "getpid"],
@@ -316,10 +307,9 @@ fn the_report_has_every_contract_key() {
 
 #[test]
 fn signals_to_run_reach_the_command() {
-    let _sweeps = sweeps_shared();
-    if skip_unless_root("signals") {
+    let Some(_sweeps) = sweeps_shared_as_root("signals") else {
         return;
-    }
+    };
     let dir = shared_tempdir();
     let d = canonical(dir.path());
     let ready = d.join("ready");
@@ -506,10 +496,9 @@ fn a_signal_to_run_stops_a_command_whose_start_hangs_on_a_slow_file_system() {
 
 #[test]
 fn a_user_database_stuck_in_the_kernel_holds_a_start_no_longer_than_its_deadline() {
-    let _sweeps = sweeps_shared();
-    if skip_unless_root("stuck user database") {
+    let Some(_sweeps) = sweeps_shared_as_root("stuck user database") else {
         return;
-    }
+    };
     let dir = shared_tempdir();
     let mnt = canonical(dir.path()).join("slow");
     // A server that answers neither the open nor the kernel's interrupt: the process that
@@ -603,10 +592,9 @@ fn a_payload_killed_during_its_set_up_ends_the_run_with_that_signal() {
 
 #[test]
 fn a_killed_run_takes_its_sandbox_along() {
-    let _sweeps = sweeps_shared();
-    if skip_unless_root("run killed") {
+    let Some(_sweeps) = sweeps_shared_as_root("run killed") else {
         return;
-    }
+    };
     let marker = format!("run-kill-marker-{}", std::process::id());
     let mut child = match Command::new(hatchery())
         .args([
@@ -675,10 +663,9 @@ fn own_hierarchies() -> Vec<std::path::PathBuf> {
 /// A process put in them here, ending a moment later, stands for that dying sandbox.
 #[test]
 fn a_killed_runs_cgroups_are_removed_by_a_later_run_started_elsewhere() {
-    let _sweeps = sweeps_alone();
-    if skip_unless_root("killed run's cgroups") {
+    let Some(_sweeps) = sweeps_alone_as_root("killed run's cgroups") else {
         return;
-    }
+    };
     // A cgroup of the test's own in each hierarchy, for the run that is killed.
     let elsewhere = format!("hatchery-test-elsewhere-{}", std::process::id());
     let places: Vec<std::path::PathBuf> = own_hierarchies()
@@ -784,6 +771,18 @@ fn sweeps_alone() -> std::sync::RwLockWriteGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The sweeps shared, for a test that needs root: None (the test is skipped) where this
+/// is not root.
+fn sweeps_shared_as_root(test: &str) -> Option<std::sync::RwLockReadGuard<'static, ()>> {
+    (!skip_unless_root(test)).then(sweeps_shared)
+}
+
+/// The sweeps alone, for a test that needs root: None (the test is skipped) where this
+/// is not root.
+fn sweeps_alone_as_root(test: &str) -> Option<std::sync::RwLockWriteGuard<'static, ()>> {
+    (!skip_unless_root(test)).then(sweeps_alone)
+}
+
 /// Where `run` keeps its notes, made as `run` makes it where no run has yet (on a freshly
 /// booted host): root's alone, or no run reads or writes a note there.
 fn notes_dir() -> &'static Path {
@@ -883,10 +882,9 @@ fn run_from(dirs: &[std::path::PathBuf], args: &str) -> std::process::Output {
 /// it a bounded while and marks the note; the cgroups go once they are empty.
 #[test]
 fn what_stays_in_a_dead_runs_cgroup_is_neither_killed_nor_waited_for_twice() {
-    let _sweeps = sweeps_alone();
-    if skip_unless_root("dead run's populated cgroups") {
+    let Some(_sweeps) = sweeps_alone_as_root("dead run's populated cgroups") else {
         return;
-    }
+    };
     let dead = DeadRun::new(&format!("hatchery-test-stays-{}", std::process::id()));
     let mut stays = a_process_in(&dead.dirs);
     let out = hatchery_cmd(&["run", "--memory", "64M", "--", "/bin/true"]);
@@ -922,10 +920,9 @@ fn what_stays_in_a_dead_runs_cgroup_is_neither_killed_nor_waited_for_twice() {
 /// and killed them (exit 137, the command never ran).
 #[test]
 fn a_run_started_inside_a_dead_runs_cgroup_does_not_sweep_itself() {
-    let _sweeps = sweeps_alone();
-    if skip_unless_root("run inside a dead run's cgroup") {
+    let Some(_sweeps) = sweeps_alone_as_root("run inside a dead run's cgroup") else {
         return;
-    }
+    };
     let dead = DeadRun::new(&format!("hatchery-test-inside-{}", std::process::id()));
     let out = run_from(&dead.dirs, "--memory 64M -- echo ran");
     assert_eq!(code(&out), 0, "{}", stderr(&out));
@@ -938,10 +935,9 @@ fn a_run_started_inside_a_dead_runs_cgroup_does_not_sweep_itself() {
 /// that ended in time for a timeout). Here a process stays in a dead run's cgroup.
 #[test]
 fn a_run_whose_deadline_is_near_is_not_held_by_a_dead_runs_cgroups() {
-    let _sweeps = sweeps_alone();
-    if skip_unless_root("near deadline") {
+    let Some(_sweeps) = sweeps_alone_as_root("near deadline") else {
         return;
-    }
+    };
     let dead = DeadRun::new(&format!("hatchery-test-late-{}", std::process::id()));
     let _stays = a_process_in(&dead.dirs);
     let within_300ms = |command: &[&str]| {
@@ -968,10 +964,9 @@ fn a_run_whose_deadline_is_near_is_not_held_by_a_dead_runs_cgroups() {
 /// child of a directory named like a dead run's was killed by the next run.
 #[test]
 fn a_sweep_kills_nothing_below_a_stale_cgroup() {
-    let _sweeps = sweeps_shared();
-    if skip_unless_root("below a stale cgroup") {
+    let Some(_sweeps) = sweeps_shared_as_root("below a stale cgroup") else {
         return;
-    }
+    };
     let (places, _removed) = test_cgroups(&format!("hatchery-test-below-{}", std::process::id()));
     let stale = a_dead_runs_name();
     let below: Vec<std::path::PathBuf> = places.iter().map(|p| p.join(&stale).join("x")).collect();
@@ -997,10 +992,9 @@ fn a_sweep_kills_nothing_below_a_stale_cgroup() {
 /// is not on a cgroup file system (it removed directories through one).
 #[test]
 fn a_sweep_follows_no_link_out_of_the_cgroup_file_systems() {
-    let _sweeps = sweeps_shared();
-    if skip_unless_root("link in /sys/fs/cgroup") {
+    let Some(_sweeps) = sweeps_shared_as_root("link in /sys/fs/cgroup") else {
         return;
-    }
+    };
     let target = shared_tempdir();
     let link =
         Path::new("/sys/fs/cgroup").join(format!("hatchery-test-link-{}", std::process::id()));
@@ -1087,10 +1081,9 @@ impl Drop for RemovedOnDrop {
 /// cgroup with processes in it is never swept.
 #[test]
 fn a_live_run_in_another_pid_namespace_is_not_swept_by_a_later_run() {
-    let _sweeps = sweeps_shared();
-    if skip_unless_root("pid namespace sweep") {
+    let Some(_sweeps) = sweeps_shared_as_root("pid namespace sweep") else {
         return;
-    }
+    };
     let mut contained = Command::new("unshare")
         .args(["-p", "-f", "-m", "--mount-proc"])
         .arg(hatchery())

@@ -36,8 +36,7 @@ pub struct Elsewhere {
 /// then starts where the kernel put it.
 pub fn start_elsewhere(pid: Pid) -> Option<Elsewhere> {
     let mask = sched_getaffinity(Pid::from_raw(0)).ok()?;
-    let possible = std::fs::read_to_string(POSSIBLE).ok()?;
-    if !covers(&mask, &possible)? {
+    if !covers(&mask, possible()?)? {
         return None;
     }
     let mut away = mask;
@@ -47,6 +46,14 @@ pub fn start_elsewhere(pid: Pid) -> Option<Elsewhere> {
     }
     sched_setaffinity(pid, &away).ok()?;
     Some(Elsewhere { pid })
+}
+
+/// The processors this machine may ever have, as the kernel lists them: fixed at boot,
+/// so read once a process (a launcher starts many sandboxes).
+fn possible() -> Option<&'static str> {
+    static LIST: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    LIST.get_or_init(|| std::fs::read_to_string(POSSIBLE).ok())
+        .as_deref()
 }
 
 /// Whether `mask` holds every processor of `list` (the kernel's `0-3,8` form); None when
