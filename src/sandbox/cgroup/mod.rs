@@ -6,6 +6,7 @@
 //! (peak memory, CPU time, peak tasks, OOM kills) is read from the cgroup's own files so
 //! the report states what the kernel counted, not what hatchery estimated.
 
+mod kill;
 pub mod layout;
 mod leftovers;
 mod v1;
@@ -20,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub(crate) use kill::kill_procs_until_empty;
 pub use layout::Layout;
 
 /// Prefix of every cgroup hatchery creates; the sweep only ever touches these.
@@ -287,32 +289,6 @@ pub(crate) fn holds_nothing(dir: &Path) -> bool {
     match read {
         Ok(()) => !listed,
         Err(e) => e.kind() == io::ErrorKind::NotFound,
-    }
-}
-
-/// SIGKILLs the processes of a cgroup until it is empty or the deadline passes.
-pub(crate) fn kill_procs_until_empty(dir: &Path, deadline: Instant) -> Result<(), CgroupError> {
-    loop {
-        let mut listed = false;
-        let read = each_proc(dir, |pid| {
-            listed = true;
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            ControlFlow::Continue(())
-        });
-        match read {
-            Ok(()) if !listed => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            // Killed what was listed, or unreadable (not known to be empty): read again
-            // until the deadline.
-            Ok(()) | Err(_) => {}
-        }
-        if Instant::now() >= deadline {
-            return Err(CgroupError::Busy(dir.to_path_buf()));
-        }
-        std::thread::sleep(Duration::from_micros(200));
     }
 }
 

@@ -1,0 +1,383 @@
+//! SIGKILLs what a cgroup lists without ever signalling a process the list did not name.
+//!
+//! `cgroup.procs` names processes by number, and a number is free again once its process
+//! is reaped: inside a sandbox, by a parent the sandbox controls, as fast as it likes.
+//! `kill(pid)` after reading the list could therefore reach whatever process the host
+//! started under that number in between (a pid space of 32,768 wraps in a second or two
+//! of forks). So each listed number is first pinned to the process holding it with
+//! `pidfd_open`, the list is read again, and only a pinned process listed the second time
+//! is signalled, through its pidfd. A process that is alive (or a zombie) when signalled
+//! has held its number since it was pinned, so the second listing was its own; one that
+//! was reaped in between is not signalled at all (the pidfd answers ESRCH), whoever holds
+//! its number now.
+//!
+//! Pinning takes a descriptor a process, so a big cgroup is dealt with in windows of
+//! [`ROUND`] processes, and with fewer descriptors free, in smaller ones. With fewer than
+//! two free (one to pin with, one to read the list again), nothing is signalled and the
+//! failure says the supervisor is out of descriptors: never a signal by number.
+
+use std::io;
+use std::ops::ControlFlow;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use super::CgroupError;
+use crate::sandbox::handle::pidfd_open;
+use crate::sandbox::process::pidfd_signal;
+
+/// Most processes pinned at once: one descriptor each until the list has been read again.
+/// Well under the usual soft limit of 1,024 descriptors; a bigger cgroup is covered in
+/// windows of this size, one a round.
+const ROUND: usize = 256;
+
+/// SIGKILLs the processes of a cgroup until it is empty or the deadline passes.
+pub(crate) fn kill_procs_until_empty(dir: &Path, deadline: Instant) -> Result<(), CgroupError> {
+    // Which window of the list this round pins: each round the next, so that processes
+    // still listed after their SIGKILL (stuck in the kernel) cannot keep the ones behind
+    // them out of every round.
+    let mut window = 0usize;
+    loop {
+        let last_error = match kill_round(dir, window) {
+            Ok(Round { listed: 0, .. }) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Ok(Round { listed, covered }) => {
+                window = window.saturating_add(covered);
+                if covered == 0 || window >= listed {
+                    window = 0;
+                }
+                None
+            }
+            // Unreadable (not known to be empty), or out of descriptors to pin with: read
+            // again until the deadline.
+            Err(e) => Some(e),
+        };
+        if Instant::now() >= deadline {
+            return Err(match last_error {
+                Some(source) if is_out_of_descriptors(&source) => CgroupError::Io {
+                    path: dir.to_path_buf(),
+                    source,
+                },
+                _ => CgroupError::Busy(dir.to_path_buf()),
+            });
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn is_out_of_descriptors(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+    )
+}
+
+/// What one round saw: how many processes the list held (0: empty), and how many of its
+/// window it dealt with (pinned, or found gone); the next round starts after those.
+struct Round {
+    listed: usize,
+    covered: usize,
+}
+
+/// One round: pins the processes at positions `window..window + ROUND` of the list and
+/// SIGKILLs those the list names again.
+fn kill_round(dir: &Path, window: usize) -> io::Result<Round> {
+    // The numbers are copied out and the list closed before pinning: its descriptor is
+    // one more to pin with when few are left.
+    let mut listed = 0usize;
+    let mut numbers = Vec::new();
+    super::each_proc(dir, |pid| {
+        if listed >= window && numbers.len() < ROUND {
+            numbers.push(pid);
+        }
+        listed = listed.saturating_add(1);
+        ControlFlow::Continue(())
+    })?;
+    // (number, pidfd, position in the window)
+    let mut pinned: Vec<(i32, OwnedFd, usize)> = Vec::with_capacity(numbers.len());
+    let mut covered = numbers.len();
+    for (at, pid) in numbers.into_iter().enumerate() {
+        if pinned.iter().any(|(p, _, _)| *p == pid) {
+            continue; // A list may name a process twice: one pidfd is enough.
+        }
+        match pidfd_open(pid) {
+            Ok(fd) => pinned.push((pid, fd, at)),
+            Err(e) if is_out_of_descriptors(&e) => {
+                if pinned.is_empty() {
+                    return Err(e);
+                }
+                covered = at;
+                break;
+            }
+            // Gone already (ESRCH), or a number that names no process here (0 on v2 for
+            // a process outside this pid namespace).
+            Err(_) => {}
+        }
+    }
+    // Reading the list again takes a descriptor: while there is none, give one back (its
+    // process waits for a later round). With fewer than two descriptors free nothing can
+    // be pinned and checked: say so.
+    loop {
+        match kill_still_listed(dir, &pinned) {
+            Ok(()) => return Ok(Round { listed, covered }),
+            Err(e) if is_out_of_descriptors(&e) && pinned.len() > 1 => {
+                if let Some((_, _, at)) = pinned.pop() {
+                    covered = at;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// SIGKILLs, through its pidfd, each pinned process whose number `dir`'s list names when
+/// read now; the others are left alone (see the module's doc for why that is enough).
+fn kill_still_listed(dir: &Path, pinned: &[(i32, OwnedFd, usize)]) -> io::Result<()> {
+    if pinned.is_empty() {
+        return Ok(());
+    }
+    let mut order: Vec<(i32, usize)> = pinned
+        .iter()
+        .enumerate()
+        .map(|(i, (pid, _, _))| (*pid, i))
+        .collect();
+    order.sort_unstable();
+    let mut confirmed = vec![false; pinned.len()];
+    let mut unconfirmed = pinned.len();
+    super::each_proc(dir, |pid| {
+        if let Ok(k) = order.binary_search_by_key(&pid, |(p, _)| *p) {
+            if let Some(seen) = order.get(k).and_then(|(_, i)| confirmed.get_mut(*i)) {
+                if !*seen {
+                    *seen = true;
+                    unconfirmed = unconfirmed.saturating_sub(1);
+                }
+            }
+        }
+        if unconfirmed == 0 {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    })?;
+    for ((_, pidfd, _), listed) in pinned.iter().zip(&confirmed) {
+        if *listed {
+            // ESRCH: it was reaped since it was pinned; its number is not looked at again.
+            let _ = pidfd_signal(pidfd.as_fd(), Signal::SIGKILL);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Child, Command};
+
+    fn sleeper() -> io::Result<Child> {
+        Command::new("sleep").arg("30").spawn()
+    }
+
+    fn pid_of(child: &Child) -> i32 {
+        i32::try_from(child.id()).unwrap_or(i32::MAX)
+    }
+
+    /// Whether `child` ended by SIGKILL within a few seconds (reaping it if so).
+    fn killed(child: &mut Child) -> bool {
+        use std::os::unix::process::ExitStatusExt;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return status.signal() == Some(libc::SIGKILL),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    fn end(mut child: Child) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[test]
+    fn a_pinned_process_the_list_no_longer_names_is_not_killed() -> io::Result<()> {
+        // Read first, `outside`'s number was in the list; read again, it is not (its
+        // process left, or the number now belongs to a process of the host's).
+        let dir = tempfile::tempdir()?;
+        let mut outside = sleeper()?;
+        let mut inside = sleeper()?;
+        let (o, i) = (pid_of(&outside), pid_of(&inside));
+        std::fs::write(dir.path().join("cgroup.procs"), format!("{i}\n{i}\n"))?;
+        let pinned = vec![
+            (o, pidfd_open(o)?, 0),
+            (i, pidfd_open(i)?, 1),
+            (i, pidfd_open(i)?, 2),
+        ];
+        let result = kill_still_listed(dir.path(), &pinned);
+        let inside_killed = killed(&mut inside);
+        let outside_alive = outside.try_wait()?.is_none();
+        end(outside);
+        end(inside);
+        result?;
+        assert!(inside_killed, "the process listed again was not killed");
+        assert!(outside_alive, "a process no longer listed was killed");
+        Ok(())
+    }
+
+    #[test]
+    fn a_cgroup_listed_empty_or_gone_is_done_and_one_listed_forever_is_busy() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let soon = Instant::now() + Duration::from_millis(50);
+        std::fs::write(dir.path().join("cgroup.procs"), "")?;
+        assert!(kill_procs_until_empty(dir.path(), soon).is_ok());
+        assert!(kill_procs_until_empty(&dir.path().join("gone"), soon).is_ok());
+        // A number no process holds stays listed here (a file, not a cgroup): busy.
+        std::fs::write(dir.path().join("cgroup.procs"), "0\n-1\n4194305\nx\n")?;
+        assert!(matches!(
+            kill_procs_until_empty(dir.path(), soon),
+            Err(CgroupError::Busy(_))
+        ));
+        // A process it lists is killed through its pidfd.
+        let mut listed = sleeper()?;
+        std::fs::write(
+            dir.path().join("cgroup.procs"),
+            format!("{}\n", pid_of(&listed)),
+        )?;
+        let _ = kill_procs_until_empty(dir.path(), Instant::now() + Duration::from_millis(200));
+        let was_killed = killed(&mut listed);
+        end(listed);
+        assert!(was_killed, "a listed process survived");
+        Ok(())
+    }
+
+    /// Zombies of this process: pinnable, deaf to SIGKILL, and listed for as long as the
+    /// test's list says, like processes stuck in the kernel after their SIGKILL.
+    fn stuck(n: usize) -> io::Result<Vec<Child>> {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut child = sleeper()?;
+            child.kill()?;
+            out.push(child);
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn processes_still_listed_after_their_kill_do_not_hide_the_ones_behind_them() -> io::Result<()>
+    {
+        // A full window of them at the front of the list, and a live process after it.
+        let dir = tempfile::tempdir()?;
+        let front = stuck(ROUND)?;
+        let mut behind = sleeper()?;
+        let mut list: String = front.iter().map(|c| format!("{}\n", pid_of(c))).collect();
+        list.push_str(&format!("{}\n", pid_of(&behind)));
+        std::fs::write(dir.path().join("cgroup.procs"), list)?;
+        let result =
+            kill_procs_until_empty(dir.path(), Instant::now() + Duration::from_millis(300));
+        let behind_killed = killed(&mut behind);
+        end(behind);
+        front.into_iter().for_each(end);
+        assert!(matches!(result, Err(CgroupError::Busy(_))), "{result:?}");
+        assert!(
+            behind_killed,
+            "the process behind a window of stuck ones was never killed"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn with_two_descriptors_free_every_listed_process_is_killed_and_with_one_it_says_so() {
+        let dir = match tempfile::tempdir() {
+            Ok(d) => d,
+            Err(e) => panic!("temporary directory: {e}"),
+        };
+        let mut listed: Vec<Child> = (0..3).filter_map(|_| sleeper().ok()).collect();
+        assert_eq!(listed.len(), 3);
+        let list: String = listed.iter().map(|c| format!("{}\n", pid_of(c))).collect();
+        if let Err(e) = std::fs::write(dir.path().join("cgroup.procs"), list) {
+            panic!("list: {e}");
+        }
+        let path = dir.path().to_path_buf();
+        let as_said = crate::sandbox::wait::holds_in_a_child(move || {
+            // Only 0, 1 and 2 stay open; then 3 and 4 are the only numbers free.
+            for fd in 3..1024 {
+                // SAFETY: a forked child that ends with _exit; nothing else uses these.
+                unsafe { libc::close(fd) };
+            }
+            use nix::sys::resource::{Resource, getrlimit, setrlimit};
+            let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+                return false;
+            };
+            let soon = || Instant::now() + Duration::from_millis(200);
+            if setrlimit(Resource::RLIMIT_NOFILE, 5, hard).is_err() {
+                return false;
+            }
+            // The list never changes here: busy at the deadline, every process signalled.
+            let two_free = kill_procs_until_empty(&path, soon());
+            if setrlimit(Resource::RLIMIT_NOFILE, 4, hard).is_err() {
+                return false;
+            }
+            let one_free = kill_procs_until_empty(&path, soon());
+            let says_so = matches!(&one_free, Err(CgroupError::Io { source, .. })
+                if source.raw_os_error() == Some(libc::EMFILE));
+            says_so && matches!(two_free, Err(CgroupError::Busy(_)))
+        });
+        let all_killed = listed.iter_mut().all(killed);
+        listed.into_iter().for_each(end);
+        assert!(
+            as_said,
+            "out of descriptors: not said, or not busy with two free"
+        );
+        assert!(
+            all_killed,
+            "with two descriptors free, a listed process survived"
+        );
+    }
+
+    /// The race itself, made to happen: the number read from the list is freed and given
+    /// to another process before the signal. Needs root, to choose the next pid
+    /// (`/proc/sys/kernel/ns_last_pid`).
+    #[test]
+    fn a_number_reused_after_it_was_pinned_reaches_no_one() -> io::Result<()> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root to choose the next pid");
+            return Ok(());
+        }
+        let dir = tempfile::tempdir()?;
+        let gone = sleeper()?;
+        let n = pid_of(&gone);
+        let pinned = vec![(n, pidfd_open(n)?, 0)];
+        end(gone);
+        // Another process takes number n; other forks on the host may take it first, so
+        // try a few times.
+        let mut host = None;
+        for _ in 0..50 {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", n - 1))?;
+            let child = sleeper()?;
+            if pid_of(&child) == n {
+                host = Some(child);
+                break;
+            }
+            end(child);
+        }
+        let Some(mut host) = host else {
+            return Err(io::Error::other(format!(
+                "could not give pid {n} to a new process"
+            )));
+        };
+        // The list names n again (now the host's process): the pinned pidfd is the old
+        // process's, which is gone, so nothing is signalled.
+        std::fs::write(dir.path().join("cgroup.procs"), format!("{n}\n"))?;
+        let result = kill_still_listed(dir.path(), &pinned);
+        std::thread::sleep(Duration::from_millis(50));
+        let host_alive = host.try_wait()?.is_none();
+        end(host);
+        result?;
+        assert!(host_alive, "the process that took the number was killed");
+        Ok(())
+    }
+}
