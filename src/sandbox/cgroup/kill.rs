@@ -11,11 +11,12 @@
 //! was reaped in between is not signalled at all (the pidfd answers ESRCH), whoever holds
 //! its number now.
 //!
-//! Pinning takes a descriptor a process, so a big cgroup is dealt with in windows of
-//! [`ROUND`] processes, and with fewer descriptors free, in smaller ones. With fewer than
-//! two free (one to pin with, one to read the list again), nothing is signalled and the
-//! failure says the supervisor is out of descriptors: never a signal by number.
+//! Pinning takes a descriptor a process, so a big cgroup is dealt with [`ROUND`] processes
+//! a round, and with fewer descriptors free, fewer. With fewer than two free (one to pin
+//! with, one to read the list again), nothing is signalled and the failure says the
+//! supervisor is out of descriptors: never a signal by number.
 
+use std::collections::HashSet;
 use std::io;
 use std::ops::ControlFlow;
 use std::os::fd::{AsFd, OwnedFd};
@@ -29,34 +30,33 @@ use crate::sandbox::handle::pidfd_open;
 use crate::sandbox::process::pidfd_signal;
 
 /// Most processes pinned at once: one descriptor each until the list has been read again.
-/// Well under the usual soft limit of 1,024 descriptors; a bigger cgroup is covered in
-/// windows of this size, one a round.
+/// Well under the usual soft limit of 1,024 descriptors; a bigger cgroup is dealt with
+/// over several rounds.
 const ROUND: usize = 256;
+
+/// Most numbers remembered as dealt with in one pass over the list (4 bytes each, and
+/// a list can be no longer than the host's pid space); past it a new pass starts.
+const MAX_DEALT_WITH: usize = 1 << 22;
 
 /// SIGKILLs the processes of a cgroup until it is empty or the deadline passes.
 pub(crate) fn kill_procs_until_empty(dir: &Path, deadline: Instant) -> Result<(), CgroupError> {
-    // Which window of the list this round pins: each round the next, so that processes
-    // still listed after their SIGKILL (stuck in the kernel) cannot keep the ones behind
-    // them out of every round.
-    let mut window = 0usize;
+    // The numbers dealt with in this pass over the list (signalled, or found gone). Each
+    // round takes the next numbers not among them, wherever they now stand in the list:
+    // processes still listed after their SIGKILL (stuck in the kernel) cannot keep the
+    // ones behind them out, and the ones that left shift nobody past a round.
+    let mut dealt_with = HashSet::new();
     loop {
-        let last_error = match kill_round(dir, window) {
-            Ok(Round { listed: 0, .. }) => return Ok(()),
+        let last_error = match kill_round(dir, &mut dealt_with) {
+            Ok(0) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Ok(Round { listed, covered }) => {
-                window = window.saturating_add(covered);
-                if covered == 0 || window >= listed {
-                    window = 0;
-                }
-                None
-            }
-            // Unreadable (not known to be empty), or out of descriptors to pin with: read
-            // again until the deadline.
+            Ok(_) => None,
+            // Unreadable (not known to be empty), or short of descriptors to pin with:
+            // read again until the deadline.
             Err(e) => Some(e),
         };
         if Instant::now() >= deadline {
             return Err(match last_error {
-                Some(source) if is_out_of_descriptors(&source) => CgroupError::Io {
+                Some(source) if is_short_of_room(&source) => CgroupError::Io {
                     path: dir.to_path_buf(),
                     source,
                 },
@@ -67,53 +67,48 @@ pub(crate) fn kill_procs_until_empty(dir: &Path, deadline: Instant) -> Result<()
     }
 }
 
-fn is_out_of_descriptors(e: &io::Error) -> bool {
+/// Out of descriptors (or of the memory to make one).
+fn is_short_of_room(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
     )
 }
 
-/// What one round saw: how many processes the list held (0: empty), and how many of its
-/// window it dealt with (pinned, or found gone); the next round starts after those.
-struct Round {
-    listed: usize,
-    covered: usize,
-}
-
-/// One round: pins the processes at positions `window..window + ROUND` of the list and
-/// SIGKILLs those the list names again.
-fn kill_round(dir: &Path, window: usize) -> io::Result<Round> {
+/// One round: pins up to [`ROUND`] listed processes not yet dealt with in this pass and
+/// SIGKILLs those the list names again. Returns how many the list held (0: empty).
+fn kill_round(dir: &Path, dealt_with: &mut HashSet<i32>) -> io::Result<usize> {
     // The numbers are copied out and the list closed before pinning: its descriptor is
     // one more to pin with when few are left.
     let mut listed = 0usize;
     let mut numbers = Vec::new();
     super::each_proc(dir, |pid| {
-        if listed >= window && numbers.len() < ROUND {
+        listed = listed.saturating_add(1);
+        // A list may name a process twice: one pidfd is enough.
+        if numbers.len() < ROUND && !dealt_with.contains(&pid) && !numbers.contains(&pid) {
             numbers.push(pid);
         }
-        listed = listed.saturating_add(1);
         ControlFlow::Continue(())
     })?;
-    // (number, pidfd, position in the window)
-    let mut pinned: Vec<(i32, OwnedFd, usize)> = Vec::with_capacity(numbers.len());
-    let mut covered = numbers.len();
-    for (at, pid) in numbers.into_iter().enumerate() {
-        if pinned.iter().any(|(p, _, _)| *p == pid) {
-            continue; // A list may name a process twice: one pidfd is enough.
-        }
+    if numbers.is_empty() || dealt_with.len() >= MAX_DEALT_WITH {
+        // Every listed process was dealt with in this pass: the next round starts another.
+        dealt_with.clear();
+    }
+    let mut pinned: Vec<(i32, OwnedFd)> = Vec::with_capacity(numbers.len());
+    for pid in numbers {
         match pidfd_open(pid) {
-            Ok(fd) => pinned.push((pid, fd, at)),
-            Err(e) if is_out_of_descriptors(&e) => {
+            Ok(fd) => pinned.push((pid, fd)),
+            Err(e) if is_short_of_room(&e) => {
                 if pinned.is_empty() {
                     return Err(e);
                 }
-                covered = at;
                 break;
             }
             // Gone already (ESRCH), or a number that names no process here (0 on v2 for
             // a process outside this pid namespace).
-            Err(_) => {}
+            Err(_) => {
+                dealt_with.insert(pid);
+            }
         }
     }
     // Reading the list again takes a descriptor: while there is none, give one back (its
@@ -121,27 +116,27 @@ fn kill_round(dir: &Path, window: usize) -> io::Result<Round> {
     // be pinned and checked: say so.
     loop {
         match kill_still_listed(dir, &pinned) {
-            Ok(()) => return Ok(Round { listed, covered }),
-            Err(e) if is_out_of_descriptors(&e) && pinned.len() > 1 => {
-                if let Some((_, _, at)) = pinned.pop() {
-                    covered = at;
-                }
+            Ok(()) => break,
+            Err(e) if is_short_of_room(&e) && pinned.len() > 1 => {
+                pinned.pop();
             }
             Err(e) => return Err(e),
         }
     }
+    dealt_with.extend(pinned.iter().map(|(pid, _)| *pid));
+    Ok(listed)
 }
 
 /// SIGKILLs, through its pidfd, each pinned process whose number `dir`'s list names when
 /// read now; the others are left alone (see the module's doc for why that is enough).
-fn kill_still_listed(dir: &Path, pinned: &[(i32, OwnedFd, usize)]) -> io::Result<()> {
+fn kill_still_listed(dir: &Path, pinned: &[(i32, OwnedFd)]) -> io::Result<()> {
     if pinned.is_empty() {
         return Ok(());
     }
     let mut order: Vec<(i32, usize)> = pinned
         .iter()
         .enumerate()
-        .map(|(i, (pid, _, _))| (*pid, i))
+        .map(|(i, (pid, _))| (*pid, i))
         .collect();
     order.sort_unstable();
     let mut confirmed = vec![false; pinned.len()];
@@ -161,7 +156,7 @@ fn kill_still_listed(dir: &Path, pinned: &[(i32, OwnedFd, usize)]) -> io::Result
             ControlFlow::Continue(())
         }
     })?;
-    for ((_, pidfd, _), listed) in pinned.iter().zip(&confirmed) {
+    for ((_, pidfd), listed) in pinned.iter().zip(&confirmed) {
         if *listed {
             // ESRCH: it was reaped since it was pinned; its number is not looked at again.
             let _ = pidfd_signal(pidfd.as_fd(), Signal::SIGKILL);
@@ -213,9 +208,9 @@ mod tests {
         let (o, i) = (pid_of(&outside), pid_of(&inside));
         std::fs::write(dir.path().join("cgroup.procs"), format!("{i}\n{i}\n"))?;
         let pinned = vec![
-            (o, pidfd_open(o)?, 0),
-            (i, pidfd_open(i)?, 1),
-            (i, pidfd_open(i)?, 2),
+            (o, pidfd_open(o)?),
+            (i, pidfd_open(i)?),
+            (i, pidfd_open(i)?),
         ];
         let result = kill_still_listed(dir.path(), &pinned);
         let inside_killed = killed(&mut inside);
@@ -338,6 +333,67 @@ mod tests {
         );
     }
 
+    #[test]
+    fn processes_that_leave_the_list_shift_no_one_past_a_round() {
+        // Two descriptors free: one process pinned a round. Ten stuck ones first, then
+        // ten live ones; each killed one leaves the list before the next round, so the
+        // ones behind it move up a place. One pass of twenty rounds must reach them all.
+        let front = match stuck(10) {
+            Ok(f) => f,
+            Err(e) => panic!("stuck processes: {e}"),
+        };
+        let mut live: Vec<Child> = (0..10).filter_map(|_| sleeper().ok()).collect();
+        assert_eq!(live.len(), 10);
+        let dir = match tempfile::tempdir() {
+            Ok(d) => d,
+            Err(e) => panic!("temporary directory: {e}"),
+        };
+        let path = dir.path().to_path_buf();
+        let list = path.join("cgroup.procs");
+        let stuck_pids: Vec<u32> = front.iter().map(Child::id).collect();
+        let live_pids: Vec<u32> = live.iter().map(Child::id).collect();
+        let all_reached = crate::sandbox::wait::holds_in_a_child(move || {
+            use nix::sys::resource::{Resource, getrlimit, setrlimit};
+            for fd in 3..1024 {
+                // SAFETY: a forked child that ends with _exit; nothing else uses these.
+                unsafe { libc::close(fd) };
+            }
+            let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+                return false;
+            };
+            if setrlimit(Resource::RLIMIT_NOFILE, 5, hard).is_err() {
+                return false;
+            }
+            let alive = |pid: &&u32| super::super::proc_stat(**pid).is_some_and(|(s, _)| s != 'Z');
+            let mut dealt_with = HashSet::new();
+            for _ in 0..20 {
+                // What the kernel would list now: the stuck ones, and the live ones left.
+                let now: String = stuck_pids
+                    .iter()
+                    .chain(live_pids.iter().filter(alive))
+                    .map(|p| format!("{p}\n"))
+                    .collect();
+                if std::fs::write(&list, now).is_err() {
+                    return false;
+                }
+                if kill_round(&path, &mut dealt_with).is_err() {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while live_pids.iter().any(|p| alive(&p)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            !live_pids.iter().any(|p| alive(&p))
+        });
+        let all_killed = live.iter_mut().all(killed);
+        live.into_iter().for_each(end);
+        front.into_iter().for_each(end);
+        assert!(all_reached, "a live process was passed over in the pass");
+        assert!(all_killed, "a live process survived");
+    }
+
     /// The race itself, made to happen: the number read from the list is freed and given
     /// to another process before the signal. Needs root, to choose the next pid
     /// (`/proc/sys/kernel/ns_last_pid`).
@@ -350,7 +406,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let gone = sleeper()?;
         let n = pid_of(&gone);
-        let pinned = vec![(n, pidfd_open(n)?, 0)];
+        let pinned = vec![(n, pidfd_open(n)?)];
         end(gone);
         // Another process takes number n; other forks on the host may take it first, so
         // try a few times.
