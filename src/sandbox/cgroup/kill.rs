@@ -15,8 +15,13 @@
 //! a round, and with fewer descriptors free, fewer. With fewer than two free (one to pin
 //! with, one to read the list again), nothing is signalled and the failure says the
 //! supervisor is out of descriptors: never a signal by number.
+//!
+//! This is a backstop. A sandbox's processes all live in its pid namespace, which the
+//! kernel kills whole with its pid 1 (no fork succeeds in it after that); what a cgroup
+//! still lists then is a straggler. Pinning costs three system calls a process where
+//! `kill` cost one, so with very few descriptors free a fork bomb outside any such
+//! namespace could outpace it until the deadline (then: busy, never a wrong signal).
 
-use std::collections::HashSet;
 use std::io;
 use std::ops::ControlFlow;
 use std::os::fd::{AsFd, OwnedFd};
@@ -34,22 +39,14 @@ use crate::sandbox::process::pidfd_signal;
 /// over several rounds.
 const ROUND: usize = 256;
 
-/// Most numbers remembered as dealt with in one pass over the list (4 bytes each, and
-/// a list can be no longer than the host's pid space); past it a new pass starts.
-const MAX_DEALT_WITH: usize = 1 << 22;
-
 /// SIGKILLs the processes of a cgroup until it is empty or the deadline passes.
 pub(crate) fn kill_procs_until_empty(dir: &Path, deadline: Instant) -> Result<(), CgroupError> {
-    // The numbers dealt with in this pass over the list (signalled, or found gone). Each
-    // round takes the next numbers not among them, wherever they now stand in the list:
-    // processes still listed after their SIGKILL (stuck in the kernel) cannot keep the
-    // ones behind them out, and the ones that left shift nobody past a round.
-    let mut dealt_with = HashSet::new();
+    let mut pass = Pass::default();
     loop {
-        let last_error = match kill_round(dir, &mut dealt_with) {
-            Ok(0) => return Ok(()),
+        let last_error = match kill_round(dir, &mut pass) {
+            Ok(Listed::Nothing) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Ok(_) => None,
+            Ok(Listed::Some) => None,
             // Unreadable (not known to be empty), or short of descriptors to pin with:
             // read again until the deadline.
             Err(e) => Some(e),
@@ -67,6 +64,24 @@ pub(crate) fn kill_procs_until_empty(dir: &Path, deadline: Instant) -> Result<()
     }
 }
 
+/// One pass over the list: the numbers it held when the pass began, dealt with a round at
+/// a time, in order. Processes that appear during the pass wait for the next one, so a
+/// sandbox forking new processes cannot keep an older one (the forker) from its turn,
+/// and processes still listed after their SIGKILL (stuck in the kernel) take their turn
+/// once a pass like the rest. As long as the list the pass began with (at most the
+/// host's pid space).
+#[derive(Default)]
+struct Pass {
+    numbers: Vec<i32>,
+    next: usize,
+}
+
+/// Whether the list named any process when it was read.
+enum Listed {
+    Nothing,
+    Some,
+}
+
 /// Out of descriptors (or of the memory to make one).
 fn is_short_of_room(e: &io::Error) -> bool {
     matches!(
@@ -75,29 +90,32 @@ fn is_short_of_room(e: &io::Error) -> bool {
     )
 }
 
-/// One round: pins up to [`ROUND`] listed processes not yet dealt with in this pass and
-/// SIGKILLs those the list names again. Returns how many the list held (0: empty).
-fn kill_round(dir: &Path, dealt_with: &mut HashSet<i32>) -> io::Result<usize> {
-    // The numbers are copied out and the list closed before pinning: its descriptor is
-    // one more to pin with when few are left.
-    let mut listed = 0usize;
-    let mut numbers = Vec::new();
-    super::each_proc(dir, |pid| {
-        listed = listed.saturating_add(1);
-        // A list may name a process twice: one pidfd is enough.
-        if numbers.len() < ROUND && !dealt_with.contains(&pid) && !numbers.contains(&pid) {
+/// One round: pins up to [`ROUND`] of the pass's numbers and SIGKILLs those the list
+/// names again.
+fn kill_round(dir: &Path, pass: &mut Pass) -> io::Result<Listed> {
+    if pass.next >= pass.numbers.len() {
+        // A new pass. The numbers are copied out and the list closed before pinning: its
+        // descriptor is one more to pin with when few are left.
+        let mut numbers = Vec::new();
+        super::each_proc(dir, |pid| {
             numbers.push(pid);
+            ControlFlow::Continue(())
+        })?;
+        if numbers.is_empty() {
+            return Ok(Listed::Nothing);
         }
-        ControlFlow::Continue(())
-    })?;
-    if numbers.is_empty() || dealt_with.len() >= MAX_DEALT_WITH {
-        // Every listed process was dealt with in this pass: the next round starts another.
-        dealt_with.clear();
+        // A list may name a process twice: one pidfd is enough.
+        numbers.sort_unstable();
+        numbers.dedup();
+        *pass = Pass { numbers, next: 0 };
     }
-    let mut pinned: Vec<(i32, OwnedFd)> = Vec::with_capacity(numbers.len());
-    for pid in numbers {
+    let turn = pass.numbers.get(pass.next..).unwrap_or_default();
+    // (number, pidfd, its place in this turn)
+    let mut pinned: Vec<(i32, OwnedFd, usize)> = Vec::with_capacity(turn.len().min(ROUND));
+    let mut dealt_with = 0usize;
+    for (at, &pid) in turn.iter().take(ROUND).enumerate() {
         match pidfd_open(pid) {
-            Ok(fd) => pinned.push((pid, fd)),
+            Ok(fd) => pinned.push((pid, fd, at)),
             Err(e) if is_short_of_room(&e) => {
                 if pinned.is_empty() {
                     return Err(e);
@@ -106,42 +124,43 @@ fn kill_round(dir: &Path, dealt_with: &mut HashSet<i32>) -> io::Result<usize> {
             }
             // Gone already (ESRCH), or a number that names no process here (0 on v2 for
             // a process outside this pid namespace).
-            Err(_) => {
-                dealt_with.insert(pid);
-            }
+            Err(_) => {}
         }
+        dealt_with = dealt_with.saturating_add(1);
     }
     // Reading the list again takes a descriptor: while there is none, give one back (its
     // process waits for a later round). With fewer than two descriptors free nothing can
     // be pinned and checked: say so.
-    loop {
+    let listed = loop {
         match kill_still_listed(dir, &pinned) {
-            Ok(()) => break,
+            Ok(listed) => break listed,
             Err(e) if is_short_of_room(&e) && pinned.len() > 1 => {
-                pinned.pop();
+                // The next round starts again from the one given back.
+                if let Some((_, _, at)) = pinned.pop() {
+                    dealt_with = at;
+                }
             }
             Err(e) => return Err(e),
         }
-    }
-    dealt_with.extend(pinned.iter().map(|(pid, _)| *pid));
+    };
+    pass.next = pass.next.saturating_add(dealt_with);
     Ok(listed)
 }
 
 /// SIGKILLs, through its pidfd, each pinned process whose number `dir`'s list names when
 /// read now; the others are left alone (see the module's doc for why that is enough).
-fn kill_still_listed(dir: &Path, pinned: &[(i32, OwnedFd)]) -> io::Result<()> {
-    if pinned.is_empty() {
-        return Ok(());
-    }
+fn kill_still_listed(dir: &Path, pinned: &[(i32, OwnedFd, usize)]) -> io::Result<Listed> {
     let mut order: Vec<(i32, usize)> = pinned
         .iter()
         .enumerate()
-        .map(|(i, (pid, _))| (*pid, i))
+        .map(|(i, (pid, _, _))| (*pid, i))
         .collect();
     order.sort_unstable();
     let mut confirmed = vec![false; pinned.len()];
     let mut unconfirmed = pinned.len();
+    let mut any = false;
     super::each_proc(dir, |pid| {
+        any = true;
         if let Ok(k) = order.binary_search_by_key(&pid, |(p, _)| *p) {
             if let Some(seen) = order.get(k).and_then(|(_, i)| confirmed.get_mut(*i)) {
                 if !*seen {
@@ -156,13 +175,13 @@ fn kill_still_listed(dir: &Path, pinned: &[(i32, OwnedFd)]) -> io::Result<()> {
             ControlFlow::Continue(())
         }
     })?;
-    for ((_, pidfd), listed) in pinned.iter().zip(&confirmed) {
+    for ((_, pidfd, _), listed) in pinned.iter().zip(&confirmed) {
         if *listed {
             // ESRCH: it was reaped since it was pinned; its number is not looked at again.
             let _ = pidfd_signal(pidfd.as_fd(), Signal::SIGKILL);
         }
     }
-    Ok(())
+    Ok(if any { Listed::Some } else { Listed::Nothing })
 }
 
 #[cfg(test)]
@@ -208,11 +227,11 @@ mod tests {
         let (o, i) = (pid_of(&outside), pid_of(&inside));
         std::fs::write(dir.path().join("cgroup.procs"), format!("{i}\n{i}\n"))?;
         let pinned = vec![
-            (o, pidfd_open(o)?),
-            (i, pidfd_open(i)?),
-            (i, pidfd_open(i)?),
+            (o, pidfd_open(o)?, 0),
+            (i, pidfd_open(i)?, 1),
+            (i, pidfd_open(i)?, 1),
         ];
-        let result = kill_still_listed(dir.path(), &pinned);
+        let result = kill_still_listed(dir.path(), &pinned).map(|_| ());
         let inside_killed = killed(&mut inside);
         let outside_alive = outside.try_wait()?.is_none();
         end(outside);
@@ -365,7 +384,7 @@ mod tests {
                 return false;
             }
             let alive = |pid: &&u32| super::super::proc_stat(**pid).is_some_and(|(s, _)| s != 'Z');
-            let mut dealt_with = HashSet::new();
+            let mut pass = Pass::default();
             for _ in 0..20 {
                 // What the kernel would list now: the stuck ones, and the live ones left.
                 let now: String = stuck_pids
@@ -376,7 +395,7 @@ mod tests {
                 if std::fs::write(&list, now).is_err() {
                     return false;
                 }
-                if kill_round(&path, &mut dealt_with).is_err() {
+                if kill_round(&path, &mut pass).is_err() {
                     return false;
                 }
                 std::thread::sleep(Duration::from_millis(2));
@@ -394,6 +413,105 @@ mod tests {
         assert!(all_killed, "a live process survived");
     }
 
+    #[test]
+    fn processes_started_during_a_pass_do_not_keep_an_older_one_from_its_turn() {
+        // Two descriptors free: one process pinned a round. Before every round two new
+        // processes appear, numbered below an older one (the forker, after the pid counter
+        // wrapped): the older one must still get its turn within its pass.
+        let mut all: Vec<Child> = (0..21).filter_map(|_| sleeper().ok()).collect();
+        assert_eq!(all.len(), 21);
+        all.sort_by_key(Child::id);
+        let pids: Vec<u32> = all.iter().map(Child::id).collect();
+        let dir = match tempfile::tempdir() {
+            Ok(d) => d,
+            Err(e) => panic!("temporary directory: {e}"),
+        };
+        let path = dir.path().to_path_buf();
+        let older_killed = crate::sandbox::wait::holds_in_a_child(move || {
+            use nix::sys::resource::{Resource, getrlimit, setrlimit};
+            for fd in 3..1024 {
+                // SAFETY: a forked child that ends with _exit; nothing else uses these.
+                unsafe { libc::close(fd) };
+            }
+            let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+                return false;
+            };
+            if setrlimit(Resource::RLIMIT_NOFILE, 5, hard).is_err() {
+                return false;
+            }
+            let alive = |pid: &&u32| super::super::proc_stat(**pid).is_some_and(|(s, _)| s != 'Z');
+            let (Some((older, newer)), list) = (pids.split_last(), path.join("cgroup.procs"))
+            else {
+                return false;
+            };
+            let mut pass = Pass::default();
+            for round in 0..6usize {
+                let appeared = newer.get(..1 + 2 * round).unwrap_or(newer);
+                let now: String = appeared
+                    .iter()
+                    .chain(std::iter::once(older))
+                    .filter(alive)
+                    .map(|p| format!("{p}\n"))
+                    .collect();
+                if std::fs::write(&list, now).is_err() {
+                    return false;
+                }
+                if kill_round(&path, &mut pass).is_err() {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while alive(&older) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            !alive(&older)
+        });
+        all.into_iter().for_each(end);
+        assert!(
+            older_killed,
+            "the older process was kept from its turn by newer ones"
+        );
+    }
+
+    #[test]
+    fn a_process_given_back_for_want_of_a_descriptor_is_next_in_turn() {
+        // Two descriptors free: both pinned, a number that names no one after them, and
+        // none left to read the list again, so the second pin is given back. The next
+        // round must start from it, not from the number after it.
+        let mut two: Vec<Child> = (0..2).filter_map(|_| sleeper().ok()).collect();
+        assert_eq!(two.len(), 2);
+        let pids: Vec<u32> = two.iter().map(Child::id).collect();
+        let dir = match tempfile::tempdir() {
+            Ok(d) => d,
+            Err(e) => panic!("temporary directory: {e}"),
+        };
+        let path = dir.path().to_path_buf();
+        let list: String = pids.iter().map(|p| format!("{p}\n")).collect();
+        if let Err(e) = std::fs::write(path.join("cgroup.procs"), format!("{list}4194305\n")) {
+            panic!("list: {e}");
+        }
+        let both_in_two_rounds = crate::sandbox::wait::holds_in_a_child(move || {
+            use nix::sys::resource::{Resource, getrlimit, setrlimit};
+            for fd in 3..1024 {
+                // SAFETY: a forked child that ends with _exit; nothing else uses these.
+                unsafe { libc::close(fd) };
+            }
+            let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+                return false;
+            };
+            if setrlimit(Resource::RLIMIT_NOFILE, 5, hard).is_err() {
+                return false;
+            }
+            let mut pass = Pass::default();
+            (0..2).all(|_| kill_round(&path, &mut pass).is_ok())
+        });
+        let both_killed = two.iter_mut().all(killed);
+        two.into_iter().for_each(end);
+        assert!(both_in_two_rounds, "a round failed");
+        assert!(both_killed, "the process given back was passed over");
+    }
+
     /// The race itself, made to happen: the number read from the list is freed and given
     /// to another process before the signal. Needs root, to choose the next pid
     /// (`/proc/sys/kernel/ns_last_pid`).
@@ -404,31 +522,39 @@ mod tests {
             return Ok(());
         }
         let dir = tempfile::tempdir()?;
-        let gone = sleeper()?;
-        let n = pid_of(&gone);
-        let pinned = vec![(n, pidfd_open(n)?)];
-        end(gone);
-        // Another process takes number n; other forks on the host may take it first, so
-        // try a few times.
-        let mut host = None;
-        for _ in 0..50 {
-            std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", n - 1))?;
-            let child = sleeper()?;
-            if pid_of(&child) == n {
-                host = Some(child);
+        // Another process takes number n. Other forks on the host may take it first (and
+        // keep it), so try a few times, and with a new number if need be.
+        let mut reused = None;
+        for _ in 0..10 {
+            let gone = sleeper()?;
+            let n = pid_of(&gone);
+            let pinned = vec![(n, pidfd_open(n)?, 0)];
+            end(gone);
+            for _ in 0..20 {
+                std::fs::write(
+                    "/proc/sys/kernel/ns_last_pid",
+                    n.saturating_sub(1).to_string(),
+                )?;
+                let child = sleeper()?;
+                if pid_of(&child) == n {
+                    reused = Some((n, pinned, child));
+                    break;
+                }
+                end(child);
+            }
+            if reused.is_some() {
                 break;
             }
-            end(child);
         }
-        let Some(mut host) = host else {
-            return Err(io::Error::other(format!(
-                "could not give pid {n} to a new process"
-            )));
+        let Some((n, pinned, mut host)) = reused else {
+            return Err(io::Error::other(
+                "could not give a freed pid to a new process",
+            ));
         };
         // The list names n again (now the host's process): the pinned pidfd is the old
         // process's, which is gone, so nothing is signalled.
         std::fs::write(dir.path().join("cgroup.procs"), format!("{n}\n"))?;
-        let result = kill_still_listed(dir.path(), &pinned);
+        let result = kill_still_listed(dir.path(), &pinned).map(|_| ());
         std::thread::sleep(Duration::from_millis(50));
         let host_alive = host.try_wait()?.is_none();
         end(host);
