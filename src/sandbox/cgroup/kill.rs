@@ -217,6 +217,53 @@ mod tests {
         let _ = child.wait();
     }
 
+    /// Whether `test` held in a forked child with only descriptors 0, 1 and 2 open and
+    /// `free` more numbers under its limit (the hard limit kept); `test` may lower it.
+    fn holds_with_free_descriptors(free: u64, test: impl FnOnce() -> bool) -> bool {
+        crate::sandbox::wait::holds_in_a_child(move || {
+            for fd in 3..1024 {
+                // SAFETY: a forked child that ends with _exit; nothing else uses these.
+                unsafe { libc::close(fd) };
+            }
+            set_free_descriptors(free) && test()
+        })
+    }
+
+    fn set_free_descriptors(free: u64) -> bool {
+        use nix::sys::resource::{Resource, getrlimit, setrlimit};
+        getrlimit(Resource::RLIMIT_NOFILE)
+            .and_then(|(_, hard)| setrlimit(Resource::RLIMIT_NOFILE, 3 + free, hard))
+            .is_ok()
+    }
+
+    /// Whether `pid` is still running (not a zombie, not gone).
+    fn running(pid: u32) -> bool {
+        super::super::proc_stat(pid).is_some_and(|(state, _)| state != 'Z')
+    }
+
+    /// One round of `pass` over `dir`, whose list first says what the kernel would list
+    /// now: `now`.
+    fn round_with_list<'a>(
+        dir: &Path,
+        pass: &mut Pass,
+        now: impl Iterator<Item = &'a u32>,
+    ) -> bool {
+        let list: String = now.map(|p| format!("{p}\n")).collect();
+        let ok =
+            std::fs::write(dir.join("cgroup.procs"), list).is_ok() && kill_round(dir, pass).is_ok();
+        std::thread::sleep(Duration::from_millis(2));
+        ok
+    }
+
+    /// Whether every one of `pids` has stopped running within a few seconds.
+    fn all_end(pids: &[u32]) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while pids.iter().any(|p| running(*p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        !pids.iter().any(|p| running(*p))
+    }
+
     #[test]
     fn a_pinned_process_the_list_no_longer_names_is_not_killed() -> io::Result<()> {
         // Read first, `outside`'s number was in the list; read again, it is not (its
@@ -316,23 +363,11 @@ mod tests {
             panic!("list: {e}");
         }
         let path = dir.path().to_path_buf();
-        let as_said = crate::sandbox::wait::holds_in_a_child(move || {
-            // Only 0, 1 and 2 stay open; then 3 and 4 are the only numbers free.
-            for fd in 3..1024 {
-                // SAFETY: a forked child that ends with _exit; nothing else uses these.
-                unsafe { libc::close(fd) };
-            }
-            use nix::sys::resource::{Resource, getrlimit, setrlimit};
-            let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-                return false;
-            };
+        let as_said = holds_with_free_descriptors(2, move || {
             let soon = || Instant::now() + Duration::from_millis(200);
-            if setrlimit(Resource::RLIMIT_NOFILE, 5, hard).is_err() {
-                return false;
-            }
             // The list never changes here: busy at the deadline, every process signalled.
             let two_free = kill_procs_until_empty(&path, soon());
-            if setrlimit(Resource::RLIMIT_NOFILE, 4, hard).is_err() {
+            if !set_free_descriptors(1) {
                 return false;
             }
             let one_free = kill_procs_until_empty(&path, soon());
@@ -368,43 +403,15 @@ mod tests {
             Err(e) => panic!("temporary directory: {e}"),
         };
         let path = dir.path().to_path_buf();
-        let list = path.join("cgroup.procs");
         let stuck_pids: Vec<u32> = front.iter().map(Child::id).collect();
         let live_pids: Vec<u32> = live.iter().map(Child::id).collect();
-        let all_reached = crate::sandbox::wait::holds_in_a_child(move || {
-            use nix::sys::resource::{Resource, getrlimit, setrlimit};
-            for fd in 3..1024 {
-                // SAFETY: a forked child that ends with _exit; nothing else uses these.
-                unsafe { libc::close(fd) };
-            }
-            let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-                return false;
-            };
-            if setrlimit(Resource::RLIMIT_NOFILE, 5, hard).is_err() {
-                return false;
-            }
-            let alive = |pid: &&u32| super::super::proc_stat(**pid).is_some_and(|(s, _)| s != 'Z');
+        let all_reached = holds_with_free_descriptors(2, move || {
             let mut pass = Pass::default();
-            for _ in 0..20 {
-                // What the kernel would list now: the stuck ones, and the live ones left.
-                let now: String = stuck_pids
-                    .iter()
-                    .chain(live_pids.iter().filter(alive))
-                    .map(|p| format!("{p}\n"))
-                    .collect();
-                if std::fs::write(&list, now).is_err() {
-                    return false;
-                }
-                if kill_round(&path, &mut pass).is_err() {
-                    return false;
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while live_pids.iter().any(|p| alive(&p)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            !live_pids.iter().any(|p| alive(&p))
+            // What the kernel would list now: the stuck ones, and the live ones left.
+            (0..20).all(|_| {
+                let left = live_pids.iter().filter(|p| running(**p));
+                round_with_list(&path, &mut pass, stuck_pids.iter().chain(left))
+            }) && all_end(&live_pids)
         });
         let all_killed = live.iter_mut().all(killed);
         live.into_iter().for_each(end);
@@ -427,45 +434,16 @@ mod tests {
             Err(e) => panic!("temporary directory: {e}"),
         };
         let path = dir.path().to_path_buf();
-        let older_killed = crate::sandbox::wait::holds_in_a_child(move || {
-            use nix::sys::resource::{Resource, getrlimit, setrlimit};
-            for fd in 3..1024 {
-                // SAFETY: a forked child that ends with _exit; nothing else uses these.
-                unsafe { libc::close(fd) };
-            }
-            let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-                return false;
-            };
-            if setrlimit(Resource::RLIMIT_NOFILE, 5, hard).is_err() {
-                return false;
-            }
-            let alive = |pid: &&u32| super::super::proc_stat(**pid).is_some_and(|(s, _)| s != 'Z');
-            let (Some((older, newer)), list) = (pids.split_last(), path.join("cgroup.procs"))
-            else {
+        let older_killed = holds_with_free_descriptors(2, move || {
+            let Some((older, newer)) = pids.split_last() else {
                 return false;
             };
             let mut pass = Pass::default();
-            for round in 0..6usize {
+            (0..6usize).all(|round| {
                 let appeared = newer.get(..1 + 2 * round).unwrap_or(newer);
-                let now: String = appeared
-                    .iter()
-                    .chain(std::iter::once(older))
-                    .filter(alive)
-                    .map(|p| format!("{p}\n"))
-                    .collect();
-                if std::fs::write(&list, now).is_err() {
-                    return false;
-                }
-                if kill_round(&path, &mut pass).is_err() {
-                    return false;
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while alive(&older) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            !alive(&older)
+                let now = appeared.iter().chain(std::iter::once(older));
+                round_with_list(&path, &mut pass, now.filter(|p| running(**p)))
+            }) && all_end(&[*older])
         });
         all.into_iter().for_each(end);
         assert!(
@@ -491,18 +469,7 @@ mod tests {
         if let Err(e) = std::fs::write(path.join("cgroup.procs"), format!("{list}4194305\n")) {
             panic!("list: {e}");
         }
-        let both_in_two_rounds = crate::sandbox::wait::holds_in_a_child(move || {
-            use nix::sys::resource::{Resource, getrlimit, setrlimit};
-            for fd in 3..1024 {
-                // SAFETY: a forked child that ends with _exit; nothing else uses these.
-                unsafe { libc::close(fd) };
-            }
-            let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-                return false;
-            };
-            if setrlimit(Resource::RLIMIT_NOFILE, 5, hard).is_err() {
-                return false;
-            }
+        let both_in_two_rounds = holds_with_free_descriptors(2, move || {
             let mut pass = Pass::default();
             (0..2).all(|_| kill_round(&path, &mut pass).is_ok())
         });
