@@ -178,18 +178,14 @@ fn rootless_payloads_may_run_on_every_processor_their_supervisor_may() {
     if skip("rootless processor mask") {
         return;
     }
-    let allowed = |status: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .map(|l| l.trim().to_string())
-            .unwrap_or_default()
-    };
-    let ours = allowed(&std::fs::read_to_string("/proc/self/status").unwrap_or_default());
+    let ours = proc_status(std::process::id(), "Cpus_allowed_list").unwrap_or_default();
     let out = as_nobody(&["run", "--", "cat", "/proc/self/status"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(!ours.is_empty());
-    assert_eq!(allowed(&stdout(&out)), ours);
+    assert_eq!(
+        status_field(&stdout(&out), "Cpus_allowed_list").unwrap_or_default(),
+        ours
+    );
 }
 
 fn no_delegated_cgroup() -> bool {

@@ -444,13 +444,9 @@ fn the_sandbox_has_its_own_hostname_and_is_not_host_root() {
     );
 }
 
-/// The processors a process may run on, as its `/proc/PID/status` lists them.
+/// The processors a process may run on, as the text of its `/proc/PID/status` lists them.
 fn cpus_allowed(status: &str) -> String {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .map(|l| l.trim().to_string())
-        .unwrap_or_default()
+    status_field(status, "Cpus_allowed_list").unwrap_or_default()
 }
 
 #[test]
@@ -461,7 +457,7 @@ fn the_payload_may_run_on_every_processor_its_supervisor_may() {
     if skip_unless_root("processor mask") {
         return;
     }
-    let ours = cpus_allowed(&std::fs::read_to_string("/proc/self/status").unwrap_or_default());
+    let ours = proc_status(std::process::id(), "Cpus_allowed_list").unwrap_or_default();
     assert!(!ours.is_empty());
     for limits in [
         &[][..],

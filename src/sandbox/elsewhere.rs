@@ -52,7 +52,7 @@ pub fn start_elsewhere(pid: Pid) -> Option<Elsewhere> {
 /// so read once a process (a launcher starts many sandboxes).
 fn possible() -> Option<&'static str> {
     static LIST: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    LIST.get_or_init(|| std::fs::read_to_string(POSSIBLE).ok())
+    LIST.get_or_init(|| super::kernel_text::read(POSSIBLE).ok())
         .as_deref()
 }
 

@@ -277,7 +277,15 @@ pub fn children_of(pid: u32) -> Vec<u32> {
 
 /// The value of `key` (`VmRSS`, `SigCgt`, ...) in `/proc/PID/status`, trimmed.
 pub fn proc_status(pid: u32, key: &str) -> Option<String> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status_field(
+        &std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?,
+        key,
+    )
+}
+
+/// The value of `key` in the text of a `/proc/PID/status` (one a sandbox printed, say),
+/// trimmed.
+pub fn status_field(status: &str, key: &str) -> Option<String> {
     status.lines().find_map(|l| {
         let (k, v) = l.split_once(':')?;
         (k == key).then(|| v.trim().to_string())

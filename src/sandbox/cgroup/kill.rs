@@ -68,8 +68,8 @@ pub(crate) fn kill_procs_until_empty(dir: &Path, deadline: Instant) -> Result<()
 /// a time, in order. Processes that appear during the pass wait for the next one, so a
 /// sandbox forking new processes cannot keep an older one (the forker) from its turn,
 /// and processes still listed after their SIGKILL (stuck in the kernel) take their turn
-/// once a pass like the rest. As long as the list the pass began with (at most the
-/// host's pid space).
+/// once a pass like the rest. As long as the list the pass began with: 4 bytes a number,
+/// no more numbers than the host's pid space (16 MiB at Linux's largest, 4,194,304).
 #[derive(Default)]
 struct Pass {
     numbers: Vec<i32>,
@@ -149,20 +149,15 @@ fn kill_round(dir: &Path, pass: &mut Pass) -> io::Result<Listed> {
 
 /// SIGKILLs, through its pidfd, each pinned process whose number `dir`'s list names when
 /// read now; the others are left alone (see the module's doc for why that is enough).
+/// `pinned` is in ascending order of number, as a pass's numbers are.
 fn kill_still_listed(dir: &Path, pinned: &[(i32, OwnedFd, usize)]) -> io::Result<Listed> {
-    let mut order: Vec<(i32, usize)> = pinned
-        .iter()
-        .enumerate()
-        .map(|(i, (pid, _, _))| (*pid, i))
-        .collect();
-    order.sort_unstable();
     let mut confirmed = vec![false; pinned.len()];
     let mut unconfirmed = pinned.len();
     let mut any = false;
     super::each_proc(dir, |pid| {
         any = true;
-        if let Ok(k) = order.binary_search_by_key(&pid, |(p, _)| *p) {
-            if let Some(seen) = order.get(k).and_then(|(_, i)| confirmed.get_mut(*i)) {
+        if let Ok(i) = pinned.binary_search_by_key(&pid, |(p, _, _)| *p) {
+            if let Some(seen) = confirmed.get_mut(i) {
                 if !*seen {
                     *seen = true;
                     unconfirmed = unconfirmed.saturating_sub(1);
@@ -273,11 +268,13 @@ mod tests {
         let mut inside = sleeper()?;
         let (o, i) = (pid_of(&outside), pid_of(&inside));
         std::fs::write(dir.path().join("cgroup.procs"), format!("{i}\n{i}\n"))?;
-        let pinned = vec![
+        let mut pinned = vec![
             (o, pidfd_open(o)?, 0),
             (i, pidfd_open(i)?, 1),
             (i, pidfd_open(i)?, 1),
         ];
+        // In ascending order of number, as a pass pins them.
+        pinned.sort_by_key(|(pid, _, _)| *pid);
         let result = kill_still_listed(dir.path(), &pinned).map(|_| ());
         let inside_killed = killed(&mut inside);
         let outside_alive = outside.try_wait()?.is_none();
