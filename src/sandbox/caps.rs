@@ -170,14 +170,14 @@ mod tests {
             return;
         }
         // Told it was emptied, though nothing emptied it: the check sees CAP_SYS_ADMIN.
-        let said_emptied = super::super::wait::holds_in_a_child(|| {
+        let said_emptied = super::super::wait::holds_in_a_child(&[], || {
             bounding_holds_sys_admin()
                 && drop_all(None, Bounding::Emptied).is_ok()
                 && bounding_is_empty()
         });
         assert!(said_emptied, "the bounding set was left as it was");
         // Emptied first, as pid 1 does: nothing left for drop_all to drop.
-        let emptied = super::super::wait::holds_in_a_child(|| {
+        let emptied = super::super::wait::holds_in_a_child(&[], || {
             drop_bounding_set().is_ok()
                 && !bounding_holds_sys_admin()
                 && bounding_is_empty()

@@ -158,7 +158,7 @@ mod tests {
         };
         assert!(!keep.is_empty(), "no processor allowed");
         // In a child, so that narrowing the mask does not narrow the test harness's.
-        assert!(holds_in_a_child(|| {
+        assert!(holds_in_a_child(&[], || {
             let mut held = CpuSet::new();
             if keep.iter().any(|&c| held.set(c).is_err())
                 || sched_setaffinity(Pid::from_raw(0), &held).is_err()

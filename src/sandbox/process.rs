@@ -384,7 +384,8 @@ mod tests {
             Ok(p) => p,
             Err(e) => panic!("pipe: {e}"),
         };
-        let installed = super::super::wait::holds_in_a_child(|| {
+        let kept = [read.as_raw_fd(), write.as_raw_fd()];
+        let installed = super::super::wait::holds_in_a_child(&kept, || {
             // Stdin and stdout closed; the payload's stdin comes from the pipe and its
             // stdout, closed here, must be /dev/null. Open puts that /dev/null at 0, the
             // lowest free number: the target of the pipe, installed first.

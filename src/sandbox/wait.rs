@@ -91,12 +91,17 @@ fn events_now(fd: BorrowedFd<'_>, events: PollFlags) -> nix::Result<PollFlags> {
 /// Whether `test` held in a forked child of this process (false too if the child could
 /// not be started): for tests of what changes a process for good (its credentials, its
 /// descriptors), which the test process must keep.
+///
+/// The child closes every descriptor above stderr but `keep` first: a copy of another
+/// test's descriptor (a terminal, a pipe's write end) held by a child would delay the
+/// hang-up that test waits for.
 #[cfg(test)]
-pub(crate) fn holds_in_a_child(test: impl FnOnce() -> bool) -> bool {
+pub(crate) fn holds_in_a_child(keep: &[std::os::fd::RawFd], test: impl FnOnce() -> bool) -> bool {
     // SAFETY: the child makes system calls (and glibc's malloc, which is fork-safe there)
     // and leaves with _exit, never returning into the test harness.
     match unsafe { nix::unistd::fork() } {
         Ok(nix::unistd::ForkResult::Child) => {
+            super::process::close_fds_from(3, keep);
             let ok = test();
             // SAFETY: leave the child without running the parent's destructors.
             unsafe { libc::_exit(if ok { 0 } else { 1 }) }
