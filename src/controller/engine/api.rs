@@ -26,8 +26,9 @@ const PS_WAIT: Duration = Duration::from_millis(40);
 const LOG_CHUNK: usize = 64 * 1024;
 
 /// Up to [`LOG_CHUNK`] bytes of a worker's log from `offset`, as text, and the offset after
-/// them. A character cut by the end of what is written so far is left for the next read
-/// (unless the worker has ended); bytes that are not UTF-8 are replaced.
+/// them. A character cut by the chunk's end is left for the next read, unless the chunk
+/// ends the log of a worker that has ended (nothing will complete it); bytes that are not
+/// UTF-8 are replaced.
 fn read_log(
     workers: Option<&crate::paths::Dir>,
     id: &WorkerId,
@@ -51,14 +52,35 @@ fn read_log(
     file.take(LOG_CHUNK as u64)
         .read_to_end(&mut buf)
         .map_err(|e| format!("cannot read the log {path}: {e}"))?;
-    let used = match std::str::from_utf8(&buf) {
-        Ok(_) => buf.len(),
-        // Only the end is cut short: keep it for the next read.
-        Err(e) if e.error_len().is_none() && !ended => e.valid_up_to(),
-        Err(_) => buf.len(),
+    // A short read of an ended worker's log is its end; a full chunk may be cut by its size
+    // alone, and a live worker may still write the rest of its last character.
+    let at_end = ended && buf.len() < LOG_CHUNK;
+    let used = if at_end {
+        buf.len()
+    } else {
+        buf.len().saturating_sub(cut_character(&buf))
     };
     let text = String::from_utf8_lossy(buf.get(..used).unwrap_or_default()).into_owned();
     Ok((text, offset.saturating_add(used as u64)))
+}
+
+/// How many bytes at the end of `buf` begin a character that bytes after them would
+/// complete (0 if it ends whole, or in bytes no later byte could make a character of):
+/// judged by the end alone, so invalid bytes earlier in the chunk do not hide a cut.
+fn cut_character(buf: &[u8]) -> usize {
+    // A character is at most 4 bytes: its first byte is among the last 3 if it is cut.
+    let from = buf.len().saturating_sub(3);
+    for start in (from..buf.len()).rev() {
+        let tail = buf.get(start..).unwrap_or_default();
+        if tail.first().is_some_and(|b| b & 0xC0 == 0x80) {
+            continue;
+        }
+        return match std::str::from_utf8(tail) {
+            Err(e) if e.error_len().is_none() && e.valid_up_to() == 0 => tail.len(),
+            _ => 0,
+        };
+    }
+    0
 }
 
 impl Engine {
@@ -259,5 +281,64 @@ impl Engine {
             workers,
             kill_switch: self.store.kill_switch_engaged(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_all(dir: &crate::paths::Dir, id: &WorkerId, ended: bool) -> (String, usize) {
+        let (mut text, mut offset, mut reads) = (String::new(), 0u64, 0usize);
+        loop {
+            let (piece, next) = match read_log(Some(dir), id, offset, ended) {
+                Ok(r) => r,
+                Err(e) => panic!("{e}"),
+            };
+            reads += 1;
+            if next == offset || reads > 100 {
+                return (text, reads);
+            }
+            text.push_str(&piece);
+            offset = next;
+        }
+    }
+
+    #[test]
+    fn characters_cut_by_the_chunk_size_are_read_whole_from_an_ended_workers_log()
+    -> std::io::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let dir = crate::paths::Dir::open(tmp.path())?;
+        let id = WorkerId::new("w1").map_err(std::io::Error::other)?;
+        // 3-byte characters: 64 KiB is no multiple of 3, so chunks end inside one.
+        let euros = "€".repeat(100_000);
+        std::fs::write(tmp.path().join("w1.log"), &euros)?;
+        for ended in [true, false] {
+            let (text, _) = read_all(&dir, &id, ended);
+            assert_eq!(text.chars().filter(|c| *c == '\u{fffd}').count(), 0);
+            assert!(text == euros, "ended: {ended}");
+        }
+        // Invalid bytes earlier in a chunk do not hide a character cut at its end.
+        let mut mixed = vec![b'a'; LOG_CHUNK - 10];
+        mixed.push(0xff);
+        mixed.extend("€".repeat(10).as_bytes());
+        std::fs::write(tmp.path().join("w1.log"), &mixed)?;
+        let (text, _) = read_all(&dir, &id, true);
+        assert_eq!(
+            text.matches('€').count(),
+            10,
+            "{:?}",
+            text.get(text.len() - 40..)
+        );
+        assert_eq!(text.matches('\u{fffd}').count(), 1);
+        // An ended log's last, unfinished character is shown replaced, and the read ends.
+        std::fs::write(tmp.path().join("w1.log"), b"ok\xe2\x82")?;
+        let (text, reads) = read_all(&dir, &id, true);
+        assert_eq!(text, "ok\u{fffd}");
+        assert_eq!(reads, 2);
+        // A live worker's is kept for the read that completes it.
+        let (text, _) = read_all(&dir, &id, false);
+        assert_eq!(text, "ok");
+        Ok(())
     }
 }
