@@ -23,6 +23,7 @@
 
 pub mod anchor;
 mod lost;
+mod open_egress;
 mod verify;
 mod writer;
 
@@ -32,6 +33,7 @@ pub use verify::{
 use verify::{open_trail_file, read_line, verify_in};
 
 pub use anchor::{Anchor, AnchorReport, AnchorTarget};
+pub use open_egress::OpenEgress;
 pub use writer::{AuditLog, EntryKind, Start, SyncedHead};
 
 use std::fs::File;

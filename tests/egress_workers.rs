@@ -218,6 +218,98 @@ fn a_worker_broker_that_dies_is_recorded_as_a_lost_record_not_as_silence() {
     assert_eq!(lost[0]["worker_id"], id.as_str(), "{lost:?}");
 }
 
+#[test]
+fn connections_open_when_the_launcher_or_the_controller_is_killed_are_said_lost() {
+    if !is_root() {
+        eprintln!("SKIP: worker egress needs root (network namespaces for the bed)");
+        return;
+    }
+    let bed = Bed::new();
+    let netns = format!("--net=/run/netns/{}", bed.client);
+    let resolve = format!("api.test={BED_ADDR}");
+    let mut ctl = TestController::start_under(
+        &["nsenter", &netns, "--"],
+        CONTRACT,
+        None,
+        &["--resolve", &resolve],
+    );
+    let kit = bed.kit.path_str();
+    let payload = bed.kit.payload();
+    // A worker whose connection carries data and stays open, whichever process dies.
+    let connected = |ctl: &TestController, tag: &str| -> String {
+        let before = bed.servers().log_lines(&["accept 9001"]).len();
+        let id = match ctl.spawn(
+            &[
+                "--no-controller",
+                "--allow-host",
+                "api.test:9001",
+                "--ro",
+                &kit,
+            ],
+            &format!("{PYTHON} {payload} read-forever api.test 9001 {tag}"),
+        ) {
+            Ok(id) => id,
+            Err(out) => panic!("spawn: {}", stderr(&out)),
+        };
+        let start = std::time::Instant::now();
+        while bed.servers().log_lines(&["accept 9001"]).len() <= before
+            && start.elapsed() < Duration::from_secs(20)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            bed.servers().log_lines(&["accept 9001"]).len() > before,
+            "the worker never reached the bed: {}",
+            bed.servers().log()
+        );
+        id
+    };
+    let lost_for = |ctl: &TestController, id: &str| -> Vec<serde_json::Value> {
+        ctl.audit("egress_record_lost")
+            .into_iter()
+            .filter(|e| e["worker_id"] == id)
+            .collect()
+    };
+    // The launcher dies alone (and the controller stops after it).
+    let first = connected(&ctl, "launcher");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(ctl.launcher_pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    ctl.wait_audit("controller_stopped", Duration::from_secs(20));
+    let lost = lost_for(&ctl, &first);
+    assert_eq!(lost.len(), 1, "{:?}", ctl.audit("egress_record_lost"));
+    assert!(
+        lost[0]["details"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("launcher")),
+        "{lost:?}"
+    );
+    // The controller is killed: the next start says it.
+    ctl.restart();
+    let second = connected(&ctl, "controller");
+    ctl.crash();
+    ctl.restart();
+    let start = std::time::Instant::now();
+    while lost_for(&ctl, &second).is_empty() && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let lost = lost_for(&ctl, &second);
+    let trail = std::fs::read_to_string(ctl.state_dir().join("audit.jsonl")).unwrap_or_default();
+    assert_eq!(lost.len(), 1, "{trail}");
+    assert!(
+        lost[0]["details"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("crashed or was killed")),
+        "{lost:?}"
+    );
+    // Each said once: the first worker's end was recorded when its launcher died.
+    assert_eq!(lost_for(&ctl, &first).len(), 1);
+    let state = ctl.state_dir().display().to_string();
+    let verify = hatchery_cmd(&["audit", "verify", "--state-dir", &state]);
+    assert_eq!(code(&verify), 0, "{}", stderr(&verify));
+}
+
 /// The processes of the bed's client namespace whose command line starts with `title`.
 fn titled(bed: &Bed, title: &[u8]) -> Vec<i32> {
     let pids = run_with_timeout(

@@ -478,3 +478,61 @@ fn records_kept_while_syncs_fail_are_bounded() -> Result<(), AuditError> {
     assert_eq!(verify(dir.path(), &key())?.entries, log.len());
     Ok(())
 }
+
+#[test]
+fn workers_whose_broker_the_trail_last_saw_running_are_found_at_the_next_start()
+-> Result<(), AuditError> {
+    let dir = tempfile::tempdir().map_err(|e| io_err(Path::new("tmp"))(e))?;
+    let started = |log: &mut AuditLog, id: &str, egress: bool| {
+        let mut details = json!({"pid": 1});
+        if egress {
+            details["egress"] = json!(true);
+        }
+        log.append(event::REPLICATION_REQUESTED, "uid:0", Some(id), details);
+    };
+    let mut log = AuditLog::open(dir.path(), key())?;
+    log.append(event::CONTROLLER_STARTED, "controller", None, json!({}));
+    started(&mut log, "ended", true);
+    started(&mut log, "open", true);
+    started(&mut log, "no-broker", false);
+    started(&mut log, "failed", true);
+    started(&mut log, "said", true);
+    started(&mut log, "refused", true);
+    log.append(event::WORKER_EXITED, "controller", Some("ended"), json!({}));
+    log.append(event::DENY_QUOTA, "controller", Some("refused"), json!({}));
+    log.append(
+        event::WORKER_START_FAILED,
+        "controller",
+        Some("failed"),
+        json!({}),
+    );
+    log.append(
+        event::EGRESS_RECORD_LOST,
+        "controller",
+        Some("said"),
+        json!({}),
+    );
+    log.sync()?;
+    drop(log);
+    // A crash: no `controller_stopped`. Only the worker whose end the trail never names.
+    let mut log = AuditLog::open(dir.path(), key())?;
+    let open = log.take_open_egress();
+    assert_eq!(open.workers.iter().collect::<Vec<_>>(), ["open"]);
+    assert!(log.take_open_egress().is_empty(), "said once");
+    // A start that records nothing for it (another crash first) finds it again.
+    log.append(event::CONTROLLER_STARTED, "controller", None, json!({}));
+    log.sync()?;
+    drop(log);
+    assert_eq!(AuditLog::open(dir.path(), key())?.take_open_egress(), open);
+    // A clean stop recorded every end before it.
+    let mut log = AuditLog::open(dir.path(), key())?;
+    log.append(event::CONTROLLER_STOPPED, "controller", None, json!({}));
+    log.sync()?;
+    drop(log);
+    assert!(
+        AuditLog::open(dir.path(), key())?
+            .take_open_egress()
+            .is_empty()
+    );
+    Ok(())
+}

@@ -13,6 +13,8 @@ pub struct VerifySummary {
     /// The trail was begun with `--new-audit-trail` (its first entry says so): anchored
     /// heads of an earlier trail of the same key are expected.
     pub new_trail: bool,
+    /// Workers whose egress broker was running when the trail ended.
+    pub open_egress: OpenEgress,
 }
 
 impl VerifySummary {
@@ -22,6 +24,7 @@ impl VerifySummary {
             last_hash: GENESIS.to_string(),
             first_hash: None,
             new_trail: false,
+            open_egress: OpenEgress::default(),
         }
     }
 }
@@ -178,6 +181,7 @@ pub(super) fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, Audi
     let mut chain = Chain::new(Some(key));
     let mut first_hash = None;
     let mut new_trail = false;
+    let mut open_egress = OpenEgress::default();
     while read_line(&mut reader, &mut buf)
         .map_err(io_err(&path))?
         .is_some()
@@ -192,6 +196,7 @@ pub(super) fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, Audi
             new_trail = entry.event == event::AUDIT_TRAIL_STARTED
                 && entry.details["new_audit_trail"] == serde_json::Value::Bool(true);
         }
+        open_egress.see(&entry);
     }
     let prev = chain.prev;
     let expected_seq = chain.expected_seq;
@@ -231,6 +236,7 @@ pub(super) fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, Audi
         last_hash: prev,
         first_hash,
         new_trail,
+        open_egress,
     })
 }
 

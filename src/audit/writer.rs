@@ -85,6 +85,8 @@ pub struct AuditLog {
     lost: Option<lost::Lost>,
     anchor: Option<anchor::AnchorWriter>,
     session: String,
+    /// Workers whose egress broker was running when the trail, as found, ended.
+    open_egress: OpenEgress,
 }
 
 impl AuditLog {
@@ -167,6 +169,7 @@ impl AuditLog {
             lost: None,
             anchor: start.anchor.map(Anchor::into_writer),
             session: start.session,
+            open_egress: summary.open_egress,
         };
         if let Some(writer) = &mut log.anchor {
             writer.hold(true);
@@ -188,6 +191,12 @@ impl AuditLog {
             writer.hold(false);
         }
         Ok(log)
+    }
+
+    /// The workers whose egress broker was running when the trail, as this log found it,
+    /// ended (see [`OpenEgress`]); empty after the first call.
+    pub fn take_open_egress(&mut self) -> OpenEgress {
+        std::mem::take(&mut self.open_egress)
     }
 
     /// Adds a record (buffered until [`sync`](Self::sync); kept if a sync fails).

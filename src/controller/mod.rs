@@ -360,6 +360,35 @@ fn record_start(
             json!({ "previous_pid": crashed_pid, "stale_socket_removed": stale_socket }),
         )?;
     }
+    record_open_egress_lost(session)
+}
+
+/// Says, for each worker whose egress broker the trail last saw running, that what its
+/// open connections carried was not recorded: a controller that ended without stopping
+/// them (it crashed or was killed) took the brokers along before they reported.
+fn record_open_egress_lost(session: &mut Session) -> Result<(), ControllerError> {
+    let open = session.audit.take_open_egress();
+    if open.is_empty() {
+        return Ok(());
+    }
+    let why = "the controller ended without stopping this worker's egress broker (it crashed or was killed): connections still open then were not recorded";
+    for id in &open.workers {
+        session.audit.append(
+            audit::event::EGRESS_RECORD_LOST,
+            "controller",
+            Some(id),
+            json!({ "error": why }),
+        );
+    }
+    if open.more > 0 {
+        session.audit.append(
+            audit::event::EGRESS_RECORD_LOST,
+            "controller",
+            None,
+            json!({ "error": why, "workers_not_named": open.more }),
+        );
+    }
+    session.audit.sync()?;
     Ok(())
 }
 

@@ -125,7 +125,7 @@ impl Engine {
             event::REPLICATION_REQUESTED,
             actor,
             Some(&id),
-            json!({ "parent": null, "depth": 0 }),
+            with_egress(json!({ "parent": null, "depth": 0 }), &manifest),
             true,
         );
         self.launch(manifest, now)
@@ -233,7 +233,10 @@ impl Engine {
             event::REPLICATION_REQUESTED,
             actor,
             Some(&id),
-            json!({ "parent": parent.as_str(), "depth": depth, "why": reason }),
+            with_egress(
+                json!({ "parent": parent.as_str(), "depth": depth, "why": reason }),
+                &manifest,
+            ),
             true,
         );
         self.launch(manifest, now)
@@ -426,4 +429,17 @@ impl Engine {
         });
         Ok(depth)
     }
+}
+
+/// A launch's `replication_requested` details, saying whether the worker gets an egress
+/// broker. The entry is durable before the worker starts: what the next start reads back
+/// if this controller dies before the broker reports (`audit::OpenEgress`).
+pub(super) fn with_egress(
+    mut details: serde_json::Value,
+    manifest: &Manifest,
+) -> serde_json::Value {
+    if manifest.resources.network_policy.reaches_hosts() {
+        details["egress"] = json!(true);
+    }
+    details
 }

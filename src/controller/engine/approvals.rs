@@ -235,7 +235,10 @@ impl Engine {
             event::REPLICATION_REQUESTED,
             &format!("worker:{parent}"),
             Some(&child),
-            json!({ "parent": parent.as_str(), "depth": depth, "why": p.why, "approval_id": approval_id }),
+            super::admit::with_egress(
+                json!({ "parent": parent.as_str(), "depth": depth, "why": p.why, "approval_id": approval_id }),
+                &p.manifest,
+            ),
             true,
         );
         match self.launch(*p.manifest, now) {

@@ -196,13 +196,42 @@ impl Engine {
                 }
             }
         }
+        let mut details = json!({ "pid": pid, "cgroup": cgroup, "not_enforced": not_enforced, "prepared_ahead": prepared_ahead });
+        if self.has_broker(&id) {
+            // What the next start reads back if this controller dies before its broker
+            // reports (`audit::OpenEgress`).
+            details["egress"] = json!(true);
+        }
         self.record(
             event::WORKER_STARTED,
             "controller",
             Some(&id),
-            json!({ "pid": pid, "cgroup": cgroup, "not_enforced": not_enforced, "prepared_ahead": prepared_ahead }),
+            details,
             false,
         );
+    }
+
+    /// Whether the worker's manifest gives it an egress broker.
+    pub(super) fn has_broker(&self, id: &WorkerId) -> bool {
+        self.registry
+            .get(id)
+            .is_some_and(|w| w.manifest.resources.network_policy.reaches_hosts())
+    }
+
+    /// The launcher is gone, and with it every broker, before they reported what their
+    /// open connections carried: said for each active worker that had one.
+    pub(super) fn egress_lost_with_launcher(&mut self, ids: &[WorkerId]) {
+        for id in ids {
+            if self.has_broker(id) {
+                self.record(
+                    event::EGRESS_RECORD_LOST,
+                    "controller",
+                    Some(id),
+                    json!({ "error": "the launcher exited before this worker's egress broker reported: connections still open then were not recorded" }),
+                    false,
+                );
+            }
+        }
     }
 
     /// The launcher's report of an exit, with its accounting.

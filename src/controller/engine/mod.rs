@@ -388,6 +388,7 @@ impl Engine {
                 // end is recorded: before, the trail named none of them, and its
                 // `controller_stopped` said no worker was active.
                 let ids: Vec<WorkerId> = self.registry.active().map(|(id, _)| id.clone()).collect();
+                self.egress_lost_with_launcher(&ids);
                 for id in ids {
                     self.exit_confirmed(&id, Some("launcher exited".into()), Some(9));
                 }
