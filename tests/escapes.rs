@@ -1244,3 +1244,49 @@ fn an_o_path_stdin_is_taken_as_closed_not_a_crash() {
     let (status, err) = run_with_stdio(&mut cmd, Stdio::from(path_only), Stdio::null());
     assert_eq!(status, 0, "{err}");
 }
+
+// ----------------------------------------------------------------- 7. shared device nodes
+
+/// The modification and change times of a host file, to the nanosecond.
+fn times(path: &str) -> (i64, i64, i64, i64) {
+    let m = std::fs::metadata(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    (m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec())
+}
+
+#[test]
+fn the_hosts_device_nodes_carry_no_timestamps_from_one_sandbox_to_another() {
+    if skip_unless_root("device nodes") {
+        return;
+    }
+    // The attack is real: "touch to now" needs only write permission, which every 0666
+    // node gives (here a world-writable file of root's, touched by nobody).
+    let dir = shared_tempdir();
+    let open = canonical(dir.path()).join("world-writable");
+    std::fs::write(&open, "").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&open, PermissionsExt::from_mode(0o666)).ok();
+    std::fs::set_permissions(dir.path(), PermissionsExt::from_mode(0o755)).ok();
+    let open = s(&open);
+    let before = times(&open);
+    std::thread::sleep(Duration::from_millis(20));
+    let touched = run_with_timeout(
+        Command::new("runuser").args(["-u", "nobody", "--", "touch", "-c", &open]),
+        Duration::from_secs(10),
+    );
+    assert!(touched.status.success(), "{}", stderr(&touched));
+    assert_ne!(times(&open), before, "touch as nobody left the times alone");
+    // In a sandbox, the host's nodes are still written and read, but never touched: their
+    // times would be a channel between sandboxes that share nothing else.
+    let before: Vec<_> = ["/dev/null", "/dev/zero", "/dev/full"].map(times).into();
+    std::thread::sleep(Duration::from_millis(20));
+    let out = hatchery_cmd(&[
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "echo x > /dev/null && head -c 1 /dev/zero > /dev/null && echo wrote; \
+         touch -c /dev/null /dev/zero /dev/full 2>/dev/null || echo refused",
+    ]);
+    assert_eq!(stdout(&out), "wrote\nrefused", "{}", stderr(&out));
+    let after: Vec<_> = ["/dev/null", "/dev/zero", "/dev/full"].map(times).into();
+    assert_eq!(after, before, "a sandbox changed the host's device nodes' times");
+}

@@ -401,10 +401,13 @@ pub fn build_root(plan: &RootfsPlan, prepared: &[RawFd]) -> Result<(), MountErro
             continue;
         }
         let tree = clone_tree(&host, false).map_err(fail(format!("clone {}", host.display())))?;
+        // Read-only: a device is read and written all the same, but its inode (the
+        // host's, shared by every sandbox) is never touched, or its times would carry
+        // data from one sandbox to another that share nothing else.
         set_attrs(
             tree.as_raw_fd(),
             None,
-            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC | MOUNT_ATTR_RDONLY,
             false,
         )
         .map_err(fail(format!("flag {}", host.display())))?;
