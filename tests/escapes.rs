@@ -1288,5 +1288,8 @@ fn the_hosts_device_nodes_carry_no_timestamps_from_one_sandbox_to_another() {
     ]);
     assert_eq!(stdout(&out), "wrote\nrefused", "{}", stderr(&out));
     let after: Vec<_> = ["/dev/null", "/dev/zero", "/dev/full"].map(times).into();
-    assert_eq!(after, before, "a sandbox changed the host's device nodes' times");
+    assert_eq!(
+        after, before,
+        "a sandbox changed the host's device nodes' times"
+    );
 }

@@ -211,3 +211,49 @@ fn a_signal_while_the_user_database_is_silent_ends_the_run_at_once() {
         "the lookup's helper was left behind",
     );
 }
+
+/// The state letter of `pid` (field 3 of /proc/PID/stat).
+fn state_of(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.get(stat.rfind(')')?.checked_add(2)?..)?.chars().next()
+}
+
+#[test]
+fn a_term_or_an_int_to_run_ends_a_command_that_stopped_itself() {
+    // A stopped command takes a TERM only once it is continued: passed on alone, it stayed
+    // pending, and `run` (and `timeout`, `systemctl stop`) waited forever.
+    for (sig, script, want) in [
+        (
+            Signal::SIGTERM,
+            "trap 'exit 7' TERM; kill -STOP $$; sleep 60",
+            7,
+        ),
+        (
+            Signal::SIGINT,
+            "kill -STOP $$; sleep 60",
+            128 + libc::SIGINT,
+        ),
+    ] {
+        let mut run = Command::new(hatchery())
+            .args(["run", "--timeout", "60s", "--", "sh", "-c", script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn run: {e}"));
+        let start = Instant::now();
+        let stopped = loop {
+            let payload = children_of(run.id())
+                .into_iter()
+                .flat_map(children_of)
+                .find(|p| state_of(*p) == Some('T'));
+            if payload.is_some() || start.elapsed() > Duration::from_secs(30) {
+                break payload;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let _ = kill(Pid::from_raw(run.id() as i32), sig);
+        let status = common::terminal::wait_child(&mut run, Duration::from_secs(20), "run");
+        assert!(stopped.is_some(), "the command never stopped itself");
+        assert_eq!(status.code(), Some(want), "{sig}");
+    }
+}

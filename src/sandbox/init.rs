@@ -66,6 +66,15 @@ pub fn reap_until_exit(payload: Pid, channel: BorrowedFd<'_>) -> ! {
         };
         if sig != Signal::SIGCHLD {
             let _ = nix::sys::signal::kill(payload, sig);
+            if matches!(
+                sig,
+                Signal::SIGHUP | Signal::SIGINT | Signal::SIGQUIT | Signal::SIGTERM
+            ) {
+                // A command that stopped itself takes these only once continued: without
+                // this, `run` (and `timeout`, a service manager) waited on it forever.
+                // Service managers continue what they stop the same way.
+                let _ = nix::sys::signal::kill(payload, Signal::SIGCONT);
+            }
             continue;
         }
         // Reap everything that has exited: the payload and any orphan re-parented to us.
