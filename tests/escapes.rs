@@ -1293,3 +1293,83 @@ fn the_hosts_device_nodes_carry_no_timestamps_from_one_sandbox_to_another() {
         "a sandbox changed the host's device nodes' times"
     );
 }
+
+// ----------------------------------------------------------------- 8. the caller's stdio
+
+const PYTHON3: &str = "/usr/bin/python3";
+
+/// Through stdout, clears `O_APPEND`, writes over the start of the file and truncates it,
+/// whatever of that it can; then writes `new` the ordinary way.
+const REWRITE_STDOUT: &str = "import os, fcntl\ntry:\n    fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) & ~os.O_APPEND)\n    os.pwrite(1, b'FORGED', 0)\nexcept OSError: pass\ntry: os.ftruncate(1, 6)\nexcept OSError: pass\nos.write(1, b'new\\n')";
+
+#[test]
+fn a_payload_cannot_rewrite_what_an_append_only_stdout_held_before() {
+    if skip_unless_root("append-only stdout") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let log = canonical(dir.path()).join("app.log");
+    let history = "line1 important\nline2\n";
+    let with_log = |argv: &[&str]| -> (i32, String) {
+        std::fs::write(&log, history).unwrap_or_else(|e| panic!("{e}"));
+        let out = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut cmd = Command::new(argv[0]);
+        cmd.args(&argv[1..]);
+        run_with_stdio(&mut cmd, Stdio::null(), Stdio::from(out))
+    };
+    // The attack is real: given the log's description, a command rewrites its history.
+    let (status, err) = with_log(&[PYTHON3, "-c", REWRITE_STDOUT]);
+    assert_eq!(status, 0, "{err}");
+    let rewritten = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!rewritten.starts_with(history), "{rewritten:?}");
+    // In a sandbox, the history stays and the command's output follows it.
+    let h = hatchery();
+    let (status, err) = with_log(&[&s(&h), "run", "--", PYTHON3, "-c", REWRITE_STDOUT]);
+    assert_eq!(status, 0, "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap_or_default(),
+        format!("{history}new\n")
+    );
+}
+
+#[test]
+fn a_payload_that_makes_its_stdout_non_blocking_neither_loses_the_report_nor_leaves_the_flag() {
+    if skip_unless_root("non-blocking stdout") {
+        return;
+    }
+    // Fills the pipe without blocking, then exits 0; nobody reads for a second.
+    let fill = "import os, fcntl\nfcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_NONBLOCK)\ntry:\n    while True: os.write(1, b'x' * 4096)\nexcept BlockingIOError: pass";
+    // Close-on-exec: no command another test starts meanwhile holds it open.
+    let (read, write) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap_or_else(|e| panic!("{e}"));
+    let ours = write.try_clone().unwrap_or_else(|e| panic!("{e}"));
+    let reader = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        let mut all = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::fs::File::from(read), &mut all);
+        all
+    });
+    let (status, err) = {
+        // Dropped with it: a command holds the descriptors it was given.
+        let mut cmd = Command::new(hatchery());
+        cmd.args(["run", "--report", "-", "--", PYTHON3, "-c", fill]);
+        run_with_stdio(&mut cmd, Stdio::null(), Stdio::from(write))
+    };
+    let flags = nix::fcntl::fcntl(&ours, nix::fcntl::FcntlArg::F_GETFL).unwrap_or(0);
+    drop(ours);
+    let all = reader.join().unwrap_or_default();
+    assert_eq!(status, 0, "{err}");
+    let text = String::from_utf8_lossy(&all);
+    let report = text.trim_start_matches('x');
+    let r: Value =
+        serde_json::from_str(report).unwrap_or_else(|e| panic!("report {report:?}: {e}"));
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(
+        flags & libc::O_NONBLOCK,
+        0,
+        "the caller's pipe was left non-blocking"
+    );
+}

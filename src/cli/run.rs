@@ -489,8 +489,11 @@ fn supervise(
     if let Some(m) = &host.cgroups {
         m.release();
     }
-    // The caller's terminal is given back its modes before anything more is printed.
+    // The caller's terminal is given back its modes, and its descriptors their flags,
+    // before anything more is printed (a report to a stdout left non-blocking by the
+    // command would fail with EAGAIN).
     drop(stdio.raw.take());
+    stdio.give_back_flags();
     result
 }
 

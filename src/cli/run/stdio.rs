@@ -23,6 +23,10 @@ struct CallerFd {
     /// a pidfd, an anonymous inode; a handle on something, not data.
     kernel_object: bool,
     terminal: bool,
+    /// The open file description's status flags as found (`F_GETFL`), given back after
+    /// the run: a command that shares the description may change them (`O_NONBLOCK` on a
+    /// pipe the caller's next command then gets `EAGAIN` from).
+    flags: Option<nix::fcntl::OFlag>,
 }
 
 impl CallerFd {
@@ -35,6 +39,7 @@ impl CallerFd {
             write_only: true,
             kernel_object: false,
             terminal: false,
+            flags: None,
         };
         let Ok(st) = nix::sys::stat::fstat(fd) else {
             return closed;
@@ -43,7 +48,8 @@ impl CallerFd {
             return closed;
         };
         let kind = st.st_mode & libc::S_IFMT;
-        let access = fcntl(&fd, FcntlArg::F_GETFL).map(|f| f & libc::O_ACCMODE);
+        let status = fcntl(&fd, FcntlArg::F_GETFL);
+        let access = status.map(|f| f & libc::O_ACCMODE);
         let not_socket = kind != libc::S_IFSOCK;
         let read_only = not_socket && access.is_ok_and(|a| a == libc::O_RDONLY);
         let write_only = not_socket && access.is_ok_and(|a| a == libc::O_WRONLY);
@@ -56,6 +62,7 @@ impl CallerFd {
                 .is_ok_and(|f| KERNEL_OBJECTS.contains(&(f.filesystem_type().0 as i64)));
         CallerFd {
             terminal: tty::is_terminal(fd.as_fd()),
+            flags: status.ok().map(nix::fcntl::OFlag::from_bits_retain),
             fd: Some(fd),
             kind,
             rdev: st.st_rdev,
@@ -78,9 +85,24 @@ impl CallerFd {
 
     /// Whether the payload may hold it as its stdout or stderr: only data, and only a way
     /// out (a FIFO or file opened read-write would let the command read what the caller
-    /// or others wrote there). `/dev/null` has nothing to read.
+    /// or others wrote there). `/dev/null` has nothing to read. Never a file: whoever holds
+    /// a file's description may clear its `O_APPEND`, write anywhere in it or truncate it
+    /// (what the caller wrote there before, a `>>` log's history), and rootless, as the
+    /// file's owner, change its mode and extended attributes.
     fn passes_as_output(&self) -> bool {
-        self.holds_only_data() && (self.write_only || self.is_dev_null() || self.fd.is_none())
+        self.holds_only_data()
+            && self.kind != libc::S_IFREG
+            && (self.write_only || self.is_dev_null() || self.fd.is_none())
+    }
+
+    /// Whether the payload may hold it as its stdin (opened read-only, only data): never
+    /// a file when rootless, where the command runs as the file's owner and could change
+    /// its mode, times and extended attributes through it.
+    fn passes_as_input(&self, rootless: bool) -> bool {
+        !self.terminal
+            && self.read_only
+            && self.holds_only_data()
+            && !(rootless && self.kind == libc::S_IFREG)
     }
 
     fn is_dev_null(&self) -> bool {
@@ -124,6 +146,32 @@ pub(super) struct StdioPlan {
     pub(super) raw: Option<tty::RawMode>,
     pub(super) controlling_terminal: bool,
     pub(super) report: StdioEnforcement,
+    /// The caller's stdin, stdout and stderr with their status flags as found.
+    found: Vec<(OwnedFd, nix::fcntl::OFlag)>,
+}
+
+impl StdioPlan {
+    /// Gives the caller's descriptors back the status flags they had before the run (a
+    /// command may have changed them through a description it was passed): once the
+    /// sandbox is gone, before anything more is written to them.
+    pub(super) fn give_back_flags(&self) {
+        for (fd, found) in &self.found {
+            if fcntl(fd, FcntlArg::F_GETFL).is_ok_and(|now| now != found.bits()) {
+                let _ = fcntl(fd, FcntlArg::F_SETFL(*found));
+            }
+        }
+    }
+}
+
+/// The descriptors of `callers` and their flags, for [`StdioPlan::give_back_flags`].
+fn flags_found(callers: &[&CallerFd]) -> std::io::Result<Vec<(OwnedFd, nix::fcntl::OFlag)>> {
+    let mut found = Vec::new();
+    for c in callers {
+        if let (Some(fd), Some(flags)) = (&c.fd, c.flags) {
+            found.push((fd.try_clone()?, flags));
+        }
+    }
+    Ok(found)
 }
 
 fn dev_null(write: bool) -> std::io::Result<OwnedFd> {
@@ -155,15 +203,21 @@ fn dev_null(write: bool) -> std::io::Result<OwnedFd> {
 ///   for data (see [`CallerFd::holds_only_data`]): a pipe to it; stdin such a handle,
 ///   opened read-only: `/dev/null` (a socket is open both ways, so relayed as above).
 ///
-/// Everything else — a read-only stdin (file, pipe, `/dev/null`), stdout and stderr
-/// (file, pipe, device) without a cap — is passed as it is, at no cost.
+/// - stdout or stderr a file: a pipe to it (see [`CallerFd::passes_as_output`]); rootless,
+///   stdin a file: a pipe the supervisor feeds (see [`CallerFd::passes_as_input`]).
+///
+/// Everything else — a read-only stdin (pipe, device, and a file unless rootless), stdout
+/// and stderr (pipe, device) without a cap — is passed as it is, at no cost; its status
+/// flags are given back after the run ([`StdioPlan::give_back_flags`]).
 pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
     let [stdin, stdout, stderr] = [
         CallerFd::inspect(std::io::stdin().as_fd()),
         CallerFd::inspect(std::io::stdout().as_fd()),
         CallerFd::inspect(std::io::stderr().as_fd()),
     ];
-    let stdin_passed = !stdin.terminal && stdin.read_only && stdin.holds_only_data();
+    let rootless = !nix::unistd::geteuid().is_root();
+    let stdin_passed = stdin.passes_as_input(rootless);
+    let found = flags_found(&[&stdin, &stdout, &stderr])?;
     let outs_passed = cap.is_none()
         && [&stdout, &stderr]
             .iter()
@@ -187,6 +241,7 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
                 stdout: passed(&stdout),
                 stderr: passed(&stderr),
             },
+            found,
         });
     }
     let mut pump = OutputPump::with_cap(cap);
@@ -204,7 +259,11 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
             dev_null(false)?,
             format!("not passed ({}): the command reads /dev/null", stdin.what()),
         ),
-        Some(fd) if stdin.read_only => (fd.try_clone()?, passed_stdin(&stdin)),
+        Some(fd) if stdin_passed => (fd.try_clone()?, passed_stdin(&stdin)),
+        Some(fd) if stdin.read_only => (
+            pump.add_input(fd.try_clone()?)?,
+            "pipe relay (read-only file, rootless)".to_string(),
+        ),
         Some(_) if stdin.is_dev_null() => (
             dev_null(false)?,
             "passed (/dev/null, opened again read-only)".to_string(),
@@ -232,9 +291,13 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
                 pump.add_output(fd.try_clone()?)?,
                 format!("pipe relay ({})", c.what()),
             )),
-            (Some(fd), _) if !c.passes_as_output() => Ok((
+            (Some(fd), _) if !c.passes_as_output() && !c.write_only => Ok((
                 pump.add_output(fd.try_clone()?)?,
                 format!("pipe relay (read-write {})", c.what()),
+            )),
+            (Some(fd), _) if !c.passes_as_output() => Ok((
+                pump.add_output(fd.try_clone()?)?,
+                format!("pipe relay ({})", c.what()),
             )),
             (Some(fd), _) => Ok((fd.try_clone()?, passed(c))),
         }
@@ -251,6 +314,7 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
             stdout: stdout_report,
             stderr: stderr_report,
         },
+        found,
     })
 }
 
