@@ -803,3 +803,52 @@ fn tail_shows_no_forged_entry_and_a_replaced_trail_is_damage() {
         assert!(stdout(&out).contains(kind), "{}", stdout(&out));
     }
 }
+
+#[test]
+fn an_append_a_crash_cut_short_is_said_and_removed_not_a_controller_that_cannot_start() {
+    if skip_unless_root("torn trail") {
+        return;
+    }
+    let mut c = TestController::start(CONTRACT, &[]);
+    spawn_true(&c);
+    c.crash();
+    let state = c.state_dir().to_path_buf();
+    let whole = std::fs::read(state.join("audit.jsonl")).unwrap_or_default();
+    let n = entries(&state).len();
+    // What a SIGKILL between the pages of one write, or a power loss before its sync,
+    // leaves after the last synced entry: the start of the next, no newline.
+    let torn = format!("{{\"seq\":{},\"time\":\"2026", n + 1);
+    let mut with_torn = whole.clone();
+    with_torn.extend_from_slice(torn.as_bytes());
+    std::fs::write(state.join("audit.jsonl"), &with_torn).unwrap_or_else(|e| panic!("{e}"));
+    let out = verify(&state, &[]);
+    assert_eq!(code(&out), 0, "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains(&format!("{} bytes of a partial entry", torn.len())),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(verify_json(&state, &[])["torn_tail_bytes"], torn.len());
+    // The controller starts, and its crash recovery says what it removed.
+    c.restart();
+    c.stop();
+    let trail = entries(&state);
+    let recovered: Vec<&Value> = trail
+        .iter()
+        .filter(|e| e["event"] == "crash_recovered")
+        .collect();
+    assert!(
+        recovered
+            .iter()
+            .any(|e| e["details"]["torn_entry_bytes_removed"] == torn.len()),
+        "{recovered:?}"
+    );
+    let out = verify(&state, &[]);
+    assert_eq!(code(&out), 0, "{}", stdout(&out));
+    assert!(!stdout(&out).contains("partial"), "{}", stdout(&out));
+    // A cut into the synced entries is damage all the same.
+    let synced = std::fs::read(state.join("audit.jsonl")).unwrap_or_default();
+    let cut = synced.get(..synced.len() - 1).unwrap_or_default();
+    std::fs::write(state.join("audit.jsonl"), cut).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(code(&verify(&state, &[])), 1);
+}

@@ -536,3 +536,47 @@ fn workers_whose_broker_the_trail_last_saw_running_are_found_at_the_next_start()
     );
     Ok(())
 }
+
+#[test]
+fn a_partial_last_line_after_the_head_is_an_append_a_crash_cut_short_and_is_removed()
+-> Result<(), AuditError> {
+    let dir = trail(3)?;
+    let whole = std::fs::read(dir.path().join(LOG_FILE)).unwrap_or_default();
+    // What a write cut between its pages leaves: the start of entry 5 (the first says
+    // why the trail began), no newline.
+    let torn = b"{\"seq\":5,\"time\":\"2026";
+    let mut with_torn = whole.clone();
+    with_torn.extend_from_slice(torn);
+    std::fs::write(dir.path().join(LOG_FILE), &with_torn).map_err(io_err(dir.path()))?;
+    let summary = verify(dir.path(), &key())?;
+    assert_eq!((summary.entries, summary.torn_tail), (4, torn.len() as u64));
+    // The next start cuts it off, says how much, and appends after the whole lines.
+    let mut log = AuditLog::open(dir.path(), key())?;
+    assert_eq!(log.take_torn_tail(), torn.len() as u64);
+    assert_eq!(log.take_torn_tail(), 0);
+    assert_eq!(
+        std::fs::read(dir.path().join(LOG_FILE)).unwrap_or_default(),
+        whole
+    );
+    log.record(event::CONTROLLER_STARTED, "controller", None, json!({}))?;
+    let summary = verify(dir.path(), &key())?;
+    assert_eq!((summary.entries, summary.torn_tail), (5, 0));
+    Ok(())
+}
+
+#[test]
+fn a_line_cut_short_at_or_before_the_head_is_damage() -> Result<(), AuditError> {
+    let dir = trail(3)?;
+    let whole = std::fs::read(dir.path().join(LOG_FILE)).unwrap_or_default();
+    // The last synced entry itself loses its newline: the head names it, so it was
+    // reported durable.
+    let cut = whole.get(..whole.len() - 1).unwrap_or_default();
+    std::fs::write(dir.path().join(LOG_FILE), cut).map_err(io_err(dir.path()))?;
+    assert_eq!(damaged_at(dir.path()), Some(4));
+    assert!(AuditLog::open(dir.path(), key()).is_err());
+    // Half of it gone: the same.
+    let half = whole.get(..whole.len() - 40).unwrap_or_default();
+    std::fs::write(dir.path().join(LOG_FILE), half).map_err(io_err(dir.path()))?;
+    assert_eq!(damaged_at(dir.path()), Some(4));
+    Ok(())
+}

@@ -15,6 +15,9 @@ pub struct VerifySummary {
     pub new_trail: bool,
     /// Workers whose egress broker was running when the trail ended.
     pub open_egress: OpenEgress,
+    /// Bytes of a partial last line after the head: an append cut short by a crash or a
+    /// power loss before its sync, so never reported durable (0: none).
+    pub torn_tail: u64,
 }
 
 impl VerifySummary {
@@ -25,6 +28,7 @@ impl VerifySummary {
             first_hash: None,
             new_trail: false,
             open_egress: OpenEgress::default(),
+            torn_tail: 0,
         }
     }
 }
@@ -182,11 +186,16 @@ pub(super) fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, Audi
     let mut first_hash = None;
     let mut new_trail = false;
     let mut open_egress = OpenEgress::default();
+    let mut torn_tail = 0;
     while read_line(&mut reader, &mut buf)
         .map_err(io_err(&path))?
         .is_some()
     {
         let n = chain.expected_seq;
+        if is_torn_tail(&mut reader, &buf, n, head_seq).map_err(io_err(&path))? {
+            torn_tail = buf.len() as u64;
+            break;
+        }
         let entry = chain.next(&buf).map_err(|reason| damaged(n, reason))?;
         if Some(n) == head_seq {
             hash_at_head = Some(entry.hash.clone());
@@ -237,7 +246,26 @@ pub(super) fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, Audi
         first_hash,
         new_trail,
         open_egress,
+        torn_tail,
     })
+}
+
+/// Whether `line`, entry `n` of the trail, is the last bytes of the file without their
+/// newline, after the entry the head names: what an append cut short leaves (a SIGKILL
+/// between the pages of one write, a power loss before the sync). Its entries were never
+/// reported durable, so the line is no damage to the trail; anywhere else, a line without
+/// its newline is.
+fn is_torn_tail(
+    reader: &mut impl BufRead,
+    line: &[u8],
+    n: u64,
+    head_seq: Option<u64>,
+) -> io::Result<bool> {
+    if line.ends_with(b"\n") || !head_seq.is_some_and(|h| h < n) {
+        return Ok(false);
+    }
+    // The end of the file, not a line longer than any entry may be.
+    Ok(reader.fill_buf()?.is_empty())
 }
 
 /// Reads every entry (for `audit tail`), skipping nothing: a malformed line is an error.

@@ -87,6 +87,9 @@ pub struct AuditLog {
     session: String,
     /// Workers whose egress broker was running when the trail, as found, ended.
     open_egress: OpenEgress,
+    /// Bytes of a partial last line this start cut off the trail (see
+    /// [`VerifySummary::torn_tail`]).
+    torn_tail: u64,
 }
 
 impl AuditLog {
@@ -153,6 +156,14 @@ impl AuditLog {
             Some(_) => Some(held.open_append(LOG_FILE, 0o600).map_err(io_err(&path))?),
             None => None,
         };
+        if let Some(file) = file.as_ref().filter(|_| summary.torn_tail > 0) {
+            // The partial line goes before anything is appended after it; the start
+            // records that it did (`take_torn_tail`).
+            let len = file.metadata().map_err(io_err(&path))?.len();
+            file.set_len(len.saturating_sub(summary.torn_tail))
+                .map_err(io_err(&path))?;
+            file.sync_data().map_err(io_err(&path))?;
+        }
         let mut log = AuditLog {
             dir: held,
             file,
@@ -170,6 +181,7 @@ impl AuditLog {
             anchor: start.anchor.map(Anchor::into_writer),
             session: start.session,
             open_egress: summary.open_egress,
+            torn_tail: summary.torn_tail,
         };
         if let Some(writer) = &mut log.anchor {
             writer.hold(true);
@@ -197,6 +209,12 @@ impl AuditLog {
     /// ended (see [`OpenEgress`]); empty after the first call.
     pub fn take_open_egress(&mut self) -> OpenEgress {
         std::mem::take(&mut self.open_egress)
+    }
+
+    /// How many bytes of a partial last line (an append a crash cut short) this start cut
+    /// off the trail it found; 0 after the first call.
+    pub fn take_torn_tail(&mut self) -> u64 {
+        std::mem::take(&mut self.torn_tail)
     }
 
     /// Adds a record (buffered until [`sync`](Self::sync); kept if a sync fails).

@@ -140,6 +140,10 @@ struct Outcome {
     last_hash: Option<String>,
     /// The hash of the first entry: the trail's name in the anchor.
     trail: Option<String>,
+    /// Bytes of a partial line after the last synced entry (an append a crash cut short;
+    /// the controller removes it at its next start).
+    #[serde(skip_serializing_if = "is_zero")]
+    torn_tail_bytes: u64,
     problem: Option<Problem>,
     anchor: Option<AnchorOutcome>,
 }
@@ -212,6 +216,7 @@ fn check(a: &VerifyArgs, out: &mut Outcome) -> Result<(), Failure> {
     out.entries = Some(summary.entries);
     out.last_hash = Some(summary.last_hash);
     out.trail = summary.first_hash;
+    out.torn_tail_bytes = summary.torn_tail;
     if let Some(path) = &a.anchor {
         out.anchor = Some(AnchorOutcome {
             path: path.clone(),
@@ -350,6 +355,12 @@ fn verify(a: &VerifyArgs) -> i32 {
                 out.entries.unwrap_or(0),
                 out.last_hash.as_deref().unwrap_or("")
             ));
+            if out.torn_tail_bytes > 0 {
+                super::controller::outln(&format!(
+                    "after them, {} bytes of a partial entry: an append cut short by a crash or a power loss before it was synced (never reported durable); the controller removes them when it next starts",
+                    out.torn_tail_bytes
+                ));
+            }
             if let Some(r) = out.anchor.as_ref().and_then(|a| a.report.as_ref()) {
                 let last = r
                     .last_anchored_seq
@@ -485,4 +496,8 @@ pub fn main(args: AuditArgs) -> i32 {
         AuditCommand::Verify(v) => verify(v),
         AuditCommand::Tail(t) => tail(t),
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

@@ -352,13 +352,17 @@ fn record_start(
             "audit_anchor": opts.audit_anchor.as_ref().map(|a| a.to_string()),
         }),
     )?;
-    if crashed_pid.is_some() || stale_socket {
-        session.audit.record(
-            audit::event::CRASH_RECOVERED,
-            "controller",
-            None,
-            json!({ "previous_pid": crashed_pid, "stale_socket_removed": stale_socket }),
-        )?;
+    let torn = session.audit.take_torn_tail();
+    if crashed_pid.is_some() || stale_socket || torn > 0 {
+        let mut details =
+            json!({ "previous_pid": crashed_pid, "stale_socket_removed": stale_socket });
+        if torn > 0 {
+            // The partial line of an append a crash cut short, never reported durable.
+            details["torn_entry_bytes_removed"] = json!(torn);
+        }
+        session
+            .audit
+            .record(audit::event::CRASH_RECOVERED, "controller", None, details)?;
     }
     record_open_egress_lost(session)
 }
