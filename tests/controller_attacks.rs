@@ -379,6 +379,27 @@ fn every_workers_output_together_stays_within_the_controllers_total() {
         .sum();
     assert!(total <= 1536 << 10, "the logs hold {total} bytes together");
     assert!(total >= 1 << 20, "only {total} bytes were kept");
+    // Those the shared budget cut, short of their own cap, say so (they said nothing).
+    let cut: Vec<&String> = ids
+        .iter()
+        .filter(|id| {
+            let v: Value = serde_json::from_str(&stdout(&c.cli(&["inspect", "--json", id])))
+                .unwrap_or_default();
+            v["worker"]["exit"]["output_cut_at"]
+                .as_u64()
+                .is_some_and(|at| at < 1 << 20)
+        })
+        .collect();
+    assert!(!cut.is_empty(), "no worker says its output was cut");
+    for id in cut {
+        let out = c.cli(&["logs", id]);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("the worker's output was cut at"),
+            "{}",
+            stderr(&out)
+        );
+    }
 }
 
 /// The launcher process of a running controller (its one child).

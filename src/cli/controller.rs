@@ -463,6 +463,7 @@ pub fn logs_main(args: LogsArgs) -> i32 {
                 data,
                 next_offset,
                 ended,
+                cut_at,
             }) => {
                 let got = next_offset != offset;
                 out(&data);
@@ -472,6 +473,13 @@ pub fn logs_main(args: LogsArgs) -> i32 {
                 offset = next_offset;
                 if got {
                     continue;
+                }
+                if let Some(at) = cut_at.filter(|_| ended) {
+                    // Said where it cannot be taken for the worker's own output.
+                    eprintln!(
+                        "hatchery logs: the worker's output was cut at {at} bytes; what it wrote after was dropped (`hatchery inspect {}` says why)",
+                        args.worker_id
+                    );
                 }
                 if ended || !args.follow {
                     return 0;

@@ -203,6 +203,15 @@ fn run_lines(info: &WorkerInfo) -> Vec<String> {
         if let Some(error) = &e.error {
             lines.push(format!("error:       {}", shown(error)));
         }
+        if let Some(at) = e.output_cut_at {
+            let why = match info.resources.max_output_bytes {
+                Some(cap) if at >= cap.get() => "its max_output_bytes".to_string(),
+                _ => "short of its max_output_bytes: the output budget every worker shares (the controller's --worker-output-total) or the room kept for the audit trail ran out".to_string(),
+            };
+            lines.push(format!(
+                "output:      cut at {at} bytes, what it wrote after dropped ({why})"
+            ));
+        }
     }
     lines
 }

@@ -211,6 +211,11 @@ pub struct ExitInfo {
     /// message long.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Where its log was cut, when it was: at its `max_output_bytes`, or short of it when
+    /// the output budget every worker shares (`--worker-output-total`), or the room kept
+    /// for the audit trail, ran out first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_cut_at: Option<u64>,
 }
 
 /// One worker as `ps` shows it.
@@ -275,6 +280,9 @@ pub enum ApiResponse {
         data: String,
         next_offset: u64,
         ended: bool,
+        /// Where an ended worker's log was cut, when it was ([`ExitInfo::output_cut_at`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cut_at: Option<u64>,
     },
     /// The cluster kill switch: what each node that acknowledged did, the live nodes that
     /// did not within the limit, and how long the last acknowledgement took.

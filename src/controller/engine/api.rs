@@ -243,6 +243,7 @@ impl Engine {
                         data,
                         next_offset,
                         ended,
+                        cut_at: w.exit.as_ref().and_then(|e| e.output_cut_at),
                     },
                     Err(message) => ApiResponse::Error { message },
                 }

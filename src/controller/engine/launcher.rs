@@ -285,6 +285,7 @@ impl Engine {
                 timed_out,
                 ended_by,
                 error: error.map(|e| clip(&e, MAX_TEXT)),
+                output_cut_at: output_truncated.then(|| output_bytes.unwrap_or(0)),
             },
         );
     }
@@ -326,6 +327,7 @@ impl Engine {
                 timed_out: false,
                 ended_by,
                 error: None,
+                output_cut_at: None,
             },
         );
     }
@@ -355,6 +357,7 @@ impl Engine {
                 timed_out: false,
                 ended_by: Some(ended_by),
                 error: Some(clip(error, MAX_TEXT)),
+                output_cut_at: None,
             },
         );
     }
