@@ -261,7 +261,7 @@ fn is_torn_tail(
     n: u64,
     head_seq: Option<u64>,
 ) -> io::Result<bool> {
-    if line.ends_with(b"\n") || !head_seq.is_some_and(|h| h < n) {
+    if line.ends_with(b"\n") || head_seq.is_none_or(|h| h >= n) {
         return Ok(false);
     }
     // The end of the file, not a line longer than any entry may be.

@@ -356,9 +356,9 @@ fn record_start(
     if crashed_pid.is_some() || stale_socket || torn > 0 {
         let mut details =
             json!({ "previous_pid": crashed_pid, "stale_socket_removed": stale_socket });
-        if torn > 0 {
+        if let Some(fields) = details.as_object_mut().filter(|_| torn > 0) {
             // The partial line of an append a crash cut short, never reported durable.
-            details["torn_entry_bytes_removed"] = json!(torn);
+            fields.insert("torn_entry_bytes_removed".into(), json!(torn));
         }
         session
             .audit

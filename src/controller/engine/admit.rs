@@ -438,8 +438,11 @@ pub(super) fn with_egress(
     mut details: serde_json::Value,
     manifest: &Manifest,
 ) -> serde_json::Value {
-    if manifest.resources.network_policy.reaches_hosts() {
-        details["egress"] = json!(true);
+    if let Some(fields) = details
+        .as_object_mut()
+        .filter(|_| manifest.resources.network_policy.reaches_hosts())
+    {
+        fields.insert("egress".into(), json!(true));
     }
     details
 }

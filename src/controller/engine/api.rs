@@ -296,7 +296,7 @@ mod tests {
                 Ok(r) => r,
                 Err(e) => panic!("{e}"),
             };
-            reads += 1;
+            reads = reads.saturating_add(1);
             if next == offset || reads > 100 {
                 return (text, reads);
             }

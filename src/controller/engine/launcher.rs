@@ -196,17 +196,11 @@ impl Engine {
                 }
             }
         }
-        let mut details = json!({ "pid": pid, "cgroup": cgroup, "not_enforced": not_enforced, "prepared_ahead": prepared_ahead });
-        if self.has_broker(&id) {
-            // What the next start reads back if this controller dies before its broker
-            // reports (`audit::OpenEgress`).
-            details["egress"] = json!(true);
-        }
         self.record(
             event::WORKER_STARTED,
             "controller",
             Some(&id),
-            details,
+            json!({ "pid": pid, "cgroup": cgroup, "not_enforced": not_enforced, "prepared_ahead": prepared_ahead }),
             false,
         );
     }
