@@ -15,21 +15,11 @@ const CONTRACT: &str = "max_depth = 2\nmax_replicas = 4\ncooldown_seconds = 0\n"
 
 #[test]
 fn a_workers_connections_are_audited_and_the_kill_switch_closes_them() {
-    if !is_root() {
-        eprintln!("SKIP: worker egress needs root (network namespaces for the bed)");
+    if skip() {
         return;
     }
     let bed = Bed::new();
-    let resolve = format!("api.test={BED_ADDR}");
-    // nsenter joins the bed's network namespace alone (`ip netns exec` would also remount
-    // /sys, hiding the host's cgroups from the controller).
-    let netns = format!("--net=/run/netns/{}", bed.client);
-    let ctl = TestController::start_under(
-        &["nsenter", &netns, "--"],
-        CONTRACT,
-        None,
-        &["--resolve", &resolve],
-    );
+    let ctl = controller_in(&bed);
     let kit = bed.kit.path_str();
     let payload = bed.kit.payload();
     let out = ctl.cli(&[
@@ -99,8 +89,7 @@ fn a_workers_connections_are_audited_and_the_kill_switch_closes_them() {
 
 #[test]
 fn allow_external_reaches_any_public_host_and_no_private_one() {
-    if !is_root() {
-        eprintln!("SKIP: worker egress needs root (network namespaces for the bed)");
+    if skip() {
         return;
     }
     let bed = Bed::new();
@@ -158,35 +147,18 @@ fn allow_external_reaches_any_public_host_and_no_private_one() {
 
 #[test]
 fn a_worker_broker_that_dies_is_recorded_as_a_lost_record_not_as_silence() {
-    if !is_root() {
-        eprintln!("SKIP: worker egress needs root (network namespaces for the bed)");
+    if skip() {
         return;
     }
     let bed = Bed::new();
-    let netns = format!("--net=/run/netns/{}", bed.client);
-    let resolve = format!("api.test={BED_ADDR}");
-    let ctl = TestController::start_under(
-        &["nsenter", &netns, "--"],
-        CONTRACT,
-        None,
-        &["--resolve", &resolve],
-    );
-    let kit = bed.kit.path_str();
+    let ctl = controller_in(&bed);
     let payload = bed.kit.payload();
-    let id = match ctl.spawn(
-        &[
-            "--no-controller",
-            "--allow-host",
-            "api.test:9001",
-            "--ro",
-            &kit,
-        ],
-        // It lives on after its connection ends.
+    // It lives on after its connection ends.
+    let id = reader_of_the_bed(
+        &ctl,
+        &bed,
         &format!("{PYTHON} {payload} read-forever api.test 9001 lost; sleep 30"),
-    ) {
-        Ok(id) => id,
-        Err(out) => panic!("spawn: {}", stderr(&out)),
-    };
+    );
     assert!(
         bed.servers()
             .wait_for_log("accept 9001", Duration::from_secs(20)),
@@ -220,37 +192,20 @@ fn a_worker_broker_that_dies_is_recorded_as_a_lost_record_not_as_silence() {
 
 #[test]
 fn connections_open_when_the_launcher_or_the_controller_is_killed_are_said_lost() {
-    if !is_root() {
-        eprintln!("SKIP: worker egress needs root (network namespaces for the bed)");
+    if skip() {
         return;
     }
     let bed = Bed::new();
-    let netns = format!("--net=/run/netns/{}", bed.client);
-    let resolve = format!("api.test={BED_ADDR}");
-    let mut ctl = TestController::start_under(
-        &["nsenter", &netns, "--"],
-        CONTRACT,
-        None,
-        &["--resolve", &resolve],
-    );
-    let kit = bed.kit.path_str();
+    let mut ctl = controller_in(&bed);
     let payload = bed.kit.payload();
     // A worker whose connection carries data and stays open, whichever process dies.
     let connected = |ctl: &TestController, tag: &str| -> String {
         let before = bed.servers().log_lines(&["accept 9001"]).len();
-        let id = match ctl.spawn(
-            &[
-                "--no-controller",
-                "--allow-host",
-                "api.test:9001",
-                "--ro",
-                &kit,
-            ],
+        let id = reader_of_the_bed(
+            ctl,
+            &bed,
             &format!("{PYTHON} {payload} read-forever api.test 9001 {tag}"),
-        ) {
-            Ok(id) => id,
-            Err(out) => panic!("spawn: {}", stderr(&out)),
-        };
+        );
         let start = std::time::Instant::now();
         while bed.servers().log_lines(&["accept 9001"]).len() <= before
             && start.elapsed() < Duration::from_secs(20)
@@ -308,6 +263,45 @@ fn connections_open_when_the_launcher_or_the_controller_is_killed_are_said_lost(
     let state = ctl.state_dir().display().to_string();
     let verify = hatchery_cmd(&["audit", "verify", "--state-dir", &state]);
     assert_eq!(code(&verify), 0, "{}", stderr(&verify));
+}
+
+/// A worker (with no controller socket) running `script`, allowed `api.test:9001` and
+/// the bed's kit: its id.
+fn reader_of_the_bed(ctl: &TestController, bed: &Bed, script: &str) -> String {
+    let kit = bed.kit.path_str();
+    let flags = [
+        "--no-controller",
+        "--allow-host",
+        "api.test:9001",
+        "--ro",
+        &kit,
+    ];
+    match ctl.spawn(&flags, script) {
+        Ok(id) => id,
+        Err(out) => panic!("spawn: {}", stderr(&out)),
+    }
+}
+
+/// Whether the test cannot run here (and says so).
+fn skip() -> bool {
+    if !is_root() {
+        eprintln!("SKIP: worker egress needs root (network namespaces for the bed)");
+    }
+    !is_root()
+}
+
+/// A controller in the bed's client namespace that resolves `api.test` to the bed.
+fn controller_in(bed: &Bed) -> TestController {
+    let resolve = format!("api.test={BED_ADDR}");
+    // nsenter joins the bed's network namespace alone (`ip netns exec` would also remount
+    // /sys, hiding the host's cgroups from the controller).
+    let netns = format!("--net=/run/netns/{}", bed.client);
+    TestController::start_under(
+        &["nsenter", &netns, "--"],
+        CONTRACT,
+        None,
+        &["--resolve", &resolve],
+    )
 }
 
 /// The processes of the bed's client namespace whose command line starts with `title`.

@@ -12,13 +12,17 @@ use std::time::Duration;
 use common::*;
 use serde_json::Value;
 
-/// `hatchery ARGS...` as nobody:nogroup with no supplementary groups.
-fn as_nobody(args: &[&str]) -> Output {
+/// `PROGRAM` as nobody:nogroup with no supplementary groups (its arguments to follow).
+fn nobody(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut cmd = Command::new("setpriv");
     cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
-        .arg(hatchery())
-        .args(args);
-    run_with_timeout(&mut cmd, Duration::from_secs(60))
+        .arg(program);
+    cmd
+}
+
+/// `hatchery ARGS...` as nobody.
+fn as_nobody(args: &[&str]) -> Output {
+    run_with_timeout(nobody(hatchery()).args(args), Duration::from_secs(60))
 }
 
 /// `hatchery run FLAGS --ro PROBE_DIR -- probe ARGS` as nobody.
@@ -636,19 +640,12 @@ const CHANGE_STDIO_FILES: &str = "import os\nfor fd in (0, 1):\n    for f in (la
 
 /// `sh -c SCRIPT` as nobody, with `$1` the attack and `$2` hatchery.
 fn sh_as_nobody(script: &str) -> Output {
-    let mut cmd = Command::new("setpriv");
-    cmd.args([
-        "--reuid=nobody",
-        "--regid=nogroup",
-        "--clear-groups",
-        "--",
-        "sh",
-        "-c",
-    ])
-    .arg(script)
-    .arg("sh")
-    .arg(CHANGE_STDIO_FILES)
-    .arg(hatchery());
+    let mut cmd = nobody("sh");
+    cmd.arg("-c")
+        .arg(script)
+        .arg("sh")
+        .arg(CHANGE_STDIO_FILES)
+        .arg(hatchery());
     run_with_timeout(&mut cmd, Duration::from_secs(60))
 }
 
