@@ -343,3 +343,26 @@ mod tests {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod cut_tests {
+    use super::cut_character;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Cut anywhere, valid text loses exactly the bytes of the character the cut
+        /// splits; any bytes at all lose at most three, never a whole character.
+        #[test]
+        fn only_a_split_character_is_kept_back(text in "\\PC{0,40}", at in 0usize..200, junk in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let bytes = text.as_bytes();
+            let at = at.min(bytes.len());
+            let head = bytes.get(..at).unwrap_or_default();
+            let whole = (0..=at).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+            prop_assert_eq!(cut_character(head), at.saturating_sub(whole));
+            let kept = cut_character(&junk);
+            prop_assert!(kept <= 3);
+            let rest = junk.get(junk.len().saturating_sub(kept)..).unwrap_or_default();
+            prop_assert!(std::str::from_utf8(rest).is_err() || kept == 0);
+        }
+    }
+}
