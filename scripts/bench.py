@@ -61,7 +61,7 @@ def start(argv):
     """Runs argv once; returns (wall ms until it exits, its exit status)."""
     t = time.perf_counter_ns()
     # Both tools get /dev/null for stdin, stdout and stderr, wherever this script's own
-    # output goes (hatchery relays a file as stdout; bubblewrap passes it).
+    # output goes (hatchery relays a terminal; bubblewrap passes it).
     pid = os.posix_spawnp(argv[0], argv, os.environ,
                           file_actions=[(os.POSIX_SPAWN_DUP2, DEVNULL, fd) for fd in (0, 1, 2)])
     _, status = os.waitpid(pid, 0)

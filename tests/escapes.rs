@@ -1298,40 +1298,42 @@ fn the_hosts_device_nodes_carry_no_timestamps_from_one_sandbox_to_another() {
 
 const PYTHON3: &str = "/usr/bin/python3";
 
-/// Through stdout, clears `O_APPEND`, writes over the start of the file and truncates it,
-/// whatever of that it can; then writes `new` the ordinary way.
-const REWRITE_STDOUT: &str = "import os, fcntl\ntry:\n    fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) & ~os.O_APPEND)\n    os.pwrite(1, b'FORGED', 0)\nexcept OSError: pass\ntry: os.ftruncate(1, 6)\nexcept OSError: pass\nos.write(1, b'new\\n')";
+/// Through stdout, clears `O_APPEND` and moves the offset to the start of the file.
+const UNAPPEND_STDOUT: &str = "import os, fcntl\nfcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) & ~os.O_APPEND)\nos.lseek(1, 0, os.SEEK_SET)";
 
 #[test]
-fn a_payload_cannot_rewrite_what_an_append_only_stdout_held_before() {
+fn the_callers_next_write_to_an_append_only_stdout_appends_whatever_the_payload_did() {
     if skip_unless_root("append-only stdout") {
         return;
     }
     let dir = shared_tempdir();
     let log = canonical(dir.path()).join("app.log");
     let history = "line1 important\nline2\n";
-    let with_log = |argv: &[&str]| -> (i32, String) {
+    // `{ COMMAND; echo after; } >> app.log`: the caller writes through the same open file
+    // description once the command is done.
+    let then_after = |argv: &[&str]| -> String {
         std::fs::write(&log, history).unwrap_or_else(|e| panic!("{e}"));
         let out = std::fs::OpenOptions::new()
             .append(true)
             .open(&log)
             .unwrap_or_else(|e| panic!("{e}"));
+        let ours = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
         let mut cmd = Command::new(argv[0]);
         cmd.args(&argv[1..]);
-        run_with_stdio(&mut cmd, Stdio::null(), Stdio::from(out))
+        let (status, err) = run_with_stdio(&mut cmd, Stdio::null(), Stdio::from(out));
+        assert_eq!(status, 0, "{err}");
+        std::io::Write::write_all(&mut &ours, b"after\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::read_to_string(&log).unwrap_or_default()
     };
-    // The attack is real: given the log's description, a command rewrites its history.
-    let (status, err) = with_log(&[PYTHON3, "-c", REWRITE_STDOUT]);
-    assert_eq!(status, 0, "{err}");
-    let rewritten = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(!rewritten.starts_with(history), "{rewritten:?}");
-    // In a sandbox, the history stays and the command's output follows it.
-    let h = hatchery();
-    let (status, err) = with_log(&[&s(&h), "run", "--", PYTHON3, "-c", REWRITE_STDOUT]);
-    assert_eq!(status, 0, "{err}");
+    // The attack is real: given the description as it is, a command leaves it so that the
+    // caller's next line overwrites the log's history.
+    let overwritten = then_after(&[PYTHON3, "-c", UNAPPEND_STDOUT]);
+    assert!(overwritten.starts_with("after\n"), "{overwritten:?}");
+    // After a sandbox, the description appends again.
+    let h = s(&hatchery());
     assert_eq!(
-        std::fs::read_to_string(&log).unwrap_or_default(),
-        format!("{history}new\n")
+        then_after(&[&h, "run", "--", PYTHON3, "-c", UNAPPEND_STDOUT]),
+        format!("{history}after\n")
     );
 }
 

@@ -403,7 +403,8 @@ pub fn build_root(plan: &RootfsPlan, prepared: &[RawFd]) -> Result<(), MountErro
         let tree = clone_tree(&host, false).map_err(fail(format!("clone {}", host.display())))?;
         // Read-only: a device is read and written all the same, but its inode (the
         // host's, shared by every sandbox) is never touched, or its times would carry
-        // data from one sandbox to another that share nothing else.
+        // data from one sandbox to another that share nothing else. (A terminal's times
+        // the kernel stamps itself on reads and writes: `tty` is listed as not covered.)
         set_attrs(
             tree.as_raw_fd(),
             None,

@@ -23,9 +23,7 @@ struct CallerFd {
     /// a pidfd, an anonymous inode; a handle on something, not data.
     kernel_object: bool,
     terminal: bool,
-    /// The open file description's status flags as found (`F_GETFL`), given back after
-    /// the run: a command that shares the description may change them (`O_NONBLOCK` on a
-    /// pipe the caller's next command then gets `EAGAIN` from).
+    /// The open file description's status flags as found (`F_GETFL`).
     flags: Option<nix::fcntl::OFlag>,
 }
 
@@ -85,24 +83,28 @@ impl CallerFd {
 
     /// Whether the payload may hold it as its stdout or stderr: only data, and only a way
     /// out (a FIFO or file opened read-write would let the command read what the caller
-    /// or others wrote there). `/dev/null` has nothing to read. Never a file: whoever holds
-    /// a file's description may clear its `O_APPEND`, write anywhere in it or truncate it
-    /// (what the caller wrote there before, a `>>` log's history), and rootless, as the
-    /// file's owner, change its mode and extended attributes.
+    /// or others wrote there). `/dev/null` has nothing to read.
     fn passes_as_output(&self) -> bool {
-        self.holds_only_data()
-            && self.kind != libc::S_IFREG
-            && (self.write_only || self.is_dev_null() || self.fd.is_none())
+        self.holds_only_data() && (self.write_only || self.is_dev_null() || self.fd.is_none())
     }
 
-    /// Whether the payload may hold it as its stdin (opened read-only, only data): never
-    /// a file when rootless, where the command runs as the file's owner and could change
-    /// its mode, times and extended attributes through it.
-    fn passes_as_input(&self, rootless: bool) -> bool {
-        !self.terminal
-            && self.read_only
-            && self.holds_only_data()
-            && !(rootless && self.kind == libc::S_IFREG)
+    /// The payload's copy of it, passed as it is: the same open file description, whose
+    /// status flags are noted in `held` to be given back after the run.
+    fn pass(&self, held: &mut Vec<(OwnedFd, nix::fcntl::OFlag)>) -> std::io::Result<OwnedFd> {
+        let fd = match &self.fd {
+            Some(fd) => fd.try_clone()?,
+            None => return dev_null(true),
+        };
+        self.note_flags(held)?;
+        Ok(fd)
+    }
+
+    /// Notes in `held` its status flags as found, to be given back after the run.
+    fn note_flags(&self, held: &mut Vec<(OwnedFd, nix::fcntl::OFlag)>) -> std::io::Result<()> {
+        if let (Some(fd), Some(flags)) = (&self.fd, self.flags) {
+            held.push((fd.try_clone()?, flags));
+        }
+        Ok(())
     }
 
     fn is_dev_null(&self) -> bool {
@@ -146,32 +148,25 @@ pub(super) struct StdioPlan {
     pub(super) raw: Option<tty::RawMode>,
     pub(super) controlling_terminal: bool,
     pub(super) report: StdioEnforcement,
-    /// The caller's stdin, stdout and stderr with their status flags as found.
-    found: Vec<(OwnedFd, nix::fcntl::OFlag)>,
+    /// The caller's descriptors the payload holds as they are, with their status flags as
+    /// found.
+    held: Vec<(OwnedFd, nix::fcntl::OFlag)>,
 }
 
 impl StdioPlan {
-    /// Gives the caller's descriptors back the status flags they had before the run (a
-    /// command may have changed them through a description it was passed): once the
-    /// sandbox is gone, before anything more is written to them.
+    /// Gives the descriptors the payload held as they are back the status flags they had
+    /// before the run, once the sandbox is gone and before anything more is written to
+    /// them. The payload shares their open file descriptions with the caller: `O_NONBLOCK`
+    /// left on a pipe made the report fail with EAGAIN and the caller's next command get
+    /// it too; `O_APPEND` cleared on a `>>` file made the caller's next writes land at an
+    /// offset instead of the end.
     pub(super) fn give_back_flags(&self) {
-        for (fd, found) in &self.found {
+        for (fd, found) in &self.held {
             if fcntl(fd, FcntlArg::F_GETFL).is_ok_and(|now| now != found.bits()) {
                 let _ = fcntl(fd, FcntlArg::F_SETFL(*found));
             }
         }
     }
-}
-
-/// The descriptors of `callers` and their flags, for [`StdioPlan::give_back_flags`].
-fn flags_found(callers: &[&CallerFd]) -> std::io::Result<Vec<(OwnedFd, nix::fcntl::OFlag)>> {
-    let mut found = Vec::new();
-    for c in callers {
-        if let (Some(fd), Some(flags)) = (&c.fd, c.flags) {
-            found.push((fd.try_clone()?, flags));
-        }
-    }
-    Ok(found)
 }
 
 fn dev_null(write: bool) -> std::io::Result<OwnedFd> {
@@ -203,11 +198,8 @@ fn dev_null(write: bool) -> std::io::Result<OwnedFd> {
 ///   for data (see [`CallerFd::holds_only_data`]): a pipe to it; stdin such a handle,
 ///   opened read-only: `/dev/null` (a socket is open both ways, so relayed as above).
 ///
-/// - stdout or stderr a file: a pipe to it (see [`CallerFd::passes_as_output`]); rootless,
-///   stdin a file: a pipe the supervisor feeds (see [`CallerFd::passes_as_input`]).
-///
-/// Everything else — a read-only stdin (pipe, device, and a file unless rootless), stdout
-/// and stderr (pipe, device) without a cap — is passed as it is, at no cost; its status
+/// Everything else — a read-only stdin (file, pipe, `/dev/null`), stdout and stderr
+/// (file, pipe, device) without a cap — is passed as it is, at no cost, and its status
 /// flags are given back after the run ([`StdioPlan::give_back_flags`]).
 pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
     let [stdin, stdout, stderr] = [
@@ -215,9 +207,7 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
         CallerFd::inspect(std::io::stdout().as_fd()),
         CallerFd::inspect(std::io::stderr().as_fd()),
     ];
-    let rootless = !nix::unistd::geteuid().is_root();
-    let stdin_passed = stdin.passes_as_input(rootless);
-    let found = flags_found(&[&stdin, &stdout, &stderr])?;
+    let stdin_passed = !stdin.terminal && stdin.read_only && stdin.holds_only_data();
     let outs_passed = cap.is_none()
         && [&stdout, &stderr]
             .iter()
@@ -231,8 +221,14 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
         _ => passed(c),
     };
     if stdin_passed && outs_passed {
+        // Inherited as they are.
+        let mut held = Vec::new();
+        for c in [&stdin, &stdout, &stderr] {
+            c.note_flags(&mut held)?;
+        }
         return Ok(StdioPlan {
             fds: None,
+            held,
             pump: None,
             raw: None,
             controlling_terminal: false,
@@ -241,10 +237,10 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
                 stdout: passed(&stdout),
                 stderr: passed(&stderr),
             },
-            found,
         });
     }
     let mut pump = OutputPump::with_cap(cap);
+    let mut held = Vec::new();
     let mut raw = None;
     let mut replica = None;
     let (stdin_fd, stdin_report) = match stdin.fd.as_ref() {
@@ -259,11 +255,7 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
             dev_null(false)?,
             format!("not passed ({}): the command reads /dev/null", stdin.what()),
         ),
-        Some(fd) if stdin_passed => (fd.try_clone()?, passed_stdin(&stdin)),
-        Some(fd) if stdin.read_only => (
-            pump.add_input(fd.try_clone()?)?,
-            "pipe relay (read-only file, rootless)".to_string(),
-        ),
+        Some(_) if stdin.read_only => (stdin.pass(&mut held)?, passed_stdin(&stdin)),
         Some(_) if stdin.is_dev_null() => (
             dev_null(false)?,
             "passed (/dev/null, opened again read-only)".to_string(),
@@ -291,15 +283,11 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
                 pump.add_output(fd.try_clone()?)?,
                 format!("pipe relay ({})", c.what()),
             )),
-            (Some(fd), _) if !c.passes_as_output() && !c.write_only => Ok((
+            (Some(fd), _) if !c.passes_as_output() => Ok((
                 pump.add_output(fd.try_clone()?)?,
                 format!("pipe relay (read-write {})", c.what()),
             )),
-            (Some(fd), _) if !c.passes_as_output() => Ok((
-                pump.add_output(fd.try_clone()?)?,
-                format!("pipe relay ({})", c.what()),
-            )),
-            (Some(fd), _) => Ok((fd.try_clone()?, passed(c))),
+            (Some(_), _) => Ok((c.pass(&mut held)?, passed(c))),
         }
     };
     let (stdout_fd, stdout_report) = out(&stdout)?;
@@ -314,7 +302,7 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
             stdout: stdout_report,
             stderr: stderr_report,
         },
-        found,
+        held,
     })
 }
 
