@@ -40,6 +40,9 @@ pub struct Report {
     pub output_bytes: Option<u64>,
     /// Whether output beyond the cap was cut.
     pub output_truncated: bool,
+    /// Why hatchery could not write the command's output where it goes (a full file
+    /// system, a file size limit) and how much of it was lost; `null` when nothing failed.
+    pub output_error: Option<String>,
     pub command: Vec<String>,
     pub profile: ProfileRef,
     pub limits: LimitsRequested,
@@ -98,6 +101,7 @@ impl Report {
             pids_limit_hits: outcome.usage.pids_limit_hits,
             output_bytes: outcome.output.map(|o| o.bytes),
             output_truncated: outcome.output.is_some_and(|o| o.truncated),
+            output_error: outcome.output.and_then(|o| o.write_error()),
             profile: ProfileRef {
                 name: enforcement.seccomp_profile.clone(),
                 sha256: enforcement.profile_sha256.clone(),
@@ -152,6 +156,7 @@ impl Report {
             pids_limit_hits: 0,
             output_bytes: None,
             output_truncated: false,
+            output_error: None,
             command,
             profile: ProfileRef {
                 name: profile.to_string(),

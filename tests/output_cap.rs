@@ -250,3 +250,40 @@ fn bad_caps_are_usage_errors() {
         assert!(stdout(&out).is_empty(), "something ran");
     }
 }
+
+#[test]
+fn output_hatchery_cannot_write_is_reported_lost_and_a_file_size_limit_kills_no_supervisor() {
+    // The relay writes the caller's file under the caller's file size limit: past it, a
+    // write raised SIGXFSZ and killed `run` itself (status 153), which left the sandbox's
+    // cgroups and wrote no report; and output accepted from the command was lost unsaid.
+    let dir = shared_tempdir();
+    let report = dir.path().join("report.json");
+    let file = dir.path().join("out");
+    let out = std::fs::File::create(&file).unwrap_or_else(|e| panic!("{e}"));
+    let mut cmd = Command::new("prlimit");
+    cmd.arg("--fsize=8192")
+        .arg("--")
+        .arg(hatchery())
+        .arg("run")
+        .arg("--report")
+        .arg(&report)
+        .args(["--max-output", "1M", "--timeout", "30s", "--"])
+        .args(["sh", "-c", "head -c 30000 /dev/zero; echo \"head $?\" >&2"])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("prlimit: {e}"));
+    let err = child.stderr.take();
+    let status = common::terminal::wait_child(&mut child, Duration::from_secs(60), "run");
+    let mut said = String::new();
+    if let Some(mut e) = err {
+        let _ = std::io::Read::read_to_string(&mut e, &mut said);
+    }
+    assert_ne!(status.code(), None, "run was killed: {status:?} {said}");
+    let r = read_report(&report);
+    let why = r["output_error"].as_str().unwrap_or_default();
+    assert!(why.contains("File too large") && why.contains("lost"), "{r}");
+    assert!(said.contains("output_error"), "{said}");
+    let size = std::fs::metadata(&file).map_or(0, |m| m.len());
+    assert_eq!(size, 8192, "the file holds {size} bytes");
+}

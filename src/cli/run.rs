@@ -252,6 +252,9 @@ fn tell_outcome(
             o.cap.unwrap_or(o.bytes)
         );
     }
+    if let Some(why) = outcome.output.and_then(|o| o.write_error()) {
+        error_line!("warning: {why} (the report's output_error)");
+    }
     if let Some(err) = &outcome.cleanup_error {
         error_line!("warning: cleanup incomplete: {err}");
     }

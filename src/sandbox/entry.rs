@@ -45,6 +45,10 @@ pub fn run(body: fn() -> i32) -> i32 {
     standard_descriptors_open();
     // SAFETY: SIG_IGN installs no handler; nothing else is running yet.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    // A file size limit (`ulimit -f`) makes a write past it fail with EFBIG instead of
+    // killing hatchery (a supervisor killed so leaves its cgroups and writes no report).
+    // SAFETY: as above. A payload starts with every disposition reset.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     std::panic::catch_unwind(body).unwrap_or(101)
 }
 

@@ -64,6 +64,26 @@ pub struct OutputSummary {
     pub cap: Option<u64>,
     /// Whether the sandbox had a terminal of its own (hung up at the cap).
     pub pty: bool,
+    /// Why writing output to its destination failed, first (an errno: a full file system,
+    /// a file size limit): the stream was closed then, and the command's later writes to
+    /// it fail with EPIPE.
+    pub write_errno: Option<i32>,
+    /// Bytes the command wrote that were accepted and then lost when that write failed.
+    pub lost: u64,
+}
+
+impl OutputSummary {
+    /// Why writing the output failed and what that lost, when it did: for the caller, who
+    /// would otherwise take a short file for the whole output.
+    pub fn write_error(&self) -> Option<String> {
+        self.write_errno.map(|e| {
+            format!(
+                "writing the command's output failed: {}; {} bytes it had written were lost, and its later writes failed with EPIPE",
+                Errno::from_raw(e).desc(),
+                self.lost
+            )
+        })
+    }
 }
 
 /// Which way a stream's bytes go.
@@ -274,6 +294,9 @@ pub struct OutputPump {
     /// Bytes written to the caller.
     written: u64,
     truncated: bool,
+    /// See [`OutputSummary::write_errno`] and [`OutputSummary::lost`].
+    write_errno: Option<i32>,
+    lost: u64,
     /// The caller's terminal, when the sandbox has a pty relayed to it (window sizes).
     terminal: Option<OwnedFd>,
 }
@@ -341,6 +364,8 @@ impl OutputPump {
             accepted: 0,
             written: 0,
             truncated: false,
+            write_errno: None,
+            lost: 0,
             terminal: None,
         }
     }
@@ -553,6 +578,8 @@ impl OutputPump {
             truncated: self.truncated,
             cap: self.cap,
             pty: self.terminal.is_some(),
+            write_errno: self.write_errno,
+            lost: self.lost,
         }
     }
 
@@ -641,6 +668,7 @@ impl OutputPump {
             return;
         };
         let mut passed = 0u64;
+        let mut failed = None;
         while s.has_pending() {
             let Some(sink) = &s.sink else {
                 s.pending.clear();
@@ -666,11 +694,14 @@ impl OutputPump {
                         break;
                     }
                 }
-                Err(_) => {
+                Err(e) => {
                     // The destination is gone (its reader closed, the disk is full, the
-                    // payload's end of an input pipe closed): the payload learns it the
-                    // way it would have without the pump, by EPIPE on its next write (or,
-                    // for input, end-of-file never comes: it is not reading).
+                    // payload's end of an input pipe closed): the payload learns it by
+                    // EPIPE on its next write (or, for input, end-of-file never comes: it
+                    // is not reading). What it wrote before, accepted here, is lost: said
+                    // in the summary, since the payload cannot know.
+                    let unwritten = s.pending.len().saturating_sub(s.written);
+                    failed = Some((e, unwritten as u64));
                     s.close();
                     break;
                 }
@@ -678,6 +709,10 @@ impl OutputPump {
         }
         if s.direction == Direction::Output {
             self.written = self.written.saturating_add(passed);
+            if let Some((e, unwritten)) = failed {
+                self.write_errno.get_or_insert(e as i32);
+                self.lost = self.lost.saturating_add(unwritten);
+            }
         }
     }
 

@@ -33,7 +33,9 @@ fn output_under_the_cap_passes_whole_and_is_not_truncated() -> TestResult {
             bytes: 11,
             truncated: false,
             cap: Some(100),
-            pty: false
+            pty: false,
+            write_errno: None,
+            lost: 0,
         }
     );
     Ok(())
