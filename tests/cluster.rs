@@ -538,6 +538,7 @@ fn audit_verify_cluster_catches_a_trail_rolled_back_to_an_older_consistent_copy(
         stdout(&now),
         stderr(&now)
     );
+    let real = std::fs::read_to_string(state.join("audit.jsonl")).unwrap_or_default();
     // Roll the whole state directory back to the older copy: consistent in itself.
     let _ = std::fs::remove_dir_all(&state);
     copy_dir(&old, &state);
@@ -550,6 +551,22 @@ fn audit_verify_cluster_catches_a_trail_rolled_back_to_an_older_consistent_copy(
     );
     let checked = verify(&state, true);
     verify_fails(&checked, "it was cut");
+    // The anchored entry itself, appended without its newline, is a partial line the chain
+    // never verified: no stand-in for the anchored head.
+    let anchored = anchored_seq(&etcd, "anchored");
+    let line = real
+        .lines()
+        .find(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .is_ok_and(|v| v["seq"].as_u64() == Some(anchored))
+        })
+        .unwrap_or_else(|| panic!("no entry {anchored} in the real trail"));
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(state.join("audit.jsonl"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::io::Write::write_all(&mut f, line.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    verify_fails(&verify(&state, true), "it was cut");
 }
 
 #[test]

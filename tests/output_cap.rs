@@ -282,7 +282,10 @@ fn output_hatchery_cannot_write_is_reported_lost_and_a_file_size_limit_kills_no_
     assert_ne!(status.code(), None, "run was killed: {status:?} {said}");
     let r = read_report(&report);
     let why = r["output_error"].as_str().unwrap_or_default();
-    assert!(why.contains("File too large") && why.contains("lost"), "{r}");
+    assert!(
+        why.contains("File too large") && why.contains("lost"),
+        "{r}"
+    );
     assert!(said.contains("output_error"), "{said}");
     let size = std::fs::metadata(&file).map_or(0, |m| m.len());
     assert_eq!(size, 8192, "the file holds {size} bytes");

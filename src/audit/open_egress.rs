@@ -43,12 +43,20 @@ impl OpenEgress {
                     self.more = self.more.saturating_add(1);
                 }
             }
-            // Its end is recorded, or what was lost is said already, or it never started
-            // (refused at its start).
-            ev if ev == event::WORKER_EXITED
-                || ev == event::WORKER_START_FAILED
-                || ev == event::EGRESS_RECORD_LOST
-                || ev.starts_with("deny_") =>
+            // Its end is recorded, or what was lost is said already.
+            event::WORKER_EXITED | event::WORKER_START_FAILED | event::EGRESS_RECORD_LOST => {
+                match &e.worker_id {
+                    Some(id) => {
+                        self.workers.remove(id);
+                    }
+                    // Said for the workers past the bound, unnamed.
+                    None => self.more = 0,
+                }
+            }
+            // Refused at its start, so it never ran. (Other refusals name the worker that
+            // asked, which runs on.)
+            ev if ev.starts_with("deny_")
+                && e.details.get("at").and_then(|a| a.as_str()) == Some("start") =>
             {
                 if let Some(id) = &e.worker_id {
                     self.workers.remove(id);

@@ -499,7 +499,12 @@ fn workers_whose_broker_the_trail_last_saw_running_are_found_at_the_next_start()
     started(&mut log, "said", true);
     started(&mut log, "refused", true);
     log.append(event::WORKER_EXITED, "controller", Some("ended"), json!({}));
-    log.append(event::DENY_QUOTA, "controller", Some("refused"), json!({}));
+    log.append(
+        event::DENY_QUOTA,
+        "controller",
+        Some("refused"),
+        json!({"at": "start"}),
+    );
     log.append(
         event::WORKER_START_FAILED,
         "controller",
@@ -578,5 +583,87 @@ fn a_line_cut_short_at_or_before_the_head_is_damage() -> Result<(), AuditError> 
     let half = whole.get(..whole.len() - 40).unwrap_or_default();
     std::fs::write(dir.path().join(LOG_FILE), half).map_err(io_err(dir.path()))?;
     assert_eq!(damaged_at(dir.path()), Some(4));
+    Ok(())
+}
+
+#[test]
+fn a_partial_line_is_no_entry_to_read_nor_past_the_longest_line() -> Result<(), AuditError> {
+    let dir = trail(2)?;
+    let whole = std::fs::read(dir.path().join(LOG_FILE)).unwrap_or_default();
+    let last = whole
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .next_back()
+        .map(<[u8]>::to_vec)
+        .unwrap_or_default();
+    // The last entry again, without its newline: read_entries does not take it for one.
+    let mut with_torn = whole.clone();
+    with_torn.extend_from_slice(&last);
+    std::fs::write(dir.path().join(LOG_FILE), &with_torn).map_err(io_err(dir.path()))?;
+    assert_eq!(read_entries(dir.path())?.len(), 3);
+    // At most a line's length: one byte more is no part of an entry.
+    for (extra, torn) in [(MAX_LINE, true), (MAX_LINE + 1, false)] {
+        let mut long = whole.clone();
+        long.extend(std::iter::repeat_n(b'A', extra));
+        std::fs::write(dir.path().join(LOG_FILE), &long).map_err(io_err(dir.path()))?;
+        assert_eq!(verify(dir.path(), &key()).is_ok(), torn, "{extra}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_refusal_ends_no_broker_but_that_of_a_worker_refused_at_its_start() {
+    let entry = |event: &str, id: Option<&str>, details: serde_json::Value| AuditEntry {
+        seq: 1,
+        time: String::new(),
+        event: event.into(),
+        actor: "controller".into(),
+        worker_id: id.map(String::from),
+        details,
+        prev: String::new(),
+        hash: String::new(),
+        mac: String::new(),
+    };
+    let mut open = OpenEgress::default();
+    for id in ["parent", "child"] {
+        open.see(&entry(
+            event::REPLICATION_REQUESTED,
+            Some(id),
+            json!({"egress": true}),
+        ));
+    }
+    // The parent's own request refused: the parent runs on.
+    open.see(&entry(event::DENY_NARROWING, Some("parent"), json!({})));
+    open.see(&entry(
+        event::DENY_QUOTA,
+        Some("child"),
+        json!({"at": "start"}),
+    ));
+    assert_eq!(open.workers.iter().collect::<Vec<_>>(), ["parent"]);
+    // Past the bound, counted; said once, unnamed, the count goes.
+    open.more = 5;
+    open.see(&entry(event::EGRESS_RECORD_LOST, None, json!({})));
+    assert_eq!(open.more, 0);
+}
+
+#[test]
+fn a_follower_reads_on_after_a_start_cuts_off_a_partial_line() -> Result<(), AuditError> {
+    let dir = trail(2)?;
+    let mut torn = std::fs::read(dir.path().join(LOG_FILE)).unwrap_or_default();
+    torn.extend_from_slice(&[b'Q'; 5000]);
+    std::fs::write(dir.path().join(LOG_FILE), &torn).map_err(io_err(dir.path()))?;
+    let k = key();
+    let mut follower = TrailFollower::open(dir.path(), Some(&k))?;
+    let mut seen = Vec::new();
+    follower.read_new(|e| seen.push(e.event))?;
+    assert_eq!(seen.len(), 3);
+    // A start cuts the partial line off and writes its entries where it was.
+    let mut log = AuditLog::open(dir.path(), key())?;
+    for _ in 0..3 {
+        log.append(event::CONTROLLER_STARTED, "controller", None, json!({}));
+    }
+    log.sync()?;
+    follower.read_new(|e| seen.push(e.event))?;
+    assert_eq!(seen.len(), 6, "{seen:?}");
     Ok(())
 }

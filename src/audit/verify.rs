@@ -261,7 +261,9 @@ fn is_torn_tail(
     n: u64,
     head_seq: Option<u64>,
 ) -> io::Result<bool> {
-    if line.ends_with(b"\n") || head_seq.is_none_or(|h| h >= n) {
+    // A line is read whole up to MAX_LINE bytes and its newline: a part of one, at most
+    // MAX_LINE bytes (`read_line` returns one byte more for a longer line).
+    if line.ends_with(b"\n") || line.len() > MAX_LINE || head_seq.is_none_or(|h| h >= n) {
         return Ok(false);
     }
     // The end of the file, not a line longer than any entry may be.
@@ -279,6 +281,10 @@ pub fn read_entries(dir: &Path) -> Result<Vec<AuditEntry>, AuditError> {
         .map_err(io_err(&path))?
         .is_some()
     {
+        if !buf.ends_with(b"\n") && reader.fill_buf().map_err(io_err(&path))?.is_empty() {
+            // The end of the file without its newline: an append cut short, no entry.
+            break;
+        }
         let e: AuditEntry =
             serde_json::from_slice(buf.trim_ascii_end()).map_err(|e| AuditError::Damaged {
                 path: path.clone(),
@@ -301,6 +307,8 @@ pub struct TrailFollower<'k> {
     path: PathBuf,
     /// The start of a line whose end has not been written yet.
     pending: Vec<u8>,
+    /// Where the whole lines read so far end: `pending` starts there.
+    whole: u64,
     chain: Chain<'k>,
 }
 
@@ -312,13 +320,38 @@ impl<'k> TrailFollower<'k> {
             reader: BufReader::new(open_trail_file(&held, LOG_FILE)?),
             path: dir.join(LOG_FILE),
             pending: Vec::new(),
+            whole: 0,
             chain: Chain::new(key),
         })
     }
 
     /// Calls `each` with every whole entry written since the last call; a line still
-    /// being written is kept for the next.
+    /// being written is read again at the next, from its start: a controller that starts
+    /// after a crash cuts off the partial line an append left and writes its entries in
+    /// its place.
     pub fn read_new(&mut self, mut each: impl FnMut(AuditEntry)) -> Result<(), AuditError> {
+        use std::io::Seek;
+        let len = self
+            .reader
+            .get_ref()
+            .metadata()
+            .map_err(io_err(&self.path))?
+            .len();
+        if len < self.whole {
+            return Err(AuditError::Damaged {
+                path: self.path.clone(),
+                line: self.chain.expected_seq,
+                reason:
+                    "the trail is now shorter than the entries already read: its end was cut off"
+                        .into(),
+            });
+        }
+        if !self.pending.is_empty() {
+            self.pending.clear();
+            self.reader
+                .seek(std::io::SeekFrom::Start(self.whole))
+                .map_err(io_err(&self.path))?;
+        }
         loop {
             let room = (MAX_LINE as u64 + 1).saturating_sub(self.pending.len() as u64);
             let n = (&mut self.reader)
@@ -336,6 +369,7 @@ impl<'k> TrailFollower<'k> {
                     .chain
                     .next(&self.pending)
                     .map_err(|reason| damaged(line, reason))?;
+                self.whole = self.whole.saturating_add(self.pending.len() as u64);
                 self.pending.clear();
                 each(e);
             } else if self.pending.len() > MAX_LINE {

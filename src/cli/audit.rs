@@ -225,7 +225,7 @@ fn check(a: &VerifyArgs, out: &mut Outcome) -> Result<(), Failure> {
         });
     }
     if let Some(url) = &a.cluster {
-        check_cluster_anchor(a, url, &out.state_dir)?;
+        check_cluster_anchor(a, url, &out.state_dir, out.entries.unwrap_or(0))?;
     }
     Ok(())
 }
@@ -233,7 +233,12 @@ fn check(a: &VerifyArgs, out: &mut Outcome) -> Result<(), Failure> {
 /// The trail must hold the head its node anchored in the cluster: an entry with that
 /// number and hash. A trail that ends before it was cut; one whose entry differs was
 /// rewritten.
-fn check_cluster_anchor(a: &VerifyArgs, url: &str, dir: &std::path::Path) -> Result<(), Failure> {
+fn check_cluster_anchor(
+    a: &VerifyArgs,
+    url: &str,
+    dir: &std::path::Path,
+    verified: u64,
+) -> Result<(), Failure> {
     let args = hatchery::controller::cluster::ClusterArgs {
         url: Some(url.to_string()),
         node_id: a.node_id.clone(),
@@ -244,7 +249,10 @@ fn check_cluster_anchor(a: &VerifyArgs, url: &str, dir: &std::path::Path) -> Res
         .map_err(|e| Failure::Key(anyhow::Error::msg(e)))?
         .ok_or_else(|| Failure::Key(anyhow::Error::msg("--cluster needs etcd://HOST:PORT")))?;
     let heads = read_cluster_anchors(&opts).map_err(|e| Failure::Key(anyhow::Error::msg(e)))?;
-    let entries = audit::read_entries(dir)?;
+    // Only the entries the chain verified: a partial line after them (an append a crash
+    // cut short) is no entry, whatever it says, and can never hold an anchored head.
+    let mut entries = audit::read_entries(dir)?;
+    entries.truncate(usize::try_from(verified).unwrap_or(usize::MAX));
     let anchor = format!("{url} (node {})", opts.node_id);
     let rolled_back = |seq: u64, reason: String| {
         Failure::Audit(audit::AuditError::RolledBack {
