@@ -592,8 +592,7 @@ fn a_partial_line_is_no_entry_to_read_nor_past_the_longest_line() -> Result<(), 
     let whole = std::fs::read(dir.path().join(LOG_FILE)).unwrap_or_default();
     let last = whole
         .split(|b| *b == b'\n')
-        .filter(|l| !l.is_empty())
-        .next_back()
+        .rfind(|l| !l.is_empty())
         .map(<[u8]>::to_vec)
         .unwrap_or_default();
     // The last entry again, without its newline: read_entries does not take it for one.
