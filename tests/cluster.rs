@@ -567,6 +567,24 @@ fn audit_verify_cluster_catches_a_trail_rolled_back_to_an_older_consistent_copy(
         .unwrap_or_else(|e| panic!("{e}"));
     std::io::Write::write_all(&mut f, line.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
     verify_fails(&verify(&state, true), "it was cut");
+    // A controller of the node refuses to start on it: it would have anchored the older
+    // trail's head over the one that shows the cut.
+    let url = etcd.url();
+    let out = a.refused_start(
+        &["--cluster", &url, "--node-id", "anchored"],
+        Duration::from_secs(30),
+    );
+    assert_ne!(
+        code(&out),
+        0,
+        "a controller started on the rolled-back trail"
+    );
+    assert!(stderr(&out).contains("it was cut"), "{}", stderr(&out));
+    assert_eq!(
+        anchored_seq(&etcd, "anchored"),
+        anchored,
+        "the refused start moved the anchored head"
+    );
 }
 
 #[test]
@@ -633,7 +651,22 @@ fn audit_verify_cluster_catches_a_trail_replaced_by_a_new_one_under_the_same_nod
     // under the same node id: a trail of its own, consistent, anchored too.
     let state = a.state_dir().to_path_buf();
     let _ = std::fs::remove_dir_all(&state);
-    a.restart();
+    // The cluster holds the old trail's head: the node does not start on a new trail
+    // unless asked to, and says so.
+    let url = etcd.url();
+    let cluster = ["--cluster", url.as_str(), "--node-id", "replaced"];
+    let out = a.refused_start(&cluster, Duration::from_secs(30));
+    assert_ne!(code(&out), 0, "a node started a new trail unasked");
+    assert!(
+        stderr(&out).contains("this trail replaced it")
+            && stderr(&out).contains("--new-audit-trail"),
+        "{}",
+        stderr(&out)
+    );
+    let _ = std::fs::remove_dir_all(&state);
+    let mut asked = cluster.to_vec();
+    asked.push("--new-audit-trail");
+    a.restart_with(&asked);
     let anchors = || {
         etcd.etcdctl(&[
             "get",

@@ -249,57 +249,14 @@ fn check_cluster_anchor(
         .map_err(|e| Failure::Key(anyhow::Error::msg(e)))?
         .ok_or_else(|| Failure::Key(anyhow::Error::msg("--cluster needs etcd://HOST:PORT")))?;
     let heads = read_cluster_anchors(&opts).map_err(|e| Failure::Key(anyhow::Error::msg(e)))?;
-    // Only the entries the chain verified: a partial line after them (an append a crash
-    // cut short) is no entry, whatever it says, and can never hold an anchored head.
-    let mut entries = audit::read_entries(dir)?;
-    entries.truncate(usize::try_from(verified).unwrap_or(usize::MAX));
     let anchor = format!("{url} (node {})", opts.node_id);
-    let rolled_back = |seq: u64, reason: String| {
-        Failure::Audit(audit::AuditError::RolledBack {
-            path: dir.join(audit::LOG_FILE),
-            anchor: anchor.clone(),
-            seq,
-            reason,
-        })
-    };
-    // The trail's name is its first entry's hash; the cluster holds one head per trail.
-    let trail = entries.first().map(|e| e.hash.clone()).unwrap_or_default();
-    if let Some(other) = heads.iter().find(|h| h.trail != trail) {
-        return Err(rolled_back(
-            other.seq,
-            format!(
-                "the cluster holds the head (entry {}, {}) of another trail of node {} (first hash {}): this trail replaced it",
-                other.seq,
-                audit::format_time(other.at_ms),
-                opts.node_id,
-                other.trail
-            ),
-        ));
-    }
-    let Some(head) = heads.into_iter().find(|h| h.trail == trail) else {
-        return Err(Failure::Key(anyhow::Error::msg(format!(
+    if hatchery::controller::cluster::check_anchored_head(dir, verified, &heads, &anchor, false)? {
+        Ok(())
+    } else {
+        Err(Failure::Key(anyhow::Error::msg(format!(
             "the cluster holds no audit head for node {}: check --node-id and --cluster-prefix",
             opts.node_id
-        ))));
-    };
-    match entries.iter().find(|e| e.seq == head.seq) {
-        Some(e) if e.hash == head.hash => Ok(()),
-        Some(e) => Err(rolled_back(
-            head.seq,
-            format!(
-                "the cluster anchored hash {} for this entry; the trail has {}: it was rewritten",
-                head.hash, e.hash
-            ),
-        )),
-        None => Err(rolled_back(
-            head.seq,
-            format!(
-                "the cluster anchored entry {} at {}; the trail ends at entry {}: it was cut",
-                head.seq,
-                audit::format_time(head.at_ms),
-                entries.last().map_or(0, |e| e.seq)
-            ),
-        )),
+        ))))
     }
 }
 

@@ -159,6 +159,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
             0o600,
         )
         .map_err(io_err(&pid_file))?;
+    holds_anchored_head(cluster.as_ref(), &paths.state_dir, &session.audit)?;
     record_start(&opts, &mut session, crashed_pid, stale_socket)?;
     let cfg = engine_config(&opts, session.id, engine_workers, cgroup_owner);
     let engine = start_engine(
@@ -332,6 +333,41 @@ fn start_launcher(
         process,
         engine_workers,
     })
+}
+
+/// In a cluster, the trail must hold the head the cluster anchored for this node before
+/// anything more is written to it: a trail rolled back to an older copy of itself is a
+/// valid chain, and a start on it would anchor its head over the one that shows it.
+#[cfg(feature = "cluster")]
+fn holds_anchored_head(
+    opts: Option<&cluster::ClusterOptions>,
+    dir: &Path,
+    trail: &AuditLog,
+) -> Result<(), ControllerError> {
+    let Some(opts) = opts else {
+        return Ok(());
+    };
+    let heads = cluster::etcd::read_anchors(opts).map_err(|e| {
+        ControllerError::Cluster(format!(
+            "cannot reach etcd to read this node's anchored audit head: {e}"
+        ))
+    })?;
+    let anchor = format!("the cluster (node {})", opts.node_id);
+    cluster::check_anchored_head(dir, trail.len(), &heads, &anchor, true).map_err(|e| {
+        ControllerError::Cluster(format!(
+            "{e}; a node whose state directory was replaced on purpose starts once with --new-audit-trail"
+        ))
+    })?;
+    Ok(())
+}
+
+#[cfg(not(feature = "cluster"))]
+fn holds_anchored_head(
+    _opts: Option<&cluster::ClusterOptions>,
+    _dir: &Path,
+    _trail: &AuditLog,
+) -> Result<(), ControllerError> {
+    Ok(())
 }
 
 /// Records the start in the audit trail, and the recovery from a controller that did not

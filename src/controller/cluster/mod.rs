@@ -23,6 +23,7 @@
 //! The options, the key layout and the records are plain data, built without the
 //! `cluster` feature; the etcd client is in `etcd` (feature `cluster`).
 
+pub mod anchored;
 pub mod clock;
 pub mod options;
 pub mod records;
@@ -36,6 +37,7 @@ use crate::manifest::WorkerId;
 
 use super::protocol::ApiResponse;
 
+pub use anchored::check_anchored_head;
 pub use clock::boottime_ms;
 pub use options::{ClusterArgs, ClusterOptions, ClusterTls, NodeId};
 pub use records::{
