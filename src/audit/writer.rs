@@ -515,6 +515,11 @@ impl AuditLog {
         self.seq
     }
 
+    /// The state directory the trail is in.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.seq == 0
     }

@@ -159,7 +159,6 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
             0o600,
         )
         .map_err(io_err(&pid_file))?;
-    holds_anchored_head(cluster.as_ref(), &paths.state_dir, &session.audit)?;
     record_start(&opts, &mut session, crashed_pid, stale_socket)?;
     let cfg = engine_config(&opts, session.id, engine_workers, cgroup_owner);
     let engine = start_engine(
@@ -336,12 +335,11 @@ fn start_launcher(
 }
 
 /// In a cluster, the trail must hold the head the cluster anchored for this node before
-/// anything more is written to it: a trail rolled back to an older copy of itself is a
-/// valid chain, and a start on it would anchor its head over the one that shows it.
+/// the engine anchors anything: a trail rolled back to an older copy of itself is a valid
+/// chain, and a start on it would anchor its head over the one that shows it.
 #[cfg(feature = "cluster")]
 fn holds_anchored_head(
     opts: Option<&cluster::ClusterOptions>,
-    dir: &Path,
     trail: &AuditLog,
 ) -> Result<(), ControllerError> {
     let Some(opts) = opts else {
@@ -353,7 +351,7 @@ fn holds_anchored_head(
         ))
     })?;
     let anchor = format!("the cluster (node {})", opts.node_id);
-    cluster::check_anchored_head(dir, trail.len(), &heads, &anchor, true).map_err(|e| {
+    cluster::check_anchored_head(trail.dir(), trail.len(), &heads, &anchor, true).map_err(|e| {
         ControllerError::Cluster(format!(
             "{e}; a node whose state directory was replaced on purpose starts once with --new-audit-trail"
         ))
@@ -364,7 +362,6 @@ fn holds_anchored_head(
 #[cfg(not(feature = "cluster"))]
 fn holds_anchored_head(
     _opts: Option<&cluster::ClusterOptions>,
-    _dir: &Path,
     _trail: &AuditLog,
 ) -> Result<(), ControllerError> {
     Ok(())
@@ -514,7 +511,15 @@ fn start_engine(
         .map_err(|e| ControllerError::Setup(format!("async runtime: {e}")))?;
     let (tx, rx) = mpsc::channel::<input::Input>();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-    let (store, node) = admission_store(cluster, &contract, &tx)?;
+    let (store, mut node) = admission_store(cluster, &contract, &tx)?;
+    // Joined (a node id live elsewhere is refused first), and nothing anchored yet.
+    if let Err(e) = holds_anchored_head(cluster, &audit) {
+        // Left as a stopping node leaves: its id is free for the next start at once.
+        if let Some(n) = node.as_mut() {
+            n.leave();
+        }
+        return Err(e);
+    }
     let mut engine = engine::Engine::new(
         cfg,
         contract,
