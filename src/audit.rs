@@ -28,7 +28,8 @@ mod verify;
 mod writer;
 
 pub use verify::{
-    TrailFollower, VerifySummary, describe, read_entries, verify, verify_chain, verify_with_anchor,
+    TrailFollower, VerifySummary, describe, each_entry, read_entries, verify, verify_chain,
+    verify_with_anchor,
 };
 use verify::{open_trail_file, read_line, verify_in};
 

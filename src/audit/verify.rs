@@ -263,37 +263,55 @@ fn is_torn_tail(
 ) -> io::Result<bool> {
     // A line is read whole up to MAX_LINE bytes and its newline: a part of one, at most
     // MAX_LINE bytes (`read_line` returns one byte more for a longer line).
-    if line.ends_with(b"\n") || line.len() > MAX_LINE || head_seq.is_none_or(|h| h >= n) {
+    if line.len() > MAX_LINE || head_seq.is_none_or(|h| h >= n) {
         return Ok(false);
     }
-    // The end of the file, not a line longer than any entry may be.
-    Ok(reader.fill_buf()?.is_empty())
+    unterminated_at_end(reader, line)
+}
+
+/// Whether `line`, just read, lacks its newline because the file ends there (not because
+/// it is longer than any line may be).
+fn unterminated_at_end(reader: &mut impl BufRead, line: &[u8]) -> io::Result<bool> {
+    Ok(!line.ends_with(b"\n") && reader.fill_buf()?.is_empty())
 }
 
 /// Reads every entry (for `audit tail`), skipping nothing: a malformed line is an error.
 pub fn read_entries(dir: &Path) -> Result<Vec<AuditEntry>, AuditError> {
+    let mut out = Vec::new();
+    each_entry(dir, |e| {
+        out.push(e);
+        true
+    })?;
+    Ok(out)
+}
+
+/// Calls `each` with the trail's entries in order, one at a time, until it says stop: a
+/// malformed line is an error, a partial last line (an append cut short) no entry.
+pub fn each_entry(dir: &Path, mut each: impl FnMut(AuditEntry) -> bool) -> Result<(), AuditError> {
     let path = dir.join(LOG_FILE);
     let held = Dir::open(dir).map_err(io_err(dir))?;
     let mut reader = BufReader::new(open_trail_file(&held, LOG_FILE)?);
     let mut buf = Vec::new();
-    let mut out = Vec::new();
+    let mut line = 0u64;
     while read_line(&mut reader, &mut buf)
         .map_err(io_err(&path))?
         .is_some()
     {
-        if !buf.ends_with(b"\n") && reader.fill_buf().map_err(io_err(&path))?.is_empty() {
-            // The end of the file without its newline: an append cut short, no entry.
+        if unterminated_at_end(&mut reader, &buf).map_err(io_err(&path))? {
             break;
         }
+        line = line.saturating_add(1);
         let e: AuditEntry =
             serde_json::from_slice(buf.trim_ascii_end()).map_err(|e| AuditError::Damaged {
                 path: path.clone(),
-                line: out.len() as u64 + 1,
+                line,
                 reason: format!("not a valid entry: {e}"),
             })?;
-        out.push(e);
+        if !each(e) {
+            break;
+        }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The trail's entries as they are read, and then as they are appended: `audit tail`

@@ -95,16 +95,10 @@ impl CallerFd {
             Some(fd) => fd.try_clone()?,
             None => return dev_null(true),
         };
-        self.note_flags(held)?;
-        Ok(fd)
-    }
-
-    /// Notes in `held` its status flags as found, to be given back after the run.
-    fn note_flags(&self, held: &mut Vec<(OwnedFd, nix::fcntl::OFlag)>) -> std::io::Result<()> {
-        if let (Some(fd), Some(flags)) = (&self.fd, self.flags) {
+        if let Some(flags) = self.flags {
             held.push((fd.try_clone()?, flags));
         }
-        Ok(())
+        Ok(fd)
     }
 
     fn is_dev_null(&self) -> bool {
@@ -221,22 +215,23 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
         _ => passed(c),
     };
     if stdin_passed && outs_passed {
-        // Inherited as they are.
-        let mut held = Vec::new();
-        for c in [&stdin, &stdout, &stderr] {
-            c.note_flags(&mut held)?;
-        }
+        let report = StdioEnforcement {
+            stdin: passed_stdin(&stdin),
+            stdout: passed(&stdout),
+            stderr: passed(&stderr),
+        };
+        // Inherited as they are: the copies `inspect` made serve the flags alone.
+        let held = [stdin, stdout, stderr]
+            .into_iter()
+            .filter_map(|c| c.fd.zip(c.flags))
+            .collect();
         return Ok(StdioPlan {
             fds: None,
             held,
             pump: None,
             raw: None,
             controlling_terminal: false,
-            report: StdioEnforcement {
-                stdin: passed_stdin(&stdin),
-                stdout: passed(&stdout),
-                stderr: passed(&stderr),
-            },
+            report,
         });
     }
     let mut pump = OutputPump::with_cap(cap);

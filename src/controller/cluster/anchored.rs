@@ -22,26 +22,37 @@ pub fn check_anchored_head(
     anchor: &str,
     accept_replaced: bool,
 ) -> Result<bool, AuditError> {
-    // Only the entries the chain verified: a partial line after them (an append a crash
-    // cut short) is no entry, whatever it says, and can never hold an anchored head.
-    let mut entries = audit::read_entries(dir)?;
-    entries.truncate(usize::try_from(verified).unwrap_or(usize::MAX));
     let rolled_back = |seq: u64, reason: String| AuditError::RolledBack {
         path: dir.join(audit::LOG_FILE),
         anchor: anchor.to_string(),
         seq,
         reason,
     };
+    // Read as a stream, the first `verified` entries only (those the chain verified: a
+    // partial line after them is no entry, whatever it says, and never holds a head): the
+    // first names the trail and says whether it was begun anew; the head's entry is the
+    // only other one kept.
+    let (mut first, mut target, mut at_head, mut last, mut read) = (None, None, None, 0, 0u64);
+    audit::each_entry(dir, |e| {
+        read = read.saturating_add(1);
+        if first.is_none() {
+            let begun_anew = e.event == audit::event::AUDIT_TRAIL_STARTED
+                && e.details.get("new_audit_trail") == Some(&serde_json::Value::Bool(true));
+            target = heads.iter().find(|h| h.trail == e.hash);
+            first = Some((e.hash.clone(), begun_anew));
+        }
+        last = e.seq;
+        if target.is_some_and(|h| h.seq == e.seq) {
+            at_head = Some(e.hash);
+            return false;
+        }
+        read < verified
+    })?;
     // The trail's name is its first entry's hash; the cluster holds one head per trail.
-    let trail = entries.first().map(|e| e.hash.clone()).unwrap_or_default();
-    let begun_anew = entries.first().is_some_and(|e| {
-        e.event == audit::event::AUDIT_TRAIL_STARTED
-            && e.details.get("new_audit_trail") == Some(&serde_json::Value::Bool(true))
-    });
-    let replaced_expected = accept_replaced && begun_anew;
+    let (trail, begun_anew) = first.unwrap_or_default();
     if let Some(other) = heads
         .iter()
-        .find(|h| h.trail != trail && !replaced_expected)
+        .find(|h| h.trail != trail && !(accept_replaced && begun_anew))
     {
         return Err(rolled_back(
             other.seq,
@@ -54,25 +65,24 @@ pub fn check_anchored_head(
             ),
         ));
     }
-    let Some(head) = heads.iter().find(|h| h.trail == trail) else {
+    let Some(head) = target else {
         return Ok(false);
     };
-    match entries.iter().find(|e| e.seq == head.seq) {
-        Some(e) if e.hash == head.hash => Ok(true),
-        Some(e) => Err(rolled_back(
+    match at_head {
+        Some(hash) if hash == head.hash => Ok(true),
+        Some(hash) => Err(rolled_back(
             head.seq,
             format!(
-                "the cluster anchored hash {} for this entry; the trail has {}: it was rewritten",
-                head.hash, e.hash
+                "the cluster anchored hash {} for this entry; the trail has {hash}: it was rewritten",
+                head.hash
             ),
         )),
         None => Err(rolled_back(
             head.seq,
             format!(
-                "the cluster anchored entry {} at {}; the trail ends at entry {}: it was cut",
+                "the cluster anchored entry {} at {}; the trail ends at entry {last}: it was cut",
                 head.seq,
                 audit::format_time(head.at_ms),
-                entries.last().map_or(0, |e| e.seq)
             ),
         )),
     }
