@@ -1146,3 +1146,84 @@ fn a_live_run_in_another_pid_namespace_is_not_swept_by_a_later_run() {
     assert_eq!(said.trim(), "survived", "status {status:?}");
     assert_eq!(status, Some(0));
 }
+
+/// Two runs in pid namespaces of their own (two containers started at once, or `unshare
+/// -p` twice) can have the same pid and the same start tick. Their cgroups were named by
+/// those two numbers alone, so the second run's `mkdir` met the first one's directory and
+/// the run failed ("File exists", 125). A live run of another namespace with that name is
+/// made here: a populated cgroup named as the next run's was going to be.
+#[test]
+fn runs_in_other_pid_namespaces_with_the_same_pid_and_start_time_do_not_collide() {
+    let Some(_sweeps) = sweeps_shared_as_root("pid namespace names") else {
+        return;
+    };
+    let (places, _removed) = test_cgroups("hatchery-test-ns-names");
+    for p in &places {
+        std::fs::create_dir_all(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    }
+    let joins: String = places
+        .iter()
+        .map(|d| format!("echo $$ > {}/cgroup.procs && ", d.display()))
+        .collect();
+    // pid 1 of a new namespace joins the test's cgroups, says its start time, and waits
+    // for the other run to exist before it becomes `run` (exec keeps both numbers).
+    let mut contained = KilledOnDrop(
+        Command::new("timeout")
+            .args([
+                "-s",
+                "KILL",
+                "60",
+                "unshare",
+                "-p",
+                "-f",
+                "-m",
+                "--mount-proc",
+            ])
+            .args(["sh", "-c"])
+            .arg(format!(
+                "{joins}cut -d' ' -f22 /proc/1/stat && read go && exec {} run --memory 64M \
+                 --pids 16 --timeout 30s -- echo ran",
+                hatchery().display()
+            ))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("unshare: {e}")),
+    );
+    let mut out = std::io::BufReader::new(
+        contained
+            .0
+            .stdout
+            .take()
+            .unwrap_or_else(|| panic!("no stdout")),
+    );
+    let mut start = String::new();
+    let _ = std::io::BufRead::read_line(&mut out, &mut start);
+    let start: u64 = start
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("pid 1's start time {start:?}: {e}"));
+    let other: Vec<std::path::PathBuf> = places
+        .iter()
+        .map(|p| p.join(format!("hatchery-run-1-{start}")))
+        .collect();
+    for d in &other {
+        std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+    }
+    let _other_run = a_process_in(&other);
+    if let Some(mut go) = contained.0.stdin.take() {
+        let _ = std::io::Write::write_all(&mut go, b"go\n");
+    }
+    let mut said = String::new();
+    let _ = std::io::Read::read_to_string(&mut out, &mut said);
+    let mut err = String::new();
+    if let Some(mut e) = contained.0.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    let status = contained.0.wait().map(|s| s.code()).unwrap_or(None);
+    assert_eq!((status, said.trim()), (Some(0), "ran"), "{err}");
+    for d in &other {
+        assert!(d.is_dir(), "the other namespace's run lost {}", d.display());
+    }
+}

@@ -328,7 +328,10 @@ fn start_launcher(
     let launcher_start =
         crate::sandbox::cgroup::process_start_time(process.pid.as_raw() as u32).unwrap_or(0);
     Ok(Launcher {
-        cgroup_owner: format!("{}-{}", process.pid, launcher_start),
+        cgroup_owner: crate::sandbox::cgroup::owner_tag(
+            process.pid.as_raw() as u32,
+            launcher_start,
+        ),
         process,
         engine_workers,
     })

@@ -176,18 +176,61 @@ pub fn detect() -> Result<Option<Box<dyn CgroupManager>>, CgroupError> {
     Ok(None)
 }
 
-/// A cgroup name unique to this process: `hatchery-<kind>-<pid>-<starttime>`. The start
-/// time lets the sweep tell a dead owner from a recycled pid.
+/// A cgroup name unique to this process: `hatchery-<kind>-<pid>-<starttime>-n<pidns>`.
+/// The start time lets the sweep tell a dead owner from a recycled pid.
 pub fn unique_name(kind: &str) -> String {
     format!("{NAME_PREFIX}{kind}-{}", owner_suffix())
 }
 
-/// The `<pid>-<starttime>` that ends the names of this process's cgroups (see
+/// The `<pid>-<starttime>-n<pidns>` that ends the names of this process's cgroups (see
 /// [`unique_name`]).
 pub fn owner_suffix() -> String {
     let pid = std::process::id();
-    let start = process_start_time(pid).unwrap_or(0);
-    format!("{pid}-{start}")
+    owner_tag(pid, process_start_time(pid).unwrap_or(0))
+}
+
+/// The end of the names of the cgroups owned by process `pid` of this pid namespace,
+/// started at `start`. A pid and a start tick name a process only within its pid
+/// namespace: two containers' runs can both be pid 1 and start in the same tick, and
+/// the second one's `mkdir` met the first one's cgroup. Live pid namespaces never share
+/// an inode number, so with it the name is the process's alone.
+pub fn owner_tag(pid: u32, start: u64) -> String {
+    match own_pid_namespace() {
+        Some(ns) => format!("{pid}-{start}-{PID_NS_MARK}{ns}"),
+        None => format!("{pid}-{start}"),
+    }
+}
+
+/// What starts a name's last part when it is the owner's pid namespace (a start time is
+/// digits only).
+const PID_NS_MARK: char = 'n';
+
+/// This process's pid namespace (the inode of `/proc/self/ns/pid`), read once: a process
+/// never changes its own.
+fn own_pid_namespace() -> Option<u64> {
+    static NS: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *NS.get_or_init(|| {
+        nix::sys::stat::stat("/proc/self/ns/pid")
+            .ok()
+            .map(|st| st.st_ino)
+    })
+}
+
+/// A name's owner: its pid and start time, without the pid namespace where one ends it.
+fn name_owner(rest: &str) -> Option<(u32, u64)> {
+    let rest = match rest.rsplit_once('-') {
+        Some((head, last))
+            if last
+                .strip_prefix(PID_NS_MARK)
+                .is_some_and(|ns| !ns.is_empty() && ns.bytes().all(|b| b.is_ascii_digit())) =>
+        {
+            head
+        }
+        _ => rest,
+    };
+    let mut parts = rest.rsplitn(3, '-');
+    let (start, pid) = (parts.next()?, parts.next()?);
+    Some((pid.parse().ok()?, start.parse().ok()?))
 }
 
 /// The start time (clock ticks since boot, field 22 of `/proc/PID/stat`) of a process.
@@ -217,14 +260,7 @@ fn parse_stat(rest: &str) -> Option<(char, u64)> {
 
 /// Whether a hatchery cgroup name belongs to a process that no longer exists.
 pub(crate) fn is_stale(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix(NAME_PREFIX) else {
-        return false;
-    };
-    let mut parts = rest.rsplitn(3, '-');
-    let (Some(start), Some(pid)) = (parts.next(), parts.next()) else {
-        return false;
-    };
-    let (Ok(start), Ok(pid)) = (start.parse::<u64>(), pid.parse::<u32>()) else {
+    let Some((pid, start)) = name.strip_prefix(NAME_PREFIX).and_then(name_owner) else {
         return false;
     };
     // A zombie owner (dead, not yet reaped — its parent died too) counts as gone.
@@ -475,6 +511,36 @@ mod tests {
         assert!(is_stale("hatchery-run-999999999-1"));
         assert!(!is_stale("not-ours-1-2"));
         assert!(!is_stale("hatchery-garbage"));
+    }
+
+    #[test]
+    fn a_name_says_its_owner_with_or_without_its_pid_namespace() {
+        let own = unique_name("run");
+        let ns = nix::sys::stat::stat("/proc/self/ns/pid").map(|st| st.st_ino);
+        assert!(
+            ns.is_ok_and(|ns| own.ends_with(&format!("-n{ns}"))),
+            "{own}"
+        );
+        let start = process_start_time(std::process::id()).unwrap_or(0);
+        assert_eq!(
+            own.strip_prefix(NAME_PREFIX).and_then(name_owner),
+            Some((std::process::id(), start))
+        );
+        // Names made before the namespace was part of them, and workers' (whose id may
+        // hold dashes).
+        assert_eq!(name_owner("run-12-345"), Some((12, 345)));
+        assert_eq!(name_owner("w-root-42-7-n4026531836"), Some((42, 7)));
+        assert_eq!(name_owner("w-root-42-7"), Some((42, 7)));
+        for bad in [
+            "run-12-n5",
+            "run-12-345-n",
+            "run-12-345-nx",
+            "run-x-345-n5",
+            "n5",
+        ] {
+            assert_eq!(name_owner(bad), None, "{bad}");
+        }
+        assert!(is_stale("hatchery-run-999999999-1-n4026531836"));
     }
 
     #[test]
