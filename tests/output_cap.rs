@@ -36,8 +36,13 @@ fn run_with_report(flags: &[&str], command: &[&str]) -> (std::process::Output, V
 
 /// The payload's own stderr: hatchery's lines (`hatchery: ...`) removed.
 fn payload_stderr(out: &std::process::Output) -> Vec<u8> {
+    the_commands_lines(&out.stderr)
+}
+
+/// `bytes` without hatchery's own lines (`hatchery: ...`).
+fn the_commands_lines(bytes: &[u8]) -> Vec<u8> {
     let mut kept = Vec::new();
-    for line in out.stderr.split_inclusive(|b| *b == b'\n') {
+    for line in bytes.split_inclusive(|b| *b == b'\n') {
         if !line.starts_with(b"hatchery: ") {
             kept.extend_from_slice(line);
         }
@@ -289,4 +294,59 @@ fn output_hatchery_cannot_write_is_reported_lost_and_a_file_size_limit_kills_no_
     assert!(said.contains("output_error"), "{said}");
     let size = std::fs::metadata(&file).map_or(0, |m| m.len());
     assert_eq!(size, 8192, "the file holds {size} bytes");
+}
+
+/// What the command wrote, in order, to a stdout and stderr that are one place.
+fn written_in_order(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(&the_commands_lines(bytes)).into_owned()
+}
+
+/// `hatchery run --max-output` with stdout and stderr both `place` (two descriptors of
+/// one open file description, as `2>&1` makes them), a command writing to each in turn.
+fn run_into_one_place(place: std::os::fd::OwnedFd, script: &str) -> std::process::ExitStatus {
+    let mut cmd = Command::new(hatchery());
+    cmd.args(["run", "--max-output", "1M", "--timeout", "30s", "--"])
+        .args(["sh", "-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(
+            place.try_clone().unwrap_or_else(|e| panic!("dup: {e}")),
+        ))
+        .stderr(Stdio::from(place));
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("hatchery run: {e}"));
+    // The command's copies of `place` go with it: end-of-file comes when the run ends.
+    drop(cmd);
+    common::terminal::wait_child(&mut child, Duration::from_secs(60), "hatchery run")
+}
+
+/// `2>&1` with a cap (or a terminal on both): stdout and stderr are one place, and what
+/// the command wrote there arrives in the order it wrote it. With a pipe each, read in
+/// turn, all of one stream came before all of the other.
+#[test]
+fn a_stdout_and_stderr_that_are_one_place_keep_the_order_of_the_writes() {
+    if skip_unless_root("a_stdout_and_stderr_that_are_one_place_keep_the_order_of_the_writes") {
+        return;
+    }
+    let script = "i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo out$i; echo err$i >&2; done";
+    let want: String = (1..=40).map(|i| format!("out{i}\nerr{i}\n")).collect();
+
+    // One pipe (`2>&1 | ...`).
+    let (r, w) = nix::unistd::pipe().unwrap_or_else(|e| panic!("pipe: {e}"));
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::fs::File::from(r), &mut got);
+        got
+    });
+    let status = run_into_one_place(w, script);
+    let got = reader.join().unwrap_or_default();
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(written_in_order(&got), want, "through one pipe");
+
+    // One file (`>log 2>&1`).
+    let dir = shared_tempdir();
+    let log = dir.path().join("log");
+    let file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
+    let status = run_into_one_place(std::os::fd::OwnedFd::from(file), script);
+    assert_eq!(status.code(), Some(0));
+    let got = std::fs::read(&log).unwrap_or_default();
+    assert_eq!(written_in_order(&got), want, "into one file");
 }

@@ -793,3 +793,35 @@ fn on_a_terminal_a_payload_holds_only_its_own_pty_whatever_its_caller_left_open(
         "{fds:?}"
     );
 }
+
+/// A terminal on stdout and stderr, stdin elsewhere (`hatchery run ... < input`): both
+/// are relayed through one pipe, so the command's lines reach the screen in the order it
+/// wrote them. Two pipes, read in turn, showed every stdout line before every stderr one.
+#[test]
+fn a_terminal_on_stdout_and_stderr_shows_their_lines_in_the_order_written() {
+    if skip_unless_root("a_terminal_on_stdout_and_stderr_shows_their_lines_in_the_order_written") {
+        return;
+    }
+    let mut term = Terminal::open(24, 80);
+    term.start_reading();
+    let mut child = Command::new(hatchery())
+        .args(["run", "--timeout", "30s", "--", "sh", "-c"])
+        .arg("i=0; while [ $i -lt 30 ]; do i=$((i+1)); echo o$i; echo e$i >&2; done; echo end")
+        .stdin(Stdio::null())
+        .stdout(term.stdio())
+        .stderr(term.stdio())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn: {e}"));
+    let status = wait_child(&mut child, LIMIT, "hatchery run");
+    assert_eq!(status.code(), Some(0), "{:?}", term.screen_text());
+    assert!(term.wait_for("end", Duration::from_secs(5)));
+    let want: String = (1..=30).map(|i| format!("o{i}\ne{i}\n")).collect();
+    let shown: String = term
+        .screen_text()
+        .replace('\r', "")
+        .lines()
+        .filter(|l| !l.starts_with("hatchery: "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(shown, format!("{want}end\n"));
+}

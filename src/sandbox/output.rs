@@ -181,6 +181,43 @@ fn ready_now(fd: BorrowedFd<'_>, flag: PollFlags) -> bool {
             .is_some_and(|r| r.intersects(flag | PollFlags::POLLHUP | PollFlags::POLLERR))
 }
 
+/// Whether what is written to `a` and to `b` reaches one place, in the order it was
+/// written: the same pipe, socket, terminal or device, or, for a regular file, the same
+/// open file description (`>log 2>&1`; two descriptions of one file each have an offset
+/// of their own, and the caller asked for that). The usual case of a relayed stdout and
+/// stderr: given one pipe for both, the payload's writes keep their order, which two
+/// pipes read in turn lose.
+pub fn same_destination(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
+    let (Ok(sa), Ok(sb)) = (nix::sys::stat::fstat(a), nix::sys::stat::fstat(b)) else {
+        return false;
+    };
+    if (sa.st_dev, sa.st_ino) != (sb.st_dev, sb.st_ino) {
+        return false;
+    }
+    sa.st_mode & libc::S_IFMT != libc::S_IFREG || same_open_file(a, b)
+}
+
+/// Whether `a` and `b` are one open file description (kcmp(2) `KCMP_FILE`); false where
+/// the kernel cannot say (built without kcmp).
+fn same_open_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    const KCMP_FILE: libc::c_int = 0;
+    let me = nix::unistd::getpid().as_raw();
+    // SAFETY: kcmp reads only its integer arguments; both descriptors are borrowed, so
+    // open for the call's length.
+    let order = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            me,
+            me,
+            KCMP_FILE,
+            a.as_raw_fd(),
+            b.as_raw_fd(),
+        )
+    };
+    order == 0
+}
+
 /// A caller's descriptor to read or write without blocking: a regular file as it is, a
 /// terminal through a non-blocking description of our own, anything else after poll(2).
 fn caller_end(fd: OwnedFd) -> io::Result<(OwnedFd, Mode)> {

@@ -260,33 +260,41 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
             format!("pipe relay ({})", stdin.access()),
         ),
     };
+    let relay_report = |c: &CallerFd| -> Option<String> {
+        match c.fd {
+            None => None,
+            Some(_) if c.terminal => Some("pipe relay (terminal)".to_string()),
+            Some(_) if cap.is_some() => Some("pipe relay (--max-output)".to_string()),
+            Some(_) if !c.holds_only_data() => Some(format!("pipe relay ({})", c.what())),
+            Some(_) if !c.passes_as_output() => {
+                Some(format!("pipe relay (read-write {})", c.what()))
+            }
+            Some(_) => None,
+        }
+    };
     let mut out = |c: &CallerFd| -> std::io::Result<(OwnedFd, String)> {
-        match (c.fd.as_ref(), replica.as_ref()) {
-            (None, _) => Ok((dev_null(true)?, passed(c))),
-            (Some(_), Some(r)) if c.terminal && c.kind == stdin.kind && c.rdev == stdin.rdev => {
+        match (c.fd.as_ref(), replica.as_ref(), relay_report(c)) {
+            (None, _, _) => Ok((dev_null(true)?, passed(c))),
+            (Some(_), Some(r), _) if c.terminal && c.kind == stdin.kind && c.rdev == stdin.rdev => {
                 Ok((r.try_clone()?, "pty relay".to_string()))
             }
-            (Some(fd), _) if c.terminal => Ok((
-                pump.add_output(fd.try_clone()?)?,
-                "pipe relay (terminal)".to_string(),
-            )),
-            (Some(fd), _) if cap.is_some() => Ok((
-                pump.add_output(fd.try_clone()?)?,
-                "pipe relay (--max-output)".to_string(),
-            )),
-            (Some(fd), _) if !c.holds_only_data() => Ok((
-                pump.add_output(fd.try_clone()?)?,
-                format!("pipe relay ({})", c.what()),
-            )),
-            (Some(fd), _) if !c.passes_as_output() => Ok((
-                pump.add_output(fd.try_clone()?)?,
-                format!("pipe relay (read-write {})", c.what()),
-            )),
-            (Some(_), _) => Ok((c.pass(&mut held)?, passed(c))),
+            (Some(fd), _, Some(report)) => Ok((pump.add_output(fd.try_clone()?)?, report)),
+            (Some(_), _, None) => Ok((c.pass(&mut held)?, passed(c))),
         }
     };
     let (stdout_fd, stdout_report) = out(&stdout)?;
-    let (stderr_fd, stderr_report) = out(&stderr)?;
+    // A stderr relayed to where stdout is relayed gets stdout's pipe: with a pipe each,
+    // `2>&1` (or one terminal) received all of one stream, then all of the other, read in
+    // turn, whatever order the command wrote them in.
+    let (stderr_fd, stderr_report) = match (&stdout.fd, &stderr.fd) {
+        (Some(o), Some(e))
+            if relay_report(&stderr).as_deref() == Some(stdout_report.as_str())
+                && hatchery::sandbox::output::same_destination(o.as_fd(), e.as_fd()) =>
+        {
+            (stdout_fd.try_clone()?, stdout_report.clone())
+        }
+        _ => out(&stderr)?,
+    };
     Ok(StdioPlan {
         fds: Some([stdin_fd, stdout_fd, stderr_fd]),
         controlling_terminal: replica.is_some(),
