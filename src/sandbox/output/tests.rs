@@ -288,3 +288,20 @@ fn a_terminal_destination_is_written_without_blocking_when_nobody_reads_it() -> 
     assert!(pump.summary().bytes > 0);
     Ok(())
 }
+
+#[test]
+fn one_place_is_one_pipe_or_one_open_file_not_one_file_opened_twice() -> std::io::Result<()> {
+    use std::os::fd::AsFd;
+    let (_r, w) = nix::unistd::pipe()?;
+    let (_r2, w2) = nix::unistd::pipe()?;
+    assert!(same_destination(w.as_fd(), w.try_clone()?.as_fd()));
+    assert!(!same_destination(w.as_fd(), w2.as_fd()));
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("log");
+    let file = std::fs::File::create(&path)?;
+    let again = std::fs::OpenOptions::new().write(true).open(&path)?;
+    assert!(same_destination(file.as_fd(), file.try_clone()?.as_fd()));
+    assert!(!same_destination(file.as_fd(), again.as_fd()));
+    assert!(!same_destination(file.as_fd(), w.as_fd()));
+    Ok(())
+}
