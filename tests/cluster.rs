@@ -568,7 +568,21 @@ fn audit_verify_cluster_catches_a_trail_rolled_back_to_an_older_consistent_copy(
     std::io::Write::write_all(&mut f, line.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
     verify_fails(&verify(&state, true), "it was cut");
     // A controller of the node refuses to start on it: it would have anchored the older
-    // trail's head over the one that shows the cut.
+    // trail's head over the one that shows the cut. It refuses before it writes anything:
+    // the trail (partial line and all) and the state directory stay as it found them.
+    let found = std::fs::read(state.join("audit.jsonl")).unwrap_or_default();
+    let files = |dir: &std::path::Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let files_found = files(&state);
     let url = etcd.url();
     let out = a.refused_start(
         &["--cluster", &url, "--node-id", "anchored"],
@@ -579,12 +593,12 @@ fn audit_verify_cluster_catches_a_trail_rolled_back_to_an_older_consistent_copy(
         0,
         "a controller started on the rolled-back trail"
     );
-    // Cut, or rewritten where the refused start's own entries reach the anchored one.
+    assert!(stderr(&out).contains("it was cut"), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("it was cut") || stderr(&out).contains("it was rewritten"),
-        "{}",
-        stderr(&out)
+        std::fs::read(state.join("audit.jsonl")).unwrap_or_default() == found,
+        "the refused start wrote to the trail it refused"
     );
+    assert_eq!(files(&state), files_found, "the refused start left files");
     assert_eq!(
         anchored_seq(&etcd, "anchored"),
         anchored,

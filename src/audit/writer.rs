@@ -90,6 +90,10 @@ pub struct AuditLog {
     /// Bytes of a partial last line this start cut off the trail (see
     /// [`VerifySummary::torn_tail`]).
     torn_tail: u64,
+    /// Bytes of that line still on disk: cut at the first sync, before anything is
+    /// appended, so that a start refused after opening the trail (a cluster's anchored
+    /// head missing from it) leaves the trail exactly as it found it.
+    torn_on_disk: u64,
 }
 
 impl AuditLog {
@@ -156,14 +160,6 @@ impl AuditLog {
             Some(_) => Some(held.open_append(LOG_FILE, 0o600).map_err(io_err(&path))?),
             None => None,
         };
-        if let Some(file) = file.as_ref().filter(|_| summary.torn_tail > 0) {
-            // The partial line goes before anything is appended after it; the start
-            // records that it did (`take_torn_tail`).
-            let len = file.metadata().map_err(io_err(&path))?.len();
-            file.set_len(len.saturating_sub(summary.torn_tail))
-                .map_err(io_err(&path))?;
-            file.sync_data().map_err(io_err(&path))?;
-        }
         let mut log = AuditLog {
             dir: held,
             file,
@@ -182,6 +178,7 @@ impl AuditLog {
             session: start.session,
             open_egress: summary.open_egress,
             torn_tail: summary.torn_tail,
+            torn_on_disk: summary.torn_tail,
         };
         if let Some(writer) = &mut log.anchor {
             writer.hold(true);
@@ -358,6 +355,16 @@ impl AuditLog {
                         return Err(io_err(&path)(e));
                     }
                 };
+                // The partial line a crash left goes before anything is appended after
+                // it; the start records that it did (`take_torn_tail`).
+                let whole = whole.saturating_sub(self.torn_on_disk);
+                if self.torn_on_disk > 0 {
+                    if let Err(e) = file.set_len(whole).and_then(|()| file.sync_data()) {
+                        self.dir.discard(staged);
+                        return Err(io_err(&path)(e));
+                    }
+                    self.torn_on_disk = 0;
+                }
                 // The room for the lines is taken first, past the end (the file's size
                 // unchanged): a file system without it refuses here, before any reader
                 // could see a line of them.

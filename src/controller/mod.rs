@@ -151,15 +151,25 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         egress_resolution(&opts, &contract),
         opts.warm_pool,
     )?;
+    let (tx, rx) = mpsc::channel::<input::Input>();
+    // In a cluster: joined, and the trail holds this node's anchored head, before this
+    // start writes anything to the trail or the pid file. A refused start leaves both as
+    // it found them (the evidence of a rolled-back trail, and the pid of a controller
+    // that did not stop cleanly).
+    let mut joined = join_cluster(cluster.as_ref(), &contract, &tx, &session.audit)?;
     let pid_file = paths.state_dir.join("controller.pid");
-    state
+    let recorded = state
         .write_atomically(
             "controller.pid",
             format!("{}\n", std::process::id()).as_bytes(),
             0o600,
         )
-        .map_err(io_err(&pid_file))?;
-    record_start(&opts, &mut session, crashed_pid, stale_socket)?;
+        .map_err(io_err(&pid_file))
+        .and_then(|()| record_start(&opts, &mut session, crashed_pid, stale_socket));
+    if let Err(e) = recorded {
+        leave(&mut joined);
+        return Err(e);
+    }
     let cfg = engine_config(&opts, session.id, engine_workers, cgroup_owner);
     let engine = start_engine(
         cfg,
@@ -168,7 +178,8 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         session.audit,
         launcher.requests,
         launcher.pid,
-        cluster.as_ref(),
+        joined,
+        (tx, rx),
     )?;
 
     // Up: from here on what this start made is the controller's to keep.
@@ -499,6 +510,32 @@ const MAX_BATCH: usize = 64;
 /// Builds the async runtime and starts the engine on its own thread, where it decides
 /// one input at a time until it has finished; it reaches the launcher, the clock and its
 /// timers through [`engine::HostEffects`].
+/// Joins the cluster, where there is one (a node id live elsewhere is refused first), and
+/// checks that the trail holds this node's anchored head, before anything is anchored or
+/// written; a refused start leaves the cluster at once, as a stopping node leaves, so its
+/// id is free for the next start.
+fn join_cluster(
+    cluster: Option<&cluster::ClusterOptions>,
+    contract: &ReplicationContract,
+    tx: &mpsc::Sender<input::Input>,
+    audit: &AuditLog,
+) -> Result<Store, ControllerError> {
+    let mut joined = admission_store(cluster, contract, tx)?;
+    if let Err(e) = holds_anchored_head(cluster, audit) {
+        leave(&mut joined);
+        return Err(e);
+    }
+    Ok(joined)
+}
+
+/// Leaves the cluster joined for a start that then failed.
+fn leave(joined: &mut Store) {
+    if let Some(n) = joined.1.as_mut() {
+        n.leave();
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn start_engine(
     cfg: engine::EngineConfig,
     contract: ReplicationContract,
@@ -506,23 +543,26 @@ fn start_engine(
     audit: AuditLog,
     launcher_requests: std::os::unix::net::UnixStream,
     launcher_pid: nix::unistd::Pid,
-    cluster: Option<&cluster::ClusterOptions>,
+    mut joined: Store,
+    (tx, rx): (mpsc::Sender<input::Input>, mpsc::Receiver<input::Input>),
 ) -> Result<RunningEngine, ControllerError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
+    let setup = |what: &str, e: std::io::Error, joined: &mut Store| {
+        leave(joined);
+        ControllerError::Setup(format!("{what}: {e}"))
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| ControllerError::Setup(format!("async runtime: {e}")))?;
-    let (tx, rx) = mpsc::channel::<input::Input>();
+    {
+        Ok(rt) => rt,
+        Err(e) => return Err(setup("async runtime", e, &mut joined)),
+    };
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-    let (store, mut node) = admission_store(cluster, &contract, &tx)?;
-    // Joined (a node id live elsewhere is refused first), and nothing anchored yet.
-    if let Err(e) = holds_anchored_head(cluster, &audit) {
-        // Left as a stopping node leaves: its id is free for the next start at once.
-        if let Some(n) = node.as_mut() {
-            n.leave();
-        }
-        return Err(e);
-    }
+    let outbox = match link::Outbox::new(launcher_requests) {
+        Ok(o) => o,
+        Err(e) => return Err(setup("the launcher's socket", e, &mut joined)),
+    };
+    let (store, node) = joined;
     let mut engine = engine::Engine::new(
         cfg,
         contract,
@@ -530,8 +570,7 @@ fn start_engine(
         Box::new(audit),
         store,
         Box::new(engine::HostEffects::new(
-            link::Outbox::new(launcher_requests)
-                .map_err(|e| ControllerError::Setup(format!("the launcher's socket: {e}")))?,
+            outbox,
             launcher_pid,
             rt.handle().clone(),
             tx.clone(),
