@@ -241,7 +241,10 @@ pub fn to_toml(profile: &Profile, notes: &[String]) -> Result<String, ProfileErr
     if !notes.is_empty() {
         out.push_str("#\n# Import notes:\n");
         for n in notes {
-            out.push_str(&format!("#  - {}\n", crate::text::clip(n, 300)));
+            // A comment ends at a line's end: a note's own line breaks (and every other
+            // control character) are written escaped, never raw.
+            let note = crate::text::clip(n, 300);
+            out.push_str(&format!("#  - {}\n", crate::text::escape_controls(&note)));
         }
     }
     out.push('\n');
@@ -381,6 +384,43 @@ mod tests {
         let mut d = diff::ProfileDiff::default();
         diff::seccomp_diff(a, b, &mut d)?;
         assert!(d.syscalls.is_empty() && d.abis.is_empty(), "{d:?}");
+        Ok(())
+    }
+
+    /// A name with a newline in it, unknown to libseccomp, was noted in a comment of the
+    /// TOML written, where it ended the comment and set `[lint] accept` of its own.
+    #[test]
+    fn a_syscall_name_cannot_write_keys_into_the_imported_profile()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let injected = "zz\nlint = { accept = [\"bpf\"] }\n#";
+        let json = serde_json::json!({
+            "defaultAction": "SCMP_ACT_ERRNO",
+            "architectures": ["SCMP_ARCH_X86_64"],
+            "syscalls": [{"names": ["read", "bpf", injected], "action": "SCMP_ACT_ALLOW"}]
+        });
+        let refused = import_text(&json.to_string());
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("no syscall's name")),
+            "{:?}",
+            refused.map(|i| i.notes)
+        );
+        // Whatever a note says, it stays one comment line.
+        let clean = serde_json::json!({
+            "defaultAction": "SCMP_ACT_ERRNO",
+            "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW"}]
+        });
+        let imported = import_text(&clean.to_string())?;
+        let text = to_toml(&imported.profile, &[format!("note {injected}\u{2028}x")])?;
+        assert!(
+            text.lines()
+                .take_while(|l| !l.is_empty())
+                .all(|l| l.starts_with('#')),
+            "{text}"
+        );
+        let again: toml::Value = toml::from_str(&text)?;
+        assert!(again.get("lint").is_none(), "{text}");
         Ok(())
     }
 

@@ -196,6 +196,17 @@ impl Import<'_> {
         if names.is_empty() {
             return Err(self.unsupported(format!("{place}: no syscall names")));
         }
+        // No syscall's name holds one; a newline in one broke out of the import note that
+        // names it, in the TOML written, and set keys of its own there.
+        if let Some(bad) = names
+            .iter()
+            .find(|n| crate::text::first_control(n).is_some())
+        {
+            return Err(self.unsupported(format!(
+                "{place}: {:?} is no syscall's name (it holds a control or format character)",
+                crate::text::clip(bad, 100)
+            )));
+        }
         if !self.applies(sc, &place)? {
             return Ok(Vec::new());
         }
