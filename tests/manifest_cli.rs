@@ -391,3 +391,33 @@ fn inputs_that_are_fifos_or_devices_are_refused_at_once() -> TestResult {
     }
     Ok(())
 }
+
+/// A manifest from someone else is hostile text: its verdict quotes it, on one line of a
+/// bounded length, with nothing that drives a terminal, in `--json` as in text (an 8-bit
+/// CSI and a bidi override came out raw in `--json`, and a 2 MB key came out whole).
+#[test]
+fn a_verdict_quoting_a_hostile_manifest_is_escaped_and_bounded() -> TestResult {
+    let t = Scratch::new()?;
+    let key = t.key()?;
+    let m = t.path("hostile.json");
+    let long = "k".repeat(500_000);
+    std::fs::write(
+        &m,
+        format!("{{\"\\u009b2J\\u202eFAKE valid: true\\u202c\\u200b{long}\": 1}}"),
+    )?;
+    for flags in [&["--json"][..], &[][..]] {
+        let out = verify(&m, &key, flags)?;
+        assert_eq!(code(&out), 1, "{}", stderr(&out));
+        let text = stdout(&out);
+        assert!(text.len() < 4096, "{flags:?}: {} bytes", text.len());
+        assert_eq!(text.lines().count(), 1, "{flags:?}: {text}");
+        for raw in ['\u{9b}', '\u{202e}', '\u{200b}'] {
+            assert!(!text.contains(raw), "{flags:?}: raw {raw:?} in {text}");
+        }
+        if flags == ["--json"] {
+            let v: serde_json::Value = serde_json::from_str(&text)?;
+            assert_eq!(v["valid"], false, "{v}");
+        }
+    }
+    Ok(())
+}

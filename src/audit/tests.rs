@@ -672,3 +672,21 @@ fn a_follower_reads_on_after_a_start_cuts_off_a_partial_line() -> Result<(), Aud
     assert_eq!(seen.len(), 6, "{seen:?}");
     Ok(())
 }
+
+/// A head file from someone else is hostile text: the parser's message quotes it, and a
+/// long value made `audit verify` print one line of 51 KB.
+#[test]
+fn a_head_that_is_not_valid_is_said_in_a_bounded_line() -> Result<(), AuditError> {
+    let dir = trail(1)?;
+    let long = "x".repeat(50_000);
+    std::fs::write(
+        dir.path().join(HEAD_FILE),
+        format!("{{\"seq\":\"{long}\",\"hash\":\"\",\"mac\":\"\"}}"),
+    )
+    .map_err(io_err(dir.path()))?;
+    match verify(dir.path(), &key()) {
+        Err(e) => assert!(e.to_string().len() < 1000, "{} bytes", e.to_string().len()),
+        Ok(s) => panic!("a head that is not valid verified: {s:?}"),
+    }
+    Ok(())
+}

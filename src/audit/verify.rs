@@ -212,8 +212,11 @@ pub(super) fn verify_in(dir: &Dir, key: &AuditKey) -> Result<VerifySummary, Audi
     let entries = expected_seq - 1;
     match head_bytes {
         Some(bytes) => {
-            let head: Head = serde_json::from_slice(&bytes)
-                .map_err(|e| damaged(entries, format!("the head file is not valid: {e}")))?;
+            let head: Head = serde_json::from_slice(&bytes).map_err(|e| {
+                // serde's message quotes the file's text, at any length.
+                let e = crate::text::clip(&e.to_string(), 300).into_owned();
+                damaged(entries, format!("the head file is not valid: {e}"))
+            })?;
             if !key.check(&head_mac_input(head.seq, &head.hash), &head.mac) {
                 return Err(damaged(entries, "the head file's MAC is not valid".into()));
             }

@@ -254,6 +254,8 @@ fn verify(args: VerifyArgs) -> i32 {
     let keyring = session_keyring(&keyring, &bytes).unwrap_or(keyring);
     let mut signer = ManifestSigner::new(keyring);
     let verdict = signer.verify_json(&bytes, now);
+    // The message may quote the manifest's own text, at any length: one line of it.
+    let error = |e: &dyn std::fmt::Display| hatchery::text::clip(&e.to_string(), 1000).into_owned();
     if args.json {
         let value = match &verdict {
             Ok(m) => serde_json::json!({
@@ -268,10 +270,17 @@ fn verify(args: VerifyArgs) -> i32 {
                 "valid": false,
                 "check": e.check(),
                 "event": e.audit_event(),
-                "error": e.to_string(),
+                "error": error(e),
             }),
         };
-        println!("{value}");
+        // Escaped as every `--json` is: the error quotes the manifest's text.
+        match hatchery::text::to_json(&value) {
+            Ok(line) => println!("{line}"),
+            Err(e) => {
+                error_line!("cannot write the verdict as JSON: {e}");
+                return EXIT_ERROR;
+            }
+        }
     } else {
         match &verdict {
             Ok(m) => println!(
@@ -287,11 +296,7 @@ fn verify(args: VerifyArgs) -> i32 {
                 m.expires_at.get().saturating_sub(now)
             ),
             // The message starts with the name of the check that failed.
-            // The message may quote the manifest's own text.
-            Err(e) => println!(
-                "invalid: {}",
-                hatchery::text::escape_controls(&e.to_string())
-            ),
+            Err(e) => println!("invalid: {}", hatchery::text::escape_controls(&error(e))),
         }
     }
     match verdict {

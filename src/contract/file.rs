@@ -319,6 +319,20 @@ impl Default for ContractConfig {
     }
 }
 
+/// The first string (a value or a key) of `v` that holds a control or format character,
+/// and that character.
+fn first_control_text(v: &serde_json::Value) -> Option<(String, char)> {
+    let found = |s: &str| crate::text::first_control(s).map(|c| (s.to_string(), c));
+    match v {
+        serde_json::Value::String(s) => found(s),
+        serde_json::Value::Array(items) => items.iter().find_map(first_control_text),
+        serde_json::Value::Object(map) => map
+            .iter()
+            .find_map(|(k, v)| found(k).or_else(|| first_control_text(v))),
+        _ => None,
+    }
+}
+
 impl ContractConfig {
     /// Parses a contract; `origin` (a path, or "builtin") names it in errors.
     pub fn from_toml(source: &str, origin: &str) -> Result<ContractConfig, ContractError> {
@@ -355,6 +369,18 @@ impl ContractConfig {
 
     /// The rules that relate values to each other.
     fn validate(&self) -> Result<(), String> {
+        // A contract's text is shown to people (`manifest contract`, approval reasons,
+        // logs): none of it may drive a terminal or reorder what is drawn (a contract
+        // from someone else had a bidi override in an auto-approve rule's name).
+        if let Ok(tree) = serde_json::to_value(self) {
+            if let Some((text, c)) = first_control_text(&tree) {
+                return Err(format!(
+                    "\"{}\" holds a control or format character (U+{:04X}); write the text without it",
+                    crate::text::escape_controls(&crate::text::clip(&text, 100)),
+                    u32::from(c)
+                ));
+            }
+        }
         self.egress.resolution()?;
         if self.stop_conditions.len() > MAX_STOP_CONDITIONS {
             return Err(format!(

@@ -1237,3 +1237,39 @@ fn a_spawn_rate_no_controller_could_reach_is_refused_not_parsed() {
         refused.map(|_| ())
     );
 }
+
+/// A contract's text is shown to people (`manifest contract` prints it back): a bidi
+/// override or an 8-bit CSI in an auto-approve rule reached the terminal raw.
+#[test]
+fn a_contracts_text_holds_no_control_or_format_character() {
+    for (source, c) in [
+        (
+            "[[approval.auto_approve]]\nname = \"small\\u202e jobs\"\n",
+            "U+202E",
+        ),
+        (
+            "[[approval.auto_approve]]\ncommand_prefix = [\"python3\", \"\\u009b2J\"]\n",
+            "U+009B",
+        ),
+        (
+            "[egress.resolve]\n\"a\\u200b.test\" = \"127.0.0.1\"\n",
+            "U+200B",
+        ),
+    ] {
+        match ContractConfig::from_toml(source, "test") {
+            Err(ContractError::Invalid { message, .. }) => {
+                assert!(message.contains(c), "{message}");
+                assert!(crate::text::first_control(&message).is_none(), "{message}");
+            }
+            other => panic!("{source}: {other:?}"),
+        }
+    }
+    // Accented letters and other scripts are text.
+    assert!(
+        ContractConfig::from_toml(
+            "[[approval.auto_approve]]\nname = \"tâches courtes, 小\"\n",
+            "t"
+        )
+        .is_ok()
+    );
+}
