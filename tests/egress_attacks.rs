@@ -321,6 +321,53 @@ fn the_hosts_own_public_address_is_not_reached_by_a_name_or_a_broad_cidr() {
     );
 }
 
+/// A private network allowed (`10.254.0.0/16`, for the hosts of a private network) opened
+/// every service of this host on its own address in that network, the way `0.0.0.0/0`
+/// never did for a public one: the host's own addresses are reached only through an entry
+/// naming the address itself.
+#[test]
+fn the_hosts_own_private_address_is_not_reached_through_a_private_network_entry() {
+    if skip("the host's own private address") {
+        return;
+    }
+    let bed = Bed::new();
+    let own = "10.254.7.7";
+    let added = run_with_timeout(
+        bed.command("ip")
+            .args(["addr", "add", &format!("{own}/32"), "dev", "lo"]),
+        Duration::from_secs(30),
+    );
+    assert!(added.status.success(), "{}", stderr(&added));
+    let host = bed.host_server();
+    let port = host.port.to_string();
+    let mut flags = bed_flags(&[&format!("10.254.0.0/16:{port}")]);
+    flags.extend(["--resolve".to_string(), format!("own.test={own}")]);
+    flags.extend(["--allow-host".to_string(), format!("own.test:{port}")]);
+    let run = run_attack(
+        &bed,
+        &flags,
+        &[
+            &["http", "proxy", own, &port, own],
+            &["http", "proxy", "own.test", &port, "own.test"],
+        ],
+    );
+    for i in 0..2 {
+        assert!(
+            !run.line(i).starts_with("status 200"),
+            "step {i} reached the host's own service: {}",
+            run.line(i)
+        );
+    }
+    assert!(host.log_lines(&["accept"]).is_empty());
+    // Named itself, it is reached.
+    let run = run_attack(
+        &bed,
+        &bed_flags(&[&format!("{own}:{port}")]),
+        &[&["http", "proxy", own, &port, own]],
+    );
+    assert!(run.line(0).starts_with("status 200"), "{}", run.line(0));
+}
+
 /// How many lines of the bed's servers' log contain every one of `needles`.
 fn bed_saw(bed: &Bed, needles: &[&str]) -> usize {
     bed.servers().log_lines(needles).len()

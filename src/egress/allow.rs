@@ -498,6 +498,14 @@ impl AllowList {
         })
     }
 
+    /// True when an entry names `addr` itself on `port` (not a network containing it).
+    pub fn names_addr(&self, addr: IpAddr, port: u16) -> bool {
+        self.0.iter().any(|e| {
+            e.port == port
+                && matches!(e.host, HostPattern::Addr(a) if a.to_canonical() == addr.to_canonical())
+        })
+    }
+
     /// Every port some entry allows: one transparent listener each.
     pub fn ports(&self) -> BTreeSet<u16> {
         let any = if self.1 { &[80u16, 443][..] } else { &[] };

@@ -107,6 +107,15 @@ fn server_name(data: &[u8]) -> Result<Option<String>, EgressError> {
         (Some((_, host)), None) => host,
     };
     let text = std::str::from_utf8(host).map_err(|_| tls("the server name is not ASCII"))?;
+    // The hello is passed on as the client wrote it, so the name must be written the one
+    // way it was checked, as the Host header must: `api.test.` reads as `api.test` here,
+    // but a server routing by the name's text may take it for another (RFC 6066 writes it
+    // without the dot).
+    if text.ends_with('.') {
+        return Err(EgressError::Tls(format!(
+            "server name {text:?} ends with a dot; a client writes it without one"
+        )));
+    }
     canonical_name(text)
         .map(Some)
         .map_err(|why| EgressError::Tls(format!("server name {text:?}: {why}")))
@@ -176,11 +185,13 @@ mod tests {
     }
 
     #[test]
-    fn the_server_name_is_read_lowercased_without_its_dot() {
+    fn the_server_name_is_read_lowercased_and_refused_with_a_dot() {
         assert_eq!(
-            client_hello(&hello(b"API.Example.com.")).unwrap(),
+            client_hello(&hello(b"API.Example.com")).unwrap(),
             ClientHello::Sni("api.example.com".into())
         );
+        // Relayed as written, checked as read: one spelling only.
+        assert!(client_hello(&hello(b"api.example.com.")).is_err());
         // Application data after the record does not matter.
         let mut more = hello(b"files.pypi.org");
         more.extend([0x17, 3, 3, 0, 1, 0]);
