@@ -368,6 +368,46 @@ fn the_hosts_own_private_address_is_not_reached_through_a_private_network_entry(
     assert!(run.line(0).starts_with("status 200"), "{}", run.line(0));
 }
 
+/// A `local` route makes a whole range the host's (AnyIP), with another address as its
+/// preferred source: the source probe took such an address for another host's, and a
+/// network entry covering it reached the host's own services, which saw a loopback client.
+#[test]
+fn a_range_a_local_route_makes_the_hosts_is_the_hosts_own() {
+    if skip("a local route's range") {
+        return;
+    }
+    let bed = Bed::new();
+    let added = run_with_timeout(
+        bed.command("ip").args([
+            "route",
+            "add",
+            "local",
+            "10.253.0.0/24",
+            "dev",
+            "lo",
+            "src",
+            "127.0.0.1",
+            "table",
+            "local",
+        ]),
+        Duration::from_secs(30),
+    );
+    assert!(added.status.success(), "{}", stderr(&added));
+    let host = bed.host_server();
+    let port = host.port.to_string();
+    let run = run_attack(
+        &bed,
+        &bed_flags(&[&format!("10.253.0.0/24:{port}")]),
+        &[&["http", "proxy", "10.253.0.9", &port, "10.253.0.9"]],
+    );
+    assert!(
+        !run.line(0).starts_with("status 200"),
+        "the host's own service was reached: {}",
+        run.line(0)
+    );
+    assert!(host.log_lines(&["accept"]).is_empty());
+}
+
 /// How many lines of the bed's servers' log contain every one of `needles`.
 fn bed_saw(bed: &Bed, needles: &[&str]) -> usize {
     bed.servers().log_lines(needles).len()

@@ -375,10 +375,14 @@ impl State {
     }
 }
 
-/// True when `addr` is one of this host's own addresses: the kernel routes it locally and
-/// so picks the address itself as the source, which a UDP socket's connect (it sends
-/// nothing) shows. No route means no local address; a probe that cannot be made at all
-/// counts as the host's own (refused rather than guessed at).
+/// True when `addr` is one of this host's own addresses. Two probes, neither sending
+/// anything: the kernel routes an interface's address locally and so picks the address
+/// itself as the source of a UDP socket's connect; and it lets a socket bind only to an
+/// address it delivers locally, which also covers a range a `local` route makes the
+/// host's (AnyIP, `ip route add local NET dev lo`, whose preferred source may be another
+/// address). Where the host lets any address be bound (`ip_nonlocal_bind`), binding says
+/// nothing and only the first probe counts. No route means no local address; a probe that
+/// cannot be made at all counts as the host's own (refused rather than guessed at).
 fn is_own_address(addr: IpAddr) -> bool {
     let any: IpAddr = match addr {
         IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
@@ -387,10 +391,24 @@ fn is_own_address(addr: IpAddr) -> bool {
     let Ok(probe) = std::net::UdpSocket::bind((any, 0)) else {
         return true;
     };
-    if probe.connect((addr, 9)).is_err() {
-        return false;
-    }
-    probe.local_addr().map_or(true, |local| local.ip() == addr)
+    let sourced = match probe.connect((addr, 9)) {
+        Ok(()) => probe.local_addr().map_or(true, |local| local.ip() == addr),
+        Err(_) => false,
+    };
+    sourced || (binds_only_local(addr) && std::net::UdpSocket::bind((addr, 0)).is_ok())
+}
+
+/// Whether binding to an address of `addr`'s family proves it local: false where a
+/// never-local address binds too (`net.ipv4.ip_nonlocal_bind`, `net.ipv6.ip_nonlocal_bind`).
+/// Asked once per family (240.0.0.1 is reserved; 100::1 is the discard-only prefix).
+fn binds_only_local(addr: IpAddr) -> bool {
+    static V4: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    static V6: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let (cell, never_local): (_, IpAddr) = match addr {
+        IpAddr::V4(_) => (&V4, Ipv4Addr::new(240, 0, 0, 1).into()),
+        IpAddr::V6(_) => (&V6, Ipv6Addr::new(0x100, 0, 0, 0, 0, 0, 0, 1).into()),
+    };
+    *cell.get_or_init(|| std::net::UdpSocket::bind((never_local, 0)).is_err())
 }
 
 /// Which listener a connection came in on.
