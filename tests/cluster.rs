@@ -885,3 +885,40 @@ fn a_controller_joins_an_etcd_that_requires_client_certificates_and_is_refused_w
     );
     drop(a);
 }
+
+/// A start refused on joining the cluster (here: no etcd answers) comes before the
+/// socket: a crashed controller's socket, the evidence the next start records as
+/// `stale_socket_removed`, and its pid file stay as they were. The refused start used to
+/// remove the socket, and the next start recorded none.
+#[test]
+fn a_start_refused_by_the_cluster_leaves_a_crashed_controllers_socket_and_pid_file() {
+    if skip_unless_root(
+        "a_start_refused_by_the_cluster_leaves_a_crashed_controllers_socket_and_pid_file",
+    ) {
+        return;
+    }
+    let mut c = TestController::start("max_replicas = 10\n", &[]);
+    c.crash();
+    let pid_file = c.state.join("controller.pid");
+    let pid = std::fs::read(&pid_file).unwrap_or_default();
+    assert!(c.socket.exists() && !pid.is_empty(), "a crash leaves both");
+    let out = c.refused_start(
+        &["--cluster", "etcd://127.0.0.1:1", "--node-id", "lone"],
+        Duration::from_secs(60),
+    );
+    assert_ne!(code(&out), 0, "started without its cluster");
+    assert!(
+        c.socket.exists(),
+        "the refused start removed the crashed controller's socket"
+    );
+    assert_eq!(std::fs::read(&pid_file).unwrap_or_default(), pid);
+    c.restart();
+    let recovered = c.wait_audit("crash_recovered", Duration::from_secs(20));
+    assert_eq!(
+        recovered
+            .last()
+            .map(|e| e["details"]["stale_socket_removed"].clone()),
+        Some(Value::Bool(true)),
+        "{recovered:?}"
+    );
+}

@@ -359,11 +359,16 @@ impl AuditLog {
                 // it; the start records that it did (`take_torn_tail`).
                 let whole = whole.saturating_sub(self.torn_on_disk);
                 if self.torn_on_disk > 0 {
-                    if let Err(e) = file.set_len(whole).and_then(|()| file.sync_data()) {
+                    let cut = file.set_len(whole);
+                    if cut.is_ok() {
+                        // Cut, whether or not the sync below holds: a later sync must not
+                        // cut again, into an entry.
+                        self.torn_on_disk = 0;
+                    }
+                    if let Err(e) = cut.and_then(|()| file.sync_data()) {
                         self.dir.discard(staged);
                         return Err(io_err(&path)(e));
                     }
-                    self.torn_on_disk = 0;
                 }
                 // The room for the lines is taken first, past the end (the file's size
                 // unchanged): a file system without it refuses here, before any reader

@@ -5,7 +5,6 @@
 //! people, one JSON object (`level` "ERROR", `fields.message`) with `--log-format json`,
 //! so that a script reading stderr as JSON lines never meets a line it cannot parse.
 
-use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing_subscriber::EnvFilter;
@@ -52,15 +51,14 @@ pub fn init(format: LogFormat, verbose: u8) {
             ),
         ),
     };
-    // Colour only for a person at a terminal (and not where NO_COLOR asks otherwise): a log
-    // file or a pipe gets plain text.
-    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    // No colour: a colour sequence of the formatter's own cannot be told apart, in the
+    // written line, from one a logged value carried (black on black hides what follows).
     let registry = tracing_subscriber::registry().with(directives).with(levels);
     let json = format == LogFormat::Json;
     let lines = || {
         tracing_subscriber::fmt::layer()
-            .with_writer(move || EscapedStderr { json, ansi })
-            .with_ansi(ansi)
+            .with_writer(move || EscapedStderr { json })
+            .with_ansi(false)
             .with_target(false)
     };
     let _ = match format {
@@ -75,20 +73,18 @@ pub fn init(format: LogFormat, verbose: u8) {
 /// stderr for log lines, every control and format character in them escaped. A logged
 /// field may hold what a worker chose (a path it exposed, with a bidi override in its
 /// name, reached the operator's terminal raw): whatever the call site, a line can neither
-/// drive the terminal nor reorder or hide what is drawn. JSON lines keep meaning the
-/// same (`\u` escapes inside their strings, where serde_json escaped only C0); text lines
-/// keep the colours the formatter itself writes (SGR sequences of its own kinds) and
-/// nothing else of an escape sequence.
+/// drive the terminal, nor reorder or hide what is drawn, nor end early and forge a line
+/// after it. Only the newline that ends the event is kept. JSON lines keep meaning the
+/// same (`\u` escapes inside their strings, where serde_json escaped only C0).
 struct EscapedStderr {
     json: bool,
-    ansi: bool,
 }
 
 impl std::io::Write for EscapedStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         // The formatter writes one whole event at a time.
         let line = String::from_utf8_lossy(buf);
-        std::io::stderr().write_all(escape_line(&line, self.json, self.ansi).as_bytes())?;
+        std::io::stderr().write_all(escape_line(&line, self.json).as_bytes())?;
         Ok(buf.len())
     }
 
@@ -97,21 +93,15 @@ impl std::io::Write for EscapedStderr {
     }
 }
 
-/// `line` as [`EscapedStderr`] writes it.
-fn escape_line(line: &str, json: bool, ansi: bool) -> String {
+/// `line` (one event) as [`EscapedStderr`] writes it.
+fn escape_line(line: &str, json: bool) -> String {
+    let (body, end) = match line.strip_suffix('\n') {
+        Some(body) => (body, "\n"),
+        None => (line, ""),
+    };
     let mut out = String::with_capacity(line.len());
-    let mut rest = line;
-    while let Some(c) = rest.chars().next() {
-        let len = c.len_utf8();
-        if c == '\x1b' && ansi && !json {
-            let colour = formatter_colour(rest);
-            if colour > 0 {
-                out.push_str(rest.get(..colour).unwrap_or_default());
-                rest = rest.get(colour..).unwrap_or_default();
-                continue;
-            }
-        }
-        if c == '\n' || !hatchery::text::is_control_or_format(c) {
+    for c in body.chars() {
+        if !hatchery::text::is_control_or_format(c) {
             out.push(c);
         } else if json {
             let mut units = [0u16; 2];
@@ -121,31 +111,9 @@ fn escape_line(line: &str, json: bool, ansi: bool) -> String {
         } else {
             out.extend(c.escape_default());
         }
-        rest = rest.get(len..).unwrap_or_default();
     }
+    out.push_str(end);
     out
-}
-
-/// The length of the SGR sequence `s` begins with, when it is one the formatter writes
-/// (`ESC [ n ; ... m` of reset, bold, dim, italic, underline and the foreground colours);
-/// 0 otherwise (conceal, blink, cursor moves, titles: anything else is escaped).
-fn formatter_colour(s: &str) -> usize {
-    let Some(body) = s.strip_prefix("\x1b[") else {
-        return 0;
-    };
-    let Some(end) = body.find('m').filter(|e| *e <= 16) else {
-        return 0;
-    };
-    let params = body.get(..end).unwrap_or_default();
-    let known = |p: &str| {
-        p.parse::<u8>()
-            .is_ok_and(|n| matches!(n, 0..=4 | 22..=24 | 30..=37 | 39 | 90..=97))
-    };
-    if params.split(';').all(known) {
-        end + 3
-    } else {
-        0
-    }
 }
 
 /// Whether `--log-format json` is in force.
@@ -198,31 +166,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_logged_value_can_neither_drive_the_terminal_nor_reorder_the_line() {
-        let worker =
-            "path=/w/\u{202e}gpj.exe \u{9b}2J \u{200b}\x1b]52;c;AAAA\x07 \x1b[8mhidden\x1b[2J";
-        for ansi in [false, true] {
-            let text = escape_line(&format!("\x1b[33m WARN\x1b[0m {worker}\n"), false, ansi);
-            assert!(
-                text.ends_with('\n') && text.lines().count() == 1,
-                "{text:?}"
-            );
-            let shown = text.trim_end_matches('\n');
-            for raw in ['\u{202e}', '\u{9b}', '\u{200b}', '\x07'] {
-                assert!(!shown.contains(raw), "{ansi}: {text:?}");
-            }
-            // The formatter's own colours stay where it asked for them; the worker's
-            // conceal, clear and clipboard sequences are text.
-            assert_eq!(
-                shown.matches('\x1b').count(),
-                if ansi { 2 } else { 0 },
-                "{text:?}"
-            );
-            assert!(shown.contains("\\u{202e}gpj.exe"), "{text:?}");
-        }
+    fn a_logged_value_can_neither_drive_the_terminal_nor_forge_a_line() {
+        let worker = "path=/w/\u{202e}gpj.exe \u{9b}2J \u{200b}\x1b]52;c;AAAA\x07 \x1b[30;2mhidden\nhatchery: FAKE forged line\r";
+        let text = escape_line(&format!(" WARN {worker}\n"), false);
+        assert!(
+            text.ends_with('\n') && text.lines().count() == 1,
+            "{text:?}"
+        );
+        assert!(
+            text.trim_end_matches('\n')
+                .chars()
+                .all(|c| !hatchery::text::is_control_or_format(c)),
+            "{text:?}"
+        );
+        assert!(text.contains("\\u{202e}gpj.exe"), "{text:?}");
         // JSON keeps its meaning: the same characters, escaped inside the strings.
         let line = serde_json::json!({"fields": {"path": worker, "tag": "\u{e0041}"}}).to_string();
-        let escaped = escape_line(&format!("{line}\n"), true, false);
+        let escaped = escape_line(&format!("{line}\n"), true);
         assert!(
             escaped
                 .trim_end_matches('\n')

@@ -1238,10 +1238,11 @@ fn a_spawn_rate_no_controller_could_reach_is_refused_not_parsed() {
     );
 }
 
-/// A contract's text is shown to people (`manifest contract` prints it back): a bidi
-/// override or an 8-bit CSI in an auto-approve rule reached the terminal raw.
+/// A contract's text is shown to people (`manifest contract` prints it back as TOML,
+/// which escapes C0 alone): a bidi override or an 8-bit CSI in an auto-approve rule
+/// reached the terminal raw.
 #[test]
-fn a_contracts_text_holds_no_control_or_format_character() {
+fn a_contracts_text_holds_no_8_bit_or_bidirectional_control() {
     for (source, c) in [
         (
             "[[approval.auto_approve]]\nname = \"small\\u202e jobs\"\n",
@@ -1252,8 +1253,8 @@ fn a_contracts_text_holds_no_control_or_format_character() {
             "U+009B",
         ),
         (
-            "[egress.resolve]\n\"a\\u200b.test\" = \"127.0.0.1\"\n",
-            "U+200B",
+            "[egress.resolve]\n\"a\\u2066.test\" = \"127.0.0.1\"\n",
+            "U+2066",
         ),
     ] {
         match ContractConfig::from_toml(source, "test") {
@@ -1264,12 +1265,14 @@ fn a_contracts_text_holds_no_control_or_format_character() {
             other => panic!("{source}: {other:?}"),
         }
     }
-    // Accented letters and other scripts are text.
-    assert!(
-        ContractConfig::from_toml(
-            "[[approval.auto_approve]]\nname = \"tâches courtes, 小\"\n",
-            "t"
-        )
-        .is_ok()
-    );
+    // Accented letters and other scripts are text, a Persian name's zero-width
+    // non-joiner and an emoji's joiner included, and so is a script's newline.
+    for source in [
+        "[[approval.auto_approve]]\nname = \"tâches courtes, 小\"\n",
+        "[[approval.auto_approve]]\nname = \"کارهای\\u200cکوچک 👩\\u200d💻\"\n",
+        "[[approval.auto_approve]]\ncommand_prefix = [\"sh\", \"-c\", \"set -e\\nrun-job\"]\n",
+    ] {
+        let parsed = ContractConfig::from_toml(source, "t");
+        assert!(parsed.is_ok(), "{source}: {parsed:?}");
+    }
 }

@@ -118,8 +118,10 @@ fn random_hex(bytes: usize) -> Result<String, ControllerError> {
 ///
 /// Its steps, in an order that matters: check everything that can be checked before
 /// anything is created; hold the state directory; open the audit trail under this start's
-/// key; bind the socket; fork the launcher while the process is single-threaded; record
-/// the start; run the engine and serve until it has finished; then stop in turn.
+/// key; fork the launcher while the process is single-threaded; in a cluster, join it and
+/// check the trail against it; bind the socket; record the start; run the engine and
+/// serve until it has finished; then stop in turn. A start refused before the socket is
+/// bound leaves the trail, the pid file and a crashed controller's socket as it found them.
 pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     let paths = &opts.paths;
     // Everything that can be checked is checked before anything is created: a controller
@@ -133,7 +135,6 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         crashed_pid,
     } = hold_state_dir(paths, &mut created)?;
     let mut session = open_trail(&opts, &state, &mut created)?;
-    let (listener, stale_socket) = bind_socket(&opts, &mut created)?;
     // A rootless launcher builds each worker's identity from its user's name: asked here,
     // before the launcher is forked, it inherits the answer instead of asking the user
     // database (which it does with no deadline) at its first worker.
@@ -157,19 +158,28 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     // it found them (the evidence of a rolled-back trail, and the pid of a controller
     // that did not stop cleanly).
     let mut joined = join_cluster(cluster.as_ref(), &contract, &tx, &session.audit)?;
+    // The socket too: a crashed controller's, left in its place, is evidence the next
+    // start records (`stale_socket_removed`); the launcher, forked before, holds no
+    // listener of the API.
     let pid_file = paths.state_dir.join("controller.pid");
-    let recorded = state
-        .write_atomically(
-            "controller.pid",
-            format!("{}\n", std::process::id()).as_bytes(),
-            0o600,
-        )
-        .map_err(io_err(&pid_file))
-        .and_then(|()| record_start(&opts, &mut session, crashed_pid, stale_socket));
-    if let Err(e) = recorded {
-        leave(&mut joined);
-        return Err(e);
-    }
+    let started = bind_socket(&opts, &mut created).and_then(|(listener, stale_socket)| {
+        state
+            .write_atomically(
+                "controller.pid",
+                format!("{}\n", std::process::id()).as_bytes(),
+                0o600,
+            )
+            .map_err(io_err(&pid_file))?;
+        record_start(&opts, &mut session, crashed_pid, stale_socket)?;
+        Ok(listener)
+    });
+    let listener = match started {
+        Ok(listener) => listener,
+        Err(e) => {
+            leave(&mut joined);
+            return Err(e);
+        }
+    };
     let cfg = engine_config(&opts, session.id, engine_workers, cgroup_owner);
     let engine = start_engine(
         cfg,

@@ -498,11 +498,20 @@ impl AllowList {
         })
     }
 
-    /// True when an entry names `addr` itself on `port` (not a network containing it).
+    /// True when an entry names `addr` itself on `port` (the address, or a network of
+    /// that one address, `/32` or `/128`; not a wider network containing it).
     pub fn names_addr(&self, addr: IpAddr, port: u16) -> bool {
+        let addr = addr.to_canonical();
         self.0.iter().any(|e| {
             e.port == port
-                && matches!(e.host, HostPattern::Addr(a) if a.to_canonical() == addr.to_canonical())
+                && match e.host {
+                    HostPattern::Addr(a) => a.to_canonical() == addr,
+                    HostPattern::Cidr(net, prefix) => {
+                        let whole = if net.is_ipv4() { 32 } else { 128 };
+                        prefix == whole && net.to_canonical() == addr
+                    }
+                    _ => false,
+                }
         })
     }
 

@@ -184,7 +184,7 @@ fn ready_now(fd: BorrowedFd<'_>, flag: PollFlags) -> bool {
 /// Whether what is written to `a` and to `b` reaches one place, in the order it was
 /// written: the same pipe, socket, terminal or device, or, for a regular file, the same
 /// open file description (`>log 2>&1`; two descriptions of one file each have an offset
-/// of their own, and the caller asked for that). The usual case of a relayed stdout and
+/// of their own, and the caller asked for that; two opens of `/dev/ptmx` are two ptys). The usual case of a relayed stdout and
 /// stderr: given one pipe for both, the payload's writes keep their order, which two
 /// pipes read in turn lose.
 pub fn same_destination(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
@@ -194,7 +194,9 @@ pub fn same_destination(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
     if (sa.st_dev, sa.st_ino) != (sb.st_dev, sb.st_ino) {
         return false;
     }
-    sa.st_mode & libc::S_IFMT != libc::S_IFREG || same_open_file(a, b)
+    // Every pty master is the one `/dev/ptmx` inode: each open is a pty of its own.
+    let one_inode_many_places = sa.st_mode & libc::S_IFMT == libc::S_IFREG || tty::is_pty_master(a);
+    !one_inode_many_places || same_open_file(a, b)
 }
 
 /// Whether `a` and `b` are one open file description (kcmp(2) `KCMP_FILE`); false where

@@ -118,14 +118,30 @@ pub fn take_controlling_terminal(fd: RawFd) -> Result<(), i32> {
 /// caller's shell and everything else it started: setting O_NONBLOCK on them would make
 /// those programs' reads and writes fail with EAGAIN. A description of our own is as good
 /// a way to the same terminal, and lets the relay read and write without ever waiting.
-/// `O_NOCTTY`: it must not become the supervisor's controlling terminal.
+/// `O_NOCTTY`: it must not become the supervisor's controlling terminal. A pty's master
+/// side is refused (`ErrorKind::Unsupported`): opened again, `/dev/ptmx` makes a new pty,
+/// and what was written there reached no one.
 pub fn reopen_nonblocking(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    if is_pty_master(fd) {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "a pty master cannot be opened again",
+        ));
+    }
     nix::fcntl::open(
         format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str(),
         OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
     .map_err(io::Error::from)
+}
+
+/// Whether `fd` is the master side of a pty: the multiplexer's device (`/dev/ptmx`,
+/// `/dev/pts/ptmx`: major 5, minor 2), one pty per open.
+pub fn is_pty_master(fd: BorrowedFd<'_>) -> bool {
+    nix::sys::stat::fstat(fd).is_ok_and(|st| {
+        st.st_mode & libc::S_IFMT == libc::S_IFCHR && st.st_rdev == libc::makedev(5, 2)
+    })
 }
 
 /// The caller's terminal modes before hatchery changed them, for the panic hook (a

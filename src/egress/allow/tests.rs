@@ -461,3 +461,22 @@ proptest! {
         }
     }
 }
+
+/// The host's own addresses are reached only through an entry naming the address: the
+/// address itself or a network of that one address, never a wider network.
+#[test]
+fn an_address_is_named_by_itself_or_a_network_of_it_alone() {
+    let l = list(&[
+        "10.1.2.3/32:80",
+        "10.9.0.0/16:80",
+        "[2001:db8::1/128]:443",
+        "192.0.2.7:443",
+    ]);
+    assert!(l.names_addr(ip("10.1.2.3"), 80));
+    assert!(l.names_addr(ip("::ffff:10.1.2.3"), 80));
+    assert!(!l.names_addr(ip("10.1.2.3"), 443));
+    assert!(!l.names_addr(ip("10.9.0.5"), 80));
+    assert!(l.names_addr(ip("2001:db8::1"), 443));
+    assert!(l.names_addr(ip("192.0.2.7"), 443));
+    assert!(!l.names_addr(ip("192.0.2.8"), 443));
+}

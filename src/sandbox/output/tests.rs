@@ -305,3 +305,37 @@ fn one_place_is_one_pipe_or_one_open_file_not_one_file_opened_twice() -> std::io
     assert!(!same_destination(file.as_fd(), w.as_fd()));
     Ok(())
 }
+
+/// A pty's master as the destination (a terminal emulator or `script` handing its end to
+/// `run`): opened again, `/dev/ptmx` made a new pty, and the output reached no one.
+#[test]
+fn output_to_a_pty_master_reaches_its_replica() -> TestResult {
+    use std::os::fd::AsFd;
+    let pty = tty::open_pty()?;
+    let other = tty::open_pty()?;
+    assert!(!same_destination(pty.master.as_fd(), other.master.as_fd()));
+    assert!(same_destination(
+        pty.master.as_fd(),
+        pty.master.try_clone()?.as_fd()
+    ));
+    let (mut pump, [out, err]) =
+        OutputPump::new(None, pty.master.try_clone()?, pty.master.try_clone()?)?;
+    nix::unistd::write(&out, b"to the replica\n")?;
+    drop((out, err));
+    pump.drain(None);
+    let mut got = [0u8; 64];
+    let mut read = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !got[..read].ends_with(b"\n") && std::time::Instant::now() < deadline {
+        let mut fds = [nix::poll::PollFd::new(
+            pty.replica.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        if nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u16))? > 0 {
+            read += nix::unistd::read(&pty.replica, &mut got[read..])?;
+        }
+    }
+    // Written to the master, it is the replica's input.
+    assert_eq!(&got[..read], b"to the replica\n");
+    Ok(())
+}
