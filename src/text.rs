@@ -87,24 +87,6 @@ pub fn excerpt(line: &str, column: usize, width: usize) -> String {
     format!("{before}{shown}{after}")
 }
 
-/// Whether `c` is one no printing of text written as TOML or JSON escapes for itself: a C1
-/// control or DEL (U+009B is CSI to a terminal that takes 8-bit controls), or a
-/// bidirectional mark, embedding, override or isolate (which reorders what is drawn).
-/// Text kept for people (a contract's names and commands) may hold neither; other
-/// controls (a newline in a script) and format characters a script needs (the zero-width
-/// non-joiner of Persian, an emoji's joiner) are its own, escaped where printed.
-pub fn is_c1_or_bidi_control(c: char) -> bool {
-    matches!(
-        c,
-        '\u{7f}'..='\u{9f}'
-            | '\u{061c}'
-            | '\u{200e}'
-            | '\u{200f}'
-            | '\u{202a}'..='\u{202e}'
-            | '\u{2066}'..='\u{2069}'
-    )
-}
-
 /// The first such character in `s`, if any.
 pub fn first_control(s: &str) -> Option<char> {
     s.chars().find(|c| is_control_or_format(*c))

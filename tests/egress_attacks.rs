@@ -408,6 +408,39 @@ fn a_range_a_local_route_makes_the_hosts_is_the_hosts_own() {
     assert!(host.log_lines(&["accept"]).is_empty());
 }
 
+/// `0.0.0.0:PORT` (or `[::]`), written for "any address", named the unspecified address,
+/// and a connect to it reaches this host's loopback: a service bound to 127.0.0.1 alone
+/// answered.
+#[test]
+fn the_unspecified_address_reaches_nothing_whatever_names_it() {
+    if skip("the unspecified address") {
+        return;
+    }
+    let bed = Bed::new();
+    let local = bed.loopback_server();
+    let port = local.port.to_string();
+    let run = run_attack(
+        &bed,
+        &bed_flags(&[
+            &format!("0.0.0.0:{port}"),
+            &format!("0.0.0.0/32:{port}"),
+            &format!("[::]:{port}"),
+        ]),
+        &[
+            &["http", "proxy", "0.0.0.0", &port, "0.0.0.0"],
+            &["http", "connect", "0.0.0.0", &port, "0.0.0.0"],
+        ],
+    );
+    for i in 0..2 {
+        assert!(
+            !run.line(i).starts_with("status 200"),
+            "step {i} reached the host's loopback: {}",
+            run.line(i)
+        );
+    }
+    assert!(local.log_lines(&["accept"]).is_empty());
+}
+
 /// How many lines of the bed's servers' log contain every one of `needles`.
 fn bed_saw(bed: &Bed, needles: &[&str]) -> usize {
     bed.servers().log_lines(needles).len()

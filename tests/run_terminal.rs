@@ -825,3 +825,48 @@ fn a_terminal_on_stdout_and_stderr_shows_their_lines_in_the_order_written() {
         .collect();
     assert_eq!(shown, format!("{want}end\n"));
 }
+
+/// stdout a pty's master whose replica nobody reads yet (a terminal program that reads
+/// once the command has ended): the master cannot be opened again, and a write to it of
+/// more than it had room for blocked the supervisor, and with it `--timeout`, for as long
+/// as nobody read. Twice, since the room the pty has left when the write comes varies.
+#[test]
+fn a_pty_master_nobody_reads_cannot_hold_the_timeout() {
+    if skip_unless_root("a_pty_master_nobody_reads_cannot_hold_the_timeout") {
+        return;
+    }
+    for _ in 0..2 {
+        let pty = nix::pty::openpty(None, None).unwrap_or_else(|e| panic!("openpty: {e}"));
+        let mut raw = nix::sys::termios::tcgetattr(&pty.slave).unwrap_or_else(|e| panic!("{e}"));
+        nix::sys::termios::cfmakeraw(&mut raw);
+        nix::sys::termios::tcsetattr(&pty.slave, nix::sys::termios::SetArg::TCSANOW, &raw)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let master = pty.master.try_clone().unwrap_or_else(|e| panic!("{e}"));
+        let mut child = Command::new(hatchery())
+            .args([
+                "run",
+                "--memory",
+                "128M",
+                "--pids",
+                "32",
+                "--timeout",
+                "3s",
+                "--",
+            ])
+            .args([
+                "sh",
+                "-c",
+                "head -c 200000 /dev/zero & while :; do sleep 1; done",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(master))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn: {e}"));
+        // A 3 s timeout, given ten times over: a run held until someone reads is killed.
+        let status = wait_child(&mut child, Duration::from_secs(30), "a 3 s --timeout");
+        // Read only now, as the caller does.
+        drop(pty);
+        assert_eq!(status.code(), Some(124));
+    }
+}

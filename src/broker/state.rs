@@ -311,9 +311,12 @@ impl State {
             cfg.allow.names_addr(ip, port)
                 || (ip.to_canonical().is_loopback() && cfg.allow.names_special_addr(ip, port))
         };
-        let (own, kept): (Vec<_>, Vec<_>) = addrs
-            .into_iter()
-            .partition(|a| is_own_address(a.ip()) && !named(a.ip()));
+        // The unspecified address (`0.0.0.0`, `::`) is no host's: a connect to it reaches
+        // this one's loopback, so no entry opens it, `0.0.0.0:PORT` written for "any"
+        // included.
+        let (own, kept): (Vec<_>, Vec<_>) = addrs.into_iter().partition(|a| {
+            a.ip().to_canonical().is_unspecified() || (is_own_address(a.ip()) && !named(a.ip()))
+        });
         if let (true, Some(first)) = (kept.is_empty(), own.first()) {
             return Err(Denial::SpecialAddress("this host", first.ip()));
         }

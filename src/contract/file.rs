@@ -319,14 +319,13 @@ impl Default for ContractConfig {
     }
 }
 
-/// The first string (a value or a key) of `v` that holds an 8-bit or bidirectional
-/// control character ([`crate::text::is_c1_or_bidi_control`]), and that character.
+/// The first string (a value or a key) of `v` that holds a control or format character
+/// other than a newline, a tab and the zero-width (non-)joiner, and that character.
 fn first_control_text(v: &serde_json::Value) -> Option<(String, char)> {
-    let found = |s: &str| {
-        s.chars()
-            .find(|c| crate::text::is_c1_or_bidi_control(*c))
-            .map(|c| (s.to_string(), c))
+    let refused = |c: char| {
+        crate::text::is_control_or_format(c) && !matches!(c, '\n' | '\t' | '\u{200c}' | '\u{200d}')
     };
+    let found = |s: &str| s.chars().find(|c| refused(*c)).map(|c| (s.to_string(), c));
     match v {
         serde_json::Value::String(s) => found(s),
         serde_json::Value::Array(items) => items.iter().find_map(first_control_text),
@@ -374,13 +373,14 @@ impl ContractConfig {
     /// The rules that relate values to each other.
     fn validate(&self) -> Result<(), String> {
         // A contract's text is shown to people (`manifest contract` prints it as TOML,
-        // which escapes C0 alone): none of it may be an 8-bit control or reorder what is
-        // drawn (a contract from someone else had a CSI and a bidi override in an
-        // auto-approve rule). A newline in a script, or a Persian name's joiners, are text.
+        // which escapes C0 alone): none of it may drive a terminal, reorder what is drawn
+        // or hide text (a contract from someone else had a CSI and a bidi override in an
+        // auto-approve rule). A newline or tab in a script, and the joiners a Persian name
+        // or an emoji needs, are text.
         if let Ok(tree) = serde_json::to_value(self) {
             if let Some((text, c)) = first_control_text(&tree) {
                 return Err(format!(
-                    "\"{}\" holds an 8-bit control or a bidirectional control character (U+{:04X}); write the text without it",
+                    "\"{}\" holds a control or format character (U+{:04X}); write the text without it",
                     crate::text::escape_controls(&crate::text::clip(&text, 100)),
                     u32::from(c)
                 ));

@@ -1242,7 +1242,7 @@ fn a_spawn_rate_no_controller_could_reach_is_refused_not_parsed() {
 /// which escapes C0 alone): a bidi override or an 8-bit CSI in an auto-approve rule
 /// reached the terminal raw.
 #[test]
-fn a_contracts_text_holds_no_8_bit_or_bidirectional_control() {
+fn a_contracts_text_holds_no_control_or_format_character_but_what_scripts_need() {
     for (source, c) in [
         (
             "[[approval.auto_approve]]\nname = \"small\\u202e jobs\"\n",
@@ -1255,6 +1255,16 @@ fn a_contracts_text_holds_no_8_bit_or_bidirectional_control() {
         (
             "[egress.resolve]\n\"a\\u2066.test\" = \"127.0.0.1\"\n",
             "U+2066",
+        ),
+        // Text hidden in tag characters, and a zero-width space making two names look
+        // the same.
+        (
+            "[[approval.auto_approve]]\nname = \"small jobs\\U000E0061\\U000E006C\"\n",
+            "U+E0061",
+        ),
+        (
+            "[[approval.auto_approve]]\nname = \"night\\u200bly\"\n",
+            "U+200B",
         ),
     ] {
         match ContractConfig::from_toml(source, "test") {

@@ -108,6 +108,25 @@ enum Mode {
     /// The caller's pipe, socket or device: touched only after poll(2) reported it ready,
     /// and then written at most `PIPE_BUF` bytes at a time, read once.
     AfterPoll,
+    /// The caller's pty master, which cannot be opened again (that makes a new pty) and
+    /// whose POLLOUT promises room for one byte only: written with `O_NONBLOCK` set on the
+    /// shared description for the length of the call, then put back. A write that would
+    /// have blocked (the pty's reader stopped reading) held the supervisor, and with it the
+    /// timeout. Others writing to the description meanwhile see EAGAIN only where they
+    /// would have waited.
+    BriefNonBlocking,
+}
+
+/// `write` to `fd` with `O_NONBLOCK` set on its open file description for the call alone.
+fn write_nonblocking(fd: BorrowedFd<'_>, bytes: &[u8]) -> nix::Result<usize> {
+    let found = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+    if found.contains(OFlag::O_NONBLOCK) {
+        return nix::unistd::write(fd, bytes);
+    }
+    fcntl(fd, FcntlArg::F_SETFL(found | OFlag::O_NONBLOCK))?;
+    let written = nix::unistd::write(fd, bytes);
+    fcntl(fd, FcntlArg::F_SETFL(found))?;
+    written
 }
 
 /// One stream: bytes from a source to a sink.
@@ -231,6 +250,9 @@ fn caller_end(fd: OwnedFd) -> io::Result<(OwnedFd, Mode)> {
             return Ok((own, Mode::NonBlocking));
         }
     }
+    if tty::is_pty_master(fd.as_fd()) {
+        return Ok((fd, Mode::BriefNonBlocking));
+    }
     Ok((fd, Mode::AfterPoll))
 }
 
@@ -334,6 +356,9 @@ impl OutputPump {
         let _ = tty::copy_window_size(terminal, pty.master.as_fd());
         let (caller, mode) = match tty::reopen_nonblocking(terminal) {
             Ok(fd) => (fd, Mode::NonBlocking),
+            Err(_) if tty::is_pty_master(terminal) => {
+                (terminal.try_clone_to_owned()?, Mode::BriefNonBlocking)
+            }
             Err(_) => (terminal.try_clone_to_owned()?, Mode::AfterPoll),
         };
         self.streams.push(Stream {
@@ -502,7 +527,10 @@ impl OutputPump {
         let Some(src) = &s.source else {
             return false;
         };
-        if s.source_mode == Mode::AfterPoll && !ready_now(src.as_fd(), PollFlags::POLLIN) {
+        // A pty master read after POLLIN returns what is there, without waiting.
+        if matches!(s.source_mode, Mode::AfterPoll | Mode::BriefNonBlocking)
+            && !ready_now(src.as_fd(), PollFlags::POLLIN)
+        {
             return false;
         }
         let direction = s.direction;
@@ -574,13 +602,17 @@ impl OutputPump {
             };
             let left = s.pending.get(s.written..).unwrap_or_default();
             let piece = match s.sink_mode {
-                Mode::File | Mode::NonBlocking => left,
+                Mode::File | Mode::NonBlocking | Mode::BriefNonBlocking => left,
                 Mode::AfterPoll if ready_now(sink.as_fd(), PollFlags::POLLOUT) => {
                     left.get(..left.len().min(PIPE_BUF)).unwrap_or_default()
                 }
                 Mode::AfterPoll => break,
             };
-            match nix::unistd::write(sink, piece) {
+            let written = match s.sink_mode {
+                Mode::BriefNonBlocking => write_nonblocking(sink.as_fd(), piece),
+                _ => nix::unistd::write(sink, piece),
+            };
+            match written {
                 Ok(n) => {
                     s.written = s.written.saturating_add(n);
                     passed = passed.saturating_add(n as u64);

@@ -339,3 +339,41 @@ fn output_to_a_pty_master_reaches_its_replica() -> TestResult {
     assert_eq!(&got[..read], b"to the replica\n");
     Ok(())
 }
+
+/// A pty master whose replica nobody reads: its POLLOUT promises room for one byte, and a
+/// write of more blocked the supervisor (and the timeout with it) until someone read.
+#[test]
+fn a_pty_master_nobody_reads_never_blocks_the_pump() -> TestResult {
+    let pty = tty::open_pty()?;
+    // A caller's master blocks, as one a terminal program opened does, and its replica is
+    // raw (a canonical one drops what does not fit a line, so nothing ever waits).
+    nix::fcntl::fcntl(&pty.master, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()))?;
+    let mut raw = nix::sys::termios::tcgetattr(&pty.replica)?;
+    nix::sys::termios::cfmakeraw(&mut raw);
+    nix::sys::termios::tcsetattr(&pty.replica, nix::sys::termios::SetArg::TCSANOW, &raw)?;
+    let sinks = (pty.master.try_clone()?, pty.master.try_clone()?);
+    let (done, finished) = std::sync::mpsc::channel();
+    // In a thread of its own: the pump is not `Send`, its descriptors are.
+    std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut pump, [out, err]) = OutputPump::new(None, sinks.0, sinks.1)?;
+        drop(err);
+        nix::fcntl::fcntl(&out, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+        let chunk = vec![b'x'; 32 << 10];
+        // Far more than the pty and the line discipline hold.
+        for _ in 0..64 {
+            let _ = nix::unistd::write(&out, &chunk);
+            pump.progress();
+        }
+        let _ = done.send(pump.summary().bytes);
+        Ok(())
+    });
+    let passed = finished.recv_timeout(std::time::Duration::from_secs(20));
+    assert!(passed.is_ok(), "the pump blocked writing to the pty master");
+    // The caller's description is left as found.
+    let flags = OFlag::from_bits_retain(nix::fcntl::fcntl(
+        &pty.master,
+        nix::fcntl::FcntlArg::F_GETFL,
+    )?);
+    assert!(!flags.contains(OFlag::O_NONBLOCK));
+    Ok(())
+}
