@@ -87,6 +87,17 @@ fn run_attack(bed: &Bed, flags: &[String], steps: &[&[&str]]) -> Run {
 }
 
 impl Run {
+    /// Asserts that none of the first `steps` steps got an answer from `what`.
+    fn no_step_answered(&self, steps: usize, what: &str) {
+        for i in 0..steps {
+            assert!(
+                !self.line(i).starts_with("status 200"),
+                "step {i} reached {what}: {}",
+                self.line(i)
+            );
+        }
+    }
+
     /// The `egress` entries with every one of `fields`.
     fn entries(&self, fields: &[(&str, Value)]) -> Vec<Value> {
         self.egress()
@@ -289,13 +300,7 @@ fn the_hosts_own_public_address_is_not_reached_by_a_name_or_a_broad_cidr() {
             &["http", "connect", CLIENT_ADDR, &port, CLIENT_ADDR],
         ],
     );
-    for i in 0..3 {
-        assert!(
-            !run.line(i).starts_with("status 200"),
-            "step {i} reached the host's own service: {}",
-            run.line(i)
-        );
-    }
+    run.no_step_answered(3, "the host's own service");
     let seen = host.log_lines(&["accept"]);
     assert!(
         seen.is_empty(),
@@ -351,13 +356,7 @@ fn the_hosts_own_private_address_is_not_reached_through_a_private_network_entry(
             &["http", "proxy", "own.test", &port, "own.test"],
         ],
     );
-    for i in 0..2 {
-        assert!(
-            !run.line(i).starts_with("status 200"),
-            "step {i} reached the host's own service: {}",
-            run.line(i)
-        );
-    }
+    run.no_step_answered(2, "the host's own service");
     assert!(host.log_lines(&["accept"]).is_empty());
     // Named itself, it is reached.
     let run = run_attack(
@@ -431,13 +430,7 @@ fn the_unspecified_address_reaches_nothing_whatever_names_it() {
             &["http", "connect", "0.0.0.0", &port, "0.0.0.0"],
         ],
     );
-    for i in 0..2 {
-        assert!(
-            !run.line(i).starts_with("status 200"),
-            "step {i} reached the host's loopback: {}",
-            run.line(i)
-        );
-    }
+    run.no_step_answered(2, "the host's loopback");
     assert!(local.log_lines(&["accept"]).is_empty());
 }
 
