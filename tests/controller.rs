@@ -403,6 +403,32 @@ fn the_kill_switch_stops_fifty_workers_and_refuses_new_ones() {
     spawned(&c, &[], "true");
 }
 
+/// The launcher closes what a one-shot `run` keeps open for a quick start and end: a
+/// thousand workers must not hold a thousand cgroup directories open each (on cgroup v1,
+/// one a hierarchy), which the launcher's open-file limit would bound.
+#[test]
+fn the_launcher_holds_no_running_workers_cgroup_directory_open() {
+    if skip("launcher descriptors") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let ids: Vec<String> = (0..3)
+        .map(|_| {
+            spawned(
+                &c,
+                &["--memory", "64M", "--cpus", "0.5", "--pids", "16"],
+                &idle(300),
+            )
+        })
+        .collect();
+    wait_running(&c, 3);
+    for id in &ids {
+        assert!(!worker_cgroups(id).is_empty(), "{id} has cgroups");
+    }
+    let (held, most) = c.launcher_cgroup_fds(ids.len());
+    assert!(held.len() <= most, "the launcher holds {held:?}");
+}
+
 #[test]
 fn a_killed_controller_takes_its_workers_and_the_restart_cleans_up() {
     if skip("crash") {

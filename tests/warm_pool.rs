@@ -68,6 +68,9 @@ fn a_worker_of_the_last_kind_starts_prepared_with_nothing_of_the_sandboxs_past()
         "{first_out}"
     );
     c.wait_prepared(2, Duration::from_secs(20));
+    // A pool must not hold its sandboxes' cgroup directories open (see `control.rs`).
+    let (held, most) = c.launcher_cgroup_fds(2);
+    assert!(held.len() <= most, "the launcher holds {held:?}");
 
     let second = spawned(&c, &["--memory", "96M"], SELF_REPORT);
     let details = c.started_details(&second);

@@ -120,6 +120,8 @@ impl Launcher {
             }) => {
                 // Workers are killed, never passed a signal: no one reads the gate.
                 sandbox.forget_start_gate();
+                // A thousand workers must not hold a thousand cgroup directories open each.
+                sandbox.release_cgroup_descriptors();
                 // Forked while the launcher is single-threaded, as every sandbox is.
                 let broker = match egress.map(|cfg| {
                     Broker::start(cfg, sandbox.take_egress_listeners())

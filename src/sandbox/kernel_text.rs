@@ -31,8 +31,16 @@ pub fn read_host_table(path: impl AsRef<Path>) -> io::Result<String> {
     text(read_bytes(path.as_ref(), None)?)
 }
 
+/// [`read`] of a file already open (a cgroup's control file, opened in its directory).
+pub fn read_file(file: std::fs::File) -> io::Result<String> {
+    text(read_open(file, Some(LIMIT))?)
+}
+
 fn read_bytes(path: &Path, limit: Option<u64>) -> io::Result<Vec<u8>> {
-    let file = std::fs::File::open(path)?;
+    read_open(std::fs::File::open(path)?, limit)
+}
+
+fn read_open(file: std::fs::File, limit: Option<u64>) -> io::Result<Vec<u8>> {
     let mut bytes = Vec::with_capacity(FIRST);
     // `take` hides the file's (zero) size from std, which then fills the spare capacity
     // in one read instead of probing.

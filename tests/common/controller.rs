@@ -297,6 +297,23 @@ impl TestController {
             .unwrap_or_else(|| panic!("no launcher under the controller {pid}"))
     }
 
+    /// The hatchery cgroup directories the launcher holds open, and how many it may: on
+    /// cgroup v2 one for each of `sandboxes` (`clone3` into it), on v1 none.
+    pub fn launcher_cgroup_fds(&self, sandboxes: usize) -> (Vec<String>, usize) {
+        let launcher = self.launcher_pid();
+        let held = std::fs::read_dir(format!("/proc/{launcher}/fd"))
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| std::fs::read_link(e.path()).ok())
+                    .map(|t| t.to_string_lossy().into_owned())
+                    .filter(|t| t.starts_with("/sys/fs/cgroup/") && t.contains("/hatchery-"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        (held, if v2 { sandboxes } else { 0 })
+    }
+
     /// The cgroup directories (every hierarchy's) of this controller's prepared sandboxes
     /// (its warm pool).
     pub fn prepared_cgroups(&self) -> Vec<PathBuf> {

@@ -2,10 +2,12 @@
 //! and a v2 backend, chosen from what the host actually mounts.
 //!
 //! Every sandbox gets its own cgroup, created before the sandbox starts and removed after
-//! its last process is gone. Limits are written with cgroups-rs's controllers; accounting
-//! (peak memory, CPU time, peak tasks, OOM kills) is read from the cgroup's own files so
-//! the report states what the kernel counted, not what hatchery estimated.
+//! its last process is gone. Limits are written with cgroups-rs's controllers on v2, and on
+//! v1 into the directory held open (`control.rs`, which says why); accounting (peak memory,
+//! CPU time, peak tasks, OOM kills) is read from the cgroup's own files so the report
+//! states what the kernel counted, not what hatchery estimated.
 
+mod control;
 mod kill;
 pub mod layout;
 mod leftovers;
@@ -153,6 +155,10 @@ pub trait SandboxCgroup: Send {
     /// the time it is signalled, while the kernel reaps the namespace.
     fn kill_now(&self);
     fn is_empty(&self) -> bool;
+    /// Closes descriptors held only to make this sandbox's start and end cheaper (v1: its
+    /// directories, see `control.rs`); the cgroup is then reached by its path. Called by a
+    /// supervisor of many sandboxes, whose open-file limit bounds how many it may hold.
+    fn release_descriptors(&mut self) {}
     /// Kills what is left, waits until the cgroup is empty, and removes it.
     fn destroy(&mut self) -> Result<(), CgroupError>;
 }
@@ -280,7 +286,11 @@ pub(crate) fn read_u64(path: &Path) -> Option<u64> {
 
 /// Reads `key value` from a flat-keyed file such as `memory.events` or `cpu.stat`.
 pub(crate) fn read_key(path: &Path, key: &str) -> Option<u64> {
-    let text = read_string(path)?;
+    find_key(&read_string(path)?, key)
+}
+
+/// The value of `key` in the text of a flat-keyed file (`key value` lines).
+pub(crate) fn find_key(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(' ')?;
         (k == key).then(|| v.trim().parse().ok()).flatten()

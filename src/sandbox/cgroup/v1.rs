@@ -5,14 +5,10 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cgroups_rs::fs::MaxValue;
-use cgroups_rs::fs::cpu::CpuController;
-use cgroups_rs::fs::memory::MemController;
-use cgroups_rs::fs::pid::PidController;
-
+use super::control::{BaseDir, ControlDir};
 use super::{
     CgroupError, CgroupManager, CgroupVersion, Controllers, Layout, Limits, SandboxCgroup, Usage,
-    controller_err, host_has_swap, io_err, read_key, read_u64,
+    controller_err, host_has_swap,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,8 +20,9 @@ enum Kind {
 }
 
 pub struct V1Manager {
-    /// (controller, this process's cgroup directory in its hierarchy)
-    bases: Vec<(Kind, PathBuf)>,
+    /// (controller, this process's cgroup directory in its hierarchy, held open: sandbox
+    /// cgroups are made and removed in it without walking its path again)
+    bases: Vec<(Kind, BaseDir)>,
     memsw: bool,
 }
 
@@ -53,7 +50,18 @@ impl V1Manager {
             if !root_user && nix::unistd::access(&dir, nix::unistd::AccessFlags::W_OK).is_err() {
                 continue;
             }
-            bases.push((kind, dir));
+            // Co-mounted controllers (the usual `cpu,cpuacct`) share one directory.
+            let held = match bases
+                .iter()
+                .find(|(_, b): &&(Kind, BaseDir)| b.path() == dir)
+            {
+                Some((_, b)) => b.clone(),
+                None => match BaseDir::open(&dir) {
+                    Ok(b) => b,
+                    Err(_) => continue,
+                },
+            };
+            bases.push((kind, held));
         }
         if bases.is_empty() {
             return None;
@@ -61,12 +69,15 @@ impl V1Manager {
         let memsw = bases
             .iter()
             .find(|(k, _)| *k == Kind::Memory)
-            .is_some_and(|(_, d)| d.join("memory.memsw.limit_in_bytes").exists());
+            .is_some_and(|(_, d)| d.has("memory.memsw.limit_in_bytes"));
         Some(V1Manager { bases, memsw })
     }
 
-    fn base(&self, kind: Kind) -> Option<&PathBuf> {
-        self.bases.iter().find(|(k, _)| *k == kind).map(|(_, d)| d)
+    fn base(&self, kind: Kind) -> Option<&Path> {
+        self.bases
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|(_, d)| d.path())
     }
 }
 
@@ -87,38 +98,41 @@ impl CgroupManager for V1Manager {
 
     fn base(&self) -> PathBuf {
         self.base(Kind::Memory)
-            .or_else(|| self.bases.first().map(|(_, d)| d))
-            .cloned()
+            .or_else(|| self.bases.first().map(|(_, d)| d.path()))
+            .map(Path::to_path_buf)
             .unwrap_or_default()
     }
 
     fn create(&self, name: &str, limits: &Limits) -> Result<Box<dyn SandboxCgroup>, CgroupError> {
         // Memory, cpuacct and pids are always joined, for accounting; cpu only for a quota.
-        let wanted: Vec<(Kind, PathBuf)> = self
+        let wanted: Vec<(Kind, &BaseDir, PathBuf)> = self
             .bases
             .iter()
             .filter(|(kind, _)| *kind != Kind::Cpu || limits.cpus.is_some())
-            .map(|(kind, base)| (*kind, base.join(name)))
+            .map(|(kind, base)| (*kind, base, base.path().join(name)))
             .collect();
-        let paths: Vec<&Path> = wanted.iter().map(|(_, d)| d.as_path()).collect();
+        let paths: Vec<&Path> = wanted.iter().map(|(_, _, d)| d.as_path()).collect();
         let mut cg = V1Cgroup {
-            dirs: Vec::new(),
+            held: Vec::new(),
+            joined: Vec::new(),
             primary: PathBuf::new(),
             noted: super::leftovers::note(name, &paths),
         };
-        for (kind, dir) in wanted {
+        for (kind, base, dir) in wanted {
             // Co-mounted controllers (the usual `cpu,cpuacct`) share one directory.
-            if !cg.dirs.iter().any(|(_, d)| *d == dir) {
-                std::fs::create_dir(&dir).map_err(io_err(&dir))?;
-            }
-            cg.dirs.push((kind, dir));
+            let at = match cg.held.iter().position(|d| d.path() == dir) {
+                Some(at) => at,
+                None => {
+                    cg.held.push(base.make(name)?);
+                    cg.held.len() - 1
+                }
+            };
+            cg.joined.push((kind, at));
         }
         cg.primary = cg
-            .dirs
-            .iter()
-            .find(|(k, _)| *k == Kind::Memory)
-            .or_else(|| cg.dirs.first())
-            .map(|(_, d)| d.clone())
+            .dir(Kind::Memory)
+            .or_else(|| cg.held.first())
+            .map(|d| d.path().to_path_buf())
             .unwrap_or_default();
         // On error `cg` is dropped, which removes the directories just made.
         cg.apply(limits, self.memsw)?;
@@ -127,19 +141,19 @@ impl CgroupManager for V1Manager {
 
     fn sweep_stale(&self, wait: bool) -> Vec<PathBuf> {
         let deadline = std::time::Instant::now() + super::SWEEP_BUDGET;
-        let mut removed: Vec<PathBuf> = unique(self.bases.iter().map(|(_, b)| b))
+        let mut removed: Vec<PathBuf> = unique(self.bases.iter().map(|(_, b)| b.path()))
             .into_iter()
             .flat_map(|b| super::sweep_dir(b, deadline))
             .collect();
-        let own: Vec<&Path> = self.bases.iter().map(|(_, b)| b.as_path()).collect();
+        let own: Vec<&Path> = self.bases.iter().map(|(_, b)| b.path()).collect();
         removed.extend(super::leftovers::sweep(&own, wait, deadline));
         removed
     }
 }
 
 /// Each directory once, in order: co-mounted controllers (the usual `cpu,cpuacct`) share one.
-fn unique<'a>(dirs: impl Iterator<Item = &'a PathBuf>) -> Vec<&'a PathBuf> {
-    let mut out: Vec<&PathBuf> = Vec::new();
+fn unique<'a>(dirs: impl Iterator<Item = &'a Path>) -> Vec<&'a Path> {
+    let mut out: Vec<&Path> = Vec::new();
     for d in dirs {
         if !out.contains(&d) {
             out.push(d);
@@ -149,19 +163,20 @@ fn unique<'a>(dirs: impl Iterator<Item = &'a PathBuf>) -> Vec<&'a PathBuf> {
 }
 
 pub struct V1Cgroup {
-    dirs: Vec<(Kind, PathBuf)>,
+    /// Each directory made, once (co-mounted controllers share one), held open: its
+    /// control files are opened relative to it (see [`ControlDir`]).
+    held: Vec<ControlDir>,
+    /// The controllers joined, each with the index in `held` of its directory.
+    joined: Vec<(Kind, usize)>,
     primary: PathBuf,
     /// The note that lets a later run remove these directories if this one is killed.
     noted: Option<super::leftovers::Noted>,
 }
 
 impl V1Cgroup {
-    fn dir(&self, kind: Kind) -> Option<&PathBuf> {
-        self.dirs.iter().find(|(k, _)| *k == kind).map(|(_, d)| d)
-    }
-
-    fn unique_dirs(&self) -> Vec<&PathBuf> {
-        unique(self.dirs.iter().map(|(_, d)| d))
+    fn dir(&self, kind: Kind) -> Option<&ControlDir> {
+        let (_, at) = self.joined.iter().find(|(k, _)| *k == kind)?;
+        self.held.get(*at)
     }
 
     fn apply(&self, limits: &Limits, memsw: bool) -> Result<(), CgroupError> {
@@ -169,41 +184,31 @@ impl V1Cgroup {
             let dir = self
                 .dir(Kind::Memory)
                 .ok_or_else(|| CgroupError::Unavailable("memory controller".into()))?;
-            let mem = MemController::new(dir.clone(), dir.clone(), false);
-            let bytes = i64::try_from(bytes).map_err(|e| controller_err("memory limit", dir, e))?;
-            mem.set_limit(bytes)
-                .map_err(|e| controller_err("memory.limit_in_bytes", dir, e))?;
+            let bytes = i64::try_from(bytes)
+                .map_err(|e| controller_err("memory limit", dir.path(), e))?
+                .to_string();
+            dir.write("memory.limit_in_bytes", &bytes)?;
             if memsw {
                 // memory+swap == memory: no swap at all.
-                mem.set_memswap_limit(bytes)
-                    .map_err(|e| controller_err("memory.memsw.limit_in_bytes", dir, e))?;
+                dir.write("memory.memsw.limit_in_bytes", &bytes)?;
             }
             // v1 charges socket buffers to a memory cgroup only for TCP, and only once a TCP
             // limit is set (UDP, unix and netlink buffers are never charged: the report says so).
-            let tcp = dir.join("memory.kmem.tcp.limit_in_bytes");
-            if tcp.exists() {
-                super::write_file(&tcp, &bytes.to_string())?;
-            }
+            dir.write_if_present("memory.kmem.tcp.limit_in_bytes", &bytes)?;
         }
         if let Some(cpus) = limits.cpus {
             let dir = self
                 .dir(Kind::Cpu)
                 .ok_or_else(|| CgroupError::Unavailable("cpu controller".into()))?;
-            let cpu = CpuController::new(dir.clone(), dir.clone(), false);
-            cpu.set_cfs_quota_and_period(
-                Some(super::cfs_quota_us(cpus)),
-                Some(super::CFS_PERIOD_US),
-            )
-            .map_err(|e| controller_err("cpu.cfs_quota_us", dir, e))?;
+            // The quota, then the period (the order cgroups-rs writes them in).
+            dir.write("cpu.cfs_quota_us", &super::cfs_quota_us(cpus).to_string())?;
+            dir.write("cpu.cfs_period_us", &super::CFS_PERIOD_US.to_string())?;
         }
         if let Some(n) = limits.pids {
             let dir = self
                 .dir(Kind::Pids)
                 .ok_or_else(|| CgroupError::Unavailable("pids controller".into()))?;
-            let pids = PidController::new(dir.clone(), dir.clone(), false);
-            let n = i64::try_from(n).map_err(|e| controller_err("pids limit", dir, e))?;
-            pids.set_pid_max(MaxValue::Value(n))
-                .map_err(|e| controller_err("pids.max", dir, e))?;
+            dir.write("pids.max", &n.to_string())?;
         }
         Ok(())
     }
@@ -219,38 +224,31 @@ impl SandboxCgroup for V1Cgroup {
     }
 
     fn attach(&self, pid: i32) -> Result<(), CgroupError> {
-        for dir in self.unique_dirs() {
-            super::write_file(&dir.join("cgroup.procs"), &pid.to_string())?;
+        for dir in &self.held {
+            dir.write("cgroup.procs", &pid.to_string())?;
         }
         Ok(())
     }
 
     fn self_join_files(&self) -> Result<Vec<OwnedFd>, CgroupError> {
-        self.unique_dirs()
-            .into_iter()
-            .map(|dir| {
-                let path = dir.join("tasks");
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map(OwnedFd::from)
-                    .map_err(io_err(&path))
-            })
+        self.held
+            .iter()
+            .map(|dir| dir.open_write("tasks"))
             .collect()
     }
 
     fn usage(&self) -> Usage {
         let mut u = Usage::default();
         if let Some(d) = self.dir(Kind::CpuAcct) {
-            u.cpu_usec = read_u64(&d.join("cpuacct.usage")).map(|ns| ns / 1000);
+            u.cpu_usec = d.read_u64("cpuacct.usage").map(|ns| ns / 1000);
         }
         if let Some(d) = self.dir(Kind::Memory) {
-            u.memory_peak_bytes = read_u64(&d.join("memory.max_usage_in_bytes"));
-            u.oom_kills = read_key(&d.join("memory.oom_control"), "oom_kill").unwrap_or(0);
+            u.memory_peak_bytes = d.read_u64("memory.max_usage_in_bytes");
+            u.oom_kills = d.read_key("memory.oom_control", "oom_kill").unwrap_or(0);
         }
         if let Some(d) = self.dir(Kind::Pids) {
-            u.pids_peak = read_u64(&d.join("pids.peak"));
-            u.pids_limit_hits = read_key(&d.join("pids.events"), "max").unwrap_or(0);
+            u.pids_peak = d.read_u64("pids.peak");
+            u.pids_limit_hits = d.read_key("pids.events", "max").unwrap_or(0);
         }
         u
     }
@@ -267,25 +265,35 @@ impl SandboxCgroup for V1Cgroup {
         super::holds_nothing(&self.primary)
     }
 
+    fn release_descriptors(&mut self) {
+        self.held.iter_mut().for_each(ControlDir::release);
+    }
+
     fn destroy(&mut self) -> Result<(), CgroupError> {
         let deadline = Instant::now() + Duration::from_secs(2);
         // Usually the sandbox's processes went with its pid 1: the primary directory goes
         // at the first try, and nothing is left to list or kill.
-        let has_primary = !self.primary.as_os_str().is_empty();
-        let primary_gone = has_primary && super::removed_at_once(&self.primary);
-        if has_primary && !primary_gone {
+        let primary = self.held.iter().position(|d| d.path() == self.primary);
+        let primary_gone = primary
+            .and_then(|at| self.held.get(at))
+            .is_some_and(ControlDir::removed_at_once);
+        if primary.is_some() && !primary_gone {
             super::kill_procs_until_empty(&self.primary, deadline)?;
         }
         let mut first_err = None;
-        for dir in self.unique_dirs() {
-            if primary_gone && *dir == self.primary {
+        for (at, dir) in self.held.iter().enumerate() {
+            if primary_gone && Some(at) == primary {
                 continue;
             }
-            if let Err(e) = super::remove_when_empty(dir, deadline) {
+            if dir.removed_at_once() {
+                continue;
+            }
+            if let Err(e) = super::remove_when_empty(dir.path(), deadline) {
                 first_err.get_or_insert(e);
             }
         }
-        self.dirs.clear();
+        self.held.clear();
+        self.joined.clear();
         match first_err {
             Some(e) => Err(e),
             None => {
@@ -300,7 +308,7 @@ impl SandboxCgroup for V1Cgroup {
 
 impl Drop for V1Cgroup {
     fn drop(&mut self) {
-        if !self.dirs.is_empty() {
+        if !self.held.is_empty() {
             let _ = self.destroy();
         } else if let Some(noted) = self.noted.take() {
             noted.done();
@@ -325,12 +333,14 @@ mod tests {
         for d in [&mem, &cc, &pids] {
             std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
         }
+        let held = |d: &Path| BaseDir::open(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        let cpu = held(&cc);
         let m = V1Manager {
             bases: vec![
-                (Kind::Memory, mem.clone()),
-                (Kind::Cpu, cc.clone()),
-                (Kind::CpuAcct, cc.clone()),
-                (Kind::Pids, pids.clone()),
+                (Kind::Memory, held(&mem)),
+                (Kind::Cpu, cpu.clone()),
+                (Kind::CpuAcct, cpu),
+                (Kind::Pids, held(&pids)),
             ],
             memsw: false,
         };

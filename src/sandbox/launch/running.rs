@@ -37,6 +37,16 @@ impl Sandbox {
         self.cgroup.as_ref().map(|c| c.path().to_path_buf())
     }
 
+    /// Closes the descriptors the cgroup holds for a quick start and end (see
+    /// [`SandboxCgroup::release_descriptors`]): for a supervisor of many sandboxes.
+    ///
+    /// [`SandboxCgroup::release_descriptors`]: super::super::cgroup::SandboxCgroup::release_descriptors
+    pub fn release_cgroup_descriptors(&mut self) {
+        if let Some(cg) = self.cgroup.as_mut() {
+            cg.release_descriptors();
+        }
+    }
+
     /// Sends the sandbox its seccomp filters with the start gate's write end, keeping the
     /// read end (see `channel::start_gate`). A gate that cannot be made is an error: the
     /// sandbox would wait for its filters for ever. A send that fails is not: the sandbox

@@ -194,6 +194,8 @@ pub fn prepare(
     super::grant_identity(&pid1.sandbox, spec, pid1.elsewhere.take())?;
     super::settle_cgroup(&mut pid1.sandbox, pid1.into_cgroup, spec, plan, cgroups)?
         .map_err(|e| SandboxError::Internal(format!("sandbox went away during setup: {e}")))?;
+    // A pool of prepared sandboxes must not hold their cgroups' directories open too.
+    pid1.sandbox.release_cgroup_descriptors();
     Ok(Prepared {
         sandbox: pid1.sandbox,
         shape,
