@@ -193,10 +193,19 @@ pub struct Outcome {
 }
 
 fn cgroup_refused(e: super::cgroup::CgroupError) -> SandboxError {
+    let out_of_descriptors = matches!(
+        &e,
+        super::cgroup::CgroupError::Io { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+    );
     SandboxError::Refused {
         what: "cgroup".into(),
         why: e.to_string(),
-        fix: "check that this user may create cgroups here (see `hatchery doctor`)".into(),
+        fix: if out_of_descriptors {
+            OUT_OF_DESCRIPTORS.into()
+        } else {
+            "check that this user may create cgroups here (see `hatchery doctor`)".into()
+        },
     }
 }
 
@@ -680,5 +689,21 @@ mod tests {
         assert!(hint(libc::EAGAIN).contains("process limit"));
         assert!(hint(libc::ENOSPC).contains("max_user_namespaces"));
         assert!(hint(libc::EPERM).contains("max_user_namespaces"));
+    }
+
+    /// A cgroup that could not be made or held for want of descriptors is not a matter of
+    /// cgroup permissions (the cgroup's directories are held open during a `run`).
+    #[test]
+    fn a_cgroup_refused_for_want_of_descriptors_says_so() {
+        let hint = |errno| match cgroup_refused(crate::sandbox::cgroup::CgroupError::Io {
+            path: "/sys/fs/cgroup/pids/hatchery-run-1".into(),
+            source: io::Error::from_raw_os_error(errno),
+        }) {
+            SandboxError::Refused { fix, .. } => fix,
+            other => other.to_string(),
+        };
+        assert!(hint(libc::EMFILE).contains("open-file limit"));
+        assert!(hint(libc::ENFILE).contains("open-file limit"));
+        assert!(hint(libc::EACCES).contains("may create cgroups"));
     }
 }

@@ -14,103 +14,29 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use nix::errno::Errno;
 use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::Mode;
-use nix::unistd::UnlinkatFlags;
 
 use super::{CgroupError, io_err};
-
-/// A hierarchy's directory that sandbox cgroups are made in, held open by the manager.
-#[derive(Debug, Clone)]
-pub(crate) struct BaseDir {
-    path: PathBuf,
-    fd: Arc<OwnedFd>,
-}
-
-impl BaseDir {
-    /// Opens the directory at `path` (a symlink on the way is refused).
-    pub(crate) fn open(path: &Path) -> io::Result<BaseDir> {
-        let fd = crate::paths::dir::open_nofollow(path, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
-        Ok(BaseDir {
-            path: path.to_path_buf(),
-            fd: Arc::new(fd),
-        })
-    }
-
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Whether the kernel has the file `name` here (a controller's optional file).
-    pub(crate) fn has(&self, name: &str) -> bool {
-        nix::sys::stat::fstatat(
-            self.fd.as_ref(),
-            name,
-            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-        )
-        .is_ok()
-    }
-
-    /// Makes the cgroup `name` here and opens it. One that cannot be opened once made is
-    /// removed again.
-    pub(crate) fn make(&self, name: &str) -> Result<ControlDir, CgroupError> {
-        let path = self.path.join(name);
-        nix::sys::stat::mkdirat(self.fd.as_ref(), name, Mode::from_bits_truncate(0o777))
-            .map_err(|e| io_err(&path)(e.into()))?;
-        let opened = openat(
-            self.fd.as_ref(),
-            name,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        );
-        match opened {
-            Ok(fd) => Ok(ControlDir {
-                path,
-                fd: Some(fd),
-                parent: Some((self.clone(), name.to_string())),
-            }),
-            Err(e) => {
-                let _ = nix::unistd::unlinkat(self.fd.as_ref(), name, UnlinkatFlags::RemoveDir);
-                Err(io_err(&path)(e.into()))
-            }
-        }
-    }
-}
 
 #[derive(Debug)]
 pub(crate) struct ControlDir {
     path: PathBuf,
     /// The directory, until [`ControlDir::release`]; then files are reached by path.
     fd: Option<OwnedFd>,
-    /// The directory it was made in, and its name there.
-    parent: Option<(BaseDir, String)>,
 }
 
 impl ControlDir {
-    /// Opens the cgroup directory at `path` (a symlink on the way is refused).
-    #[cfg(test)]
+    /// Opens the cgroup directory at `path` (a symlink on the way is refused). The
+    /// directory is made, and removed, by its path: a cgroup is where its path says, or
+    /// not made at all (a base directory renamed meanwhile makes the `mkdir` fail).
     pub(crate) fn open(path: &Path) -> io::Result<ControlDir> {
         let fd = crate::paths::dir::open_nofollow(path, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
         Ok(ControlDir {
             path: path.to_path_buf(),
             fd: Some(fd),
-            parent: None,
         })
-    }
-
-    /// Removes the directory if nothing holds it: true once it is gone (see
-    /// [`super::removed_at_once`]), through the directory it was made in while held.
-    pub(crate) fn removed_at_once(&self) -> bool {
-        match &self.parent {
-            Some((base, name)) => matches!(
-                nix::unistd::unlinkat(base.fd.as_ref(), name.as_str(), UnlinkatFlags::RemoveDir),
-                Ok(()) | Err(Errno::ENOENT)
-            ),
-            None => super::removed_at_once(&self.path),
-        }
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -122,7 +48,6 @@ impl ControlDir {
     /// many it may run.
     pub(crate) fn release(&mut self) {
         self.fd = None;
-        self.parent = None;
     }
 
     /// Opens the control file `name`, which is one fixed file name of the kernel's.

@@ -5,10 +5,10 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::control::{BaseDir, ControlDir};
+use super::control::ControlDir;
 use super::{
     CgroupError, CgroupManager, CgroupVersion, Controllers, Layout, Limits, SandboxCgroup, Usage,
-    controller_err, host_has_swap,
+    controller_err, host_has_swap, io_err,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,9 +20,8 @@ enum Kind {
 }
 
 pub struct V1Manager {
-    /// (controller, this process's cgroup directory in its hierarchy, held open: sandbox
-    /// cgroups are made and removed in it without walking its path again)
-    bases: Vec<(Kind, BaseDir)>,
+    /// (controller, this process's cgroup directory in its hierarchy)
+    bases: Vec<(Kind, PathBuf)>,
     memsw: bool,
 }
 
@@ -50,18 +49,7 @@ impl V1Manager {
             if !root_user && nix::unistd::access(&dir, nix::unistd::AccessFlags::W_OK).is_err() {
                 continue;
             }
-            // Co-mounted controllers (the usual `cpu,cpuacct`) share one directory.
-            let held = match bases
-                .iter()
-                .find(|(_, b): &&(Kind, BaseDir)| b.path() == dir)
-            {
-                Some((_, b)) => b.clone(),
-                None => match BaseDir::open(&dir) {
-                    Ok(b) => b,
-                    Err(_) => continue,
-                },
-            };
-            bases.push((kind, held));
+            bases.push((kind, dir));
         }
         if bases.is_empty() {
             return None;
@@ -69,7 +57,7 @@ impl V1Manager {
         let memsw = bases
             .iter()
             .find(|(k, _)| *k == Kind::Memory)
-            .is_some_and(|(_, d)| d.has("memory.memsw.limit_in_bytes"));
+            .is_some_and(|(_, d)| d.join("memory.memsw.limit_in_bytes").exists());
         Some(V1Manager { bases, memsw })
     }
 
@@ -77,7 +65,7 @@ impl V1Manager {
         self.bases
             .iter()
             .find(|(k, _)| *k == kind)
-            .map(|(_, d)| d.path())
+            .map(|(_, d)| d.as_path())
     }
 }
 
@@ -98,32 +86,40 @@ impl CgroupManager for V1Manager {
 
     fn base(&self) -> PathBuf {
         self.base(Kind::Memory)
-            .or_else(|| self.bases.first().map(|(_, d)| d.path()))
+            .or_else(|| self.bases.first().map(|(_, d)| d.as_path()))
             .map(Path::to_path_buf)
             .unwrap_or_default()
     }
 
     fn create(&self, name: &str, limits: &Limits) -> Result<Box<dyn SandboxCgroup>, CgroupError> {
         // Memory, cpuacct and pids are always joined, for accounting; cpu only for a quota.
-        let wanted: Vec<(Kind, &BaseDir, PathBuf)> = self
+        let wanted: Vec<(Kind, PathBuf)> = self
             .bases
             .iter()
             .filter(|(kind, _)| *kind != Kind::Cpu || limits.cpus.is_some())
-            .map(|(kind, base)| (*kind, base, base.path().join(name)))
+            .map(|(kind, base)| (*kind, base.join(name)))
             .collect();
-        let paths: Vec<&Path> = wanted.iter().map(|(_, _, d)| d.as_path()).collect();
+        let paths: Vec<&Path> = wanted.iter().map(|(_, d)| d.as_path()).collect();
         let mut cg = V1Cgroup {
             held: Vec::new(),
             joined: Vec::new(),
             primary: PathBuf::new(),
             noted: super::leftovers::note(name, &paths),
         };
-        for (kind, base, dir) in wanted {
+        for (kind, dir) in wanted {
             // Co-mounted controllers (the usual `cpu,cpuacct`) share one directory.
             let at = match cg.held.iter().position(|d| d.path() == dir) {
                 Some(at) => at,
                 None => {
-                    cg.held.push(base.make(name)?);
+                    std::fs::create_dir(&dir).map_err(io_err(&dir))?;
+                    match ControlDir::open(&dir) {
+                        Ok(held) => cg.held.push(held),
+                        Err(e) => {
+                            // Not held, so not removed with `cg`: removed here.
+                            let _ = std::fs::remove_dir(&dir);
+                            return Err(io_err(&dir)(e));
+                        }
+                    }
                     cg.held.len() - 1
                 }
             };
@@ -141,11 +137,11 @@ impl CgroupManager for V1Manager {
 
     fn sweep_stale(&self, wait: bool) -> Vec<PathBuf> {
         let deadline = std::time::Instant::now() + super::SWEEP_BUDGET;
-        let mut removed: Vec<PathBuf> = unique(self.bases.iter().map(|(_, b)| b.path()))
+        let mut removed: Vec<PathBuf> = unique(self.bases.iter().map(|(_, b)| b.as_path()))
             .into_iter()
             .flat_map(|b| super::sweep_dir(b, deadline))
             .collect();
-        let own: Vec<&Path> = self.bases.iter().map(|(_, b)| b.path()).collect();
+        let own: Vec<&Path> = self.bases.iter().map(|(_, b)| b.as_path()).collect();
         removed.extend(super::leftovers::sweep(&own, wait, deadline));
         removed
     }
@@ -274,18 +270,13 @@ impl SandboxCgroup for V1Cgroup {
         // Usually the sandbox's processes went with its pid 1: the primary directory goes
         // at the first try, and nothing is left to list or kill.
         let primary = self.held.iter().position(|d| d.path() == self.primary);
-        let primary_gone = primary
-            .and_then(|at| self.held.get(at))
-            .is_some_and(ControlDir::removed_at_once);
+        let primary_gone = primary.is_some() && super::removed_at_once(&self.primary);
         if primary.is_some() && !primary_gone {
             super::kill_procs_until_empty(&self.primary, deadline)?;
         }
         let mut first_err = None;
         for (at, dir) in self.held.iter().enumerate() {
             if primary_gone && Some(at) == primary {
-                continue;
-            }
-            if dir.removed_at_once() {
                 continue;
             }
             if let Err(e) = super::remove_when_empty(dir.path(), deadline) {
@@ -333,14 +324,12 @@ mod tests {
         for d in [&mem, &cc, &pids] {
             std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
         }
-        let held = |d: &Path| BaseDir::open(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
-        let cpu = held(&cc);
         let m = V1Manager {
             bases: vec![
-                (Kind::Memory, held(&mem)),
-                (Kind::Cpu, cpu.clone()),
-                (Kind::CpuAcct, cpu),
-                (Kind::Pids, held(&pids)),
+                (Kind::Memory, mem.clone()),
+                (Kind::Cpu, cc.clone()),
+                (Kind::CpuAcct, cc.clone()),
+                (Kind::Pids, pids.clone()),
             ],
             memsw: false,
         };
