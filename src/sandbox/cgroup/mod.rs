@@ -415,9 +415,16 @@ pub(crate) fn sweep_dir(base: &Path, deadline: Instant) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(base) else {
         return removed;
     };
+    // This process's own cgroups (a run's, a launcher's workers') live as long as it does:
+    // not looked at (a run's note was looked up, and locked, once for each hierarchy).
+    let me = std::process::id();
+    let own = process_start_time(me).map(|start| format!("-{}", owner_tag(me, start)));
     for e in entries.flatten() {
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
+        if own.as_deref().is_some_and(|tag| name.ends_with(tag)) {
+            continue;
+        }
         // A cgroup with processes is not one a dead supervisor left (its sandbox died with
         // it): it may be a live run's in another pid namespace, whose pid means another
         // process here.
