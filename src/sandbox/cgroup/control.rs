@@ -129,7 +129,7 @@ mod tests {
         std::fs::rename(&dir, &moved).unwrap_or_else(|e| panic!("rename: {e}"));
         let w = held.write("pids.max", "64");
         assert!(w.is_ok(), "{w:?}");
-        // Written over, not truncated (the kernel's files take a value at any offset 0).
+        // Written over, not truncated: a kernel control file takes each write whole.
         assert_eq!(
             std::fs::read_to_string(moved.join("pids.max"))
                 .ok()
