@@ -192,45 +192,6 @@ pub struct Outcome {
     pub output: Option<OutputSummary>,
 }
 
-fn cgroup_refused(e: super::cgroup::CgroupError) -> SandboxError {
-    let out_of_descriptors = matches!(
-        &e,
-        super::cgroup::CgroupError::Io { source, .. }
-            if matches!(source.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
-    );
-    SandboxError::Refused {
-        what: "cgroup".into(),
-        why: e.to_string(),
-        fix: if out_of_descriptors {
-            OUT_OF_DESCRIPTORS.into()
-        } else {
-            "check that this user may create cgroups here (see `hatchery doctor`)".into()
-        },
-    }
-}
-
-/// The hint for a step refused for want of descriptors, whatever the step.
-const OUT_OF_DESCRIPTORS: &str = "this process is out of file descriptors: raise its open-file limit (`ulimit -n`, systemd's LimitNOFILE=) or run fewer sandboxes at once";
-
-fn namespaces_refused(e: io::Error) -> SandboxError {
-    // The clone also makes a pidfd and a process: running out of either is not a matter of
-    // namespaces (a controller at its open-file limit was told to check its sysctls).
-    let fix = match e.raw_os_error() {
-        Some(libc::EMFILE | libc::ENFILE) => OUT_OF_DESCRIPTORS,
-        Some(libc::EAGAIN) => {
-            "no process could be made: check this user's process limit (`ulimit -u`) and the host's `kernel.pid_max` and `kernel.threads-max`"
-        }
-        _ => {
-            "user namespaces may be disabled: check `sysctl user.max_user_namespaces` (and, for non-root users, kernel.unprivileged_userns_clone or kernel.apparmor_restrict_unprivileged_userns); `hatchery doctor` shows what this host allows"
-        }
-    };
-    SandboxError::Refused {
-        what: "namespaces".into(),
-        why: format!("cannot create the sandbox's user, mount and pid namespaces: {e}"),
-        fix: fix.into(),
-    }
-}
-
 /// Starts `spec` in a new sandbox as `plan` (its [`super::preflight`]) says. `cgroups` is
 /// the host's backend, if any.
 pub fn start(
@@ -363,7 +324,7 @@ fn clone_pid1(
             inside::contain(ctx, sandbox_end)
         }
         Ok(Cloned::Parent { pid, pidfd }) => (pid, pidfd),
-        Err(e) => return Err(namespaces_refused(e)),
+        Err(e) => return Err(refused::namespaces(e)),
     };
     // First, so that pid 1 builds its root while this process does its own half.
     let elsewhere = elsewhere::start_elsewhere(pid);
@@ -412,7 +373,7 @@ fn create_cgroup(
     tracing::debug!(name = %spec.cgroup_name, cgroup = %version, "creating the sandbox's cgroup");
     m.create(&spec.cgroup_name, &limits)
         .map(Some)
-        .map_err(cgroup_refused)
+        .map_err(refused::cgroup)
 }
 
 /// The payload's (source, target) descriptor pairs: stdio first, then the passed fds.
@@ -441,28 +402,6 @@ fn path_var(spec: &SandboxSpec) -> String {
         .unwrap_or_else(|| super::DEFAULT_PATH.to_string())
 }
 
-/// The refusal of a start whose read-write directories' groups could not be looked up
-/// (or its end, when a signal stopped the lookup).
-fn lookup_refused(e: mounts::OwnerLookupError) -> SandboxError {
-    if let super::owner_groups::LookupError::Stopped(signal) = e.source {
-        return SandboxError::Stopped {
-            signal,
-            during: format!(
-                "the host's user database was being asked about --rw {}",
-                e.path
-            ),
-        };
-    }
-    SandboxError::Refused {
-        what: "the group mapping of a read-write directory".into(),
-        fix: format!(
-            "check that the host's user database answers (`id {}` should return at once)",
-            e.uid
-        ),
-        why: e.to_string(),
-    }
-}
-
 /// The bind sources: copied here, by descriptor, when this supervisor may copy host
 /// mounts; otherwise the sandbox copies them itself (checked against the descriptors).
 fn prepare_trees(
@@ -483,7 +422,7 @@ fn prepare_trees(
         }
         return Ok(mounts::PreparedTrees::default());
     }
-    let groups = mounts::OwnerGroups::look_up(&spec.rootfs).map_err(lookup_refused)?;
+    let groups = mounts::OwnerGroups::look_up(&spec.rootfs).map_err(refused::lookup)?;
     let prepared = mounts::prepare(
         &spec.rootfs,
         mounts::IdmapPlan {
@@ -492,15 +431,7 @@ fn prepare_trees(
         },
         groups,
     )
-    .map_err(|e| SandboxError::Refused {
-        what: "the sandbox's filesystem".into(),
-        why: format!("{}: {}", e.step, io::Error::from_raw_os_error(e.errno)),
-        fix: match e.errno {
-            libc::EMFILE | libc::ENFILE => OUT_OF_DESCRIPTORS,
-            _ => "check that the path is still there and is a local filesystem",
-        }
-        .into(),
-    })?;
+    .map_err(refused::trees)?;
     enforcement
         .not_enforced
         .extend(prepared.notes.iter().cloned());
@@ -599,14 +530,14 @@ fn settle_cgroup(
         }
         IntoCgroup::Attached => {
             if let Some(cg) = &sandbox.cgroup {
-                cg.attach(sandbox.pid.as_raw()).map_err(cgroup_refused)?;
+                cg.attach(sandbox.pid.as_raw()).map_err(refused::cgroup)?;
             }
             None
         }
         IntoCgroup::Born => None,
     };
     let join = match cgroup {
-        Some(cg) => cg.self_join_files().map_err(cgroup_refused)?,
+        Some(cg) => cg.self_join_files().map_err(refused::cgroup)?,
         None => Vec::new(),
     };
     let borrowed: Vec<_> = join.iter().map(|f| f.as_fd()).collect();
@@ -639,6 +570,7 @@ fn receive_listeners(sandbox: &mut Sandbox, ports: usize) -> Result<(), SandboxE
 }
 
 mod inside;
+mod refused;
 pub mod warm;
 
 mod running;
@@ -676,34 +608,5 @@ mod tests {
             .exit_code(),
             126
         );
-    }
-
-    #[test]
-    fn a_clone_out_of_descriptors_is_not_blamed_on_user_namespaces() {
-        let hint = |errno| match namespaces_refused(io::Error::from_raw_os_error(errno)) {
-            SandboxError::Refused { fix, .. } => fix,
-            other => other.to_string(),
-        };
-        assert!(hint(libc::EMFILE).contains("open-file limit"));
-        assert!(!hint(libc::EMFILE).contains("user namespaces"));
-        assert!(hint(libc::EAGAIN).contains("process limit"));
-        assert!(hint(libc::ENOSPC).contains("max_user_namespaces"));
-        assert!(hint(libc::EPERM).contains("max_user_namespaces"));
-    }
-
-    /// A cgroup that could not be made or held for want of descriptors is not a matter of
-    /// cgroup permissions (the cgroup's directories are held open during a `run`).
-    #[test]
-    fn a_cgroup_refused_for_want_of_descriptors_says_so() {
-        let hint = |errno| match cgroup_refused(crate::sandbox::cgroup::CgroupError::Io {
-            path: "/sys/fs/cgroup/pids/hatchery-run-1".into(),
-            source: io::Error::from_raw_os_error(errno),
-        }) {
-            SandboxError::Refused { fix, .. } => fix,
-            other => other.to_string(),
-        };
-        assert!(hint(libc::EMFILE).contains("open-file limit"));
-        assert!(hint(libc::ENFILE).contains("open-file limit"));
-        assert!(hint(libc::EACCES).contains("may create cgroups"));
     }
 }

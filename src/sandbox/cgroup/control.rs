@@ -72,24 +72,22 @@ impl ControlDir {
 
     /// Writes `value` to `name` in one write, as the kernel takes a control file's value.
     pub(crate) fn write(&self, name: &str, value: &str) -> Result<(), CgroupError> {
-        let path = || self.path.join(name);
-        let fd = self.open_write(name)?;
-        File::from(fd)
-            .write_all(value.as_bytes())
-            .map_err(|e| io_err(&path())(e))
+        self.write_in(name, value)
+            .map_err(io_err(&self.path.join(name)))
     }
 
     /// [`ControlDir::write`] where the kernel may not have the file (a controller's
     /// optional file): false when it has not.
     pub(crate) fn write_if_present(&self, name: &str, value: &str) -> Result<bool, CgroupError> {
-        match self.open_file(name, OFlag::O_WRONLY) {
-            Ok(fd) => File::from(fd)
-                .write_all(value.as_bytes())
-                .map(|()| true)
-                .map_err(io_err(&self.path.join(name))),
+        match self.write_in(name, value) {
+            Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(io_err(&self.path.join(name))(e)),
         }
+    }
+
+    fn write_in(&self, name: &str, value: &str) -> io::Result<()> {
+        File::from(self.open_file(name, OFlag::O_WRONLY)?).write_all(value.as_bytes())
     }
 
     /// The text of `name`, bounded as every file the kernel generates is read.

@@ -280,7 +280,7 @@ impl Prepared {
                     tracing::debug!("the read-write exposures' groups are not what they were");
                     return Err(unclaimed(self));
                 }
-                Err(e) => return Err(ClaimError::Failed(super::lookup_refused(e))),
+                Err(e) => return Err(ClaimError::Failed(super::refused::lookup(e))),
             }
         }
         let Some(stdio) = &spec.stdio else {
