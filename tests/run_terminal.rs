@@ -870,3 +870,55 @@ fn a_pty_master_nobody_reads_cannot_hold_the_timeout() {
         assert_eq!(status.code(), Some(124));
     }
 }
+
+/// A pty's master side as stdin (a terminal emulator's or `script`'s end, handed on): it is
+/// no one's controlling terminal, so reading it stops no job, and its modes belong to the
+/// program on the replica's side. Its foreground group is the replica's, 0 here, which
+/// made it look like a background job's terminal: what was written at the replica never
+/// reached the command, which waited until the timeout.
+#[test]
+fn a_pty_master_on_stdin_is_read_and_its_modes_left_as_found() {
+    if skip_unless_root("a_pty_master_on_stdin_is_read_and_its_modes_left_as_found") {
+        return;
+    }
+    let pty = nix::pty::openpty(None, None).unwrap_or_else(|e| panic!("openpty: {e}"));
+    let mut raw = nix::sys::termios::tcgetattr(&pty.slave).unwrap_or_else(|e| panic!("{e}"));
+    nix::sys::termios::cfmakeraw(&mut raw);
+    nix::sys::termios::tcsetattr(&pty.slave, nix::sys::termios::SetArg::TCSANOW, &raw)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let modes = nix::sys::termios::tcgetattr(&pty.slave).unwrap_or_else(|e| panic!("{e}"));
+    let master = pty.master.try_clone().unwrap_or_else(|e| panic!("{e}"));
+    let dir = shared_tempdir();
+    let report = dir.path().join("report.json");
+    let mut child = Command::new(hatchery())
+        .args(["run", "--timeout", "20s", "--report"])
+        .arg(&report)
+        .args(["--", "head", "-c", "6"])
+        .stdin(Stdio::from(master))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn: {e}"));
+    // What the program on the replica's side writes is what the master reads.
+    let mut replica = std::fs::File::from(pty.slave);
+    std::io::Write::write_all(&mut replica, b"hello\n").unwrap_or_else(|e| panic!("{e}"));
+    let status = wait_child(&mut child, LIMIT, "run with a pty master on stdin");
+    let mut out = String::new();
+    let mut err = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut out);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    assert_eq!(status.code(), Some(0), "stdout {out:?}, stderr {err}");
+    assert_eq!(out, "hello\n", "{err}");
+    let now = nix::sys::termios::tcgetattr(&replica).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(now, modes, "the replica's modes changed");
+    let r = read_report(&report);
+    assert_eq!(
+        r["enforcement"]["stdio"]["stdin"], "pty relay (pty master: modes untouched)",
+        "{r}"
+    );
+    drop(pty.master);
+}

@@ -328,8 +328,14 @@ fn terminal_stdin(fd: &OwnedFd, pump: &mut OutputPump) -> std::io::Result<PtyStd
     // modes nor read it: the kernel would stop it (SIGTTOU, SIGTTIN), and a
     // stopped supervisor enforces no timeout. It gives the sandbox its terminal
     // all the same, without input.
+    // A pty's master side (a terminal emulator's or `script`'s end, handed on) is no one's
+    // controlling terminal: reading it stops no job. Its foreground group is the replica's
+    // (0 when it has none), which says nothing about this job; and its modes are those of
+    // the program on the replica's side, not the caller's to put in raw mode. It is read,
+    // its modes left as found.
+    let master = tty::is_pty_master(fd.as_fd());
     let foreground =
-        nix::unistd::tcgetpgrp(fd).map_or(true, |group| group == nix::unistd::getpgrp());
+        !master && nix::unistd::tcgetpgrp(fd).map_or(true, |group| group == nix::unistd::getpgrp());
     let no_terminal = |e: std::io::Error| {
         std::io::Error::other(format!(
             "stdin is a terminal, and the sandbox gets a terminal of its own instead, which failed: {e}; redirect stdin (< /dev/null) to run without one"
@@ -343,12 +349,14 @@ fn terminal_stdin(fd: &OwnedFd, pump: &mut OutputPump) -> std::io::Result<PtyStd
         r
     } else {
         let modes = nix::sys::termios::tcgetattr(fd).map_err(std::io::Error::from);
-        modes.and_then(|m| pump.add_terminal(fd.as_fd(), &m, false))
+        modes.and_then(|m| pump.add_terminal(fd.as_fd(), &m, master))
     }
     .map_err(no_terminal)?;
     let own = r.try_clone()?;
     let how = if foreground {
         "pty relay"
+    } else if master {
+        "pty relay (pty master: modes untouched)"
     } else {
         "pty relay (background job: output only)"
     };
