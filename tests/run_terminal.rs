@@ -917,8 +917,70 @@ fn a_pty_master_on_stdin_is_read_and_its_modes_left_as_found() {
     assert_eq!(now, modes, "the replica's modes changed");
     let r = read_report(&report);
     assert_eq!(
-        r["enforcement"]["stdio"]["stdin"], "pty relay (pty master: modes untouched)",
+        r["enforcement"]["stdio"]["stdin"], "pipe relay (pty master)",
         "{r}"
     );
+    drop(pty.master);
+}
+
+/// The same master as stdin and stdout, its replica in the modes a pty starts with (echo
+/// on): what the command writes reaches the replica once. Given a pty of the sandbox's
+/// own, that pty's echo went out into the replica, whose echo came back in as input, and
+/// round again: the replica received the lines over and over, and the supervisor relayed
+/// them until the timeout.
+#[test]
+fn a_pty_master_on_stdin_and_stdout_echoes_nothing_back_into_itself() {
+    if skip_unless_root("a_pty_master_on_stdin_and_stdout_echoes_nothing_back_into_itself") {
+        return;
+    }
+    let pty = nix::pty::openpty(None, None).unwrap_or_else(|e| panic!("openpty: {e}"));
+    let input = pty.master.try_clone().unwrap_or_else(|e| panic!("{e}"));
+    let output = pty.master.try_clone().unwrap_or_else(|e| panic!("{e}"));
+    let mut child = Command::new(hatchery())
+        .args(["run", "--timeout", "10s", "--max-output", "1M", "--"])
+        .args(["sh", "-c", "printf 'a\\nb\\n'; sleep 1"])
+        .stdin(Stdio::from(input))
+        .stdout(Stdio::from(output))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn: {e}"));
+    // The replica's side, read without waiting until the run has ended and a moment more.
+    let replica = pty.slave;
+    nix::fcntl::fcntl(
+        &replica,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut got = Vec::new();
+    let mut ended = None;
+    let start = std::time::Instant::now();
+    loop {
+        let mut buf = [0u8; 4096];
+        match nix::unistd::read(&replica, &mut buf) {
+            Ok(n) if n > 0 => got.extend_from_slice(buf.get(..n).unwrap_or_default()),
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+        if ended.is_none() {
+            if let Ok(Some(status)) = child.try_wait() {
+                ended = Some((status, std::time::Instant::now()));
+            }
+        }
+        match ended {
+            Some((_, at)) if at.elapsed() > Duration::from_millis(300) => break,
+            _ if start.elapsed() > LIMIT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the run did not end");
+            }
+            _ => {}
+        }
+    }
+    let status = ended.map(|(s, _)| s.code());
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "a\nb\n",
+        "what reached the replica (exit {status:?})"
+    );
+    assert_eq!(status, Some(Some(0)));
     drop(pty.master);
 }

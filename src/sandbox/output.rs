@@ -131,6 +131,21 @@ fn write_nonblocking(fd: BorrowedFd<'_>, bytes: &[u8]) -> nix::Result<usize> {
     written
 }
 
+/// One read from `fd` that never waits, its open file description shared with others: a
+/// pty master another process reads too may have been emptied by it between the poll
+/// that found bytes and this read, which would then wait for the next (and `--timeout`
+/// with it).
+fn read_nonblocking(fd: BorrowedFd<'_>, buf: &mut [u8]) -> nix::Result<usize> {
+    let found = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+    if found.contains(OFlag::O_NONBLOCK) {
+        return nix::unistd::read(fd, buf);
+    }
+    fcntl(fd, FcntlArg::F_SETFL(found | OFlag::O_NONBLOCK))?;
+    let read = nix::unistd::read(fd, buf);
+    let _ = fcntl(fd, FcntlArg::F_SETFL(found));
+    read
+}
+
 /// One stream: bytes from a source to a sink.
 struct Stream {
     direction: Direction,
@@ -536,9 +551,15 @@ impl OutputPump {
             return false;
         }
         let direction = s.direction;
+        let brief = s.source_mode == Mode::BriefNonBlocking;
         let mut buf = vec![0u8; CHUNK];
         let n = loop {
-            match nix::unistd::read(src, &mut buf) {
+            let got = if brief {
+                read_nonblocking(src.as_fd(), &mut buf)
+            } else {
+                nix::unistd::read(src, &mut buf)
+            };
+            match got {
                 Err(Errno::EINTR) => continue,
                 Err(Errno::EAGAIN) => return false,
                 // End-of-file; EIO from a pty master once every replica is closed.

@@ -240,6 +240,17 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
     let mut replica = None;
     let (stdin_fd, stdin_report) = match stdin.fd.as_ref() {
         None => (dev_null(false)?, passed(&stdin)),
+        // A pty's master side (a terminal emulator's or `script`'s end, handed on) is no
+        // one's controlling terminal: it reads what the program on its replica wrote, and
+        // what is written to it is typed into that program. Given a pty of the sandbox's
+        // own, that pty's echo went out through the master into the replica's, whose echo
+        // came back in as input, round and round. So it is relayed as a stdin open for
+        // writing is, through a pipe, and never passed: its holder could signal and resize
+        // the replica's program, and change its modes.
+        Some(fd) if stdin.terminal && tty::is_pty_master(fd.as_fd()) => (
+            pump.add_input(fd.try_clone()?)?,
+            "pipe relay (pty master)".to_string(),
+        ),
         Some(fd) if stdin.terminal => {
             let pty = terminal_stdin(fd, &mut pump)?;
             replica = Some(pty.replica);
@@ -328,14 +339,8 @@ fn terminal_stdin(fd: &OwnedFd, pump: &mut OutputPump) -> std::io::Result<PtyStd
     // modes nor read it: the kernel would stop it (SIGTTOU, SIGTTIN), and a
     // stopped supervisor enforces no timeout. It gives the sandbox its terminal
     // all the same, without input.
-    // A pty's master side (a terminal emulator's or `script`'s end, handed on) is no one's
-    // controlling terminal: reading it stops no job. Its foreground group is the replica's
-    // (0 when it has none), which says nothing about this job; and its modes are those of
-    // the program on the replica's side, not the caller's to put in raw mode. It is read,
-    // its modes left as found.
-    let master = tty::is_pty_master(fd.as_fd());
     let foreground =
-        !master && nix::unistd::tcgetpgrp(fd).map_or(true, |group| group == nix::unistd::getpgrp());
+        nix::unistd::tcgetpgrp(fd).map_or(true, |group| group == nix::unistd::getpgrp());
     let no_terminal = |e: std::io::Error| {
         std::io::Error::other(format!(
             "stdin is a terminal, and the sandbox gets a terminal of its own instead, which failed: {e}; redirect stdin (< /dev/null) to run without one"
@@ -349,14 +354,12 @@ fn terminal_stdin(fd: &OwnedFd, pump: &mut OutputPump) -> std::io::Result<PtyStd
         r
     } else {
         let modes = nix::sys::termios::tcgetattr(fd).map_err(std::io::Error::from);
-        modes.and_then(|m| pump.add_terminal(fd.as_fd(), &m, master))
+        modes.and_then(|m| pump.add_terminal(fd.as_fd(), &m, false))
     }
     .map_err(no_terminal)?;
     let own = r.try_clone()?;
     let how = if foreground {
         "pty relay"
-    } else if master {
-        "pty relay (pty master: modes untouched)"
     } else {
         "pty relay (background job: output only)"
     };

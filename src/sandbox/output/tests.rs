@@ -377,3 +377,28 @@ fn a_pty_master_nobody_reads_never_blocks_the_pump() -> TestResult {
     assert!(!flags.contains(OFlag::O_NONBLOCK));
     Ok(())
 }
+
+/// A read from a blocking pty master whose bytes another reader took after the poll: it
+/// must come back at once, the master's flags as found, not wait for the next byte (with
+/// the timeout behind it).
+#[test]
+fn a_read_from_a_shared_master_never_waits_and_leaves_its_flags() -> TestResult {
+    let pty = tty::open_pty()?;
+    nix::fcntl::fcntl(&pty.master, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()))?;
+    let (done, finished) = std::sync::mpsc::channel();
+    let master = pty.master.try_clone()?;
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        let _ = done.send(read_nonblocking(master.as_fd(), &mut buf));
+    });
+    let got = finished.recv_timeout(std::time::Duration::from_secs(10));
+    // A blocking read would still wait here; the replica is written to only to end it.
+    nix::unistd::write(&pty.replica, b"x")?;
+    assert_eq!(got.ok(), Some(Err(Errno::EAGAIN)));
+    let flags = OFlag::from_bits_retain(nix::fcntl::fcntl(
+        &pty.master,
+        nix::fcntl::FcntlArg::F_GETFL,
+    )?);
+    assert!(!flags.contains(OFlag::O_NONBLOCK));
+    Ok(())
+}
