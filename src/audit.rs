@@ -51,7 +51,7 @@ use sha2::{Digest, Sha256};
 pub const LOG_FILE: &str = "audit.jsonl";
 pub const HEAD_FILE: &str = "audit.head";
 /// The state directory's key file (the default `--key`), created with the first trail.
-const KEY_FILE: &str = "controller.key";
+pub const KEY_FILE: &str = "controller.key";
 /// Written by a running controller, removed when it stops.
 const PID_FILE: &str = "controller.pid";
 /// Worker logs, one per worker that ever ran.

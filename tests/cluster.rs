@@ -922,3 +922,63 @@ fn a_start_refused_by_the_cluster_leaves_a_crashed_controllers_socket_and_pid_fi
         "{recovered:?}"
     );
 }
+
+/// A node whose trail vanished, started again with `--new-audit-trail` while its cluster
+/// cannot be reached: refused, and the trail that start began goes with it. It stayed
+/// behind, so the same command was then refused ("holds an audit trail"), and the trail
+/// began with a start that never ran.
+#[test]
+fn a_trail_begun_by_a_start_the_cluster_refused_is_taken_away_again() {
+    if skip_unless_root("a_trail_begun_by_a_start_the_cluster_refused_is_taken_away_again") {
+        return;
+    }
+    let mut c = TestController::start("max_replicas = 10\n", &[]);
+    c.stop();
+    let state = c.state_dir().to_path_buf();
+    if let Err(e) = std::fs::remove_file(state.join("audit.jsonl")) {
+        panic!("{e}");
+    }
+    let listing = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&state)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let found = listing();
+    let head = std::fs::read(state.join("audit.head")).unwrap_or_default();
+    assert!(!head.is_empty(), "no head: {found:?}");
+    let asked = [
+        "--new-audit-trail",
+        "--cluster",
+        "etcd://127.0.0.1:1",
+        "--node-id",
+        "lone",
+    ];
+    let out = c.refused_start(&asked, Duration::from_secs(60));
+    assert_ne!(code(&out), 0, "started without its cluster");
+    assert!(
+        stderr(&out).contains("cannot reach etcd"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(listing(), found, "the refused start left files");
+    assert_eq!(
+        std::fs::read(state.join("audit.head")).unwrap_or_default(),
+        head,
+        "the refused start changed the head"
+    );
+    // The same start once the cluster is not asked for: the trail is begun, for the
+    // evidence there was before.
+    c.restart_with(&["--new-audit-trail"]);
+    let begun = c.wait_audit("audit_trail_started", Duration::from_secs(20));
+    let evidence = begun
+        .first()
+        .map(|e| e["details"]["evidence"].to_string())
+        .unwrap_or_default();
+    assert!(evidence.contains("audit.head records"), "{begun:?}");
+}

@@ -94,6 +94,20 @@ pub struct AuditLog {
     /// appended, so that a start refused after opening the trail (a cluster's anchored
     /// head missing from it) leaves the trail exactly as it found it.
     torn_on_disk: u64,
+    /// The trail this start began, until anything more is written to it.
+    begun: Option<Begun>,
+}
+
+/// A trail begun by this start, and what it replaced in the state directory: so that a
+/// start refused before it wrote anything more takes it away again
+/// ([`AuditLog::abandon_begun`]).
+struct Begun {
+    /// The trail file this start made (dev, inode).
+    trail: (u64, u64),
+    /// The `audit.head` this start published (dev, inode).
+    head: (u64, u64),
+    /// `audit.head` as found (evidence of an earlier trail), `None` where there was none.
+    head_before: Option<Vec<u8>>,
 }
 
 impl AuditLog {
@@ -179,11 +193,17 @@ impl AuditLog {
             open_egress: summary.open_egress,
             torn_tail: summary.torn_tail,
             torn_on_disk: summary.torn_tail,
+            begun: None,
         };
         if let Some(writer) = &mut log.anchor {
             writer.hold(true);
         }
         if let Some((reason, evidence)) = begin {
+            let head_path = log.dir.path().join(HEAD_FILE);
+            let head_before = log
+                .dir
+                .read(HEAD_FILE, 64 << 10)
+                .map_err(io_err(&head_path))?;
             log.record(
                 event::AUDIT_TRAIL_STARTED,
                 "controller",
@@ -195,11 +215,76 @@ impl AuditLog {
                     "key_created": start.key_created,
                 }),
             )?;
+            let id = |st: nix::sys::stat::FileStat| (st.st_dev, st.st_ino);
+            let trail = match &log.file {
+                Some(file) => nix::sys::stat::fstat(file)
+                    .map(id)
+                    .map_err(|e| io_err(&path)(e.into()))?,
+                None => return Err(io_err(&path)(io::Error::other("the trail was not made"))),
+            };
+            let head = log
+                .dir
+                .stat_entry(HEAD_FILE)
+                .map_err(io_err(&head_path))?
+                .map(id)
+                .ok_or_else(|| io_err(&head_path)(io::ErrorKind::NotFound.into()))?;
+            log.begun = Some(Begun {
+                trail,
+                head,
+                head_before,
+            });
         }
         if let Some(writer) = &mut log.anchor {
             writer.hold(false);
         }
         Ok(log)
+    }
+
+    /// Takes away the trail this start began, for a start refused before it wrote
+    /// anything after the trail's first entry: the trail file goes, and `audit.head` is
+    /// put back as found (or goes, where there was none), so that the state directory
+    /// holds the same evidence as before and the same command can start again. The first
+    /// entry's head, queued for the anchor and not yet written, is taken back from it.
+    ///
+    /// `Ok(false)`, and the trail stays, when there is nothing to take away: no trail
+    /// was begun, more was written to it, its files are no longer the ones this start
+    /// made, or the anchor's writer has started (the head may be anchored already).
+    pub fn abandon_begun(mut self) -> Result<bool, AuditError> {
+        let Some(begun) = self.begun.take() else {
+            return Ok(false);
+        };
+        if self.seq != 1 || self.durable.0 != 1 || !self.pending.is_empty() || self.lost.is_some() {
+            return Ok(false);
+        }
+        if let Some(anchor) = &mut self.anchor {
+            if !anchor.withdraw() {
+                return Ok(false);
+            }
+        }
+        let path = self.dir.path().join(LOG_FILE);
+        let head_path = self.dir.path().join(HEAD_FILE);
+        let is = |name: &str, id: (u64, u64)| -> Result<bool, AuditError> {
+            let st = self
+                .dir
+                .stat_entry(name)
+                .map_err(io_err(&self.dir.path().join(name)))?;
+            Ok(st.is_some_and(|st| (st.st_dev, st.st_ino) == id))
+        };
+        if !is(LOG_FILE, begun.trail)? || !is(HEAD_FILE, begun.head)? {
+            return Ok(false);
+        }
+        self.file = None;
+        // The trail first: should this stop half-way, the head left behind is evidence
+        // that a trail was kept, never a head that contradicts a trail.
+        self.dir.remove(LOG_FILE).map_err(io_err(&path))?;
+        match &begun.head_before {
+            Some(bytes) => self
+                .dir
+                .write_atomically(HEAD_FILE, bytes, 0o600)
+                .map_err(io_err(&head_path))?,
+            None => self.dir.remove(HEAD_FILE).map_err(io_err(&head_path))?,
+        }
+        Ok(true)
     }
 
     /// The workers whose egress broker was running when the trail, as this log found it,

@@ -143,23 +143,30 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     if !nix::unistd::geteuid().is_root() {
         let _ = crate::sandbox::userns::Identity::for_caller(None);
     }
-    let Launcher {
-        process: launcher,
-        engine_workers,
-        cgroup_owner,
-    } = start_launcher(
+    let launched = start_launcher(
         paths,
         workers,
         opts.worker_output_total,
         egress_resolution(&opts, &contract),
         opts.warm_pool,
-    )?;
+    );
+    let Launcher {
+        process: launcher,
+        engine_workers,
+        cgroup_owner,
+    } = match launched {
+        Ok(launched) => launched,
+        Err(e) => return Err(refused(session, paths, &mut created, e)),
+    };
     let (tx, rx) = mpsc::channel::<input::Input>();
     // In a cluster: joined, and the trail holds this node's anchored head, before this
     // start writes anything to the trail or the pid file. A refused start leaves both as
     // it found them (the evidence of a rolled-back trail, and the pid of a controller
     // that did not stop cleanly).
-    let mut joined = join_cluster(cluster.as_ref(), &contract, &tx, &session.audit)?;
+    let mut joined = match join_cluster(cluster.as_ref(), &contract, &tx, &session.audit) {
+        Ok(joined) => joined,
+        Err(e) => return Err(refused(session, paths, &mut created, e)),
+    };
     // The socket too: a crashed controller's, left in its place, is evidence the next
     // start records (`stale_socket_removed`); the launcher, forked before, holds no
     // listener of the API.
@@ -179,7 +186,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         Ok(listener) => listener,
         Err(e) => {
             leave(&mut joined);
-            return Err(e);
+            return Err(refused(session, paths, &mut created, e));
         }
     };
     let cfg = engine_config(&opts, session.id, engine_workers, cgroup_owner);
@@ -306,6 +313,31 @@ fn open_trail(
         audit,
         key_created,
     })
+}
+
+/// A start refused after its trail was opened: a trail it began takes nothing of the
+/// state directory with it ([`AuditLog::abandon_begun`]), and neither does the key it made
+/// for that trail, where that is the state directory's own; so the same command can be
+/// given again once what refused it is mended (before, the trail left behind refused a
+/// second `--new-audit-trail`, and the key alone was evidence of a trail). Returns `e`.
+fn refused(
+    session: Session,
+    paths: &ControllerPaths,
+    created: &mut Created,
+    e: ControllerError,
+) -> ControllerError {
+    match session.audit.abandon_begun() {
+        Ok(true) => {
+            if session.key_created && paths.key == paths.state_dir.join(audit::KEY_FILE) {
+                created.key = Some(paths.key.clone());
+            }
+        }
+        Ok(false) => {}
+        Err(why) => tracing::error!(
+            "the audit trail this refused start began could not be taken away again: {why}"
+        ),
+    }
+    e
 }
 
 /// The launcher as the controller knows it.

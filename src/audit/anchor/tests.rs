@@ -240,3 +240,71 @@ fn targets_parse_from_the_command_line() {
     );
     assert!("syslog:".parse::<AnchorTarget>().is_err());
 }
+
+/// A start refused after it began a trail where one vanished (`--new-audit-trail`, then a
+/// cluster that cannot be reached) takes it away again: the state directory and the
+/// anchor hold what they held, and the same start can be made again. A trail written to
+/// after its first entry is never taken away.
+#[test]
+fn a_begun_trail_abandoned_leaves_the_state_directory_and_the_anchor_as_found() -> TestResult {
+    let (state, elsewhere) = dirs()?;
+    let anchor = elsewhere.path().join("anchor");
+    record(state.path(), &anchor, 2)?;
+    std::fs::remove_file(state.path().join(LOG_FILE))?;
+    let head = std::fs::read(state.path().join(super::super::HEAD_FILE))?;
+    let anchored_before = std::fs::read(&anchor)?;
+    let begin = || -> Result<super::super::AuditLog, AuditError> {
+        let held = Dir::open(state.path()).map_err(|e| anchor_err("state", None, e.to_string()))?;
+        let a = Anchor::open(&AnchorTarget::File(anchor.clone()), &held)?;
+        super::super::AuditLog::start(
+            state.path(),
+            key(),
+            super::super::Start {
+                new_trail: true,
+                anchor: Some(a),
+                session: "5e55".into(),
+                ..Default::default()
+            },
+        )
+    };
+    assert!(begin()?.abandon_begun()?);
+    assert!(!state.path().join(LOG_FILE).exists());
+    assert_eq!(
+        std::fs::read(state.path().join(super::super::HEAD_FILE))?,
+        head
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&std::fs::read(&anchor)?),
+        String::from_utf8_lossy(&anchored_before)
+    );
+    // Made again, it begins the trail again, for the same evidence.
+    let mut log = begin()?;
+    log.record("reap_stale", "controller", None, serde_json::json!({}))?;
+    assert!(!log.abandon_begun()?, "a trail written to was taken away");
+    let entries = super::super::read_entries(state.path())?;
+    assert_eq!(entries.len(), 2);
+    assert!(
+        entries[0].details["evidence"]
+            .to_string()
+            .contains("audit.head records 3 synced entries"),
+        "{}",
+        entries[0].details
+    );
+    Ok(())
+}
+
+/// The first start in an empty state directory, refused: no trail file and no head left.
+#[test]
+fn a_first_trail_abandoned_leaves_no_file() -> TestResult {
+    let (state, _) = dirs()?;
+    let log = super::super::AuditLog::open(state.path(), key())?;
+    assert!(log.abandon_begun()?);
+    let left: Vec<_> = std::fs::read_dir(state.path())?.collect();
+    assert!(left.is_empty(), "{left:?}");
+    // A trail that was found, not begun, is never taken away.
+    drop(super::super::AuditLog::open(state.path(), key())?);
+    let found = super::super::AuditLog::open(state.path(), key())?;
+    assert!(!found.abandon_begun()?);
+    assert!(state.path().join(LOG_FILE).exists());
+    Ok(())
+}

@@ -245,6 +245,17 @@ impl AnchorWriter {
         self.held = held;
     }
 
+    /// Takes back the heads queued and not yet written, while no thread has started to
+    /// write them (see [`AuditLog::abandon_begun`](super::super::AuditLog::abandon_begun));
+    /// false once one has, since what it took may be written already.
+    pub fn withdraw(&mut self) -> bool {
+        if self.thread.is_some() {
+            return false;
+        }
+        self.shared.lock().lines.clear();
+        true
+    }
+
     fn start_thread(&mut self) -> Result<(), AuditError> {
         let Some(sink) = self.sink.take() else {
             return Ok(());
