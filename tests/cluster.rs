@@ -571,17 +571,6 @@ fn audit_verify_cluster_catches_a_trail_rolled_back_to_an_older_consistent_copy(
     // trail's head over the one that shows the cut. It refuses before it writes anything:
     // the trail (partial line and all) and the state directory stay as it found them.
     let found = std::fs::read(state.join("audit.jsonl")).unwrap_or_default();
-    let files = |dir: &std::path::Path| -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().to_string())
-                    .collect()
-            })
-            .unwrap_or_default();
-        names.sort();
-        names
-    };
     let files_found = files(&state);
     let url = etcd.url();
     let out = a.refused_start(
@@ -725,6 +714,19 @@ fn audit_verify_cluster_catches_a_trail_replaced_by_a_new_one_under_the_same_nod
         "replaced",
     ]);
     verify_fails(&checked, "another trail");
+}
+
+/// The names in `dir`, sorted.
+fn files(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
 }
 
 /// `audit verify` found the trail wrong (exit 1), saying `why`.
@@ -938,18 +940,7 @@ fn a_trail_begun_by_a_start_the_cluster_refused_is_taken_away_again() {
     if let Err(e) = std::fs::remove_file(state.join("audit.jsonl")) {
         panic!("{e}");
     }
-    let listing = || -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(&state)
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().to_string())
-                    .collect()
-            })
-            .unwrap_or_default();
-        names.sort();
-        names
-    };
-    let found = listing();
+    let found = files(&state);
     let head = std::fs::read(state.join("audit.head")).unwrap_or_default();
     assert!(!head.is_empty(), "no head: {found:?}");
     let asked = [
@@ -966,7 +957,7 @@ fn a_trail_begun_by_a_start_the_cluster_refused_is_taken_away_again() {
         "{}",
         stderr(&out)
     );
-    assert_eq!(listing(), found, "the refused start left files");
+    assert_eq!(files(&state), found, "the refused start left files");
     assert_eq!(
         std::fs::read(state.join("audit.head")).unwrap_or_default(),
         head,

@@ -117,18 +117,27 @@ enum Mode {
     BriefNonBlocking,
 }
 
-/// `write` to `fd` with `O_NONBLOCK` set on its open file description for the call alone.
-fn write_nonblocking(fd: BorrowedFd<'_>, bytes: &[u8]) -> nix::Result<usize> {
+/// `call` on `fd` with `O_NONBLOCK` set on its open file description for the call alone
+/// (where it was not set already), the flags put back after it. What the call did is said
+/// even if the flags cannot be put back: an error here made the pump write the same bytes
+/// again.
+fn nonblocking_once(
+    fd: BorrowedFd<'_>,
+    call: impl FnOnce() -> nix::Result<usize>,
+) -> nix::Result<usize> {
     let found = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
     if found.contains(OFlag::O_NONBLOCK) {
-        return nix::unistd::write(fd, bytes);
+        return call();
     }
     fcntl(fd, FcntlArg::F_SETFL(found | OFlag::O_NONBLOCK))?;
-    let written = nix::unistd::write(fd, bytes);
-    // What was written is said even if the flags cannot be put back: an error here made
-    // the pump write the same bytes again.
+    let done = call();
     let _ = fcntl(fd, FcntlArg::F_SETFL(found));
-    written
+    done
+}
+
+/// `write` to `fd` without waiting (see [`nonblocking_once`]).
+fn write_nonblocking(fd: BorrowedFd<'_>, bytes: &[u8]) -> nix::Result<usize> {
+    nonblocking_once(fd, || nix::unistd::write(fd, bytes))
 }
 
 /// One read from `fd` that never waits, its open file description shared with others: a
@@ -136,14 +145,7 @@ fn write_nonblocking(fd: BorrowedFd<'_>, bytes: &[u8]) -> nix::Result<usize> {
 /// that found bytes and this read, which would then wait for the next (and `--timeout`
 /// with it).
 fn read_nonblocking(fd: BorrowedFd<'_>, buf: &mut [u8]) -> nix::Result<usize> {
-    let found = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
-    if found.contains(OFlag::O_NONBLOCK) {
-        return nix::unistd::read(fd, buf);
-    }
-    fcntl(fd, FcntlArg::F_SETFL(found | OFlag::O_NONBLOCK))?;
-    let read = nix::unistd::read(fd, buf);
-    let _ = fcntl(fd, FcntlArg::F_SETFL(found));
-    read
+    nonblocking_once(fd, || nix::unistd::read(fd, buf))
 }
 
 /// One stream: bytes from a source to a sink.

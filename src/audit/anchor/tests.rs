@@ -51,12 +51,26 @@ fn dirs() -> Result<(tempfile::TempDir, tempfile::TempDir), io::Error> {
 }
 
 fn anchored(state: &Path, anchor: &Path) -> Result<super::super::AuditLog, AuditError> {
+    start_anchored(state, anchor, false)
+}
+
+/// A trail begun with `--new-audit-trail` in `state`, anchored to `anchor`.
+fn begun_anew(state: &Path, anchor: &Path) -> Result<super::super::AuditLog, AuditError> {
+    start_anchored(state, anchor, true)
+}
+
+fn start_anchored(
+    state: &Path,
+    anchor: &Path,
+    new_trail: bool,
+) -> Result<super::super::AuditLog, AuditError> {
     let held = Dir::open(state).map_err(|e| anchor_err("state", None, e.to_string()))?;
     let a = Anchor::open(&AnchorTarget::File(anchor.to_path_buf()), &held)?;
     super::super::AuditLog::start(
         state,
         key(),
         super::super::Start {
+            new_trail,
             anchor: Some(a),
             session: "5e55".into(),
             ..Default::default()
@@ -172,18 +186,7 @@ fn heads_of_an_earlier_trail_need_a_trail_begun_as_new() -> TestResult {
     }
     // Begun with --new-audit-trail, the earlier heads are expected.
     std::fs::remove_file(state.path().join(LOG_FILE))?;
-    let held = Dir::open(state.path())?;
-    let a = Anchor::open(&AnchorTarget::File(anchor.clone()), &held)?;
-    drop(super::super::AuditLog::start(
-        state.path(),
-        key(),
-        super::super::Start {
-            new_trail: true,
-            anchor: Some(a),
-            session: "5e55".into(),
-            ..Default::default()
-        },
-    )?);
+    drop(begun_anew(state.path(), &anchor)?);
     let (_, report) = super::super::verify_with_anchor(state.path(), &key(), Some(&anchor))?;
     let report = report.ok_or("no report")?;
     assert_eq!(report.earlier_trail_lines, 2);
@@ -253,21 +256,7 @@ fn a_begun_trail_abandoned_leaves_the_state_directory_and_the_anchor_as_found() 
     std::fs::remove_file(state.path().join(LOG_FILE))?;
     let head = std::fs::read(state.path().join(super::super::HEAD_FILE))?;
     let anchored_before = std::fs::read(&anchor)?;
-    let begin = || -> Result<super::super::AuditLog, AuditError> {
-        let held = Dir::open(state.path()).map_err(|e| anchor_err("state", None, e.to_string()))?;
-        let a = Anchor::open(&AnchorTarget::File(anchor.clone()), &held)?;
-        super::super::AuditLog::start(
-            state.path(),
-            key(),
-            super::super::Start {
-                new_trail: true,
-                anchor: Some(a),
-                session: "5e55".into(),
-                ..Default::default()
-            },
-        )
-    };
-    assert!(begin()?.abandon_begun()?);
+    assert!(begun_anew(state.path(), &anchor)?.abandon_begun()?);
     assert!(!state.path().join(LOG_FILE).exists());
     assert_eq!(
         std::fs::read(state.path().join(super::super::HEAD_FILE))?,
@@ -278,7 +267,7 @@ fn a_begun_trail_abandoned_leaves_the_state_directory_and_the_anchor_as_found() 
         String::from_utf8_lossy(&anchored_before)
     );
     // Made again, it begins the trail again, for the same evidence.
-    let mut log = begin()?;
+    let mut log = begun_anew(state.path(), &anchor)?;
     log.record("reap_stale", "controller", None, serde_json::json!({}))?;
     assert!(!log.abandon_begun()?, "a trail written to was taken away");
     let entries = super::super::read_entries(state.path())?;

@@ -369,13 +369,7 @@ fn a_pty_master_nobody_reads_never_blocks_the_pump() -> TestResult {
     });
     let passed = finished.recv_timeout(std::time::Duration::from_secs(20));
     assert!(passed.is_ok(), "the pump blocked writing to the pty master");
-    // The caller's description is left as found.
-    let flags = OFlag::from_bits_retain(nix::fcntl::fcntl(
-        &pty.master,
-        nix::fcntl::FcntlArg::F_GETFL,
-    )?);
-    assert!(!flags.contains(OFlag::O_NONBLOCK));
-    Ok(())
+    assert_blocking(&pty.master)
 }
 
 /// A read from a blocking pty master whose bytes another reader took after the poll: it
@@ -395,10 +389,12 @@ fn a_read_from_a_shared_master_never_waits_and_leaves_its_flags() -> TestResult 
     // A blocking read would still wait here; the replica is written to only to end it.
     nix::unistd::write(&pty.replica, b"x")?;
     assert_eq!(got.ok(), Some(Err(Errno::EAGAIN)));
-    let flags = OFlag::from_bits_retain(nix::fcntl::fcntl(
-        &pty.master,
-        nix::fcntl::FcntlArg::F_GETFL,
-    )?);
+    assert_blocking(&pty.master)
+}
+
+/// The caller's description is left as found: blocking.
+fn assert_blocking(master: &OwnedFd) -> TestResult {
+    let flags = OFlag::from_bits_retain(nix::fcntl::fcntl(master, nix::fcntl::FcntlArg::F_GETFL)?);
     assert!(!flags.contains(OFlag::O_NONBLOCK));
     Ok(())
 }
