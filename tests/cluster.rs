@@ -972,4 +972,39 @@ fn a_trail_begun_by_a_start_the_cluster_refused_is_taken_away_again() {
         .map(|e| e["details"]["evidence"].to_string())
         .unwrap_or_default();
     assert!(evidence.contains("audit.head records"), "{begun:?}");
+    c.stop();
+
+    // The first start in an empty state directory makes the key there: the key is never
+    // removed (another controller may have read it the moment it existed), and the
+    // trail that names it stays with it, whole: a plain start goes on with both.
+    let fresh = common::shared_tempdir();
+    let state = fresh.path().join("state");
+    if let Err(e) = std::fs::create_dir(&state) {
+        panic!("{e}");
+    }
+    let s = state.to_string_lossy().to_string();
+    let socket = fresh.path().join("c.sock").to_string_lossy().to_string();
+    let start = |extra: &[&str], limit: Duration| {
+        let mut args = vec!["controller", "--socket", &socket, "--state-dir", &s];
+        args.extend_from_slice(extra);
+        common::run_with_timeout(
+            std::process::Command::new(common::hatchery()).args(&args),
+            limit,
+        )
+    };
+    let out = start(&asked[1..], Duration::from_secs(60));
+    assert_ne!(code(&out), 0, "started without its cluster");
+    let kept = files(&state);
+    assert!(
+        kept.contains(&"controller.key".to_string()) && kept.contains(&"audit.jsonl".to_string()),
+        "{kept:?}"
+    );
+    let verified = common::hatchery_cmd(&["audit", "verify", "--state-dir", &s]);
+    assert_eq!(
+        code(&verified),
+        0,
+        "{}{}",
+        stdout(&verified),
+        stderr(&verified)
+    );
 }

@@ -102,8 +102,9 @@ pub struct AuditLog {
 /// start refused before it wrote anything more takes it away again
 /// ([`AuditLog::abandon_begun`]).
 struct Begun {
-    /// The trail file this start made (dev, inode).
-    trail: (u64, u64),
+    /// The trail file this start made (dev, inode); `None` where it was there before (an
+    /// empty one: evidence, never this start's to take away).
+    trail: Option<(u64, u64)>,
     /// The `audit.head` this start published (dev, inode).
     head: (u64, u64),
     /// `audit.head` as found (evidence of an earlier trail), `None` where there was none.
@@ -174,6 +175,7 @@ impl AuditLog {
             Some(_) => Some(held.open_append(LOG_FILE, 0o600).map_err(io_err(&path))?),
             None => None,
         };
+        let found_file = file.is_some();
         let mut log = AuditLog {
             dir: held,
             file,
@@ -216,11 +218,13 @@ impl AuditLog {
                 }),
             )?;
             let id = |st: nix::sys::stat::FileStat| (st.st_dev, st.st_ino);
-            let trail = match &log.file {
-                Some(file) => nix::sys::stat::fstat(file)
-                    .map(id)
-                    .map_err(|e| io_err(&path)(e.into()))?,
-                None => return Err(io_err(&path)(io::Error::other("the trail was not made"))),
+            let trail = match (&log.file, found_file) {
+                (Some(file), false) => Some(
+                    nix::sys::stat::fstat(file)
+                        .map(id)
+                        .map_err(|e| io_err(&path)(e.into()))?,
+                ),
+                _ => None,
             };
             let head = log
                 .dir
@@ -241,25 +245,22 @@ impl AuditLog {
     }
 
     /// Takes away the trail this start began, for a start refused before it wrote
-    /// anything after the trail's first entry: the trail file goes, and `audit.head` is
-    /// put back as found (or goes, where there was none), so that the state directory
-    /// holds the same evidence as before and the same command can start again. The first
+    /// anything after the trail's first entry: `audit.head` is put back as found (or goes,
+    /// where there was none) and the trail file goes, so that the state directory holds
+    /// the same evidence as before and the same command can start again. The first
     /// entry's head, queued for the anchor and not yet written, is taken back from it.
     ///
-    /// `Ok(false)`, and the trail stays, when there is nothing to take away: no trail
-    /// was begun, more was written to it, its files are no longer the ones this start
-    /// made, or the anchor's writer has started (the head may be anchored already).
+    /// `Ok(false)`, and everything stays, when there is nothing of this start's own to take
+    /// away: no trail was begun, or it was begun in a trail file that was there (an empty
+    /// one, from before that was evidence), more was written to it, its files are no longer
+    /// the ones this start made, or the anchor's writer has started (the head may be
+    /// anchored already). An error leaves the trail, and the anchor's head, in place.
     pub fn abandon_begun(mut self) -> Result<bool, AuditError> {
         let Some(begun) = self.begun.take() else {
             return Ok(false);
         };
         if self.seq != 1 || self.durable.0 != 1 || !self.pending.is_empty() || self.lost.is_some() {
             return Ok(false);
-        }
-        if let Some(anchor) = &mut self.anchor {
-            if !anchor.withdraw() {
-                return Ok(false);
-            }
         }
         let path = self.dir.path().join(LOG_FILE);
         let head_path = self.dir.path().join(HEAD_FILE);
@@ -270,20 +271,65 @@ impl AuditLog {
                 .map_err(io_err(&self.dir.path().join(name)))?;
             Ok(st.is_some_and(|st| (st.st_dev, st.st_ino) == id))
         };
-        if !is(LOG_FILE, begun.trail)? || !is(HEAD_FILE, begun.head)? {
+        let Some(trail) = begun.trail else {
+            return Ok(false);
+        };
+        if !is(LOG_FILE, trail)? || !is(HEAD_FILE, begun.head)? {
             return Ok(false);
         }
-        self.file = None;
-        // The trail first: should this stop half-way, the head left behind is evidence
-        // that a trail was kept, never a head that contradicts a trail.
-        self.dir.remove(LOG_FILE).map_err(io_err(&path))?;
-        match &begun.head_before {
-            Some(bytes) => self
+        // The earlier head written (a full disk refuses it here, before anything changed).
+        let staged = match &begun.head_before {
+            Some(bytes) => {
+                let mut staged = self
+                    .dir
+                    .stage(HEAD_FILE, 0o600)
+                    .map_err(io_err(&head_path))?;
+                if let Err(e) = staged.file.write_all(bytes) {
+                    self.dir.discard(staged);
+                    return Err(io_err(&head_path)(e));
+                }
+                Some(staged)
+            }
+            None => None,
+        };
+        let withdrawn = match &mut self.anchor {
+            Some(anchor) => match anchor.withdraw() {
+                Some(lines) => Some(lines),
+                None => {
+                    if let Some(staged) = staged {
+                        self.dir.discard(staged);
+                    }
+                    return Ok(false);
+                }
+            },
+            None => None,
+        };
+        let trail_gone = match staged {
+            // The earlier head back first, then the trail away: stopped between the two,
+            // the trail is found damaged (its head names another), and the earlier head,
+            // evidence of the trail before, is never lost.
+            Some(staged) => self
                 .dir
-                .write_atomically(HEAD_FILE, bytes, 0o600)
-                .map_err(io_err(&head_path))?,
-            None => self.dir.remove(HEAD_FILE).map_err(io_err(&head_path))?,
+                .publish(staged, HEAD_FILE)
+                .map_err(io_err(&head_path))
+                .and_then(|()| self.dir.remove(LOG_FILE).map_err(io_err(&path))),
+            // No earlier trail: the trail first, so that a head is never left without it.
+            None => self.dir.remove(LOG_FILE).map_err(io_err(&path)),
+        };
+        if let Err(e) = trail_gone {
+            // The trail stays: its head goes to the anchor after all.
+            if let (Some(anchor), Some(lines)) = (&mut self.anchor, withdrawn) {
+                anchor.put_back(lines);
+            }
+            return Err(e);
         }
+        self.file = None;
+        if begun.head_before.is_none() {
+            // Stopped before this, the head left behind says a trail was kept (one
+            // entry): evidence, never a contradiction.
+            self.dir.remove(HEAD_FILE).map_err(io_err(&head_path))?;
+        }
+        self.dir.sync();
         Ok(true)
     }
 

@@ -136,6 +136,10 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         lock: _lock,
         crashed_pid,
     } = hold_state_dir(paths, &mut created)?;
+    // Bound again after the lock, so that it is dropped before it: what a failed start
+    // made is removed while it still holds the state directory, never after another
+    // start could have taken the lock and begun to use it.
+    let mut created = created;
     let mut session = open_trail(&opts, &state, &mut created)?;
     // A rootless launcher builds each worker's identity from its user's name: asked here,
     // before the launcher is forked, it inherits the answer instead of asking the user
@@ -156,7 +160,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         cgroup_owner,
     } = match launched {
         Ok(launched) => launched,
-        Err(e) => return Err(refused(session, paths, &mut created, e)),
+        Err(e) => return Err(refused(session, paths, e)),
     };
     let (tx, rx) = mpsc::channel::<input::Input>();
     // In a cluster: joined, and the trail holds this node's anchored head, before this
@@ -165,7 +169,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     // that did not stop cleanly).
     let mut joined = match join_cluster(cluster.as_ref(), &contract, &tx, &session.audit) {
         Ok(joined) => joined,
-        Err(e) => return Err(refused(session, paths, &mut created, e)),
+        Err(e) => return Err(refused(session, paths, e)),
     };
     // The socket too: a crashed controller's, left in its place, is evidence the next
     // start records (`stale_socket_removed`); the launcher, forked before, holds no
@@ -186,7 +190,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         Ok(listener) => listener,
         Err(e) => {
             leave(&mut joined);
-            return Err(refused(session, paths, &mut created, e));
+            return Err(refused(session, paths, e));
         }
     };
     let cfg = engine_config(&opts, session.id, engine_workers, cgroup_owner);
@@ -316,26 +320,19 @@ fn open_trail(
 }
 
 /// A start refused after its trail was opened: a trail it began takes nothing of the
-/// state directory with it ([`AuditLog::abandon_begun`]), and neither does the key it made
-/// for that trail, where that is the state directory's own; so the same command can be
+/// state directory with it ([`AuditLog::abandon_begun`]), so that the same command can be
 /// given again once what refused it is mended (before, the trail left behind refused a
-/// second `--new-audit-trail`, and the key alone was evidence of a trail). Returns `e`.
-fn refused(
-    session: Session,
-    paths: &ControllerPaths,
-    created: &mut Created,
-    e: ControllerError,
-) -> ControllerError {
-    match session.audit.abandon_begun() {
-        Ok(true) => {
-            if session.key_created && paths.key == paths.state_dir.join(audit::KEY_FILE) {
-                created.key = Some(paths.key.clone());
-            }
+/// second `--new-audit-trail`). Not where this start made the state directory's own key:
+/// another controller may have read that key the moment it existed (a `--key` naming it),
+/// so it is never removed, and the trail that names it stays with it. Returns `e`.
+fn refused(session: Session, paths: &ControllerPaths, e: ControllerError) -> ControllerError {
+    let own_key = session.key_created && paths.key == paths.state_dir.join(audit::KEY_FILE);
+    if !own_key {
+        if let Err(why) = session.audit.abandon_begun() {
+            tracing::error!(
+                "the audit trail this refused start began could not be taken away again: {why}"
+            );
         }
-        Ok(false) => {}
-        Err(why) => tracing::error!(
-            "the audit trail this refused start began could not be taken away again: {why}"
-        ),
     }
     e
 }

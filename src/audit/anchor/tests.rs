@@ -297,3 +297,48 @@ fn a_first_trail_abandoned_leaves_no_file() -> TestResult {
     assert!(state.path().join(LOG_FILE).exists());
     Ok(())
 }
+
+/// A begun trail whose file is no longer the one the start made (copied over it) stays,
+/// and so does its first head, which reaches the anchor: the anchor is never left without
+/// the head of a trail that stays.
+#[test]
+fn a_begun_trail_replaced_meanwhile_stays_and_its_head_is_anchored() -> TestResult {
+    let (state, elsewhere) = dirs()?;
+    let anchor = elsewhere.path().join("anchor");
+    record(state.path(), &anchor, 1)?;
+    std::fs::remove_file(state.path().join(LOG_FILE))?;
+    let lines_before = std::fs::read_to_string(&anchor)?.lines().count();
+    let log = begun_anew(state.path(), &anchor)?;
+    let copy = state.path().join("copy");
+    std::fs::copy(state.path().join(LOG_FILE), &copy)?;
+    std::fs::rename(&copy, state.path().join(LOG_FILE))?;
+    assert!(!log.abandon_begun()?);
+    assert!(state.path().join(LOG_FILE).exists());
+    let lines = std::fs::read_to_string(&anchor)?.lines().count();
+    assert_eq!(
+        lines,
+        lines_before + 1,
+        "the begun trail's head was not anchored"
+    );
+    Ok(())
+}
+
+/// An empty `audit.jsonl` is evidence that a trail was emptied: a trail begun in it (with
+/// `--new-audit-trail`) was not made by that start, and is never taken away.
+#[test]
+fn a_trail_begun_in_a_file_that_was_there_is_never_taken_away() -> TestResult {
+    let (state, _) = dirs()?;
+    std::fs::write(state.path().join(LOG_FILE), b"")?;
+    let log = super::super::AuditLog::start(
+        state.path(),
+        key(),
+        super::super::Start {
+            new_trail: true,
+            ..Default::default()
+        },
+    )?;
+    assert!(!log.abandon_begun()?);
+    let entries = super::super::read_entries(state.path())?;
+    assert_eq!(entries.len(), 1);
+    Ok(())
+}

@@ -247,13 +247,20 @@ impl AnchorWriter {
 
     /// Takes back the heads queued and not yet written, while no thread has started to
     /// write them (see [`AuditLog::abandon_begun`](super::super::AuditLog::abandon_begun));
-    /// false once one has, since what it took may be written already.
-    pub fn withdraw(&mut self) -> bool {
+    /// `None` once one has, since what it took may be written already.
+    pub fn withdraw(&mut self) -> Option<Vec<String>> {
         if self.thread.is_some() {
-            return false;
+            return None;
         }
-        self.shared.lock().lines.clear();
-        true
+        Some(self.shared.lock().lines.drain(..).collect())
+    }
+
+    /// Queues again, first, what [`withdraw`](Self::withdraw) took.
+    pub fn put_back(&mut self, lines: Vec<String>) {
+        let mut q = self.shared.lock();
+        for line in lines.into_iter().rev() {
+            q.lines.push_front(line);
+        }
     }
 
     fn start_thread(&mut self) -> Result<(), AuditError> {
