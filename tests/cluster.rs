@@ -992,14 +992,18 @@ fn a_trail_begun_by_a_start_the_cluster_refused_is_taken_away_again() {
             limit,
         )
     };
-    let out = start(&asked[1..], Duration::from_secs(60));
+    // However `--key` spells its path.
+    let key = format!("{s}/../state/controller.key");
+    let mut refused_first = asked[1..].to_vec();
+    refused_first.extend_from_slice(&["--key", &key]);
+    let out = start(&refused_first, Duration::from_secs(60));
     assert_ne!(code(&out), 0, "started without its cluster");
     let kept = files(&state);
     assert!(
         kept.contains(&"controller.key".to_string()) && kept.contains(&"audit.jsonl".to_string()),
         "{kept:?}"
     );
-    let verified = common::hatchery_cmd(&["audit", "verify", "--state-dir", &s]);
+    let verified = common::hatchery_cmd(&["audit", "verify", "--state-dir", &s, "--key", &key]);
     assert_eq!(
         code(&verified),
         0,

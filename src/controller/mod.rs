@@ -160,7 +160,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         cgroup_owner,
     } = match launched {
         Ok(launched) => launched,
-        Err(e) => return Err(refused(session, paths, e)),
+        Err(e) => return Err(refused(session, &state, e)),
     };
     let (tx, rx) = mpsc::channel::<input::Input>();
     // In a cluster: joined, and the trail holds this node's anchored head, before this
@@ -169,7 +169,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
     // that did not stop cleanly).
     let mut joined = match join_cluster(cluster.as_ref(), &contract, &tx, &session.audit) {
         Ok(joined) => joined,
-        Err(e) => return Err(refused(session, paths, e)),
+        Err(e) => return Err(refused(session, &state, e)),
     };
     // The socket too: a crashed controller's, left in its place, is evidence the next
     // start records (`stale_socket_removed`); the launcher, forked before, holds no
@@ -190,7 +190,7 @@ pub fn run(opts: ControllerOptions) -> Result<(), ControllerError> {
         Ok(listener) => listener,
         Err(e) => {
             leave(&mut joined);
-            return Err(refused(session, paths, e));
+            return Err(refused(session, &state, e));
         }
     };
     let cfg = engine_config(&opts, session.id, engine_workers, cgroup_owner);
@@ -322,12 +322,17 @@ fn open_trail(
 /// A start refused after its trail was opened: a trail it began takes nothing of the
 /// state directory with it ([`AuditLog::abandon_begun`]), so that the same command can be
 /// given again once what refused it is mended (before, the trail left behind refused a
-/// second `--new-audit-trail`). Not where this start made the state directory's own key:
-/// another controller may have read that key the moment it existed (a `--key` naming it),
-/// so it is never removed, and the trail that names it stays with it. Returns `e`.
-fn refused(session: Session, paths: &ControllerPaths, e: ControllerError) -> ControllerError {
-    let own_key = session.key_created && paths.key == paths.state_dir.join(audit::KEY_FILE);
-    if !own_key {
+/// second `--new-audit-trail`). Not where this start made a key and the state directory
+/// holds a `controller.key` (the key itself, whatever path named it, or one beside it):
+/// that key is not removed, since another controller may have read it the moment it
+/// existed, and without the trail it would be evidence of one; the trail that names it
+/// stays with it. Returns `e`.
+fn refused(session: Session, state: &Dir, e: ControllerError) -> ControllerError {
+    let key_here = session.key_created
+        && state
+            .stat_entry(audit::KEY_FILE)
+            .map_or(true, |entry| entry.is_some());
+    if !key_here {
         if let Err(why) = session.audit.abandon_begun() {
             tracing::error!(
                 "the audit trail this refused start began could not be taken away again: {why}"
