@@ -254,7 +254,9 @@ impl AuditLog {
     /// away: no trail was begun, or it was begun in a trail file that was there (an empty
     /// one, from before that was evidence), more was written to it, its files are no longer
     /// the ones this start made, or the anchor's writer has started (the head may be
-    /// anchored already). An error leaves the trail, and the anchor's head, in place.
+    /// anchored already). An error before the trail file is gone leaves it, and the
+    /// anchor's head, in place; one after it (removing a head where there was none before)
+    /// leaves that head, which says a trail of one entry was kept.
     pub fn abandon_begun(mut self) -> Result<bool, AuditError> {
         let Some(begun) = self.begun.take() else {
             return Ok(false);

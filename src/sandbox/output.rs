@@ -205,11 +205,6 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((r, w))
 }
 
-fn is_regular_file(fd: BorrowedFd<'_>) -> io::Result<bool> {
-    let st = nix::sys::stat::fstat(fd).map_err(io::Error::from)?;
-    Ok(st.st_mode & libc::S_IFMT == libc::S_IFREG)
-}
-
 /// Whether `fd` reports `flag` now.
 fn ready_now(fd: BorrowedFd<'_>, flag: PollFlags) -> bool {
     let mut fds = [PollFd::new(fd, flag)];
@@ -259,18 +254,21 @@ fn same_open_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
 }
 
 /// A caller's descriptor to read or write without blocking: a regular file as it is, a
-/// terminal through a non-blocking description of our own, anything else after poll(2).
+/// pty master with `O_NONBLOCK` set for each call, a terminal through a non-blocking
+/// description of our own, anything else after poll(2).
 fn caller_end(fd: OwnedFd) -> io::Result<(OwnedFd, Mode)> {
-    if is_regular_file(fd.as_fd())? {
+    let st = nix::sys::stat::fstat(&fd).map_err(io::Error::from)?;
+    if st.st_mode & libc::S_IFMT == libc::S_IFREG {
         return Ok((fd, Mode::File));
+    }
+    // A master cannot be opened again (that makes a new pty): its flags are set briefly.
+    if tty::is_pty_master_device(st.st_mode, st.st_rdev) {
+        return Ok((fd, Mode::BriefNonBlocking));
     }
     if tty::is_terminal(fd.as_fd()) {
         if let Ok(own) = tty::reopen_nonblocking(fd.as_fd()) {
             return Ok((own, Mode::NonBlocking));
         }
-    }
-    if tty::is_pty_master(fd.as_fd()) {
-        return Ok((fd, Mode::BriefNonBlocking));
     }
     Ok((fd, Mode::AfterPoll))
 }
@@ -373,13 +371,7 @@ impl OutputPump {
         tty::set_modes(&pty.replica, modes)?;
         // A terminal without a size (some emulators, a serial line) leaves the default.
         let _ = tty::copy_window_size(terminal, pty.master.as_fd());
-        let (caller, mode) = match tty::reopen_nonblocking(terminal) {
-            Ok(fd) => (fd, Mode::NonBlocking),
-            Err(_) if tty::is_pty_master(terminal) => {
-                (terminal.try_clone_to_owned()?, Mode::BriefNonBlocking)
-            }
-            Err(_) => (terminal.try_clone_to_owned()?, Mode::AfterPoll),
-        };
+        let (caller, mode) = caller_end(terminal.try_clone_to_owned()?)?;
         self.streams.push(Stream {
             direction: Direction::Output,
             source: Some(pty.master.try_clone()?),
@@ -546,20 +538,20 @@ impl OutputPump {
         let Some(src) = &s.source else {
             return false;
         };
-        // A pty master read after POLLIN returns what is there, without waiting.
+        // Read only after POLLIN where the description is the caller's (a pty master's
+        // flags are not touched at all while it has nothing).
         if matches!(s.source_mode, Mode::AfterPoll | Mode::BriefNonBlocking)
             && !ready_now(src.as_fd(), PollFlags::POLLIN)
         {
             return false;
         }
         let direction = s.direction;
-        let brief = s.source_mode == Mode::BriefNonBlocking;
+        let mode = s.source_mode;
         let mut buf = vec![0u8; CHUNK];
         let n = loop {
-            let got = if brief {
-                read_nonblocking(src.as_fd(), &mut buf)
-            } else {
-                nix::unistd::read(src, &mut buf)
+            let got = match mode {
+                Mode::BriefNonBlocking => read_nonblocking(src.as_fd(), &mut buf),
+                _ => nix::unistd::read(src, &mut buf),
             };
             match got {
                 Err(Errno::EINTR) => continue,

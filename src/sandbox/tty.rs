@@ -139,9 +139,12 @@ pub fn reopen_nonblocking(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 /// Whether `fd` is the master side of a pty: the multiplexer's device (`/dev/ptmx`,
 /// `/dev/pts/ptmx`: major 5, minor 2), one pty per open.
 pub fn is_pty_master(fd: BorrowedFd<'_>) -> bool {
-    nix::sys::stat::fstat(fd).is_ok_and(|st| {
-        st.st_mode & libc::S_IFMT == libc::S_IFCHR && st.st_rdev == libc::makedev(5, 2)
-    })
+    nix::sys::stat::fstat(fd).is_ok_and(|st| is_pty_master_device(st.st_mode, st.st_rdev))
+}
+
+/// [`is_pty_master`] from a status already read (`st_mode`, `st_rdev`).
+pub fn is_pty_master_device(mode: u32, rdev: u64) -> bool {
+    mode & libc::S_IFMT == libc::S_IFCHR && rdev == libc::makedev(5, 2)
 }
 
 /// The caller's terminal modes before hatchery changed them, for the panic hook (a

@@ -78,6 +78,18 @@ fn start_anchored(
     )
 }
 
+/// A state directory whose trail (its first entry and `n` records, anchored beside it)
+/// was removed, its head left: the directory, the anchor's, and the anchor file.
+fn vanished(
+    n: usize,
+) -> Result<(tempfile::TempDir, tempfile::TempDir, PathBuf), Box<dyn std::error::Error>> {
+    let (state, elsewhere) = dirs()?;
+    let anchor = elsewhere.path().join("anchor");
+    record(state.path(), &anchor, n)?;
+    std::fs::remove_file(state.path().join(LOG_FILE))?;
+    Ok((state, elsewhere, anchor))
+}
+
 fn record(state: &Path, anchor: &Path, n: usize) -> Result<(), AuditError> {
     let mut log = anchored(state, anchor)?;
     for _ in 0..n {
@@ -171,10 +183,7 @@ fn an_anchor_with_heads_is_evidence_of_a_trail() -> TestResult {
 
 #[test]
 fn heads_of_an_earlier_trail_need_a_trail_begun_as_new() -> TestResult {
-    let (state, elsewhere) = dirs()?;
-    let anchor = elsewhere.path().join("anchor");
-    record(state.path(), &anchor, 1)?;
-    std::fs::remove_file(state.path().join(LOG_FILE))?;
+    let (state, _elsewhere, anchor) = vanished(1)?;
     std::fs::remove_file(state.path().join(super::super::HEAD_FILE))?;
     // A trail begun in its place without saying so (as a wiped key would let one be).
     drop(super::super::AuditLog::open(state.path(), key()));
@@ -250,10 +259,7 @@ fn targets_parse_from_the_command_line() {
 /// after its first entry is never taken away.
 #[test]
 fn a_begun_trail_abandoned_leaves_the_state_directory_and_the_anchor_as_found() -> TestResult {
-    let (state, elsewhere) = dirs()?;
-    let anchor = elsewhere.path().join("anchor");
-    record(state.path(), &anchor, 2)?;
-    std::fs::remove_file(state.path().join(LOG_FILE))?;
+    let (state, _elsewhere, anchor) = vanished(2)?;
     let head = std::fs::read(state.path().join(super::super::HEAD_FILE))?;
     let anchored_before = std::fs::read(&anchor)?;
     assert!(begun_anew(state.path(), &anchor)?.abandon_begun()?);
@@ -303,10 +309,7 @@ fn a_first_trail_abandoned_leaves_no_file() -> TestResult {
 /// the head of a trail that stays.
 #[test]
 fn a_begun_trail_replaced_meanwhile_stays_and_its_head_is_anchored() -> TestResult {
-    let (state, elsewhere) = dirs()?;
-    let anchor = elsewhere.path().join("anchor");
-    record(state.path(), &anchor, 1)?;
-    std::fs::remove_file(state.path().join(LOG_FILE))?;
+    let (state, _elsewhere, anchor) = vanished(1)?;
     let lines_before = std::fs::read_to_string(&anchor)?.lines().count();
     let log = begun_anew(state.path(), &anchor)?;
     let copy = state.path().join("copy");

@@ -101,6 +101,11 @@ impl CallerFd {
         Ok(fd)
     }
 
+    /// A pty's master side (see [`tty::is_pty_master`]), from the status `inspect` read.
+    fn is_pty_master(&self) -> bool {
+        self.fd.is_some() && tty::is_pty_master_device(self.kind, self.rdev)
+    }
+
     fn is_dev_null(&self) -> bool {
         self.kind == libc::S_IFCHR && self.rdev == libc::makedev(1, 3)
     }
@@ -247,7 +252,7 @@ pub(super) fn plan_stdio(cap: Option<u64>) -> std::io::Result<StdioPlan> {
         // came back in as input, round and round. So it is relayed as a stdin open for
         // writing is, through a pipe, and never passed: its holder could signal and resize
         // the replica's program, and change its modes.
-        Some(fd) if stdin.terminal && tty::is_pty_master(fd.as_fd()) => (
+        Some(fd) if stdin.terminal && stdin.is_pty_master() => (
             pump.add_input(fd.try_clone()?)?,
             "pipe relay (pty master)".to_string(),
         ),
