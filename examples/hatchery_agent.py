@@ -20,8 +20,12 @@ UTF-8 JSON (at most 262144). Unknown fields are refused by the controller.
                            {"type": "registered", "worker_id": ..., "depth": N}
                            {"type": "ok"}
                            {"type": "allowed", "child_id": ..., "depth": N}
+                           {"type": "pending", "approval_id": ..., "child_id": ...,
+                            "reasons": [...]}          (a person decides: see below)
                            {"type": "denied", "event": "deny_depth", "reason": "..."}
                            {"type": "error", "message": "..."}
+                           and later, for a request answered "pending", one decision:
+                           "allowed", "denied" or "error" with its "approval_id"
 
 A worker's identity is its connection: a "worker_id" field in a request is optional and,
 if present, must be the worker's own (anything else is refused and audited).
@@ -30,6 +34,11 @@ The welcome is sent once, when the worker starts, and stays in the socket until 
 reads it. So `register` reads it (waiting at most WELCOME_TIMEOUT seconds: a worker that
 registered already has none left), and every other call passes over a welcome still
 unread before its reply. A worker may therefore make each call from a process of its own.
+
+A decision comes when a person decides (or the approval deadline passes), whenever that
+is. A call that stopped waiting for one (a time limit, a signal) leaves it in the socket:
+so a reply is never a frame that names an "approval_id" (other than "pending"), and such
+a frame is passed over (kept in `passed_over`) unless it is the decision being waited for.
 
 Usage as a library:
 
@@ -60,6 +69,11 @@ class ProtocolError(Exception):
     pass
 
 
+def is_decision(frame: dict) -> bool:
+    """A decision on a request that waited for a person, not a reply to the latest call."""
+    return frame.get("type") != "pending" and "approval_id" in frame
+
+
 class Worker:
     WELCOME_TIMEOUT = 5.0
 
@@ -67,6 +81,9 @@ class Worker:
         fd = int(os.environ.get("HATCHERY_FD", "3")) if fd is None else fd
         self.sock = socket.socket(fileno=fd)
         self.welcome = None
+        # Decisions whose waiting call had ended, read on the way to a reply (a bounded
+        # list: the oldest are kept).
+        self.passed_over = []
 
     def read_welcome(self) -> dict:
         """The controller's welcome, read once (it is sent once, first)."""
@@ -120,13 +137,39 @@ class Worker:
             raise ProtocolError(f"frame of {length} bytes is too large")
         return json.loads(self._read_exact(length))
 
+    MAX_PASSED_OVER = 16
+
+    def _pass_over(self, frame: dict):
+        if len(self.passed_over) < self.MAX_PASSED_OVER:
+            self.passed_over.append(frame)
+
     def receive(self) -> dict:
-        """The next reply, passing over a welcome no process of this worker has read."""
+        """The reply to the request just sent, passing over a welcome no process of this
+        worker has read, and decisions whose waiting call has ended."""
         while True:
             frame = self._receive_frame()
-            if frame.get("type") != "welcome":
+            if frame.get("type") == "welcome":
+                self.welcome = frame
+            elif is_decision(frame):
+                self._pass_over(frame)
+            else:
                 return frame
-            self.welcome = frame
+
+    def decision(self, approval_id: str) -> dict:
+        """Waits for the decision on a request answered "pending"."""
+        while True:
+            frame = self._receive_frame()
+            if frame.get("type") == "welcome":
+                self.welcome = frame
+            elif not is_decision(frame):
+                raise ProtocolError(
+                    f"a reply to another call ({frame.get('type')}) came while waiting for "
+                    f"the decision on {approval_id}: a worker makes one call at a time"
+                )
+            elif frame.get("approval_id") == approval_id:
+                return frame
+            else:
+                self._pass_over(frame)
 
     def call(self, message: dict) -> dict:
         self.send(message)
@@ -138,8 +181,14 @@ class Worker:
     def heartbeat(self) -> dict:
         return self.call({"type": "heartbeat"})
 
-    def replicate(self, reason: str, command: list, **grant) -> dict:
-        return self.call({"type": "replicate", "reason": reason, "command": command, **grant})
+    def replicate(self, reason: str, command: list, wait: bool = False, **grant) -> dict:
+        """Asks for a child. A request a person must decide is answered "pending": with
+        `wait`, its decision is awaited and returned instead; without, `decision()` waits
+        for it later (make no other call meanwhile)."""
+        reply = self.call({"type": "replicate", "reason": reason, "command": command, **grant})
+        if wait and reply.get("type") == "pending":
+            return self.decision(reply["approval_id"])
+        return reply
 
     def report(self, result: str) -> dict:
         return self.call({"type": "report", "result": result})
@@ -168,6 +217,12 @@ def main(argv):
     except (ProtocolError, OSError) as e:
         print(f"hatchery_agent: {verb}: {e}", file=sys.stderr)
         return 1
+    for d in w.passed_over:
+        print(
+            f"hatchery_agent: passed over the decision on approval {d.get('approval_id')} "
+            f"(the call that waited for it has ended): {json.dumps(d)}",
+            file=sys.stderr,
+        )
     print(json.dumps(reply))
     return 0 if reply.get("type") not in ("error", "denied") else 1
 

@@ -7,6 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
+use common::agents::examples_dir;
 use common::controller::TestController;
 use common::*;
 use serde_json::Value;
@@ -605,4 +606,101 @@ fn a_member_gives_no_child_to_a_worker_that_asked_to_shut_down() {
         stderr(&out)
     );
     assert_eq!(c.audit("replication_requested").len(), 1, "the parent only");
+}
+
+/// The id of the pending request `why` asked for.
+fn approval_for(pending: &[Value], why: &str) -> String {
+    pending
+        .iter()
+        .find(|p| p["why"] == why)
+        .and_then(|p| p["approval_id"].as_str())
+        .unwrap_or_else(|| panic!("no pending request {why:?}: {pending:?}"))
+        .to_string()
+}
+
+/// What the call after the line starting `marker` printed, and its status line: the two
+/// lines after it, notes of decisions passed over left out.
+fn next_call_after<'a>(log: &'a str, marker: &str) -> Vec<&'a str> {
+    log.lines()
+        .skip_while(|l| !l.starts_with(marker))
+        .filter(|l| !l.contains("passed over"))
+        .skip(1)
+        .take(2)
+        .collect()
+}
+
+#[test]
+fn a_decision_whose_call_gave_up_is_never_read_as_another_calls_answer() {
+    if skip_unless_root("decisions after their call ended") {
+        return;
+    }
+    // A worker waiting in a call sends no heartbeats: it is reaped if it is thought to
+    // wait for nothing.
+    let c = TestController::start(
+        &contract("require = [{ kind = \"always\" }]"),
+        &["--heartbeat-timeout", "2s"],
+    );
+    // The first call stops waiting (as a worker's own time limit would end it); the
+    // second waits for its own decision; a heartbeat follows. Then the same for the
+    // Python client: a third call gives up, and once its decision is in the socket, a
+    // heartbeat.
+    let ex = examples_dir();
+    let script = format!(
+        "hatchery agent register >/dev/null\n\
+         timeout 3 hatchery agent replicate --reason one -- true >/dev/null; echo \"gave-up=$?\"\n\
+         hatchery agent replicate --reason two -- true; echo \"second=$?\"\n\
+         hatchery agent heartbeat; echo \"heartbeat=$?\"\n\
+         timeout 3 hatchery agent replicate --reason three -- true >/dev/null; echo \"gave-up-again=$?\"\n\
+         python3 -c 'import select; select.select([3], [], [], 50)'\n\
+         python3 {ex}/hatchery_agent.py heartbeat; echo \"py-heartbeat=$?\"\n\
+         sleep 30"
+    );
+    let parent = match c.spawn(&["--ro", &ex], &script) {
+        Ok(id) => id,
+        Err(o) => panic!("{}", stderr(&o)),
+    };
+    wait_log(&c, &parent, "gave-up=");
+    let pending = wait_pending(&c, 2);
+    let (one, two) = (approval_for(&pending, "one"), approval_for(&pending, "two"));
+    // The decision nobody waits for any more comes first, while `two` is waiting.
+    let out = c.cli(&["approve", &one]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // Past the heartbeat timeout: `two` still waits, and so does its worker.
+    std::thread::sleep(Duration::from_millis(3500));
+    let out = c.cli(&["deny", &two, "--reason", "not the second"]);
+    assert_eq!(
+        code(&out),
+        0,
+        "`two` no longer waits (was its worker reaped?): {}\n{}",
+        stderr(&out),
+        log_of(&c, &parent)
+    );
+    let log = wait_log(&c, &parent, "heartbeat=");
+    assert!(
+        log.contains("not the second") && log.contains("second=3"),
+        "the waiting call took another request's decision for its own:\n{log}"
+    );
+    assert_eq!(
+        next_call_after(&log, "second="),
+        ["{\"type\":\"ok\"}", "heartbeat=0"],
+        "the heartbeat read something else for its answer:\n{log}"
+    );
+    assert!(
+        log.contains(&format!("passed over the decision on approval {one}")),
+        "the decision passed over is not shown:\n{log}"
+    );
+    wait_log(&c, &parent, "gave-up-again=");
+    let three = approval_for(&wait_pending(&c, 1), "three");
+    let out = c.cli(&["approve", &three]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let log = wait_log(&c, &parent, "py-heartbeat=");
+    assert_eq!(
+        next_call_after(&log, "gave-up-again="),
+        ["{\"type\": \"ok\"}", "py-heartbeat=0"],
+        "the Python client read something else for its answer:\n{log}"
+    );
+    assert!(
+        log.contains(&format!("passed over the decision on approval {three}")),
+        "{log}"
+    );
 }

@@ -119,10 +119,13 @@ fn run(command: AgentCommand) -> anyhow::Result<i32> {
                 env: (!env.is_empty()).then_some(env),
                 cwd: a.job.cwd,
             })))?;
-            if let WorkerReply::Pending { .. } = &reply {
+            if let WorkerReply::Pending { approval_id, .. } = &reply {
                 // A person decides; the decision follows on the same socket.
                 print(&reply);
-                client.receive()?
+                let approval_id = approval_id.clone();
+                let decision = client.decision(&approval_id);
+                show_passed_over(&mut client);
+                decision?
             } else {
                 reply
             }
@@ -133,7 +136,25 @@ fn run(command: AgentCommand) -> anyhow::Result<i32> {
         }))?,
         AgentCommand::Shutdown => client.call(&WorkerMessage::Shutdown(Claim::default()))?,
     };
+    show_passed_over(&mut client);
     Ok(print(&reply))
+}
+
+/// Says on stderr which decisions this call read on its way and set aside: their own
+/// calls had stopped waiting, so they are shown here rather than lost unseen (stdout
+/// stays this call's own answer).
+fn show_passed_over(client: &mut AgentClient) {
+    let (decisions, more) = client.take_passed_over();
+    for d in &decisions {
+        error_line!(
+            "note: agent: passed over the decision on approval {} (the call that waited for it has ended): {}",
+            d.decides().unwrap_or_default(),
+            hatchery::text::to_json(d).unwrap_or_default()
+        );
+    }
+    if more > 0 {
+        error_line!("note: agent: passed over {more} more decisions");
+    }
 }
 
 pub fn main(args: AgentArgs) -> i32 {

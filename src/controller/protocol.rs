@@ -4,7 +4,9 @@
 //! `welcome` (the worker's id and its signed manifest), once, queued before any reply, so a
 //! client that did not read it passes over it; the worker then sends one request at
 //! a time — `register` (presenting that manifest), `heartbeat`, `replicate`, `report`,
-//! `shutdown` — and gets exactly one reply to each. A worker's identity is its connection:
+//! `shutdown` — and gets exactly one reply to each. A `replicate` answered `pending` is
+//! decided later by a frame that names its `approval_id` (see [`WorkerReply::decides`]).
+//! A worker's identity is its connection:
 //! a `worker_id` in a request is optional and, if present, must be the connection's own.
 //!
 //! API socket (the CLI): one request, one response, as often as the client likes.
@@ -116,8 +118,12 @@ pub enum WorkerReply {
     Allowed {
         child_id: WorkerId,
         depth: u32,
+        /// Set on a decision frame: the request that waited for it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        approval_id: Option<String>,
     },
-    /// The request waits for a person; the decision follows as `allowed` or `denied`.
+    /// The request waits for a person; the decision follows as `allowed`, `denied` or
+    /// `error`, naming this `approval_id`.
     Pending {
         approval_id: String,
         child_id: WorkerId,
@@ -127,10 +133,52 @@ pub enum WorkerReply {
     Denied {
         event: String,
         reason: String,
+        /// Set on a decision frame: the request that waited for it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        approval_id: Option<String>,
     },
     Error {
         message: String,
+        /// Set on a decision frame: the request that waited for it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        approval_id: Option<String>,
     },
+}
+
+impl WorkerReply {
+    /// A reply that answers the request just made: an error with no approval behind it.
+    pub fn error(message: impl Into<String>) -> WorkerReply {
+        WorkerReply::Error {
+            message: message.into(),
+            approval_id: None,
+        }
+    }
+
+    /// The frame's `type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WorkerReply::Welcome { .. } => "welcome",
+            WorkerReply::Registered { .. } => "registered",
+            WorkerReply::Ok => "ok",
+            WorkerReply::Allowed { .. } => "allowed",
+            WorkerReply::Pending { .. } => "pending",
+            WorkerReply::Denied { .. } => "denied",
+            WorkerReply::Error { .. } => "error",
+        }
+    }
+
+    /// The approval a decision frame settles. Decisions come when a person (or the
+    /// approval deadline) decides, not in answer to the request just made: a client tells
+    /// them apart by this, so a decision whose waiting call has ended is never read as the
+    /// answer to the next one.
+    pub fn decides(&self) -> Option<&str> {
+        match self {
+            WorkerReply::Allowed { approval_id, .. }
+            | WorkerReply::Denied { approval_id, .. }
+            | WorkerReply::Error { approval_id, .. } => approval_id.as_deref(),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

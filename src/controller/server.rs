@@ -167,11 +167,9 @@ pub fn attach_worker(
                         // Report the first drop at once, then at most once a second.
                         dropped = dropped.saturating_add(1);
                         let told = answer.upgrade().map(|answer| {
-                            answer.try_send(WorkerReply::Error {
-                                message: format!(
+                            answer.try_send(WorkerReply::error(format!(
                                     "rate limited: message dropped (at most {WORKER_RATE} a second, bursts of {WORKER_BURST})"
-                                ),
-                            })
+                                )))
                         });
                         // A full queue: the worker sends without reading what it is sent.
                         // It is stopped, as the engine stops one whose replies pile up,

@@ -135,10 +135,7 @@ impl Engine {
         };
         let parent = p.requested_by.clone();
         let child = p.manifest.worker_id.clone();
-        if let Some(w) = self.registry.get_mut(&parent) {
-            w.awaiting_approval = false;
-            w.last_heartbeat_ms = Some(self.effects.now_ms());
-        }
+        self.settle_waiting(&parent, self.effects.now_ms());
         if let Some(reason) = deny_reason {
             self.record(
                 event::APPROVAL_DENIED,
@@ -152,6 +149,7 @@ impl Engine {
                 WorkerReply::Denied {
                     event: event::APPROVAL_DENIED.into(),
                     reason,
+                    approval_id: Some(approval_id.to_string()),
                 },
             );
             return ApiResponse::Decided {
@@ -216,6 +214,7 @@ impl Engine {
                 WorkerReply::Denied {
                     event: r.audit_event().into(),
                     reason: r.to_string(),
+                    approval_id: Some(approval_id.to_string()),
                 },
             );
             return ApiResponse::Denied {
@@ -248,6 +247,7 @@ impl Engine {
                     WorkerReply::Allowed {
                         child_id: worker_id.clone(),
                         depth,
+                        approval_id: Some(approval_id.to_string()),
                     },
                 );
                 ApiResponse::Decided {
@@ -261,6 +261,7 @@ impl Engine {
                     &parent,
                     WorkerReply::Error {
                         message: "approved, but the child could not be started".into(),
+                        approval_id: Some(approval_id.to_string()),
                     },
                 );
                 api_answer(other)
@@ -297,6 +298,20 @@ impl Engine {
         }
     }
 
+    /// A decision on one of `parent`'s requests: its silence is timed from now, and it is
+    /// spared the heartbeat reaper only while another of its requests still waits (a
+    /// worker that asked twice waits in its second call, and cannot also heartbeat).
+    fn settle_waiting(&mut self, parent: &WorkerId, now_ms: u64) {
+        let still_waiting = self
+            .pending_approvals
+            .values()
+            .any(|p| &p.requested_by == parent);
+        if let Some(w) = self.registry.get_mut(parent) {
+            w.awaiting_approval = still_waiting;
+            w.last_heartbeat_ms = Some(now_ms);
+        }
+    }
+
     pub(super) fn expire_approvals(&mut self, now_ms: u64) {
         let due: Vec<String> = self
             .pending_approvals
@@ -319,15 +334,13 @@ impl Engine {
                 json!({ "approval_id": id, "reason": reason }),
                 true,
             );
-            if let Some(w) = self.registry.get_mut(&p.requested_by) {
-                w.awaiting_approval = false;
-                w.last_heartbeat_ms = Some(now_ms);
-            }
+            self.settle_waiting(&p.requested_by, now_ms);
             self.reply_worker(
                 &p.requested_by,
                 WorkerReply::Denied {
                     event: event::APPROVAL_TIMEOUT.into(),
                     reason,
+                    approval_id: Some(id),
                 },
             );
         }

@@ -342,7 +342,7 @@ impl Engine {
                         false,
                     );
                 }
-                self.reply_worker(&id, WorkerReply::Error { message: error });
+                self.reply_worker(&id, WorkerReply::error(error));
             }
             Input::WorkerNotReading { id } => {
                 if self.speaks_for_live_worker(&id) {

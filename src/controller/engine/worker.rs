@@ -43,31 +43,16 @@ impl Engine {
         let state = self.registry.get(&id).map(|w| w.state);
         match (message, state) {
             (_, None) | (_, Some(WorkerState::Exited | WorkerState::Stopping)) => {
-                self.reply_worker(
-                    &id,
-                    WorkerReply::Error {
-                        message: "this worker is stopping".into(),
-                    },
-                );
+                self.reply_worker(&id, WorkerReply::error("this worker is stopping"));
             }
             (WorkerMessage::Register(r), Some(WorkerState::Starting)) => {
                 self.register(&id, r.manifest)
             }
             (WorkerMessage::Register(_), Some(_)) => {
-                self.reply_worker(
-                    &id,
-                    WorkerReply::Error {
-                        message: "already registered".into(),
-                    },
-                );
+                self.reply_worker(&id, WorkerReply::error("already registered"));
             }
             (_, Some(WorkerState::Starting)) => {
-                self.reply_worker(
-                    &id,
-                    WorkerReply::Error {
-                        message: "register first".into(),
-                    },
-                );
+                self.reply_worker(&id, WorkerReply::error("register first"));
             }
             (WorkerMessage::Heartbeat(_), _) => {
                 if let Some(w) = self.registry.get_mut(&id) {
@@ -81,9 +66,7 @@ impl Engine {
                 if result.len() > MAX_TEXT_BYTES {
                     self.reply_worker(
                         &id,
-                        WorkerReply::Error {
-                            message: format!("report longer than {MAX_TEXT_BYTES} bytes"),
-                        },
+                        WorkerReply::error(format!("report longer than {MAX_TEXT_BYTES} bytes")),
                     );
                     return;
                 }
@@ -141,9 +124,7 @@ impl Engine {
                 }
                 self.reply_worker(
                     id,
-                    WorkerReply::Error {
-                        message: format!("this connection is worker {id}, not {claimed}"),
-                    },
+                    WorkerReply::error(format!("this connection is worker {id}, not {claimed}")),
                 );
                 if matches!(message, WorkerMessage::Register(_)) {
                     self.stop(id, "rejected at registration: another worker's manifest");
@@ -180,9 +161,7 @@ impl Engine {
                 );
                 self.reply_worker(
                     id,
-                    WorkerReply::Error {
-                        message: "this is not the manifest this worker was issued".into(),
-                    },
+                    WorkerReply::error("this is not the manifest this worker was issued"),
                 );
                 // Any refusal at registration ends the worker: a forger gets one try.
                 self.stop(id, "rejected at registration: not its manifest");
@@ -196,12 +175,7 @@ impl Engine {
                     json!({ "check": e.check(), "error": e.to_string() }),
                     true,
                 );
-                self.reply_worker(
-                    id,
-                    WorkerReply::Error {
-                        message: e.to_string(),
-                    },
-                );
+                self.reply_worker(id, WorkerReply::error(e.to_string()));
                 self.stop(id, &format!("rejected at registration: {}", e.check()));
                 return;
             }
@@ -218,6 +192,7 @@ impl Engine {
                     WorkerReply::Denied {
                         event: reason.audit_event().to_string(),
                         reason: reason.to_string(),
+                        approval_id: None,
                     },
                 );
                 self.stop(id, "rejected at registration");
@@ -253,9 +228,7 @@ impl Engine {
         if r.reason.len() > MAX_TEXT_BYTES {
             self.reply_worker(
                 id,
-                WorkerReply::Error {
-                    message: format!("reason longer than {MAX_TEXT_BYTES} bytes"),
-                },
+                WorkerReply::error(format!("reason longer than {MAX_TEXT_BYTES} bytes")),
             );
             return;
         }
@@ -263,12 +236,7 @@ impl Engine {
             Some(s) => match StateSnapshot::new(s) {
                 Ok(s) => s,
                 Err(e) => {
-                    self.reply_worker(
-                        id,
-                        WorkerReply::Error {
-                            message: e.to_string(),
-                        },
-                    );
+                    self.reply_worker(id, WorkerReply::error(e.to_string()));
                     return;
                 }
             },
@@ -288,6 +256,7 @@ impl Engine {
             Admission::Started { worker_id, depth } => WorkerReply::Allowed {
                 child_id: worker_id,
                 depth,
+                approval_id: None,
             },
             Admission::Pending {
                 approval_id,
@@ -298,8 +267,12 @@ impl Engine {
                 child_id,
                 reasons: rules,
             },
-            Admission::Denied { event, reason } => WorkerReply::Denied { event, reason },
-            Admission::Failed(message) => WorkerReply::Error { message },
+            Admission::Denied { event, reason } => WorkerReply::Denied {
+                event,
+                reason,
+                approval_id: None,
+            },
+            Admission::Failed(message) => WorkerReply::error(message),
         };
         self.reply_worker(id, reply);
     }
