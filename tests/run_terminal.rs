@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::io::{Read, Seek};
+use std::io::{Read, Seek, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -393,6 +393,25 @@ fn what_a_stdin_open_for_writing_holds_still_reaches_the_command() {
             "stderr": "passed (pipe)"
         }),
         "{r}"
+    );
+
+    // A socket is read with MSG_DONTWAIT, its description left blocking for the caller.
+    let (ours, theirs) = match std::os::unix::net::UnixStream::pair() {
+        Ok(p) => p,
+        Err(e) => panic!("socketpair: {e}"),
+    };
+    if let Err(e) = (&ours)
+        .write_all(b"hello through a socket\n")
+        .and_then(|()| ours.shutdown(std::net::Shutdown::Write))
+    {
+        panic!("{e}");
+    }
+    let out = run_with_stdin(&args, Stdio::from(std::os::fd::OwnedFd::from(theirs)));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "pipe\nhello through a socket");
+    assert_eq!(
+        read_report(&report)["enforcement"]["stdio"]["stdin"],
+        "pipe relay (socket)"
     );
 
     // Read-only stdin is passed as it is, at no cost.

@@ -21,13 +21,15 @@
 //!
 //! The pump never blocks its caller either. Its own ends (pipe ends, the pty master) are
 //! non-blocking. The caller's descriptors are not its to reconfigure (their open file
-//! description is shared with the caller's shell), so: a terminal is opened once more as
-//! a non-blocking description of the pump's own ([`super::tty::reopen_nonblocking`]); a
-//! pipe, socket or other device is written only after poll(2) reported room, and then at
-//! most `PIPE_BUF` bytes (what a pipe reporting POLLOUT accepts without blocking), and
-//! read only after poll(2) reported data. A destination that stops reading therefore
-//! stalls the pump, and through the full pipe or terminal the payload, but never the
-//! supervisor's loop: timeouts and signals keep working. Regular files are written whole.
+//! description is shared with the caller's shell, and other processes may read or write
+//! them too), so: a terminal or a pipe is opened once more as a non-blocking description
+//! of the pump's own ([`super::tty::reopen_nonblocking`], `reopen_pipe_nonblocking`); a
+//! socket is read and written with `MSG_DONTWAIT`; a pty master, which cannot be opened
+//! again, has `O_NONBLOCK` set for each call alone; any other device is written only
+//! after poll(2) reported room, and then at most `PIPE_BUF` bytes, and read only after
+//! poll(2) reported data. A destination that stops reading therefore stalls the pump, and
+//! through the full pipe or terminal the payload, but never the supervisor's loop:
+//! timeouts and signals keep working. Regular files are written whole.
 //!
 //! It is driven by a caller's poll loop: add [`OutputPump::poll_fds`] to the descriptors
 //! polled, call [`OutputPump::progress`] after every wake-up, and [`OutputPump::drain`]
@@ -41,6 +43,7 @@ use std::time::Instant;
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::MsgFlags;
 use nix::sys::termios::Termios;
 
 use super::tty;
@@ -105,9 +108,14 @@ enum Mode {
     File,
     /// A non-blocking description of the pump's own: read or written until EAGAIN.
     NonBlocking,
-    /// The caller's pipe, socket or device: touched only after poll(2) reported it ready,
-    /// and then written at most `PIPE_BUF` bytes at a time, read once.
+    /// The caller's device (other than a terminal), or a pipe that could not be opened
+    /// again: touched only after poll(2) reported it ready, and then written at most
+    /// `PIPE_BUF` bytes at a time, read once. Another process sharing it may still take
+    /// the bytes or the room between that poll and the call, which then waits.
     AfterPoll,
+    /// The caller's socket: read and written with `MSG_DONTWAIT`, which asks the one call
+    /// not to wait and leaves the description others share as it is.
+    Socket,
     /// The caller's pty master, which cannot be opened again (that makes a new pty) and
     /// whose POLLOUT promises room for one byte only: written with `O_NONBLOCK` set on the
     /// shared description for the length of the call, then put back. A write that would
@@ -133,6 +141,23 @@ fn nonblocking_once(
     let done = call();
     let _ = fcntl(fd, FcntlArg::F_SETFL(found));
     done
+}
+
+/// One `recv` from the caller's socket `fd` that never waits.
+fn recv_nonblocking(fd: BorrowedFd<'_>, buf: &mut [u8]) -> nix::Result<usize> {
+    use std::os::fd::AsRawFd;
+    nix::sys::socket::recv(fd.as_raw_fd(), buf, MsgFlags::MSG_DONTWAIT)
+}
+
+/// One `send` to the caller's socket `fd` that never waits, nor raises SIGPIPE: a peer
+/// that has gone is an error for this stream alone.
+fn send_nonblocking(fd: BorrowedFd<'_>, bytes: &[u8]) -> nix::Result<usize> {
+    use std::os::fd::AsRawFd;
+    nix::sys::socket::send(
+        fd.as_raw_fd(),
+        bytes,
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+    )
 }
 
 /// `write` to `fd` without waiting (see [`nonblocking_once`]).
@@ -254,12 +279,21 @@ fn same_open_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
 }
 
 /// A caller's descriptor to read or write without blocking: a regular file as it is, a
-/// pty master with `O_NONBLOCK` set for each call, a terminal through a non-blocking
-/// description of our own, anything else after poll(2).
-fn caller_end(fd: OwnedFd) -> io::Result<(OwnedFd, Mode)> {
+/// pty master with `O_NONBLOCK` set for each call, a terminal or a pipe through a
+/// non-blocking description of our own, a socket with `MSG_DONTWAIT`, any other device
+/// after poll(2). `access` is how the pump uses it (`O_RDONLY`, `O_WRONLY`; `O_RDWR` for
+/// a terminal).
+fn caller_end(fd: OwnedFd, access: OFlag) -> io::Result<(OwnedFd, Mode)> {
     let st = nix::sys::stat::fstat(&fd).map_err(io::Error::from)?;
-    if st.st_mode & libc::S_IFMT == libc::S_IFREG {
-        return Ok((fd, Mode::File));
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFREG => return Ok((fd, Mode::File)),
+        libc::S_IFSOCK => return Ok((fd, Mode::Socket)),
+        libc::S_IFIFO => {
+            if let Ok(own) = reopen_pipe_nonblocking(fd.as_fd(), access) {
+                return Ok((own, Mode::NonBlocking));
+            }
+        }
+        _ => {}
     }
     // A master cannot be opened again (that makes a new pty): its flags are set briefly.
     if tty::is_pty_master_device(st.st_mode, st.st_rdev) {
@@ -271,6 +305,24 @@ fn caller_end(fd: OwnedFd) -> io::Result<(OwnedFd, Mode)> {
         }
     }
     Ok((fd, Mode::AfterPoll))
+}
+
+/// The caller's pipe (or FIFO), opened once more through `/proc/self/fd` as a
+/// non-blocking description of the pump's own, for `access`: the same pipe, so the same
+/// bytes and room, but its flags are ours. Another process sharing the caller's
+/// description (a second reader of a stdin pipe, a second writer filling a stdout pipe)
+/// may take what poll(2) reported between the poll and the call; on a blocking description
+/// that call then waited, and `--timeout` with it. Fails where the pipe cannot be opened
+/// again (no `/proc`; a FIFO whose mode refuses us; no reader left, for writing), and the
+/// caller's description is then used after poll(2).
+fn reopen_pipe_nonblocking(fd: BorrowedFd<'_>, access: OFlag) -> io::Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    nix::fcntl::open(
+        format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str(),
+        access | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(io::Error::from)
 }
 
 impl OutputPump {
@@ -320,7 +372,7 @@ impl OutputPump {
     /// (close the caller's copy once the sandbox has started).
     pub fn add_output(&mut self, dest: OwnedFd) -> io::Result<OwnedFd> {
         let (r, w) = pipe()?;
-        let (sink, sink_mode) = caller_end(dest)?;
+        let (sink, sink_mode) = caller_end(dest, OFlag::O_WRONLY)?;
         self.streams.push(Stream {
             direction: Direction::Output,
             source: Some(r),
@@ -340,7 +392,7 @@ impl OutputPump {
     pub fn add_input(&mut self, src: OwnedFd) -> io::Result<OwnedFd> {
         let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
         fcntl(&w, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(io::Error::from)?;
-        let (source, source_mode) = caller_end(src)?;
+        let (source, source_mode) = caller_end(src, OFlag::O_RDONLY)?;
         self.streams.push(Stream {
             direction: Direction::Input,
             source: Some(source),
@@ -371,7 +423,7 @@ impl OutputPump {
         tty::set_modes(&pty.replica, modes)?;
         // A terminal without a size (some emulators, a serial line) leaves the default.
         let _ = tty::copy_window_size(terminal, pty.master.as_fd());
-        let (caller, mode) = caller_end(terminal.try_clone_to_owned()?)?;
+        let (caller, mode) = caller_end(terminal.try_clone_to_owned()?, OFlag::O_RDWR)?;
         self.streams.push(Stream {
             direction: Direction::Output,
             source: Some(pty.master.try_clone()?),
@@ -551,7 +603,10 @@ impl OutputPump {
         let n = loop {
             let got = match mode {
                 Mode::BriefNonBlocking => read_nonblocking(src.as_fd(), &mut buf),
-                _ => nix::unistd::read(src, &mut buf),
+                Mode::Socket => recv_nonblocking(src.as_fd(), &mut buf),
+                Mode::File | Mode::NonBlocking | Mode::AfterPoll => {
+                    nix::unistd::read(src, &mut buf)
+                }
             };
             match got {
                 Err(Errno::EINTR) => continue,
@@ -619,7 +674,7 @@ impl OutputPump {
             };
             let left = s.pending.get(s.written..).unwrap_or_default();
             let piece = match s.sink_mode {
-                Mode::File | Mode::NonBlocking | Mode::BriefNonBlocking => left,
+                Mode::File | Mode::NonBlocking | Mode::BriefNonBlocking | Mode::Socket => left,
                 Mode::AfterPoll if ready_now(sink.as_fd(), PollFlags::POLLOUT) => {
                     left.get(..left.len().min(PIPE_BUF)).unwrap_or_default()
                 }
@@ -627,7 +682,8 @@ impl OutputPump {
             };
             let written = match s.sink_mode {
                 Mode::BriefNonBlocking => write_nonblocking(sink.as_fd(), piece),
-                _ => nix::unistd::write(sink, piece),
+                Mode::Socket => send_nonblocking(sink.as_fd(), piece),
+                Mode::File | Mode::NonBlocking | Mode::AfterPoll => nix::unistd::write(sink, piece),
             };
             match written {
                 Ok(n) => {

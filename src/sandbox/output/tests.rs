@@ -393,8 +393,108 @@ fn a_read_from_a_shared_master_never_waits_and_leaves_its_flags() -> TestResult 
 }
 
 /// The caller's description is left as found: blocking.
-fn assert_blocking(master: &OwnedFd) -> TestResult {
-    let flags = OFlag::from_bits_retain(nix::fcntl::fcntl(master, nix::fcntl::FcntlArg::F_GETFL)?);
+fn assert_blocking(fd: &OwnedFd) -> TestResult {
+    let flags = OFlag::from_bits_retain(nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL)?);
     assert!(!flags.contains(OFlag::O_NONBLOCK));
     Ok(())
+}
+
+/// Whether `call` on another thread comes back within 10 s (a call that waits would not:
+/// `unblock` then ends its wait, so the test never hangs).
+fn returns_at_once<T: Send + 'static>(
+    call: impl FnOnce() -> T + Send + 'static,
+    unblock: impl FnOnce(),
+) -> Option<T> {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(call());
+    });
+    let got = finished
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .ok();
+    unblock();
+    got
+}
+
+/// A caller's pipe is shared: another reader of a stdin pipe may empty it, another writer
+/// to a stdout pipe may fill it, between the poll that found it ready and the pump's call.
+/// The pump's calls go through a non-blocking description of its own, so they never wait
+/// (and `--timeout` with them); the caller's description stays blocking.
+#[test]
+fn a_shared_pipe_is_used_through_a_description_that_never_waits() -> TestResult {
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let (ours_r, mode_r) = caller_end(r.try_clone()?, OFlag::O_RDONLY)?;
+    assert_eq!(mode_r, Mode::NonBlocking);
+    let w_unblock = w.try_clone()?;
+    let got = returns_at_once(
+        move || {
+            let mut buf = [0u8; 64];
+            nix::unistd::read(&ours_r, &mut buf)
+        },
+        || {
+            let _ = nix::unistd::write(&w_unblock, b"x");
+        },
+    );
+    assert_eq!(got, Some(Err(Errno::EAGAIN)));
+
+    let (ours_w, mode_w) = caller_end(w.try_clone()?, OFlag::O_WRONLY)?;
+    assert_eq!(mode_w, Mode::NonBlocking);
+    let r_unblock = r.try_clone()?;
+    let got = returns_at_once(
+        move || {
+            let chunk = [b'x'; 4096];
+            loop {
+                match nix::unistd::write(&ours_w, &chunk) {
+                    Ok(_) => continue,
+                    other => return other,
+                }
+            }
+        },
+        || {
+            let mut buf = vec![0u8; 1 << 20];
+            let _ = nix::unistd::read(&r_unblock, &mut buf);
+        },
+    );
+    assert_eq!(got, Some(Err(Errno::EAGAIN)), "a full pipe waited");
+    assert_blocking(&r)?;
+    assert_blocking(&w)
+}
+
+/// The same for a socket, which cannot be opened again: each call asks not to wait.
+#[test]
+fn a_shared_socket_is_read_and_written_without_waiting() -> TestResult {
+    let (a, b) = std::os::unix::net::UnixStream::pair()?;
+    let (a, b) = (OwnedFd::from(a), OwnedFd::from(b));
+    let (ours, mode) = caller_end(a.try_clone()?, OFlag::O_RDONLY)?;
+    assert_eq!(mode, Mode::Socket);
+    let b_unblock = b.try_clone()?;
+    let reader = ours.try_clone()?;
+    let got = returns_at_once(
+        move || {
+            let mut buf = [0u8; 64];
+            recv_nonblocking(reader.as_fd(), &mut buf)
+        },
+        || {
+            let _ = nix::unistd::write(&b_unblock, b"x");
+        },
+    );
+    assert_eq!(got, Some(Err(Errno::EAGAIN)));
+    let b_drain = b.try_clone()?;
+    let got = returns_at_once(
+        move || {
+            let chunk = [b'x'; 4096];
+            loop {
+                match send_nonblocking(ours.as_fd(), &chunk) {
+                    Ok(_) => continue,
+                    other => return other,
+                }
+            }
+        },
+        || {
+            let mut buf = vec![0u8; 1 << 20];
+            let _ = nix::unistd::read(&b_drain, &mut buf);
+        },
+    );
+    assert_eq!(got, Some(Err(Errno::EAGAIN)), "a full socket waited");
+    assert_blocking(&a)
 }
