@@ -16,7 +16,8 @@ UTF-8 JSON (at most 262144). Unknown fields are refused by the controller.
                             "profile", "env", "cwd"}     (omitted: the parent's own grant)
                            {"type": "report", "result": "..."}
                            {"type": "shutdown"}
-    controller -> worker   exactly one reply per request:
+                           (each may name itself: "call": "...", at most 64 bytes)
+    controller -> worker   exactly one reply per request (with the request's "call"):
                            {"type": "registered", "worker_id": ..., "depth": N}
                            {"type": "ok"}
                            {"type": "allowed", "child_id": ..., "depth": N}
@@ -35,10 +36,13 @@ reads it. So `register` reads it (waiting at most WELCOME_TIMEOUT seconds: a wor
 registered already has none left), and every other call passes over a welcome still
 unread before its reply. A worker may therefore make each call from a process of its own.
 
-A decision comes when a person decides (or the approval deadline passes), whenever that
-is. A call that stopped waiting for one (a time limit, a signal) leaves it in the socket:
-so a reply is never a frame that names an "approval_id" (other than "pending"), and such
-a frame is passed over (kept in `passed_over`) unless it is the decision being waited for.
+A call that ends before reading its answer (a time limit, a signal) leaves that answer in
+the socket, where the next call would read it as its own. So every request here names its
+call ("call": any string of at most 64 bytes), the controller puts the same "call" in the
+answer, and a call reads on until the answer that names it; what it passes over on the way
+is kept in `passed_over`. A decision comes later, whenever a person decides (or the
+approval deadline passes): it names no call but the "approval_id" of the request it
+settles, and `decision(approval_id)` waits for it.
 
 Usage as a library:
 
@@ -58,6 +62,7 @@ or from a shell, one process per call (register once, first):
 
 import json
 import os
+import select
 import socket
 import struct
 import sys
@@ -76,29 +81,33 @@ def is_decision(frame: dict) -> bool:
 
 class Worker:
     WELCOME_TIMEOUT = 5.0
+    MAX_PASSED_OVER = 16
 
     def __init__(self, fd=None):
         fd = int(os.environ.get("HATCHERY_FD", "3")) if fd is None else fd
         self.sock = socket.socket(fileno=fd)
+        # The socket is shared by every process of the worker: one killed while it waited
+        # with a timeout may have left it non-blocking. Calls are made one at a time, so
+        # this one puts it back as the protocol expects it.
+        self.sock.setblocking(True)
         self.welcome = None
-        # Decisions whose waiting call had ended, read on the way to a reply (a bounded
-        # list: the oldest are kept).
+        # What calls that ended before reading their answers left behind, read on the way
+        # to this client's own (the first MAX_PASSED_OVER; the rest are counted).
         self.passed_over = []
+        self.passed_over_uncounted = 0
 
     def read_welcome(self) -> dict:
         """The controller's welcome, read once (it is sent once, first)."""
         if self.welcome is None:
-            # The timeout is the socket's, shared with the worker's other processes: reset.
-            self.sock.settimeout(self.WELCOME_TIMEOUT)
-            try:
-                frame = self._receive_frame()
-            except socket.timeout:
+            # Waits in select, not with a timeout on the socket: the socket is every
+            # process's of the worker, and this one may be killed while it waits.
+            ready, _, _ = select.select([self.sock], [], [], self.WELCOME_TIMEOUT)
+            if not ready:
                 raise ProtocolError(
                     "no welcome from the controller: it is sent once, to the worker's "
                     "first register, so this worker has registered already"
-                ) from None
-            finally:
-                self.sock.settimeout(None)
+                )
+            frame = self._receive_frame()
             if frame.get("type") != "welcome":
                 raise ProtocolError(f"expected a welcome, got {frame}")
             self.welcome = frame
@@ -137,43 +146,44 @@ class Worker:
             raise ProtocolError(f"frame of {length} bytes is too large")
         return json.loads(self._read_exact(length))
 
-    MAX_PASSED_OVER = 16
-
     def _pass_over(self, frame: dict):
         if len(self.passed_over) < self.MAX_PASSED_OVER:
             self.passed_over.append(frame)
+        else:
+            self.passed_over_uncounted += 1
 
     def receive(self) -> dict:
-        """The reply to the request just sent, passing over a welcome no process of this
-        worker has read, and decisions whose waiting call has ended."""
+        """The next frame, whatever it answers, passing over a welcome no process of this
+        worker has read (low level: `call` reads its own answer)."""
         while True:
             frame = self._receive_frame()
-            if frame.get("type") == "welcome":
-                self.welcome = frame
-            elif is_decision(frame):
-                self._pass_over(frame)
-            else:
+            if frame.get("type") != "welcome":
                 return frame
-
-    def decision(self, approval_id: str) -> dict:
-        """Waits for the decision on a request answered "pending"."""
-        while True:
-            frame = self._receive_frame()
-            if frame.get("type") == "welcome":
-                self.welcome = frame
-            elif not is_decision(frame):
-                raise ProtocolError(
-                    f"a reply to another call ({frame.get('type')}) came while waiting for "
-                    f"the decision on {approval_id}: a worker makes one call at a time"
-                )
-            elif frame.get("approval_id") == approval_id:
-                return frame
-            else:
-                self._pass_over(frame)
+            self.welcome = frame
 
     def call(self, message: dict) -> dict:
-        self.send(message)
-        return self.receive()
+        """Sends a request named for this call alone, and returns its answer (without the
+        name). What calls that ended before reading their answers left is passed over."""
+        name = os.urandom(8).hex()
+        self.send({**message, "call": name})
+        while True:
+            frame = self.receive()
+            if frame.get("call") == name:
+                del frame["call"]
+                return frame
+            self._pass_over(frame)
+
+    def decision(self, approval_id: str) -> dict:
+        """Waits for the decision on a request answered "pending" (it may have been passed
+        over already)."""
+        for i, frame in enumerate(self.passed_over):
+            if is_decision(frame) and frame.get("approval_id") == approval_id:
+                return self.passed_over.pop(i)
+        while True:
+            frame = self.receive()
+            if is_decision(frame) and frame.get("approval_id") == approval_id:
+                return frame
+            self._pass_over(frame)
 
     def register(self) -> dict:
         return self.call({"type": "register", "manifest": self.read_welcome()["manifest"]})
@@ -184,7 +194,7 @@ class Worker:
     def replicate(self, reason: str, command: list, wait: bool = False, **grant) -> dict:
         """Asks for a child. A request a person must decide is answered "pending": with
         `wait`, its decision is awaited and returned instead; without, `decision()` waits
-        for it later (make no other call meanwhile)."""
+        for it later."""
         reply = self.call({"type": "replicate", "reason": reason, "command": command, **grant})
         if wait and reply.get("type") == "pending":
             return self.decision(reply["approval_id"])
@@ -218,11 +228,15 @@ def main(argv):
         print(f"hatchery_agent: {verb}: {e}", file=sys.stderr)
         return 1
     for d in w.passed_over:
-        print(
-            f"hatchery_agent: passed over the decision on approval {d.get('approval_id')} "
-            f"(the call that waited for it has ended): {json.dumps(d)}",
-            file=sys.stderr,
+        what = (
+            f"the decision on approval {d.get('approval_id')} (the call that waited for it "
+            "has ended)"
+            if is_decision(d)
+            else "an answer to a call that ended before reading it"
         )
+        print(f"hatchery_agent: passed over {what}: {json.dumps(d)}", file=sys.stderr)
+    if w.passed_over_uncounted:
+        print(f"hatchery_agent: passed over {w.passed_over_uncounted} more", file=sys.stderr)
     print(json.dumps(reply))
     return 0 if reply.get("type") not in ("error", "denied") else 1
 

@@ -645,8 +645,15 @@ fn a_decision_whose_call_gave_up_is_never_read_as_another_calls_answer() {
     // Python client: a third call gives up, and once its decision is in the socket, a
     // heartbeat.
     let ex = examples_dir();
+    // First of all, a request whose sender never reads the answer (`pending`), as a call
+    // killed at once would leave it.
+    let unread = "import json, socket, struct; s = socket.socket(fileno=3); \
+                  b = json.dumps({'type': 'replicate', 'reason': 'zero', 'command': ['true']}).encode(); \
+                  s.sendall(struct.pack('>I', len(b)) + b)";
     let script = format!(
         "hatchery agent register >/dev/null\n\
+         python3 -c \"{unread}\"; echo sent-zero\n\
+         hatchery agent heartbeat; echo \"zero-answer=$?\"\n\
          timeout 3 hatchery agent replicate --reason one -- true >/dev/null; echo \"gave-up=$?\"\n\
          hatchery agent replicate --reason two -- true; echo \"second=$?\"\n\
          hatchery agent heartbeat; echo \"heartbeat=$?\"\n\
@@ -659,14 +666,24 @@ fn a_decision_whose_call_gave_up_is_never_read_as_another_calls_answer() {
         Ok(id) => id,
         Err(o) => panic!("{}", stderr(&o)),
     };
-    wait_log(&c, &parent, "gave-up=");
-    let pending = wait_pending(&c, 2);
+    let log = wait_log(&c, &parent, "gave-up=");
+    assert_eq!(
+        next_call_after(&log, "sent-zero"),
+        ["{\"type\":\"ok\"}", "zero-answer=0"],
+        "the heartbeat took an answer left unread for its own:\n{log}"
+    );
+    let pending = wait_pending(&c, 3);
     let (one, two) = (approval_for(&pending, "one"), approval_for(&pending, "two"));
     // The decision nobody waits for any more comes first, while `two` is waiting.
     let out = c.cli(&["approve", &one]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     // Past the heartbeat timeout: `two` still waits, and so does its worker.
     std::thread::sleep(Duration::from_millis(3500));
+    // A reason too long for the trail and the worker's frame is refused, and changes
+    // nothing.
+    let out = c.cli(&["deny", &two, "--reason", &"r".repeat(16 * 1024 + 1)]);
+    assert_ne!(code(&out), 0);
+    assert!(stderr(&out).contains("longer than"), "{}", stderr(&out));
     let out = c.cli(&["deny", &two, "--reason", "not the second"]);
     assert_eq!(
         code(&out),

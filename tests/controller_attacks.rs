@@ -797,7 +797,7 @@ fn a_request_whose_welcome_cannot_fit_is_refused_before_anything_is_recorded_as_
     let body = r#"import time
 print(w.register(), flush=True)
 for i in range(30):
-    r = w.replicate('big', ['true'], state_snapshot='\x01' * 43677)
+    r = w.replicate('big', ['true'], state_snapshot='\x01' * 43670)
     time.sleep(0.05)
 print('last', r.get('type'), r.get('event'), flush=True)
 "#;

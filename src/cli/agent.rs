@@ -79,6 +79,14 @@ fn print(reply: &WorkerReply) -> i32 {
 
 fn run(command: AgentCommand) -> anyhow::Result<i32> {
     let mut client = AgentClient::from_env()?;
+    let reply = ask(&mut client, command);
+    // Whatever became of the call, what it passed over is shown.
+    show_passed_over(&mut client);
+    Ok(print(&reply?))
+}
+
+/// Makes the call `command` asks for; a request answered `pending` waits for its decision.
+fn ask(client: &mut AgentClient, command: AgentCommand) -> anyhow::Result<WorkerReply> {
     let reply = match command {
         AgentCommand::Register => {
             let manifest = match client.welcome(WELCOME_WAIT)? {
@@ -87,11 +95,12 @@ fn run(command: AgentCommand) -> anyhow::Result<i32> {
                     "expected the controller's welcome, got {other:?} (already registered?)"
                 ),
             };
-            client.call(&WorkerMessage::Register(Box::new(RegisterMsg {
+            client.call(WorkerMessage::Register(Box::new(RegisterMsg {
                 manifest: *manifest,
+                call: None,
             })))?
         }
-        AgentCommand::Heartbeat => client.call(&WorkerMessage::Heartbeat(Claim::default()))?,
+        AgentCommand::Heartbeat => client.call(WorkerMessage::Heartbeat(Claim::default()))?,
         AgentCommand::Replicate(a) => {
             let (resources, filesystem, profile): (
                 Option<ResourceSpec>,
@@ -108,7 +117,7 @@ fn run(command: AgentCommand) -> anyhow::Result<i32> {
             };
             let state = a.job.state_snapshot()?;
             let env = a.job.environment()?;
-            let reply = client.call(&WorkerMessage::Replicate(Box::new(ReplicateMsg {
+            let reply = client.call(WorkerMessage::Replicate(Box::new(ReplicateMsg {
                 worker_id: None,
                 reason: a.reason,
                 command: a.job.command,
@@ -118,42 +127,44 @@ fn run(command: AgentCommand) -> anyhow::Result<i32> {
                 profile,
                 env: (!env.is_empty()).then_some(env),
                 cwd: a.job.cwd,
+                call: None,
             })))?;
             if let WorkerReply::Pending { approval_id, .. } = &reply {
                 // A person decides; the decision follows on the same socket.
                 print(&reply);
-                let approval_id = approval_id.clone();
-                let decision = client.decision(&approval_id);
-                show_passed_over(&mut client);
-                decision?
+                client.decision(approval_id)?
             } else {
                 reply
             }
         }
-        AgentCommand::Report { result } => client.call(&WorkerMessage::Report(ReportMsg {
+        AgentCommand::Report { result } => client.call(WorkerMessage::Report(ReportMsg {
             worker_id: None,
             result,
+            call: None,
         }))?,
-        AgentCommand::Shutdown => client.call(&WorkerMessage::Shutdown(Claim::default()))?,
+        AgentCommand::Shutdown => client.call(WorkerMessage::Shutdown(Claim::default()))?,
     };
-    show_passed_over(&mut client);
-    Ok(print(&reply))
+    Ok(reply)
 }
 
-/// Says on stderr which decisions this call read on its way and set aside: their own
-/// calls had stopped waiting, so they are shown here rather than lost unseen (stdout
-/// stays this call's own answer).
+/// Says on stderr what this call read on its way and set aside: answers to calls that
+/// ended before reading them, shown here rather than lost unseen (stdout stays this
+/// call's own answer).
 fn show_passed_over(client: &mut AgentClient) {
-    let (decisions, more) = client.take_passed_over();
-    for d in &decisions {
-        error_line!(
-            "note: agent: passed over the decision on approval {} (the call that waited for it has ended): {}",
-            d.decides().unwrap_or_default(),
-            hatchery::text::to_json(d).unwrap_or_default()
-        );
+    let (frames, more) = client.take_passed_over();
+    for f in &frames {
+        let shown = hatchery::text::to_json(f).unwrap_or_default();
+        match f.reply.decides() {
+            Some(approval) => error_line!(
+                "note: agent: passed over the decision on approval {approval} (the call that waited for it has ended): {shown}"
+            ),
+            None => error_line!(
+                "note: agent: passed over an answer to a call that ended before reading it: {shown}"
+            ),
+        }
     }
     if more > 0 {
-        error_line!("note: agent: passed over {more} more decisions");
+        error_line!("note: agent: passed over {more} more");
     }
 }
 

@@ -5,7 +5,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use super::protocol::{ApiRequest, ApiResponse, WorkerMessage, WorkerReply};
+use super::protocol::{ApiRequest, ApiResponse, WorkerFrame, WorkerMessage, WorkerReply};
 use super::wire::{self, FrameError};
 
 #[derive(Debug, thiserror::Error)]
@@ -21,10 +21,6 @@ pub enum ClientError {
         "no welcome from the controller within {0} s: it is sent once, to the worker's first `register`, so this worker has registered already (every later call needs no register)"
     )]
     NoWelcome(u64),
-    #[error(
-        "a reply to another call of this worker ({0}) came while this call waited for the decision on approval {1}: a worker makes one call at a time (the decision will be passed over by a later call)"
-    )]
-    OutOfTurn(&'static str, String),
     #[error(transparent)]
     Frame(#[from] FrameError),
 }
@@ -78,17 +74,32 @@ impl ApiClient {
     }
 }
 
-/// Most decisions [`AgentClient`] keeps to show after passing them over; later ones are
-/// counted. The controller sends one per request a person decided, so this bounds what a
-/// call keeps whatever the worker asked before.
+/// Most frames [`AgentClient`] keeps to show after passing them over; later ones are
+/// counted. They are what calls that ended left behind, so this bounds what one call keeps
+/// whatever the worker did before.
 const MAX_PASSED_OVER: usize = 16;
+
+/// A name for one call, unlike any other call's of this worker (any process of it).
+fn new_call() -> String {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        // Without the kernel's randomness: this process's id and the time, which no other
+        // live process of the worker shares.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        return format!("{}-{nanos}", std::process::id());
+    }
+    hex::encode(b)
+}
 
 /// A worker's connection to its controller.
 pub struct AgentClient {
     stream: UnixStream,
-    /// Decisions read on the way to this call's reply: the calls that waited for them have
-    /// ended (a worker's own time limit, a signal). They settle nothing here.
-    passed_over: Vec<WorkerReply>,
+    /// Frames read on the way to this call's reply that answer nothing this process asked:
+    /// replies and decisions whose calls ended before reading them (a worker's own time
+    /// limit, a signal).
+    passed_over: Vec<WorkerFrame>,
     passed_over_uncounted: usize,
 }
 
@@ -105,7 +116,14 @@ impl AgentClient {
             .map_err(|_| ClientError::NoSocket("HATCHERY_FD is not a number".into()))?;
         let owned = crate::sandbox::process::inherited_socket(fd)
             .map_err(|e| ClientError::NoSocket(format!("fd {fd}: {e}")))?;
-        Ok(AgentClient::from_stream(UnixStream::from(owned)))
+        let stream = UnixStream::from(owned);
+        // The socket's description is shared by every process of the worker: a client
+        // killed while it waited with a timeout (an older one, or another program) may
+        // have left it non-blocking or timed. Calls are made one at a time, so this call
+        // puts it back as the protocol expects it.
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_read_timeout(None);
+        Ok(AgentClient::from_stream(stream))
     }
 
     pub fn from_stream(stream: UnixStream) -> AgentClient {
@@ -116,90 +134,90 @@ impl AgentClient {
         }
     }
 
-    /// The decisions passed over so far (at most [`MAX_PASSED_OVER`]), and how many more
+    /// The frames passed over so far (at most [`MAX_PASSED_OVER`]), and how many more
     /// there were.
-    pub fn take_passed_over(&mut self) -> (Vec<WorkerReply>, usize) {
+    pub fn take_passed_over(&mut self) -> (Vec<WorkerFrame>, usize) {
         (
             std::mem::take(&mut self.passed_over),
             std::mem::take(&mut self.passed_over_uncounted),
         )
     }
 
-    fn pass_over(&mut self, decision: WorkerReply) {
+    fn pass_over(&mut self, frame: WorkerFrame) {
         if self.passed_over.len() < MAX_PASSED_OVER {
-            self.passed_over.push(decision);
+            self.passed_over.push(frame);
         } else {
             self.passed_over_uncounted = self.passed_over_uncounted.saturating_add(1);
         }
     }
 
-    fn next_frame(&mut self) -> Result<WorkerReply, ClientError> {
+    fn next_frame(&mut self) -> Result<WorkerFrame, ClientError> {
         wire::read_frame(&mut self.stream)?.ok_or(ClientError::Closed)
     }
 
     /// Reads the controller's welcome (this worker's id and manifest). The controller sends
     /// it once, unasked, when the worker starts; it is in the socket before the worker's
     /// first instruction runs. A process that finds none within `timeout` is not the
-    /// worker's first to read it, and is told so instead of waiting for ever.
+    /// worker's first to read it, and is told so instead of waiting for ever. It waits in
+    /// poll(2), not with a timeout on the socket: the socket is every process's of the
+    /// worker, and this one may be killed while it waits.
     pub fn welcome(&mut self, timeout: Duration) -> Result<WorkerReply, ClientError> {
-        let _ = self.stream.set_read_timeout(Some(timeout));
-        let frame = wire::read_frame(&mut self.stream);
-        // The timeout belongs to the socket, shared with the worker's other processes.
-        let _ = self.stream.set_read_timeout(None);
-        match frame {
-            Ok(Some(reply)) => Ok(reply),
-            Ok(None) => Err(ClientError::Closed),
-            Err(FrameError::Io(e))
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                Err(ClientError::NoWelcome(timeout.as_secs()))
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        use std::os::fd::AsFd;
+        let ms = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(self.stream.as_fd(), PollFlags::POLLIN)];
+        let ready = loop {
+            match poll(&mut fds, ms) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(FrameError::Io(e.into()).into()),
+                Ok(n) => break n > 0,
             }
-            Err(e) => Err(e.into()),
+        };
+        if !ready {
+            return Err(ClientError::NoWelcome(timeout.as_secs()));
         }
+        Ok(self.next_frame()?.reply)
     }
 
-    /// Reads the reply to the request just sent. A welcome no process of this worker has
-    /// read yet comes first on the socket (the controller queues it before any reply): it
-    /// is passed over, so a worker may make each call from a process of its own,
-    /// registered or not. So is a decision on an earlier request whose waiting call has
-    /// ended: it answers no request being made now.
-    pub fn receive(&mut self) -> Result<WorkerReply, ClientError> {
+    /// Sends one request, named for this call alone, and reads until its reply. Passed
+    /// over on the way: a welcome no process of this worker has read yet (the controller
+    /// queues it before any reply, so a worker may make each call from a process of its
+    /// own, registered or not), and whatever calls that ended before reading their answers
+    /// left behind, replies and decisions alike. None of those answers this call.
+    pub fn call(&mut self, mut message: WorkerMessage) -> Result<WorkerReply, ClientError> {
+        let call = new_call();
+        message.set_call(call.clone());
+        wire::write_frame(&mut self.stream, &message)?;
         loop {
-            match self.next_frame()? {
-                WorkerReply::Welcome { .. } => continue,
-                reply if reply.decides().is_some() => self.pass_over(reply),
-                reply => return Ok(reply),
+            let frame = self.next_frame()?;
+            if frame.call.as_deref() == Some(call.as_str()) {
+                return Ok(frame.reply);
+            }
+            if !matches!(frame.reply, WorkerReply::Welcome { .. }) {
+                self.pass_over(frame);
             }
         }
     }
 
-    /// Waits for the decision on `approval_id` (a `replicate` answered `pending`). Decisions
-    /// on other requests are passed over; a reply to another call means the worker broke
-    /// the one-call-at-a-time rule, and is an error rather than taken for the decision.
+    /// Waits for the decision on `approval_id` (a `replicate` answered `pending`), which
+    /// may already have been passed over by this client. Every other frame is passed over.
     pub fn decision(&mut self, approval_id: &str) -> Result<WorkerReply, ClientError> {
+        if let Some(i) = self
+            .passed_over
+            .iter()
+            .position(|f| f.reply.decides() == Some(approval_id))
+        {
+            return Ok(self.passed_over.remove(i).reply);
+        }
         loop {
-            let reply = self.next_frame()?;
-            match reply.decides() {
-                Some(id) if id == approval_id => return Ok(reply),
-                Some(_) => self.pass_over(reply),
-                None if matches!(reply, WorkerReply::Welcome { .. }) => continue,
-                None => {
-                    return Err(ClientError::OutOfTurn(
-                        reply.kind(),
-                        approval_id.to_string(),
-                    ));
-                }
+            let frame = self.next_frame()?;
+            if frame.reply.decides() == Some(approval_id) {
+                return Ok(frame.reply);
+            }
+            if !matches!(frame.reply, WorkerReply::Welcome { .. }) {
+                self.pass_over(frame);
             }
         }
-    }
-
-    /// Sends one request and waits for its reply.
-    pub fn call(&mut self, message: &WorkerMessage) -> Result<WorkerReply, ClientError> {
-        wire::write_frame(&mut self.stream, message)?;
-        self.receive()
     }
 }
 
@@ -208,16 +226,16 @@ mod tests {
     use super::*;
     use crate::controller::protocol::Claim;
 
-    fn decided(approval: &str) -> WorkerReply {
-        WorkerReply::Denied {
+    fn decided(approval: &str) -> WorkerFrame {
+        WorkerFrame::unnamed(WorkerReply::Denied {
             event: "approval_denied".into(),
             reason: format!("no to {approval}"),
             approval_id: Some(approval.into()),
-        }
+        })
     }
 
     /// A client, and the controller's end with `frames` already sent.
-    fn client_with(frames: &[WorkerReply]) -> Result<(AgentClient, UnixStream), ClientError> {
+    fn client_with(frames: &[WorkerFrame]) -> Result<(AgentClient, UnixStream), ClientError> {
         let (ours, mut theirs) = UnixStream::pair().map_err(FrameError::Io)?;
         for f in frames {
             wire::write_frame(&mut theirs, f)?;
@@ -225,42 +243,103 @@ mod tests {
         Ok((AgentClient::from_stream(ours), theirs))
     }
 
+    /// The controller's side of one call: reads the request and answers it, naming its
+    /// call, after `before`.
+    fn answer_after(
+        mut controller: UnixStream,
+        before: Vec<WorkerFrame>,
+        reply: WorkerReply,
+    ) -> std::thread::JoinHandle<Result<(), ClientError>> {
+        std::thread::spawn(move || {
+            let request: WorkerMessage =
+                wire::read_frame(&mut controller)?.ok_or(ClientError::Closed)?;
+            for f in before {
+                wire::write_frame(&mut controller, &f)?;
+            }
+            let call = request.call().map(str::to_string);
+            wire::write_frame(&mut controller, &WorkerFrame { reply, call })?;
+            Ok(())
+        })
+    }
+
     #[test]
-    fn a_call_passes_over_decisions_its_own_request_did_not_ask_for() -> Result<(), ClientError> {
-        let (mut c, _controller) = client_with(&[decided("a-1"), decided("a-2"), WorkerReply::Ok])?;
-        let reply = c.call(&WorkerMessage::Heartbeat(Claim::default()))?;
-        assert_eq!(reply, WorkerReply::Ok);
+    fn a_call_takes_only_the_reply_that_names_it() -> Result<(), ClientError> {
+        // What calls that ended left: a decision, a `pending` and an `ok` of their own
+        // (named and unnamed), all before this call's reply.
+        let stale = WorkerFrame {
+            reply: WorkerReply::Ok,
+            call: Some("an-earlier-call".into()),
+        };
+        let pending = WorkerFrame::unnamed(WorkerReply::Pending {
+            approval_id: "a-9".into(),
+            child_id: crate::manifest::tests::worker("w-child"),
+            reasons: vec![],
+        });
+        let (mut c, controller) = client_with(&[decided("a-1"), pending.clone(), stale.clone()])?;
+        let answered = answer_after(
+            controller,
+            vec![decided("a-2")],
+            WorkerReply::error("this one"),
+        );
+        let reply = c.call(WorkerMessage::Heartbeat(Claim::default()))?;
+        assert_eq!(reply, WorkerReply::error("this one"));
+        answered.join().map_err(|_| ClientError::Closed)??;
         let (passed, more) = c.take_passed_over();
-        assert_eq!(passed, vec![decided("a-1"), decided("a-2")]);
+        assert_eq!(passed, vec![decided("a-1"), pending, stale, decided("a-2")]);
         assert_eq!(more, 0);
         Ok(())
     }
 
     #[test]
-    fn a_wait_takes_only_its_own_decision_and_never_another_calls_reply() -> Result<(), ClientError>
-    {
-        let (mut c, _controller) = client_with(&[decided("a-1"), decided("a-2")])?;
-        assert_eq!(c.decision("a-2")?, decided("a-2"));
-        assert_eq!(c.take_passed_over().0, vec![decided("a-1")]);
-
-        let (mut c, _controller) = client_with(&[WorkerReply::Ok, decided("a-3")])?;
-        match c.decision("a-3") {
-            Err(ClientError::OutOfTurn("ok", id)) => assert_eq!(id, "a-3"),
-            other => panic!("an `ok` was taken for the decision: {other:?}"),
-        }
+    fn a_wait_takes_only_its_own_decision_even_one_passed_over_before() -> Result<(), ClientError> {
+        let (mut c, _controller) = client_with(&[
+            WorkerFrame::unnamed(WorkerReply::Ok),
+            decided("a-1"),
+            decided("a-2"),
+        ])?;
+        assert_eq!(c.decision("a-2")?, decided("a-2").reply);
+        // `a-1` was read on the way: a wait for it finds it without reading on.
+        assert_eq!(c.decision("a-1")?, decided("a-1").reply);
+        assert_eq!(
+            c.take_passed_over().0,
+            vec![WorkerFrame::unnamed(WorkerReply::Ok)]
+        );
         Ok(())
     }
 
     #[test]
-    fn decisions_passed_over_are_kept_to_a_bound_and_the_rest_counted() -> Result<(), ClientError> {
-        let mut frames: Vec<WorkerReply> = (0..MAX_PASSED_OVER + 5)
+    fn frames_passed_over_are_kept_to_a_bound_and_the_rest_counted() -> Result<(), ClientError> {
+        let frames: Vec<WorkerFrame> = (0..MAX_PASSED_OVER + 5)
             .map(|i| decided(&format!("a-{i}")))
             .collect();
-        frames.push(WorkerReply::Ok);
-        let (mut c, _controller) = client_with(&frames)?;
-        assert_eq!(c.receive()?, WorkerReply::Ok);
+        let (mut c, controller) = client_with(&frames)?;
+        let answered = answer_after(controller, vec![], WorkerReply::Ok);
+        assert_eq!(
+            c.call(WorkerMessage::Heartbeat(Claim::default()))?,
+            WorkerReply::Ok
+        );
+        answered.join().map_err(|_| ClientError::Closed)??;
         let (passed, more) = c.take_passed_over();
         assert_eq!((passed.len(), more), (MAX_PASSED_OVER, 5));
+        Ok(())
+    }
+
+    /// The socket is every process's of the worker, and a process may be killed while it
+    /// waits for the welcome: the wait must not be a setting of the socket's.
+    #[test]
+    fn a_welcome_wait_never_changes_the_shared_socket() -> Result<(), ClientError> {
+        let (c, _controller) = client_with(&[])?;
+        let shared = c.stream.try_clone().map_err(FrameError::Io)?;
+        let mut c = c;
+        let waiting = std::thread::spawn(move || c.welcome(Duration::from_millis(500)));
+        std::thread::sleep(Duration::from_millis(100));
+        // As another process sees it, mid-wait.
+        assert_eq!(shared.read_timeout().map_err(FrameError::Io)?, None);
+        let waited = waiting.join().map_err(|_| ClientError::Closed)?;
+        assert!(
+            matches!(waited, Err(ClientError::NoWelcome(_))),
+            "{waited:?}"
+        );
         Ok(())
     }
 }

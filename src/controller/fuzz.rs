@@ -26,7 +26,7 @@ use super::engine::{Engine, EngineConfig, HostEffects};
 use super::input::Input;
 use super::launcher::LauncherEvent;
 use super::link::{Inbox, Outbox};
-use super::protocol::{ApiRequest, ApiResponse, RegisterMsg, WorkerMessage};
+use super::protocol::{self, ApiRequest, ApiResponse, RegisterMsg, WorkerMessage};
 use super::wire;
 
 /// The contract the harness runs under: small enough to reach every limit quickly.
@@ -179,6 +179,7 @@ impl EngineHarness {
                     Err(e) => Input::WorkerProtocolError {
                         id: id.clone(),
                         error: e.to_string(),
+                        call: protocol::call_of(chunk),
                         in_flight: None,
                     },
                 };
@@ -195,7 +196,10 @@ impl EngineHarness {
                 if let Some(manifest) = self.engine.issued_manifest(&owner) {
                     self.input(Input::Worker {
                         id,
-                        message: WorkerMessage::Register(Box::new(RegisterMsg { manifest })),
+                        message: WorkerMessage::Register(Box::new(RegisterMsg {
+                            manifest,
+                            call: None,
+                        })),
                         in_flight: None,
                     });
                 }

@@ -32,6 +32,8 @@ pub enum Input {
     WorkerProtocolError {
         id: WorkerId,
         error: String,
+        /// The `call` the frame named, if that much of it could be read.
+        call: Option<String>,
         in_flight: InFlight,
     },
     WorkerRateLimited {

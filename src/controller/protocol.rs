@@ -39,12 +39,18 @@ pub enum WorkerMessage {
 pub struct Claim {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_id: Option<String>,
+    /// See [`WorkerMessage::call`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RegisterMsg {
     pub manifest: Manifest,
+    /// See [`WorkerMessage::call`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<String>,
 }
 
 /// A request for a child. Everything but `command` defaults to the parent's own grant;
@@ -68,6 +74,9 @@ pub struct ReplicateMsg {
     pub env: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
+    /// See [`WorkerMessage::call`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,7 +85,13 @@ pub struct ReportMsg {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_id: Option<String>,
     pub result: String,
+    /// See [`WorkerMessage::call`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<String>,
 }
+
+/// Longest `call` a request may name.
+pub const MAX_CALL_BYTES: usize = 64;
 
 impl WorkerMessage {
     /// The identity the message claims, if any.
@@ -87,6 +102,30 @@ impl WorkerMessage {
             WorkerMessage::Replicate(r) => r.worker_id.as_deref(),
             WorkerMessage::Report(r) => r.worker_id.as_deref(),
         }
+    }
+
+    /// The name the request gives itself, echoed in its reply. Each process of a worker
+    /// shares the one socket, and a call that ended before its reply came (a time limit,
+    /// a signal) leaves that reply for the next call to read: a client that names its
+    /// calls tells its own reply from one left over.
+    pub fn call(&self) -> Option<&str> {
+        match self {
+            WorkerMessage::Register(r) => r.call.as_deref(),
+            WorkerMessage::Heartbeat(c) | WorkerMessage::Shutdown(c) => c.call.as_deref(),
+            WorkerMessage::Replicate(r) => r.call.as_deref(),
+            WorkerMessage::Report(r) => r.call.as_deref(),
+        }
+    }
+
+    /// Names the request (see [`WorkerMessage::call`]).
+    pub fn set_call(&mut self, call: String) {
+        let slot = match self {
+            WorkerMessage::Register(r) => &mut r.call,
+            WorkerMessage::Heartbeat(c) | WorkerMessage::Shutdown(c) => &mut c.call,
+            WorkerMessage::Replicate(r) => &mut r.call,
+            WorkerMessage::Report(r) => &mut r.call,
+        };
+        *slot = Some(call);
     }
 
     pub fn kind(&self) -> &'static str {
@@ -145,25 +184,48 @@ pub enum WorkerReply {
     },
 }
 
+/// A frame to a worker: a reply (or the welcome, or a decision), with the `call` of the
+/// request it answers where that request named one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerFrame {
+    #[serde(flatten)]
+    pub reply: WorkerReply,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<String>,
+}
+
+impl WorkerFrame {
+    /// A frame that answers no named request.
+    pub fn unnamed(reply: WorkerReply) -> WorkerFrame {
+        WorkerFrame { reply, call: None }
+    }
+}
+
+/// The `call` a worker's frame names, read from its bytes alone: for the answer to a
+/// frame that was not read as a request (rate-limited, or not a request at all), so that
+/// its sender still knows the answer for its own. `None` unless it is a JSON object whose
+/// `call` is a string of at most [`MAX_CALL_BYTES`].
+pub fn call_of(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Named {
+        call: Option<serde_json::Value>,
+    }
+    // An object, not the array form serde would also read a struct from.
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return None;
+    }
+    match serde_json::from_slice::<Named>(body).ok()?.call? {
+        serde_json::Value::String(c) if c.len() <= MAX_CALL_BYTES => Some(c),
+        _ => None,
+    }
+}
+
 impl WorkerReply {
     /// A reply that answers the request just made: an error with no approval behind it.
     pub fn error(message: impl Into<String>) -> WorkerReply {
         WorkerReply::Error {
             message: message.into(),
             approval_id: None,
-        }
-    }
-
-    /// The frame's `type`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            WorkerReply::Welcome { .. } => "welcome",
-            WorkerReply::Registered { .. } => "registered",
-            WorkerReply::Ok => "ok",
-            WorkerReply::Allowed { .. } => "allowed",
-            WorkerReply::Pending { .. } => "pending",
-            WorkerReply::Denied { .. } => "denied",
-            WorkerReply::Error { .. } => "error",
         }
     }
 
@@ -381,6 +443,53 @@ mod tests {
             let r: Result<WorkerMessage, _> = serde_json::from_str(bad);
             assert!(r.is_err(), "accepted {bad}");
         }
+    }
+
+    #[test]
+    fn an_answer_names_its_call_beside_its_type_and_nothing_else_slips_in() {
+        let frame = WorkerFrame {
+            reply: WorkerReply::Ok,
+            call: Some("c1".into()),
+        };
+        let text = serde_json::to_string(&frame).unwrap_or_default();
+        assert_eq!(text, r#"{"type":"ok","call":"c1"}"#);
+        assert_eq!(serde_json::from_str::<WorkerFrame>(&text).ok(), Some(frame));
+        // Without a call the frame is the reply as it always was.
+        let unnamed = WorkerFrame::unnamed(WorkerReply::error("e"));
+        assert_eq!(
+            serde_json::to_string(&unnamed).unwrap_or_default(),
+            r#"{"type":"error","message":"e"}"#
+        );
+        for bad in [
+            r#"{"type":"error","message":"e","extra":1}"#,
+            r#"{"call":"c"}"#,
+        ] {
+            assert!(serde_json::from_str::<WorkerFrame>(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_call_is_read_from_any_frame_that_names_one_and_no_other() {
+        let long = "x".repeat(MAX_CALL_BYTES + 1);
+        assert_eq!(
+            call_of(br#"{"type":"nonsense","call":"c7","more":[1,2]}"#),
+            Some("c7".to_string())
+        );
+        for body in [
+            &br#"{"type":"heartbeat"}"#[..],
+            br#"{"call":7}"#,
+            br#"["call"]"#,
+            b"{not json",
+            format!(r#"{{"call":"{long}"}}"#).as_bytes(),
+        ] {
+            assert_eq!(call_of(body), None, "{}", String::from_utf8_lossy(body));
+        }
+        let named: Result<WorkerMessage, _> =
+            serde_json::from_str(r#"{"type":"heartbeat","call":"c2"}"#);
+        assert_eq!(
+            named.ok().as_ref().and_then(WorkerMessage::call),
+            Some("c2")
+        );
     }
 
     #[test]

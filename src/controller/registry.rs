@@ -11,7 +11,7 @@ use tokio::sync::mpsc::Sender;
 use crate::manifest::{Manifest, WorkerId};
 use crate::sandbox::handle::KillHandle;
 
-use super::protocol::{ExitInfo, WorkerInfo, WorkerReply};
+use super::protocol::{ExitInfo, WorkerFrame, WorkerInfo};
 
 /// Exited workers kept for `ps` after they are gone.
 const KEEP_EXITED: usize = 1000;
@@ -61,7 +61,7 @@ pub struct WorkerRecord {
     pub last_heartbeat_ms: Option<u64>,
     pub children: Vec<WorkerId>,
     /// The worker's socket, while connected.
-    pub conn: Option<Sender<WorkerReply>>,
+    pub conn: Option<Sender<WorkerFrame>>,
     /// Why the controller ended it (killed, reaped, expired, kill switch).
     pub ended_by: Option<String>,
     /// The launcher's last figures for an ended worker (its usage over its whole life).

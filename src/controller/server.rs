@@ -20,7 +20,7 @@ use crate::pace::TokenBucket;
 use super::api_slots::{ApiSlots, Slot};
 use super::input::Input;
 use super::launcher::LauncherEvent;
-use super::protocol::{ApiRequest, ApiResponse, WorkerMessage, WorkerReply};
+use super::protocol::{self, ApiRequest, ApiResponse, WorkerFrame, WorkerMessage, WorkerReply};
 use super::wire::{self, FrameError};
 
 /// Replies queued for one worker. A worker that lets this many pile up is not reading them
@@ -129,12 +129,12 @@ pub fn attach_worker(
     id: WorkerId,
     stream: StdUnixStream,
     inputs: Sender<Input>,
-) -> std::io::Result<ReplySender<WorkerReply>> {
+) -> std::io::Result<ReplySender<WorkerFrame>> {
     stream.set_nonblocking(true)?;
     let _guard = rt.enter();
     let stream = UnixStream::from_std(stream)?;
     let (mut rd, mut wr) = stream.into_split();
-    let (tx, mut rx) = channel::<WorkerReply>(REPLY_QUEUE);
+    let (tx, mut rx) = channel::<WorkerFrame>(REPLY_QUEUE);
     // The reader answers a dropped message itself, so a client that waits for one reply
     // per request is told and does not hang; a weak handle, so that the engine dropping its
     // sender still closes the connection.
@@ -167,9 +167,12 @@ pub fn attach_worker(
                         // Report the first drop at once, then at most once a second.
                         dropped = dropped.saturating_add(1);
                         let told = answer.upgrade().map(|answer| {
-                            answer.try_send(WorkerReply::error(format!(
+                            answer.try_send(WorkerFrame {
+                                call: protocol::call_of(&body),
+                                reply: WorkerReply::error(format!(
                                     "rate limited: message dropped (at most {WORKER_RATE} a second, bursts of {WORKER_BURST})"
-                                )))
+                                )),
+                            })
                         });
                         // A full queue: the worker sends without reading what it is sent.
                         // It is stopped, as the engine stops one whose replies pile up,
@@ -201,6 +204,7 @@ pub fn attach_worker(
                         Err(e) => Input::WorkerProtocolError {
                             id: id.clone(),
                             error: e.to_string(),
+                            call: protocol::call_of(&body),
                             in_flight: Some(in_flight),
                         },
                     };
@@ -223,6 +227,7 @@ pub fn attach_worker(
                     let _ = inputs.send(Input::WorkerProtocolError {
                         id: id.clone(),
                         error: e.to_string(),
+                        call: None,
                         in_flight: Some(in_flight),
                     });
                     break;

@@ -16,7 +16,7 @@ use crate::controller::admission::{
 };
 use crate::controller::launch_protocol::WorkerPlacement;
 use crate::controller::launcher::{LaunchSpec, LauncherRequest};
-use crate::controller::protocol::{ApiResponse, WorkerReply};
+use crate::controller::protocol::{ApiResponse, WorkerFrame, WorkerReply};
 use crate::controller::registry::{WorkerRecord, WorkerState};
 
 use super::Engine;
@@ -403,7 +403,7 @@ impl Engine {
         }
         let conn = ours.and_then(|s| self.effects.attach_worker(id.clone(), s));
         if let Some(tx) = &conn {
-            let _ = tx.try_send(welcome);
+            let _ = tx.try_send(WorkerFrame::unnamed(welcome));
         }
         self.registry.insert(WorkerRecord {
             manifest,

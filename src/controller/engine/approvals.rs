@@ -10,7 +10,7 @@ use crate::manifest::{Manifest, WorkerId};
 
 use crate::controller::admission::{Admission, Candidate};
 use crate::controller::bounded;
-use crate::controller::protocol::{ApiResponse, PendingApproval, WorkerReply};
+use crate::controller::protocol::{ApiResponse, MAX_TEXT_BYTES, PendingApproval, WorkerReply};
 use crate::controller::registry::WorkerState;
 
 use super::Engine;
@@ -119,6 +119,17 @@ impl Engine {
             return refuse(
                 self,
                 format!("uid {uid} may not decide approvals (only the controller's owner or root)"),
+            );
+        }
+        // The reason goes to the worker in one frame, and into the trail: as bounded as a
+        // worker's own reasons are.
+        if deny_reason
+            .as_ref()
+            .is_some_and(|r| r.len() > MAX_TEXT_BYTES)
+        {
+            return refuse(
+                self,
+                format!("a reason longer than {MAX_TEXT_BYTES} bytes: shorten it"),
             );
         }
         // A request past its deadline is denied first, as the reaper's next tick would

@@ -11,7 +11,7 @@
 use tokio::sync::oneshot;
 
 use crate::controller::launcher::LauncherRequest;
-use crate::controller::protocol::{ApiResponse, WorkerReply};
+use crate::controller::protocol::{ApiResponse, WorkerFrame, WorkerReply};
 use crate::manifest::WorkerId;
 
 use super::Engine;
@@ -25,7 +25,7 @@ pub(super) struct Held {
     /// entry saying so is on disk.
     pub(super) audit_failure: Option<AuditFailure>,
     api: Vec<(oneshot::Sender<ApiResponse>, ApiResponse)>,
-    workers: Vec<(WorkerId, WorkerReply)>,
+    workers: Vec<(WorkerId, WorkerFrame)>,
     /// This node's acknowledgements of the cluster's kill switch: (revision, killed, ms).
     acks: Vec<(i64, usize, u64)>,
 }
@@ -81,12 +81,28 @@ impl Engine {
     }
 
     /// Queues a reply for a worker, held like an API answer (see
-    /// [`Engine::deliver_worker`]).
+    /// [`Engine::deliver_worker`]). A reply to the request being handled names that
+    /// request's `call`; a decision, which answers a request made before, never does.
     pub(super) fn reply_worker(&mut self, id: &WorkerId, reply: WorkerReply) {
+        let call = match &self.answering {
+            Some((to, call)) if to == id && reply.decides().is_none() => call.clone(),
+            _ => None,
+        };
+        self.answer_worker(id, call, reply);
+    }
+
+    /// [`Engine::reply_worker`] with the `call` given.
+    pub(super) fn answer_worker(
+        &mut self,
+        id: &WorkerId,
+        call: Option<String>,
+        reply: WorkerReply,
+    ) {
+        let frame = WorkerFrame { reply, call };
         if self.held.holding() {
-            self.held.workers.push((id.clone(), reply));
+            self.held.workers.push((id.clone(), frame));
         } else {
-            self.deliver_worker(id, reply);
+            self.deliver_worker(id, frame);
         }
     }
 

@@ -17,7 +17,7 @@ use crate::manifest::WorkerId;
 use crate::controller::input::Input;
 use crate::controller::launcher::LauncherRequest;
 use crate::controller::link::{LinkError, Outbox};
-use crate::controller::protocol::WorkerReply;
+use crate::controller::protocol::WorkerFrame;
 use crate::controller::server;
 
 type ReplySender<T> = tokio::sync::mpsc::Sender<T>;
@@ -49,7 +49,7 @@ pub trait Effects: Send {
 
     /// Connects a worker's end of its socket to the engine: the sender of its replies,
     /// or `None` when it cannot be connected.
-    fn attach_worker(&self, id: WorkerId, sock: UnixStream) -> Option<ReplySender<WorkerReply>>;
+    fn attach_worker(&self, id: WorkerId, sock: UnixStream) -> Option<ReplySender<WorkerFrame>>;
 
     /// Hands `input` to the engine after `delay`.
     fn wake_after(&self, delay: Duration, input: Input);
@@ -176,7 +176,7 @@ impl Effects for HostEffects {
         let _ = nix::sys::signal::kill(self.launcher_pid, nix::sys::signal::Signal::SIGKILL);
     }
 
-    fn attach_worker(&self, id: WorkerId, sock: UnixStream) -> Option<ReplySender<WorkerReply>> {
+    fn attach_worker(&self, id: WorkerId, sock: UnixStream) -> Option<ReplySender<WorkerFrame>> {
         server::attach_worker(&self.rt, id, sock, self.inputs.clone()).ok()
     }
 

@@ -38,7 +38,7 @@ use super::audit_budget::AuditBudgets;
 use super::bounded;
 use super::input::Input;
 use super::launcher::{LauncherRequest, LiveUsage};
-use super::protocol::{ApiResponse, PendingApproval, WorkerReply};
+use super::protocol::{ApiResponse, PendingApproval, WorkerFrame, WorkerReply};
 use super::registry::Registry;
 use super::server;
 
@@ -116,6 +116,9 @@ pub struct Engine {
     /// How much of the trail each worker may still cause.
     audit_budgets: AuditBudgets,
     pending_approvals: std::collections::BTreeMap<String, PendingApproval>,
+    /// The worker whose request is being handled, and the `call` that request named:
+    /// echoed in the replies to it (see [`Engine::reply_worker`]).
+    answering: Option<(WorkerId, Option<String>)>,
     /// The uid allowed to decide approvals (the controller's own; root always may).
     owner_uid: u32,
     next_slot: u32,
@@ -197,6 +200,7 @@ impl Engine {
             rejected: Default::default(),
             audit_budgets: AuditBudgets::default(),
             pending_approvals: Default::default(),
+            answering: None,
             owner_uid: nix::unistd::geteuid().as_raw(),
             next_slot: 0,
             shutting_down: false,
@@ -327,7 +331,9 @@ impl Engine {
                 reply,
             } => self.api(peer_uid, *request, reply),
             Input::Worker { id, message, .. } => self.worker(id, message),
-            Input::WorkerProtocolError { id, error, .. } => {
+            Input::WorkerProtocolError {
+                id, error, call, ..
+            } => {
                 if !self.speaks_for_live_worker(&id) {
                     return;
                 }
@@ -342,7 +348,7 @@ impl Engine {
                         false,
                     );
                 }
-                self.reply_worker(&id, WorkerReply::error(error));
+                self.answer_worker(&id, call, WorkerReply::error(error));
             }
             Input::WorkerNotReading { id } => {
                 if self.speaks_for_live_worker(&id) {
@@ -483,7 +489,7 @@ impl Engine {
     /// Hands a reply to a worker's connection. A worker whose queue is full does not read
     /// what it is sent: it is disconnected and stopped (its replies would otherwise pile
     /// up in the controller without bound).
-    fn deliver_worker(&mut self, id: &WorkerId, reply: WorkerReply) {
+    fn deliver_worker(&mut self, id: &WorkerId, reply: WorkerFrame) {
         let Some(conn) = self.registry.get(id).and_then(|w| w.conn.as_ref()) else {
             return;
         };

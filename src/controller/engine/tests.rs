@@ -117,7 +117,7 @@ impl Effects for FakeEffects {
         &self,
         _id: WorkerId,
         _sock: std::os::unix::net::UnixStream,
-    ) -> Option<tokio::sync::mpsc::Sender<WorkerReply>> {
+    ) -> Option<tokio::sync::mpsc::Sender<WorkerFrame>> {
         None
     }
 

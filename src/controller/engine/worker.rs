@@ -8,7 +8,9 @@ use crate::manifest::{Manifest, SpawnRequest, StateSnapshot, WorkerId};
 
 use crate::controller::admission::{self, Admission, Registration, Requester};
 use crate::controller::bounded;
-use crate::controller::protocol::{MAX_TEXT_BYTES, ReplicateMsg, WorkerMessage, WorkerReply};
+use crate::controller::protocol::{
+    MAX_CALL_BYTES, MAX_TEXT_BYTES, ReplicateMsg, WorkerMessage, WorkerReply,
+};
 use crate::controller::registry::WorkerState;
 
 use super::Engine;
@@ -32,7 +34,24 @@ impl Engine {
         self.shutdown_deadlines.iter().any(|(w, _)| w == id)
     }
 
+    /// A worker's request: every reply to it names the `call` it named.
     pub(super) fn worker(&mut self, id: WorkerId, message: WorkerMessage) {
+        let call = message.call().map(str::to_string);
+        if call.as_ref().is_some_and(|c| c.len() > MAX_CALL_BYTES) {
+            if self.speaks_for_live_worker(&id) {
+                self.reply_worker(
+                    &id,
+                    WorkerReply::error(format!("call longer than {MAX_CALL_BYTES} bytes")),
+                );
+            }
+            return;
+        }
+        self.answering = Some((id.clone(), call));
+        self.handle_worker(id, message);
+        self.answering = None;
+    }
+
+    fn handle_worker(&mut self, id: WorkerId, message: WorkerMessage) {
         if !self.speaks_for_live_worker(&id) {
             return;
         }
