@@ -353,6 +353,74 @@ fn run_with_timeout_stdin(cmd: &mut Command, stdin: Stdio) -> std::process::Outp
     }
 }
 
+/// A caller's pipe end is used only the way the caller opened it: the other end is
+/// someone else's. A write-only stdin is never read (what was written for the pipe's own
+/// reader stays for it), a read-only stdout is never written (the command's output does
+/// not go into what the caller reads).
+#[test]
+fn a_callers_pipe_end_is_used_only_the_way_it_was_opened() {
+    if skip_unless_root("a_callers_pipe_end_is_used_only_the_way_it_was_opened") {
+        return;
+    }
+    let (r, w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+        Ok(p) => p,
+        Err(e) => panic!("pipe: {e}"),
+    };
+    if let Err(e) = nix::unistd::write(&w, b"SECRET for the pipe's reader\n") {
+        panic!("{e}");
+    }
+    let args: Vec<String> = ["run", "--timeout", "10s", "--", "cat"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let out = run_with_stdin(&args, Stdio::from(w));
+    // End-of-file at once: a stdin that cannot be read has nothing to give.
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(!stdout(&out).contains("SECRET"), "{}", stdout(&out));
+    let mut left = String::new();
+    if let Err(e) = std::fs::File::from(r).read_to_string(&mut left) {
+        panic!("{e}");
+    }
+    assert_eq!(left, "SECRET for the pipe's reader\n");
+
+    let (r, w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+        Ok(p) => p,
+        Err(e) => panic!("pipe: {e}"),
+    };
+    let out = match Command::new(hatchery())
+        .args([
+            "run",
+            "--max-output",
+            "1M",
+            "--timeout",
+            "10s",
+            "--",
+            "echo",
+            "INJECTED",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(r.try_clone().unwrap_or_else(|e| panic!("{e}"))))
+        .stderr(Stdio::piped())
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => panic!("cannot start hatchery: {e}"),
+    };
+    drop(w);
+    let mut read = String::new();
+    if let Err(e) = std::fs::File::from(r).read_to_string(&mut read) {
+        panic!("{e}");
+    }
+    assert_eq!(read, "", "{}", stderr(&out));
+    // Said at once, not found out at the timeout.
+    assert_ne!(code(&out), 124, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("writing the command's output failed"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn what_a_stdin_open_for_writing_holds_still_reaches_the_command() {
     let test = "what_a_stdin_open_for_writing_holds_still_reaches_the_command";

@@ -23,9 +23,10 @@
 //! non-blocking. The caller's descriptors are not its to reconfigure (their open file
 //! description is shared with the caller's shell, and other processes may read or write
 //! them too), so: a terminal or a pipe is opened once more as a non-blocking description
-//! of the pump's own ([`super::tty::reopen_nonblocking`], `reopen_pipe_nonblocking`); a
-//! socket is read and written with `MSG_DONTWAIT`; a pty master, which cannot be opened
-//! again, has `O_NONBLOCK` set for each call alone; any other device is written only
+//! of the pump's own ([`super::tty::reopen_nonblocking`], `reopen_pipe_nonblocking`),
+//! and only the way the caller's own description goes; a socket is read and written with
+//! `MSG_DONTWAIT`, in pieces of `PIPE_BUF` bytes; a pty master, or a pipe that cannot be
+//! opened again, has `O_NONBLOCK` set for each call alone; any other device is written only
 //! after poll(2) reported room, and then at most `PIPE_BUF` bytes, and read only after
 //! poll(2) reported data. A destination that stops reading therefore stalls the pump, and
 //! through the full pipe or terminal the payload, but never the supervisor's loop:
@@ -104,7 +105,9 @@ enum Direction {
 /// How a descriptor is read or written without blocking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    /// A regular file: never waits (for a reader or a writer).
+    /// A regular file: never waits (for a reader or a writer). So too a caller's pipe end
+    /// opened the other way (a write-only stdin, a read-only stdout): every call to it
+    /// fails at once (EBADF), which ends the stream and, for output, says why.
     File,
     /// A non-blocking description of the pump's own: read or written until EAGAIN.
     NonBlocking,
@@ -288,10 +291,17 @@ fn caller_end(fd: OwnedFd, access: OFlag) -> io::Result<(OwnedFd, Mode)> {
     match st.st_mode & libc::S_IFMT {
         libc::S_IFREG => return Ok((fd, Mode::File)),
         libc::S_IFSOCK => return Ok((fd, Mode::Socket)),
+        // Only the way the caller's own description goes: the other end of its pipe is
+        // someone else's (a write-only stdin's reader, a read-only stdout's writer). Used
+        // the wrong way, the caller's end fails at once (EBADF).
+        libc::S_IFIFO if !opened_for(fd.as_fd(), access) => return Ok((fd, Mode::File)),
         libc::S_IFIFO => {
-            if let Ok(own) = reopen_pipe_nonblocking(fd.as_fd(), access) {
-                return Ok((own, Mode::NonBlocking));
-            }
+            return Ok(match reopen_pipe_nonblocking(fd.as_fd(), access, &st) {
+                Ok(own) => (own, Mode::NonBlocking),
+                // Where it cannot be opened again, as a pty master: never a call that
+                // waits, at the cost of the flag set for its length.
+                Err(_) => (fd, Mode::BriefNonBlocking),
+            });
         }
         _ => {}
     }
@@ -307,22 +317,43 @@ fn caller_end(fd: OwnedFd, access: OFlag) -> io::Result<(OwnedFd, Mode)> {
     Ok((fd, Mode::AfterPoll))
 }
 
-/// The caller's pipe (or FIFO), opened once more through `/proc/self/fd` as a
-/// non-blocking description of the pump's own, for `access`: the same pipe, so the same
-/// bytes and room, but its flags are ours. Another process sharing the caller's
-/// description (a second reader of a stdin pipe, a second writer filling a stdout pipe)
-/// may take what poll(2) reported between the poll and the call; on a blocking description
-/// that call then waited, and `--timeout` with it. Fails where the pipe cannot be opened
-/// again (no `/proc`; a FIFO whose mode refuses us; no reader left, for writing), and the
-/// caller's description is then used after poll(2).
-fn reopen_pipe_nonblocking(fd: BorrowedFd<'_>, access: OFlag) -> io::Result<OwnedFd> {
+/// Whether the caller's `fd` was opened for `access` (`O_RDONLY`, `O_WRONLY`, `O_RDWR`).
+fn opened_for(fd: BorrowedFd<'_>, access: OFlag) -> bool {
+    let Ok(flags) = fcntl(fd, FcntlArg::F_GETFL) else {
+        return false;
+    };
+    let mode = OFlag::from_bits_retain(flags) & OFlag::O_ACCMODE;
+    mode == OFlag::O_RDWR || mode == access
+}
+
+/// The caller's pipe (or FIFO) `fd`, whose status is `st`, opened once more through
+/// `/proc/self/fd` as a non-blocking description of the pump's own, for `access`: the
+/// same pipe, so the same bytes and room, but its flags are ours. Another process sharing
+/// the caller's description (a second reader of a stdin pipe, a second writer filling a
+/// stdout pipe) may take what poll(2) reported between the poll and the call; on a
+/// blocking description that call then waited, and `--timeout` with it. Fails where the
+/// pipe cannot be opened again (no `/proc`; a FIFO whose mode refuses us; no reader left,
+/// for writing), or what opened is not that pipe.
+fn reopen_pipe_nonblocking(
+    fd: BorrowedFd<'_>,
+    access: OFlag,
+    st: &nix::sys::stat::FileStat,
+) -> io::Result<OwnedFd> {
     use std::os::fd::AsRawFd;
-    nix::fcntl::open(
+    let own = nix::fcntl::open(
         format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str(),
         access | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY,
         nix::sys::stat::Mode::empty(),
     )
-    .map_err(io::Error::from)
+    .map_err(io::Error::from)?;
+    let same =
+        nix::sys::stat::fstat(&own).is_ok_and(|o| (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino));
+    if !same {
+        return Err(io::Error::other(
+            "what /proc/self/fd opened is not the caller's pipe",
+        ));
+    }
+    Ok(own)
 }
 
 impl OutputPump {
@@ -674,7 +705,10 @@ impl OutputPump {
             };
             let left = s.pending.get(s.written..).unwrap_or_default();
             let piece = match s.sink_mode {
-                Mode::File | Mode::NonBlocking | Mode::BriefNonBlocking | Mode::Socket => left,
+                Mode::File | Mode::NonBlocking | Mode::BriefNonBlocking => left,
+                // A datagram or seqpacket socket takes each send as one record, which must
+                // fit its buffer and its reader's: pieces of what a pipe takes at once.
+                Mode::Socket => left.get(..left.len().min(PIPE_BUF)).unwrap_or_default(),
                 Mode::AfterPoll if ready_now(sink.as_fd(), PollFlags::POLLOUT) => {
                     left.get(..left.len().min(PIPE_BUF)).unwrap_or_default()
                 }

@@ -1,5 +1,6 @@
 use super::*;
 use std::io::{Read, Seek, Write};
+use std::os::unix::fs::OpenOptionsExt;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -497,4 +498,103 @@ fn a_shared_socket_is_read_and_written_without_waiting() -> TestResult {
     );
     assert_eq!(got, Some(Err(Errno::EAGAIN)), "a full socket waited");
     assert_blocking(&a)
+}
+
+/// The caller's pipe end is used only the way the caller opened it: its other end is
+/// someone else's. A write-only stdin is never read (what its reader was sent stays for
+/// it), a read-only stdout never written (nothing is put into what the caller reads).
+#[test]
+fn a_callers_pipe_end_is_never_turned_around() -> TestResult {
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    nix::unistd::write(&w, b"for the pipe's own reader")?;
+    let mut pump = OutputPump::with_cap(Some(1 << 20));
+    let payload_stdin = pump.add_input(w.try_clone()?)?;
+    for _ in 0..4 {
+        pump.progress();
+    }
+    fcntl(&payload_stdin, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    let mut buf = [0u8; 64];
+    assert_ne!(
+        nix::unistd::read(&payload_stdin, &mut buf)
+            .ok()
+            .filter(|n| *n > 0),
+        Some(25),
+        "the payload read what the caller's pipe held for its reader"
+    );
+    assert_eq!(
+        nix::unistd::read(&r, &mut buf)?,
+        25,
+        "the reader lost its bytes"
+    );
+
+    let (r, _w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let (_err, err_sink) = file_sink()?;
+    let (mut pump, [w_out, w_err]) = OutputPump::new(Some(1 << 20), r.try_clone()?, err_sink)?;
+    drop(w_err);
+    nix::unistd::write(&w_out, b"INJECTED")?;
+    drop(w_out);
+    for _ in 0..4 {
+        pump.progress();
+    }
+    fcntl(&r, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    assert_eq!(
+        nix::unistd::read(&r, &mut buf),
+        Err(Errno::EAGAIN),
+        "the payload's output went into a pipe the caller only reads"
+    );
+    Ok(())
+}
+
+/// A pipe that cannot be opened again (here: a FIFO whose reader has gone, which no
+/// writer may open) is written with the flag set for each call, never by a call that may
+/// wait.
+#[test]
+fn a_pipe_that_cannot_be_opened_again_is_still_never_waited_on() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))?;
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)?;
+    let writer = std::fs::OpenOptions::new().write(true).open(&fifo)?;
+    drop(reader);
+    let (_, mode) = caller_end(OwnedFd::from(writer), OFlag::O_WRONLY)?;
+    assert_eq!(mode, Mode::BriefNonBlocking);
+    Ok(())
+}
+
+/// A datagram socket takes each send as one record: the output goes in pieces it takes,
+/// not in one record of everything read.
+#[test]
+fn output_to_a_datagram_socket_goes_in_records_it_takes() -> TestResult {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::Datagram,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?;
+    let (_err, err_sink) = file_sink()?;
+    let (mut pump, [w_out, w_err]) = OutputPump::new(Some(1 << 20), ours, err_sink)?;
+    drop(w_err);
+    let mut w_out = std::fs::File::from(w_out);
+    w_out.write_all(&[b'x'; 60_000])?;
+    drop(w_out);
+    fcntl(&theirs, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 17];
+    for _ in 0..1000 {
+        pump.progress();
+        while let Ok(n) = nix::unistd::read(&theirs, &mut buf) {
+            assert!(n <= PIPE_BUF, "a record of {n} bytes");
+            got += n;
+        }
+        if got >= 60_000 {
+            break;
+        }
+    }
+    assert_eq!(got, 60_000);
+    assert_eq!(pump.summary().write_errno, None);
+    Ok(())
 }
