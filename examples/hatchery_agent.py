@@ -60,6 +60,8 @@ or from a shell, one process per call (register once, first):
     python3 hatchery_agent.py shutdown
 """
 
+import contextlib
+import fcntl
 import json
 import os
 import select
@@ -82,6 +84,7 @@ def is_decision(frame: dict) -> bool:
 class Worker:
     WELCOME_TIMEOUT = 5.0
     MAX_PASSED_OVER = 16
+    MAX_DECISIONS_KEPT = 64
 
     def __init__(self, fd=None):
         fd = int(os.environ.get("HATCHERY_FD", "3")) if fd is None else fd
@@ -95,9 +98,32 @@ class Worker:
         # to this client's own (the first MAX_PASSED_OVER; the rest are counted).
         self.passed_over = []
         self.passed_over_uncounted = 0
+        # The decisions among them (the newest MAX_DECISIONS_KEPT), for `decision()`.
+        self._decisions = []
+        self._turns = 0
+
+    @contextlib.contextmanager
+    def turn(self):
+        """Holds the worker's turn on its socket: every process of a worker reads the one
+        socket, and two reading at once split each other's frames. A POSIX record lock
+        (`lockf`) belongs to the process, so other processes wait; the kernel gives it
+        back when this one ends. `hatchery agent` takes the same turn."""
+        if self._turns == 0:
+            fcntl.lockf(self.sock.fileno(), fcntl.LOCK_EX)
+        self._turns += 1
+        try:
+            yield
+        finally:
+            self._turns -= 1
+            if self._turns == 0:
+                fcntl.lockf(self.sock.fileno(), fcntl.LOCK_UN)
 
     def read_welcome(self) -> dict:
         """The controller's welcome, read once (it is sent once, first)."""
+        with self.turn():
+            return self._read_welcome()
+
+    def _read_welcome(self) -> dict:
         if self.welcome is None:
             # Waits in select, not with a timeout on the socket: the socket is every
             # process's of the worker, and this one may be killed while it waits.
@@ -147,6 +173,10 @@ class Worker:
         return json.loads(self._read_exact(length))
 
     def _pass_over(self, frame: dict):
+        if is_decision(frame):
+            if len(self._decisions) >= self.MAX_DECISIONS_KEPT:
+                self._decisions.pop(0)
+            self._decisions.append(frame)
         if len(self.passed_over) < self.MAX_PASSED_OVER:
             self.passed_over.append(frame)
         else:
@@ -165,28 +195,31 @@ class Worker:
         """Sends a request named for this call alone, and returns its answer (without the
         name). What calls that ended before reading their answers left is passed over."""
         name = os.urandom(8).hex()
-        self.send({**message, "call": name})
-        while True:
-            frame = self.receive()
-            if frame.get("call") == name:
-                del frame["call"]
-                return frame
-            self._pass_over(frame)
+        with self.turn():
+            self.send({**message, "call": name})
+            while True:
+                frame = self.receive()
+                if frame.get("call") == name:
+                    del frame["call"]
+                    return frame
+                self._pass_over(frame)
 
     def decision(self, approval_id: str) -> dict:
         """Waits for the decision on a request answered "pending" (it may have been passed
         over already)."""
-        for i, frame in enumerate(self.passed_over):
-            if is_decision(frame) and frame.get("approval_id") == approval_id:
-                return self.passed_over.pop(i)
-        while True:
-            frame = self.receive()
-            if is_decision(frame) and frame.get("approval_id") == approval_id:
-                return frame
-            self._pass_over(frame)
+        for i, frame in enumerate(self._decisions):
+            if frame.get("approval_id") == approval_id:
+                return self._decisions.pop(i)
+        with self.turn():
+            while True:
+                frame = self.receive()
+                if is_decision(frame) and frame.get("approval_id") == approval_id:
+                    return frame
+                self._pass_over(frame)
 
     def register(self) -> dict:
-        return self.call({"type": "register", "manifest": self.read_welcome()["manifest"]})
+        with self.turn():
+            return self.call({"type": "register", "manifest": self.read_welcome()["manifest"]})
 
     def heartbeat(self) -> dict:
         return self.call({"type": "heartbeat"})
@@ -195,10 +228,11 @@ class Worker:
         """Asks for a child. A request a person must decide is answered "pending": with
         `wait`, its decision is awaited and returned instead; without, `decision()` waits
         for it later."""
-        reply = self.call({"type": "replicate", "reason": reason, "command": command, **grant})
-        if wait and reply.get("type") == "pending":
-            return self.decision(reply["approval_id"])
-        return reply
+        with self.turn():
+            reply = self.call({"type": "replicate", "reason": reason, "command": command, **grant})
+            if wait and reply.get("type") == "pending":
+                return self.decision(reply["approval_id"])
+            return reply
 
     def report(self, result: str) -> dict:
         return self.call({"type": "report", "result": result})
@@ -225,8 +259,8 @@ def main(argv):
     try:
         reply = calls[verb]()
     except (ProtocolError, OSError) as e:
+        reply = None
         print(f"hatchery_agent: {verb}: {e}", file=sys.stderr)
-        return 1
     for d in w.passed_over:
         what = (
             f"the decision on approval {d.get('approval_id')} (the call that waited for it "
@@ -237,6 +271,8 @@ def main(argv):
         print(f"hatchery_agent: passed over {what}: {json.dumps(d)}", file=sys.stderr)
     if w.passed_over_uncounted:
         print(f"hatchery_agent: passed over {w.passed_over_uncounted} more", file=sys.stderr)
+    if reply is None:
+        return 1
     print(json.dumps(reply))
     return 0 if reply.get("type") not in ("error", "denied") else 1
 

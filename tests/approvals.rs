@@ -721,3 +721,37 @@ fn a_decision_whose_call_gave_up_is_never_read_as_another_calls_answer() {
         "{log}"
     );
 }
+
+#[test]
+fn calls_from_two_processes_of_a_worker_take_turns() {
+    if skip_unless_root("calls at once") {
+        return;
+    }
+    let c = TestController::start(&contract("require = [{ kind = \"always\" }]"), &[]);
+    // A request waiting for a person in the background, and a heartbeat meanwhile: both
+    // read the one socket, and read at once they split each other's frames.
+    let script = "hatchery agent register >/dev/null\n\
+                  ( hatchery agent replicate --reason bg -- true >/dev/null; echo \"bg=$?\" ) &\n\
+                  sleep 1\n\
+                  hatchery agent heartbeat; echo \"fg=$?\"\n\
+                  wait\n\
+                  hatchery agent heartbeat; echo \"after=$?\"\n\
+                  sleep 30";
+    let parent = match c.spawn(&[], script) {
+        Ok(id) => id,
+        Err(o) => panic!("{}", stderr(&o)),
+    };
+    let bg = approval_for(&wait_pending(&c, 1), "bg");
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = c.cli(&["deny", &bg, "--reason", "not now"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let log = wait_log(&c, &parent, "after=");
+    for line in ["bg=3", "fg=0", "after=0"] {
+        assert!(log.lines().any(|l| l == line), "no {line}:\n{log}");
+    }
+    assert_eq!(
+        log.matches("{\"type\":\"ok\"}").count(),
+        2,
+        "each heartbeat read its own answer:\n{log}"
+    );
+}

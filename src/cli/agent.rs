@@ -17,7 +17,11 @@ const WELCOME_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 const AGENT_EXAMPLES: &str = "\
 Each call may be a process of its own; `register` comes first, once (it reads the
-controller's welcome, which is sent once).
+controller's welcome, which is sent once). Calls made at once from several processes take
+turns on the socket; a `replicate` waiting for a person keeps its turn until the decision.
+A call killed before its answer came (`timeout 60 hatchery agent replicate ...`) leaves
+that answer, or a later decision, for the next call, which passes over it and says so on
+stderr.
 
 Inside a worker (the binary is at /run/hatchery/bin/hatchery, on PATH):
   hatchery agent register
@@ -88,18 +92,19 @@ fn run(command: AgentCommand) -> anyhow::Result<i32> {
 /// Makes the call `command` asks for; a request answered `pending` waits for its decision.
 fn ask(client: &mut AgentClient, command: AgentCommand) -> anyhow::Result<WorkerReply> {
     let reply = match command {
-        AgentCommand::Register => {
+        // The welcome and the registration in one turn: no other call between them.
+        AgentCommand::Register => client.exclusive(|client| {
             let manifest = match client.welcome(WELCOME_WAIT)? {
                 WorkerReply::Welcome { manifest, .. } => manifest,
                 other => anyhow::bail!(
                     "expected the controller's welcome, got {other:?} (already registered?)"
                 ),
             };
-            client.call(WorkerMessage::Register(Box::new(RegisterMsg {
+            Ok(client.call(WorkerMessage::Register(Box::new(RegisterMsg {
                 manifest: *manifest,
                 call: None,
-            })))?
-        }
+            })))?)
+        })?,
         AgentCommand::Heartbeat => client.call(WorkerMessage::Heartbeat(Claim::default()))?,
         AgentCommand::Replicate(a) => {
             let (resources, filesystem, profile): (
@@ -117,7 +122,7 @@ fn ask(client: &mut AgentClient, command: AgentCommand) -> anyhow::Result<Worker
             };
             let state = a.job.state_snapshot()?;
             let env = a.job.environment()?;
-            let reply = client.call(WorkerMessage::Replicate(Box::new(ReplicateMsg {
+            let request = WorkerMessage::Replicate(Box::new(ReplicateMsg {
                 worker_id: None,
                 reason: a.reason,
                 command: a.job.command,
@@ -128,14 +133,19 @@ fn ask(client: &mut AgentClient, command: AgentCommand) -> anyhow::Result<Worker
                 env: (!env.is_empty()).then_some(env),
                 cwd: a.job.cwd,
                 call: None,
-            })))?;
-            if let WorkerReply::Pending { approval_id, .. } = &reply {
-                // A person decides; the decision follows on the same socket.
-                print(&reply);
-                client.decision(approval_id)?
-            } else {
-                reply
-            }
+            }));
+            // One turn until the decision: another process's call would read it.
+            client.exclusive(|client| {
+                let reply = client.call(request)?;
+                match &reply {
+                    WorkerReply::Pending { approval_id, .. } => {
+                        // A person decides; the decision follows on the same socket.
+                        print(&reply);
+                        client.decision(approval_id)
+                    }
+                    _ => Ok(reply),
+                }
+            })?
         }
         AgentCommand::Report { result } => client.call(WorkerMessage::Report(ReportMsg {
             worker_id: None,

@@ -93,14 +93,25 @@ fn new_call() -> String {
     hex::encode(b)
 }
 
+/// Decisions passed over that a later wait of the same client may still take: the
+/// newest are kept. Each is a request of this worker's that waited for a person, of which
+/// the contract lets a worker have few at a time.
+const MAX_DECISIONS_KEPT: usize = 64;
+
 /// A worker's connection to its controller.
 pub struct AgentClient {
     stream: UnixStream,
     /// Frames read on the way to this call's reply that answer nothing this process asked:
     /// replies and decisions whose calls ended before reading them (a worker's own time
-    /// limit, a signal).
+    /// limit, a signal). For showing.
     passed_over: Vec<WorkerFrame>,
     passed_over_uncounted: usize,
+    /// The decisions among them, for a later [`AgentClient::decision`] of this client.
+    decisions: std::collections::VecDeque<WorkerFrame>,
+    /// How deep in [`AgentClient::exclusive`] this client is: the turn is taken at the
+    /// first and given back at the last (a process's record lock is one, however often
+    /// it is taken).
+    turns: u32,
 }
 
 impl AgentClient {
@@ -131,7 +142,33 @@ impl AgentClient {
             stream,
             passed_over: Vec::new(),
             passed_over_uncounted: 0,
+            decisions: std::collections::VecDeque::new(),
+            turns: 0,
         }
+    }
+
+    /// Runs `f` holding the worker's turn on its socket (see
+    /// [`crate::sandbox::process::socket_turn`]). Every process of a worker reads the one
+    /// socket: two reading at once split each other's frames (one takes a length, the
+    /// other the body), and the stream is lost for every later call. Calls from several
+    /// processes therefore wait their turn, and a `replicate` that waits for a person
+    /// keeps the turn until the decision comes. A socket that takes no lock is used
+    /// without one.
+    pub fn exclusive<T, E>(
+        &mut self,
+        f: impl FnOnce(&mut AgentClient) -> Result<T, E>,
+    ) -> Result<T, E> {
+        use std::os::fd::AsFd;
+        if self.turns == 0 {
+            let _ = crate::sandbox::process::socket_turn(self.stream.as_fd(), true);
+        }
+        self.turns = self.turns.saturating_add(1);
+        let done = f(self);
+        self.turns = self.turns.saturating_sub(1);
+        if self.turns == 0 {
+            let _ = crate::sandbox::process::socket_turn(self.stream.as_fd(), false);
+        }
+        done
     }
 
     /// The frames passed over so far (at most [`MAX_PASSED_OVER`]), and how many more
@@ -144,6 +181,12 @@ impl AgentClient {
     }
 
     fn pass_over(&mut self, frame: WorkerFrame) {
+        if frame.reply.decides().is_some() {
+            if self.decisions.len() >= MAX_DECISIONS_KEPT {
+                self.decisions.pop_front();
+            }
+            self.decisions.push_back(frame.clone());
+        }
         if self.passed_over.len() < MAX_PASSED_OVER {
             self.passed_over.push(frame);
         } else {
@@ -162,6 +205,10 @@ impl AgentClient {
     /// poll(2), not with a timeout on the socket: the socket is every process's of the
     /// worker, and this one may be killed while it waits.
     pub fn welcome(&mut self, timeout: Duration) -> Result<WorkerReply, ClientError> {
+        self.exclusive(|c| c.welcome_in_turn(timeout))
+    }
+
+    fn welcome_in_turn(&mut self, timeout: Duration) -> Result<WorkerReply, ClientError> {
         use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
         use std::os::fd::AsFd;
         let ms = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
@@ -184,7 +231,11 @@ impl AgentClient {
     /// queues it before any reply, so a worker may make each call from a process of its
     /// own, registered or not), and whatever calls that ended before reading their answers
     /// left behind, replies and decisions alike. None of those answers this call.
-    pub fn call(&mut self, mut message: WorkerMessage) -> Result<WorkerReply, ClientError> {
+    pub fn call(&mut self, message: WorkerMessage) -> Result<WorkerReply, ClientError> {
+        self.exclusive(|c| c.call_in_turn(message))
+    }
+
+    fn call_in_turn(&mut self, mut message: WorkerMessage) -> Result<WorkerReply, ClientError> {
         let call = new_call();
         message.set_call(call.clone());
         wire::write_frame(&mut self.stream, &message)?;
@@ -202,12 +253,18 @@ impl AgentClient {
     /// Waits for the decision on `approval_id` (a `replicate` answered `pending`), which
     /// may already have been passed over by this client. Every other frame is passed over.
     pub fn decision(&mut self, approval_id: &str) -> Result<WorkerReply, ClientError> {
+        self.exclusive(|c| c.decision_in_turn(approval_id))
+    }
+
+    fn decision_in_turn(&mut self, approval_id: &str) -> Result<WorkerReply, ClientError> {
         if let Some(i) = self
-            .passed_over
+            .decisions
             .iter()
             .position(|f| f.reply.decides() == Some(approval_id))
         {
-            return Ok(self.passed_over.remove(i).reply);
+            if let Some(found) = self.decisions.remove(i) {
+                return Ok(found.reply);
+            }
         }
         loop {
             let frame = self.next_frame()?;
@@ -302,9 +359,69 @@ mod tests {
         assert_eq!(c.decision("a-1")?, decided("a-1").reply);
         assert_eq!(
             c.take_passed_over().0,
-            vec![WorkerFrame::unnamed(WorkerReply::Ok)]
+            vec![WorkerFrame::unnamed(WorkerReply::Ok), decided("a-1")]
         );
         Ok(())
+    }
+
+    /// However much else a long-lived client passed over (more than it keeps to show), a
+    /// decision it read on the way is still there for its wait.
+    #[test]
+    fn a_decision_passed_over_outlives_what_is_kept_for_showing() -> Result<(), ClientError> {
+        let mut frames = vec![decided("a-5")];
+        frames.extend((0..MAX_PASSED_OVER + 4).map(|_| WorkerFrame::unnamed(WorkerReply::Ok)));
+        frames.push(decided("a-6"));
+        let (mut c, controller) = client_with(&frames)?;
+        let answered = answer_after(controller, vec![], WorkerReply::Ok);
+        c.call(WorkerMessage::Heartbeat(Claim::default()))?;
+        answered.join().map_err(|_| ClientError::Closed)??;
+        assert_eq!(c.take_passed_over().1, 6);
+        assert_eq!(c.decision("a-6")?, decided("a-6").reply);
+        assert_eq!(c.decision("a-5")?, decided("a-5").reply);
+        Ok(())
+    }
+
+    /// Two processes of a worker calling at once take turns: the second waits until the
+    /// first has its answer, instead of reading half of it.
+    #[test]
+    fn while_a_call_has_the_turn_another_process_waits_for_it() -> Result<(), ClientError> {
+        let (ours, _theirs) = UnixStream::pair().map_err(FrameError::Io)?;
+        let shared = ours.try_clone().map_err(FrameError::Io)?;
+        let mut c = AgentClient::from_stream(ours);
+        let during =
+            c.exclusive(|_| Ok::<_, ClientError>(other_process_finds_the_turn(&shared)))?;
+        let after = other_process_finds_the_turn(&shared);
+        match (during, after) {
+            (Some(during), Some(after)) => {
+                assert!(
+                    !during,
+                    "another process took the turn while a call held it"
+                );
+                assert!(after, "the turn was not given back");
+            }
+            _ => eprintln!("no python3 here: turn-taking not checked"),
+        }
+        Ok(())
+    }
+
+    /// Whether another process (Python, the socket as its stdin) could take the turn on
+    /// `shared` now, without waiting. `None` without Python.
+    fn other_process_finds_the_turn(shared: &UnixStream) -> Option<bool> {
+        use std::process::{Command, Stdio};
+        let stdin = shared.try_clone().ok()?;
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import fcntl\ntry:\n    fcntl.lockf(0, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('free')\nexcept OSError:\n    print('held')",
+            ])
+            .stdin(Stdio::from(std::os::fd::OwnedFd::from(stdin)))
+            .output()
+            .ok()?;
+        match String::from_utf8_lossy(&out.stdout).trim() {
+            "free" => Some(true),
+            "held" => Some(false),
+            _ => None,
+        }
     }
 
     #[test]

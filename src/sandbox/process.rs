@@ -262,6 +262,28 @@ pub fn exec(argv: &[CString], env: &[CString], path_var: &str) -> i32 {
     best
 }
 
+/// Takes (`take`) or gives back the worker's turn on its controller socket: a POSIX
+/// record lock on the socket, which belongs to the process (every process of a worker
+/// shares the one open socket, so a lock of the description, `flock` or an OFD lock,
+/// would be everyone's at once). Taking waits for the process that holds it; the kernel
+/// gives it back when that process ends, however it ends.
+pub fn socket_turn(fd: std::os::fd::BorrowedFd<'_>, take: bool) -> io::Result<()> {
+    let lock = libc::flock {
+        l_type: if take { libc::F_WRLCK } else { libc::F_UNLCK } as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    loop {
+        match nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETLKW(&lock)) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(_) => return Ok(()),
+        }
+    }
+}
+
 /// Takes ownership of an inherited socket descriptor (the worker's `HATCHERY_FD`), after
 /// checking that it is open and is a socket, and marks it close-on-exec.
 pub fn inherited_socket(fd: RawFd) -> io::Result<std::os::fd::OwnedFd> {

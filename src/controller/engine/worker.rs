@@ -34,18 +34,13 @@ impl Engine {
         self.shutdown_deadlines.iter().any(|(w, _)| w == id)
     }
 
-    /// A worker's request: every reply to it names the `call` it named.
+    /// A worker's request: every reply to it names the `call` it named (one too long is
+    /// not echoed, and the request is refused once its claim has been checked).
     pub(super) fn worker(&mut self, id: WorkerId, message: WorkerMessage) {
-        let call = message.call().map(str::to_string);
-        if call.as_ref().is_some_and(|c| c.len() > MAX_CALL_BYTES) {
-            if self.speaks_for_live_worker(&id) {
-                self.reply_worker(
-                    &id,
-                    WorkerReply::error(format!("call longer than {MAX_CALL_BYTES} bytes")),
-                );
-            }
-            return;
-        }
+        let call = message
+            .call()
+            .filter(|c| c.len() <= MAX_CALL_BYTES)
+            .map(str::to_string);
         self.answering = Some((id.clone(), call));
         self.handle_worker(id, message);
         self.answering = None;
@@ -57,6 +52,13 @@ impl Engine {
         }
         let actor = format!("worker:{id}");
         if self.rejects_claim(&id, &message) {
+            return;
+        }
+        if message.call().is_some_and(|c| c.len() > MAX_CALL_BYTES) {
+            self.reply_worker(
+                &id,
+                WorkerReply::error(format!("call longer than {MAX_CALL_BYTES} bytes")),
+            );
             return;
         }
         let state = self.registry.get(&id).map(|w| w.state);
