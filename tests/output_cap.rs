@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -200,6 +201,84 @@ fn without_a_cap_output_is_inherited_and_not_counted() {
     );
 }
 
+/// How `child` (a `hatchery run` with a short `--timeout`) ended, within `bound`; past it,
+/// a panic saying `stuck` (after killing it, where it can still be killed).
+fn exit_within(
+    child: &mut std::process::Child,
+    bound: Duration,
+    stuck: &str,
+) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(s)) => return s,
+            Ok(None) if start.elapsed() > bound => {
+                let _ = child.kill();
+                panic!("{stuck}");
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("wait: {e}"),
+        }
+    }
+}
+
+/// The payload holds the write end of the pipe hatchery reads its output from. splice(2)
+/// from a socket with nothing to read holds that pipe's lock while it waits, and
+/// hatchery's next read of the pipe waited for the lock uninterruptibly: past `--timeout`
+/// (and SIGKILL) for as long as the payload liked. The seccomp floor refuses splice,
+/// vmsplice and sendfile under every profile, so the timeout ends the run.
+#[test]
+fn a_sandbox_cannot_hold_its_output_pipe_to_outlast_the_timeout() {
+    if skip_unless_root("a_sandbox_cannot_hold_its_output_pipe_to_outlast_the_timeout") {
+        return;
+    }
+    // Bounded: the payload gives up after 60 s whatever happens.
+    let payload = "import os, socket, sys, threading, time\n\
+                   a, b = socket.socketpair()\n\
+                   def hold():\n    \
+                       try:\n        os.splice(a.fileno(), 1, 1)\n    \
+                       except OSError as e:\n        print('splice refused', e.errno, file=sys.stderr, flush=True)\n\
+                   threading.Thread(target=hold, daemon=True).start()\n\
+                   time.sleep(0.5)\n\
+                   print('awake', file=sys.stderr, flush=True)\n\
+                   time.sleep(60)\n";
+    for profile in ["default", "compat"] {
+        let mut child = match Command::new(hatchery())
+            .args([
+                "run",
+                "--profile",
+                profile,
+                "--max-output",
+                "1M",
+                "--timeout",
+                "2s",
+                "--",
+                "python3",
+                "-c",
+                payload,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => panic!("cannot start hatchery: {e}"),
+        };
+        let status = exit_within(
+            &mut child,
+            Duration::from_secs(45),
+            &format!("under {profile}, the payload held hatchery past its timeout"),
+        );
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        assert_eq!(status.code(), Some(124), "{profile}: {err}");
+        assert!(err.contains("splice refused 38"), "{profile}: {err}");
+    }
+}
+
 #[test]
 fn a_caller_that_stops_reading_cannot_keep_the_timeout_from_ending_the_run() {
     if skip_unless_root("a_caller_that_stops_reading_cannot_keep_the_timeout_from_ending_the_run") {
@@ -229,19 +308,11 @@ fn a_caller_that_stops_reading_cannot_keep_the_timeout_from_ending_the_run() {
         Ok(c) => c,
         Err(e) => panic!("cannot start hatchery: {e}"),
     };
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if start.elapsed() > Duration::from_secs(60) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("hatchery blocked on a destination that stopped reading");
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => panic!("wait: {e}"),
-        }
-    };
+    let status = exit_within(
+        &mut child,
+        Duration::from_secs(60),
+        "hatchery blocked on a destination that stopped reading",
+    );
     drop(read_end);
     assert_eq!(status.code(), Some(124));
 }

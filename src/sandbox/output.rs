@@ -294,7 +294,13 @@ fn caller_end(fd: OwnedFd, access: OFlag) -> io::Result<(OwnedFd, Mode)> {
         // Only the way the caller's own description goes: the other end of its pipe is
         // someone else's (a write-only stdin's reader, a read-only stdout's writer). Used
         // the wrong way, the caller's end fails at once (EBADF).
-        libc::S_IFIFO if !opened_for(fd.as_fd(), access) => return Ok((fd, Mode::File)),
+        libc::S_IFIFO if opened_for(fd.as_fd(), access) == Some(false) => {
+            return Ok((fd, Mode::File));
+        }
+        // Its way unknown (F_GETFL failed): after poll(2), as any other device.
+        libc::S_IFIFO if opened_for(fd.as_fd(), access).is_none() => {
+            return Ok((fd, Mode::AfterPoll));
+        }
         libc::S_IFIFO => {
             return Ok(match reopen_pipe_nonblocking(fd.as_fd(), access, &st) {
                 Ok(own) => (own, Mode::NonBlocking),
@@ -317,13 +323,12 @@ fn caller_end(fd: OwnedFd, access: OFlag) -> io::Result<(OwnedFd, Mode)> {
     Ok((fd, Mode::AfterPoll))
 }
 
-/// Whether the caller's `fd` was opened for `access` (`O_RDONLY`, `O_WRONLY`, `O_RDWR`).
-fn opened_for(fd: BorrowedFd<'_>, access: OFlag) -> bool {
-    let Ok(flags) = fcntl(fd, FcntlArg::F_GETFL) else {
-        return false;
-    };
+/// Whether the caller's `fd` was opened for `access` (`O_RDONLY`, `O_WRONLY`, `O_RDWR`);
+/// `None` where that cannot be read.
+fn opened_for(fd: BorrowedFd<'_>, access: OFlag) -> Option<bool> {
+    let flags = fcntl(fd, FcntlArg::F_GETFL).ok()?;
     let mode = OFlag::from_bits_retain(flags) & OFlag::O_ACCMODE;
-    mode == OFlag::O_RDWR || mode == access
+    Some(mode == OFlag::O_RDWR || mode == access)
 }
 
 /// The caller's pipe (or FIFO) `fd`, whose status is `st`, opened once more through
