@@ -68,6 +68,7 @@ import select
 import socket
 import struct
 import sys
+import time
 
 MAX_FRAME = 256 * 1024
 
@@ -204,14 +205,22 @@ class Worker:
                     return frame
                 self._pass_over(frame)
 
-    def decision(self, approval_id: str) -> dict:
-        """Waits for the decision on a request answered "pending" (it may have been passed
-        over already)."""
+    def decision(self, approval_id: str, timeout=None) -> dict:
+        """Waits for the decision on a request answered "pending" to this Worker (it may
+        have been passed over already, by this Worker). A decision another process read
+        never comes again: `timeout` (seconds) bounds the wait, and the turn held meanwhile
+        (ProtocolError when it passes)."""
         for i, frame in enumerate(self._decisions):
             if frame.get("approval_id") == approval_id:
                 return self._decisions.pop(i)
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self.turn():
             while True:
+                if deadline is not None:
+                    left = max(0.0, deadline - time.monotonic())
+                    ready, _, _ = select.select([self.sock], [], [], left)
+                    if not ready:
+                        raise ProtocolError(f"no decision on {approval_id} within {timeout} s")
                 frame = self.receive()
                 if is_decision(frame) and frame.get("approval_id") == approval_id:
                     return frame

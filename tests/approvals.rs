@@ -754,4 +754,8 @@ fn calls_from_two_processes_of_a_worker_take_turns() {
         2,
         "each heartbeat read its own answer:\n{log}"
     );
+    assert!(
+        log.contains("waiting for another call of this worker"),
+        "the heartbeat waited without a word:\n{log}"
+    );
 }

@@ -83,6 +83,11 @@ fn print(reply: &WorkerReply) -> i32 {
 
 fn run(command: AgentCommand) -> anyhow::Result<i32> {
     let mut client = AgentClient::from_env()?;
+    client.when_waiting_for_turn(|| {
+        error_line!(
+            "note: agent: waiting for another call of this worker to end (a replicate waiting for a person keeps the turn until the decision)"
+        );
+    });
     let reply = ask(&mut client, command);
     // Whatever became of the call, what it passed over is shown.
     show_passed_over(&mut client);

@@ -112,6 +112,8 @@ pub struct AgentClient {
     /// first and given back at the last (a process's record lock is one, however often
     /// it is taken).
     turns: u32,
+    /// Called before waiting for a turn another process holds (to say why a call waits).
+    on_turn_wait: Option<fn()>,
 }
 
 impl AgentClient {
@@ -144,7 +146,13 @@ impl AgentClient {
             passed_over_uncounted: 0,
             decisions: std::collections::VecDeque::new(),
             turns: 0,
+            on_turn_wait: None,
         }
+    }
+
+    /// Has `note` called whenever a call must wait for another process's turn.
+    pub fn when_waiting_for_turn(&mut self, note: fn()) {
+        self.on_turn_wait = Some(note);
     }
 
     /// Runs `f` holding the worker's turn on its socket (see
@@ -158,15 +166,25 @@ impl AgentClient {
         &mut self,
         f: impl FnOnce(&mut AgentClient) -> Result<T, E>,
     ) -> Result<T, E> {
+        use crate::sandbox::process::{Turn, socket_turn};
         use std::os::fd::AsFd;
         if self.turns == 0 {
-            let _ = crate::sandbox::process::socket_turn(self.stream.as_fd(), true);
+            let free = socket_turn(self.stream.as_fd(), Turn::Try);
+            if free
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
+            {
+                if let Some(note) = self.on_turn_wait {
+                    note();
+                }
+                let _ = socket_turn(self.stream.as_fd(), Turn::Wait);
+            }
         }
         self.turns = self.turns.saturating_add(1);
         let done = f(self);
         self.turns = self.turns.saturating_sub(1);
         if self.turns == 0 {
-            let _ = crate::sandbox::process::socket_turn(self.stream.as_fd(), false);
+            let _ = socket_turn(self.stream.as_fd(), Turn::Give);
         }
         done
     }

@@ -262,22 +262,43 @@ pub fn exec(argv: &[CString], env: &[CString], path_var: &str) -> i32 {
     best
 }
 
-/// Takes (`take`) or gives back the worker's turn on its controller socket: a POSIX
-/// record lock on the socket, which belongs to the process (every process of a worker
-/// shares the one open socket, so a lock of the description, `flock` or an OFD lock,
-/// would be everyone's at once). Taking waits for the process that holds it; the kernel
-/// gives it back when that process ends, however it ends.
-pub fn socket_turn(fd: std::os::fd::BorrowedFd<'_>, take: bool) -> io::Result<()> {
+/// What [`socket_turn`] does with the worker's turn on its controller socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// Takes it if no other process holds it; `WouldBlock` if one does.
+    Try,
+    /// Takes it, waiting for the process that holds it.
+    Wait,
+    /// Gives it back.
+    Give,
+}
+
+/// Takes or gives back the worker's turn on its controller socket: a POSIX record lock
+/// on the socket, which belongs to the process (every process of a worker shares the one
+/// open socket, so a lock of the description, `flock` or an OFD lock, would be everyone's
+/// at once). The kernel gives it back when the process ends, however it ends.
+pub fn socket_turn(fd: std::os::fd::BorrowedFd<'_>, turn: Turn) -> io::Result<()> {
     let lock = libc::flock {
-        l_type: if take { libc::F_WRLCK } else { libc::F_UNLCK } as libc::c_short,
+        l_type: if turn == Turn::Give {
+            libc::F_UNLCK
+        } else {
+            libc::F_WRLCK
+        } as libc::c_short,
         l_whence: libc::SEEK_SET as libc::c_short,
         l_start: 0,
         l_len: 0,
         l_pid: 0,
     };
     loop {
-        match nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETLKW(&lock)) {
+        let set = match turn {
+            Turn::Wait => nix::fcntl::FcntlArg::F_SETLKW(&lock),
+            Turn::Try | Turn::Give => nix::fcntl::FcntlArg::F_SETLK(&lock),
+        };
+        match nix::fcntl::fcntl(fd, set) {
             Err(nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
             Err(e) => return Err(e.into()),
             Ok(_) => return Ok(()),
         }
