@@ -39,6 +39,15 @@ fn log_of(c: &TestController, id: &str) -> String {
         .unwrap_or_default()
 }
 
+/// Worker `id`'s log once it says `done` (or after [`LONG`], as far as it got).
+fn log_when_done(c: &TestController, id: &str) -> String {
+    let start = Instant::now();
+    while !log_of(c, id).contains("done") && start.elapsed() < LONG {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    log_of(c, id)
+}
+
 fn verify_trail(c: &TestController) -> std::process::Output {
     let mut cmd = Command::new(hatchery());
     cmd.args(["audit", "verify", "--state-dir"])
@@ -187,15 +196,8 @@ for i in range(60):
 print('done', flush=True)
 "#;
     let attacker = spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 30"));
-    let start = Instant::now();
-    while !log_of(&c, &attacker).contains("done") && start.elapsed() < LONG {
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    assert!(
-        log_of(&c, &attacker).contains("done"),
-        "{}",
-        log_of(&c, &attacker)
-    );
+    let log = log_when_done(&c, &attacker);
+    assert!(log.contains("done"), "{log}");
     alive_and_answering(&c);
     let size = std::fs::metadata(c.state_dir().join("audit.jsonl")).map_or(0, |m| m.len());
     assert!(size < 128 << 10, "the trail grew to {size} bytes");
@@ -1428,5 +1430,54 @@ fn a_launch_the_launcher_reads_with_the_kill_switch_is_cancelled_not_started() {
             .as_str()
             .is_some_and(|m| m.contains("cancelled"))),
         "{failed:?}"
+    );
+}
+
+/// A worker chooses the name its request's reply echoes: echoed within 64 bytes (counted
+/// in bytes, not characters), refused past them and never echoed, not echoed from a
+/// frame that is no request, and never a way around the identity check.
+#[test]
+fn a_call_name_is_echoed_only_within_its_bound_and_never_skips_the_claim_check() {
+    if skip("call names") {
+        return;
+    }
+    let c = TestController::start(&base_contract(""), &[]);
+    let ex = examples_dir();
+    let body = r#"import json
+print(w.register(), flush=True)
+for name in ['n' * 64, 'n' * 65, '\u00e9' * 33, 7]:
+    w.send({'type': 'heartbeat', 'call': name})
+    print('reply', json.dumps(w.receive(), sort_keys=True), flush=True)
+w.send({'type': 'heartbeat', 'worker_id': 'w-000000000000', 'call': 'x' * 65})
+print('claim', json.dumps(w.receive(), sort_keys=True), flush=True)
+print('done', flush=True)
+"#;
+    let attacker = spawned(&c, &["--ro", &ex], &python_agent(body, "sleep 30"));
+    let log = log_when_done(&c, &attacker);
+    let replies: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("reply "))
+        .collect();
+    let too_long = r#"{"message": "call longer than 64 bytes", "type": "error"}"#;
+    assert_eq!(replies.len(), 4, "{log}");
+    assert_eq!(
+        replies[0],
+        format!(r#"{{"call": "{}", "type": "ok"}}"#, "n".repeat(64))
+    );
+    assert_eq!(replies[1], too_long);
+    assert_eq!(replies[2], too_long);
+    assert!(
+        replies[3].contains("\"error\"") && !replies[3].contains("\"call\""),
+        "{log}"
+    );
+    let claim = log
+        .lines()
+        .find_map(|l| l.strip_prefix("claim "))
+        .unwrap_or_default();
+    assert!(claim.contains("not w-000000000000"), "{log}");
+    assert_eq!(
+        c.audit("impersonation_attempt").len(),
+        1,
+        "the claim behind a long name was not checked"
     );
 }

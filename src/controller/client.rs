@@ -257,9 +257,17 @@ impl AgentClient {
         let call = new_call();
         message.set_call(call.clone());
         wire::write_frame(&mut self.stream, &message)?;
+        self.read_until(|f| f.call.as_deref() == Some(call.as_str()))
+    }
+
+    /// Reads until the frame `mine` picks, passing over every other but a welcome.
+    fn read_until(
+        &mut self,
+        mine: impl Fn(&WorkerFrame) -> bool,
+    ) -> Result<WorkerReply, ClientError> {
         loop {
             let frame = self.next_frame()?;
-            if frame.call.as_deref() == Some(call.as_str()) {
+            if mine(&frame) {
                 return Ok(frame.reply);
             }
             if !matches!(frame.reply, WorkerReply::Welcome { .. }) {
@@ -284,15 +292,7 @@ impl AgentClient {
                 return Ok(found.reply);
             }
         }
-        loop {
-            let frame = self.next_frame()?;
-            if frame.reply.decides() == Some(approval_id) {
-                return Ok(frame.reply);
-            }
-            if !matches!(frame.reply, WorkerReply::Welcome { .. }) {
-                self.pass_over(frame);
-            }
-        }
+        self.read_until(|f| f.reply.decides() == Some(approval_id))
     }
 }
 

@@ -41,12 +41,13 @@ impl Engine {
             .call()
             .filter(|c| c.len() <= MAX_CALL_BYTES)
             .map(str::to_string);
+        let named_too_long = call.is_none() && message.call().is_some();
         self.answering = Some((id.clone(), call));
-        self.handle_worker(id, message);
+        self.handle_worker(id, message, named_too_long);
         self.answering = None;
     }
 
-    fn handle_worker(&mut self, id: WorkerId, message: WorkerMessage) {
+    fn handle_worker(&mut self, id: WorkerId, message: WorkerMessage, named_too_long: bool) {
         if !self.speaks_for_live_worker(&id) {
             return;
         }
@@ -54,7 +55,7 @@ impl Engine {
         if self.rejects_claim(&id, &message) {
             return;
         }
-        if message.call().is_some_and(|c| c.len() > MAX_CALL_BYTES) {
+        if named_too_long {
             self.reply_worker(
                 &id,
                 WorkerReply::error(format!("call longer than {MAX_CALL_BYTES} bytes")),

@@ -2,6 +2,8 @@ use super::*;
 use std::io::{Read, Seek, Write};
 use std::os::unix::fs::OpenOptionsExt;
 
+use nix::poll::{PollTimeout, poll};
+
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 fn file_sink() -> Result<(std::fs::File, OwnedFd), Box<dyn std::error::Error>> {
