@@ -279,6 +279,98 @@ fn a_sandbox_cannot_hold_its_output_pipe_to_outlast_the_timeout() {
     }
 }
 
+/// A reader of hatchery's stdout that splices from it into a socket nobody reads holds
+/// that pipe's lock for as long as the socket stays full, and every write to the pipe,
+/// non-blocking or not, waits for the lock uninterruptibly. The relay makes those writes
+/// on a thread of its own: the run's own loop still ends the sandbox at its timeout,
+/// removes its cgroup and writes its report while the reader holds the write.
+#[test]
+fn a_reader_that_holds_the_output_pipe_cannot_keep_the_sandbox_past_its_timeout() {
+    if skip_unless_root(
+        "a_reader_that_holds_the_output_pipe_cannot_keep_the_sandbox_past_its_timeout",
+    ) {
+        return;
+    }
+    let dir = shared_tempdir();
+    let report = dir.path().join("report.json");
+    let (read_end, write_end) = match nix::unistd::pipe() {
+        Ok(p) => p,
+        Err(e) => panic!("pipe: {e}"),
+    };
+    // Bounded: the reader stops holding the pipe after 40 s whatever happens.
+    let splicer = "import os, signal, socket\n\
+                   signal.alarm(40)\n\
+                   a, b = socket.socketpair()\n\
+                   while True:\n    os.splice(0, a.fileno(), 1 << 20)\n";
+    let mut reader = match Command::new("python3")
+        .args(["-c", splicer])
+        .stdin(Stdio::from(read_end))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("cannot start the reader: {e}"),
+    };
+    let mut run = match Command::new(hatchery())
+        .arg("run")
+        .arg("--report")
+        .arg(&report)
+        .args(["--max-output", "100M", "--timeout", "2s", "--", "yes"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(write_end))
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = reader.kill();
+            let _ = reader.wait();
+            panic!("cannot start hatchery: {e}");
+        }
+    };
+    let start = Instant::now();
+    let written = loop {
+        let text = std::fs::read_to_string(&report).unwrap_or_default();
+        if let Ok(v) = serde_json::from_str::<Value>(&text) {
+            break Some(v);
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Whether the reader was still holding the pipe when the report came.
+    let holding = matches!(reader.try_wait(), Ok(None));
+    let _ = reader.kill();
+    let _ = reader.wait();
+    let status = exit_within(
+        &mut run,
+        Duration::from_secs(30),
+        "hatchery did not exit once the reader let go",
+    );
+    let mut err = String::new();
+    if let Some(mut e) = run.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    let Some(v) = written else {
+        panic!(
+            "no report within 20 s of a 2 s timeout: the reader's hold kept the sandbox running: {err}"
+        );
+    };
+    assert!(holding, "the reader stopped before the report came: {v}");
+    assert_eq!(v["timed_out"], true, "{v}");
+    assert_eq!(v["exit_code"], 124, "{v}");
+    assert!(
+        v["output_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("still being written")),
+        "{v}"
+    );
+    assert_eq!(status.code(), Some(124), "{err}");
+    assert!(err.contains("still being written"), "{err}");
+}
+
 #[test]
 fn a_caller_that_stops_reading_cannot_keep_the_timeout_from_ending_the_run() {
     if skip_unless_root("a_caller_that_stops_reading_cannot_keep_the_timeout_from_ending_the_run") {

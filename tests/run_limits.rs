@@ -630,6 +630,138 @@ fn a_killed_run_takes_its_sandbox_along() {
     assert_eq!(code(&out), 0);
 }
 
+/// `run -v` notes each stale cgroup it sweeps, and sweeps while its sandbox runs. Its
+/// stderr here is a pipe whose reader holds the pipe's lock (it splices from it into a
+/// socket that is full), so that note's write waits, uninterruptibly, for as long as the
+/// reader likes. Written then, it held the loop that enforces `--timeout`: the sandbox
+/// ran until the reader let go. hatchery's own lines wait until the sandbox has ended.
+#[test]
+fn a_log_line_that_cannot_be_written_never_holds_the_timeout() {
+    let Some(_sweeps) = sweeps_alone_as_root("a log line held by its reader") else {
+        return;
+    };
+    // A stale cgroup for the run below to sweep (and note): a run killed with SIGKILL.
+    let marker = format!("held-log-marker-{}", std::process::id());
+    let mut killed = match Command::new(hatchery())
+        .args(["run", "--timeout", "60s", "--", "sh", "-c"])
+        .arg(format!("sleep 300; : {marker}"))
+        .stdin(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("spawn: {e}"),
+    };
+    wait_process(
+        &marker,
+        true,
+        Duration::from_secs(30),
+        "the sandbox never started",
+    );
+    let _ = killed.kill();
+    let _ = killed.wait();
+    wait_process(
+        &marker,
+        false,
+        Duration::from_secs(10),
+        "the sandbox outlived its supervisor",
+    );
+
+    let (read_end, write_end) = match nix::unistd::pipe() {
+        Ok(p) => p,
+        Err(e) => panic!("pipe: {e}"),
+    };
+    let ours = match read_end.try_clone() {
+        Ok(fd) => fd,
+        Err(e) => panic!("{e}"),
+    };
+    // The reader takes the pipe's lock and keeps it for 8 s.
+    if let Err(e) = nix::unistd::write(&write_end, b"!") {
+        panic!("{e}");
+    }
+    let holder = "import os, signal, socket, sys\n\
+                  signal.alarm(8)\n\
+                  a, b = socket.socketpair()\n\
+                  a.setblocking(False)\n\
+                  for size in (65536, 4096, 1):\n    \
+                      try:\n        \
+                          while True: a.send(b'x' * size)\n    \
+                      except BlockingIOError:\n        pass\n\
+                  a.setblocking(True)\n\
+                  print('holding', flush=True)\n\
+                  try:\n    os.splice(0, a.fileno(), 1)\n\
+                  except BaseException:\n    pass\n";
+    let mut reader = match Command::new("python3")
+        .args(["-c", holder])
+        .stdin(std::process::Stdio::from(read_end))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("cannot start the reader: {e}"),
+    };
+    let mut said = [0u8; 8];
+    let _ = reader
+        .stdout
+        .take()
+        .map(|mut o| std::io::Read::read(&mut o, &mut said));
+    std::thread::sleep(Duration::from_millis(300));
+
+    let dir = shared_tempdir();
+    let report = dir.path().join("report.json");
+    let mut cmd = Command::new(hatchery());
+    cmd.arg("-v")
+        .arg("run")
+        .arg("--report")
+        .arg(&report)
+        .args(["--timeout", "2s", "--", "sleep", "15"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(write_end));
+    let mut run = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => panic!("cannot start hatchery: {e}"),
+    };
+    let start = std::time::Instant::now();
+    let status = loop {
+        match run.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if start.elapsed() > Duration::from_secs(60) => break None,
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("wait: {e}"),
+        }
+    };
+    let _ = reader.kill();
+    let _ = reader.wait();
+    let Some(status) = status else {
+        let _ = run.kill();
+        let _ = run.wait();
+        panic!("hatchery did not end within 60 s");
+    };
+    let mut lines = Vec::new();
+    let _ = nix::fcntl::fcntl(
+        &ours,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    );
+    let _ = std::io::Read::read_to_end(&mut std::fs::File::from(ours), &mut lines);
+    let lines = String::from_utf8_lossy(&lines);
+    let v: Value = std::fs::read_to_string(&report)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_else(|| panic!("no report: {lines}"));
+    assert_eq!(status.code(), Some(124), "{lines}");
+    assert_eq!(v["timed_out"], true, "{v}");
+    let wall = v["wall_ms"].as_u64().unwrap_or(u64::MAX);
+    assert!(
+        wall < 6000,
+        "the sandbox ran {wall} ms past a 2 s timeout: a log line held the supervisor ({lines})"
+    );
+    assert!(
+        lines.contains("removed a cgroup left by a hatchery process"),
+        "the note of the sweep was lost: {lines}"
+    );
+}
+
 /// The hierarchies a run's cgroups go in: (mount point, this process's cgroup path) for
 /// each of memory, pids, cpu and cpuacct on v1, or the one v2 hierarchy.
 fn own_hierarchies() -> Vec<std::path::PathBuf> {

@@ -9,6 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing_subscriber::EnvFilter;
 
+mod off_loop;
+
+pub use off_loop::{off_loop, stream_off_loop};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
     Human,
@@ -83,8 +87,10 @@ struct EscapedStderr {
 impl std::io::Write for EscapedStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         // The formatter writes one whole event at a time.
-        let line = String::from_utf8_lossy(buf);
-        std::io::stderr().write_all(escape_line(&line, self.json).as_bytes())?;
+        let line = escape_line(&String::from_utf8_lossy(buf), self.json);
+        if let Some(line) = off_loop::take(line) {
+            std::io::stderr().write_all(line.as_bytes())?;
+        }
         Ok(buf.len())
     }
 

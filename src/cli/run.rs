@@ -467,13 +467,24 @@ fn supervise(
     spec.stdio = stdio.fds.take();
     spec.controlling_terminal = stdio.controlling_terminal;
     let signals = forwarded_signals();
+    // hatchery's own log lines are off the loop that enforces the timeout from here on:
+    // see `logging::off_loop`.
+    let lines = super::logging::off_loop();
     let started = sandbox::start(spec, plan, host.cgroups.as_deref()).and_then(|mut sb| {
         // The broker, forked while this process is still single-threaded, holds the
         // sandbox's listeners from here on.
         let broker = egress.map(|e| e.start(&mut sb)).transpose()?;
-        Ok((sb, broker))
+        // The relay's thread, once nothing more is forked (a sandbox dropped on an error
+        // here is killed and its cgroup removed).
+        let relay = stdio
+            .pump
+            .take()
+            .map(|pump| sb.relay(pump, timeout))
+            .transpose()?;
+        super::logging::stream_off_loop();
+        Ok((sb, broker, relay))
     });
-    let result = started.map(|(sb, broker)| {
+    let result = started.map(|(sb, broker, relay)| {
         tracing::debug!(
             pid = sb.pid(),
             "the sandbox is running; waiting for it to end"
@@ -484,7 +495,7 @@ fn supervise(
         let mut enforcement = sb.enforcement.clone();
         enforcement.stdio = Some(stdio.report.clone());
         sweep_stale_cgroups(host, timeout);
-        let outcome = sb.wait(timeout, signals.as_ref(), stdio.pump.as_mut());
+        let outcome = sb.wait(timeout, signals.as_ref(), relay);
         // The sandbox is gone: its connections go with the broker.
         let egress = broker.and_then(super::egress::RunningBroker::stop);
         (outcome, enforcement, egress)
@@ -497,6 +508,7 @@ fn supervise(
     // command would fail with EAGAIN).
     drop(stdio.raw.take());
     stdio.give_back_flags();
+    drop(lines);
     result
 }
 

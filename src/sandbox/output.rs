@@ -32,10 +32,13 @@
 //! through the full pipe or terminal the payload, but never the supervisor's loop:
 //! timeouts and signals keep working. Regular files are written whole.
 //!
-//! It is driven by a caller's poll loop: add [`OutputPump::poll_fds`] to the descriptors
-//! polled, call [`OutputPump::progress`] after every wake-up, and [`OutputPump::drain`]
-//! once the sandbox has ended. `run` does this in `Sandbox::wait`; a supervisor of many
-//! sandboxes does it once per sandbox in its own loop.
+//! Some calls wait all the same, inside the kernel and before any flag is looked at (a
+//! pipe whose reader holds its lock, a frozen file system): so `run` drives its pump on a
+//! thread of its own ([`Relay`]), and the loop that enforces its timeout never makes a
+//! call on a caller's descriptor. Otherwise it is driven by a caller's poll loop: add
+//! [`OutputPump::poll_fds`] to the descriptors polled, call [`OutputPump::progress`]
+//! after every wake-up, and [`OutputPump::drain`] once the sandbox has ended. A
+//! supervisor of many sandboxes does that once per sandbox in its own loop.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -50,6 +53,7 @@ use super::tty;
 
 mod budget;
 mod caller;
+mod relay;
 
 pub use budget::OutputBudget;
 pub use caller::same_destination;
@@ -57,6 +61,7 @@ use caller::{
     Mode, caller_end, read_nonblocking, ready_now, recv_nonblocking, send_nonblocking,
     write_nonblocking,
 };
+pub use relay::Relay;
 
 /// Bytes read from a pipe at a time.
 const CHUNK: usize = 64 << 10;
@@ -83,17 +88,37 @@ pub struct OutputSummary {
     pub write_errno: Option<i32>,
     /// Bytes the command wrote that were accepted and then lost when that write failed.
     pub lost: u64,
+    /// Bytes the command wrote that were accepted and not written when the relay stopped:
+    /// its destination took no more before the run's timeout.
+    pub unwritten: u64,
+    /// The relay had not finished when the run ended: held by a call on a destination (see
+    /// [`relay`]), still waiting for one at the deadline, or given up by a signal that
+    /// stops a run. `bytes` and `unwritten` are then as of the relay's last round before
+    /// it: `unwritten` a lower bound.
+    pub stalled: bool,
 }
 
 impl OutputSummary {
     /// Why writing the output failed and what that lost, when it did: for the caller, who
     /// would otherwise take a short file for the whole output.
     pub fn write_error(&self) -> Option<String> {
-        self.write_errno.map(|e| {
-            format!(
+        if let Some(e) = self.write_errno {
+            return Some(format!(
                 "writing the command's output failed: {}; {} bytes it had written were lost, and its later writes failed with EPIPE",
                 Errno::from_raw(e).desc(),
                 self.lost
+            ));
+        }
+        if self.stalled {
+            return Some(format!(
+                "the command's output was still being written when the run ended (its destination took no more, or a signal ended the wait): at least {} bytes it had written were not written",
+                self.unwritten
+            ));
+        }
+        (self.unwritten > 0).then(|| {
+            format!(
+                "the command's output destination took no more before the timeout: {} bytes it had written were not written",
+                self.unwritten
             )
         })
     }
@@ -120,6 +145,8 @@ struct Stream {
     sink_mode: Mode,
     /// The sink is the sandbox's pty master: closed at the cap with the output.
     sink_is_pty: bool,
+    /// The source is the sandbox's pty master (what its terminal shows).
+    source_is_pty: bool,
     /// Accepted bytes not yet written, from `written` on.
     pending: Vec<u8>,
     written: usize,
@@ -220,6 +247,7 @@ impl OutputPump {
             sink: Some(sink),
             sink_mode,
             sink_is_pty: false,
+            source_is_pty: false,
             pending: Vec::new(),
             written: 0,
         });
@@ -240,6 +268,7 @@ impl OutputPump {
             sink: Some(w),
             sink_mode: Mode::NonBlocking,
             sink_is_pty: false,
+            source_is_pty: false,
             pending: Vec::new(),
             written: 0,
         });
@@ -271,6 +300,7 @@ impl OutputPump {
             sink: Some(caller.try_clone()?),
             sink_mode: mode,
             sink_is_pty: false,
+            source_is_pty: true,
             pending: Vec::new(),
             written: 0,
         });
@@ -285,6 +315,7 @@ impl OutputPump {
             sink: Some(pty.master),
             sink_mode: Mode::NonBlocking,
             sink_is_pty: true,
+            source_is_pty: false,
             pending: Vec::new(),
             written: 0,
         });
@@ -299,11 +330,12 @@ impl OutputPump {
         let Some(terminal) = &self.terminal else {
             return false;
         };
-        let master = self
-            .streams
-            .iter()
-            .filter(|s| s.sink_is_pty)
-            .find_map(|s| s.sink.as_ref());
+        // Whichever of the master's descriptors is still open: the input stream's is
+        // closed at once when the caller's terminal is not read (a background job).
+        let master = self.streams.iter().find_map(|s| {
+            let sink = s.sink.as_ref().filter(|_| s.sink_is_pty);
+            sink.or(s.source.as_ref().filter(|_| s.source_is_pty))
+        });
         if let Some(master) = master {
             let _ = tty::copy_window_size(terminal.as_fd(), master.as_fd());
         }
@@ -405,7 +437,19 @@ impl OutputPump {
             pty: self.terminal.is_some(),
             write_errno: self.write_errno,
             lost: self.lost,
+            unwritten: self
+                .streams
+                .iter()
+                .filter(|s| s.direction == Direction::Output)
+                .map(|s| s.pending.len().saturating_sub(s.written) as u64)
+                .fold(0, u64::saturating_add),
+            stalled: false,
         }
+    }
+
+    /// Whether the sandbox has a terminal of its own, relayed to the caller's.
+    pub fn has_terminal(&self) -> bool {
+        self.terminal.is_some()
     }
 
     /// At the cap: no more output is read, and the sandbox's terminal is closed (hung up).

@@ -11,7 +11,7 @@ use nix::sys::wait::WaitStatus;
 
 use super::super::cgroup::Usage;
 use super::super::channel::{self, FromSandbox, Heard};
-use super::super::output::OutputPump;
+use super::super::output::{OutputPump, Relay};
 use super::super::seccomp::LoadableFilter;
 use super::super::{Filters, SandboxError};
 use super::super::{process, wait};
@@ -101,15 +101,31 @@ impl Sandbox {
         }
     }
 
+    /// Starts moving the sandbox's input and output through `pump` (when its stdio are
+    /// the pump's pipes or terminal), on a thread of its own ([`Relay`]), draining it
+    /// until `timeout` once the sandbox has ended. Call it once nothing more is forked,
+    /// and as soon as the sandbox runs: the command's output waits in its pipes until then.
+    pub fn relay(
+        &self,
+        pump: OutputPump,
+        timeout: Option<Duration>,
+    ) -> Result<Relay, SandboxError> {
+        Relay::start(pump, timeout.map(|t| self.started + t)).map_err(|e| {
+            SandboxError::Internal(format!(
+                "cannot start the thread that relays the command's stdin, stdout and stderr: {e}"
+            ))
+        })
+    }
+
     /// Waits for the sandbox to end, killing it at `timeout`, forwarding the signals that
-    /// arrive on `signals` to it, and moving its input and output through `output` (when
-    /// its stdio are the pump's pipes or terminal) as they come. A SIGWINCH resizes the
-    /// sandbox's terminal, when it has one, instead of being forwarded.
+    /// arrive on `signals` to it, while `relay` moves its input and output: this loop,
+    /// which enforces the timeout, never makes a call on a caller's descriptor. A SIGWINCH
+    /// resizes the sandbox's terminal, when it has one, instead of being forwarded.
     pub fn wait(
         self,
         timeout: Option<Duration>,
         signals: Option<&SignalFd>,
-        mut output: Option<&mut OutputPump>,
+        relay: Option<Relay>,
     ) -> Outcome {
         use nix::poll::{PollFd, PollFlags};
         let deadline = timeout.map(|t| self.started + t);
@@ -134,9 +150,6 @@ impl Sandbox {
                 let channel_at = fds.len();
                 if listening {
                     fds.push(PollFd::new(self.channel.as_fd(), PollFlags::POLLIN));
-                }
-                if let Some(pump) = output.as_deref() {
-                    fds.extend(pump.poll_fds());
                 }
                 match wait::poll_until(&mut fds, deadline, None) {
                     Ok(0) => continue,
@@ -175,15 +188,12 @@ impl Sandbox {
                         // group when the relay copies the size. Forwarding too would
                         // signal twice, and the wrong process when the payload is a shell.
                         let resized = sig == Signal::SIGWINCH
-                            && output.as_deref().is_some_and(OutputPump::window_changed);
+                            && relay.as_ref().is_some_and(Relay::window_changed);
                         if !resized {
                             let _ = self.signal(sig);
                         }
                     }
                 }
-            }
-            if let Some(pump) = output.as_deref_mut() {
-                pump.progress();
             }
             if exited {
                 break;
@@ -191,10 +201,7 @@ impl Sandbox {
         }
         let status = self.reap_status();
         // Everything in the sandbox is gone now: what its pipes hold is all there is.
-        let summary = output.map(|pump| {
-            pump.drain(deadline);
-            pump.summary()
-        });
+        let summary = relay.map(|r| r.finish(signals));
         let mut outcome = self.finish_told(told, usage_at_exit, status, timed_out);
         outcome.output = summary;
         outcome

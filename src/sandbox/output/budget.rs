@@ -3,17 +3,20 @@
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::CHUNK;
 
 /// Bytes that several pumps share (a supervisor of many sandboxes: every worker's log
 /// together), taken from as output is accepted; at zero every pump sharing it is at its cap.
-/// Clones share one budget.
+/// Clones share one budget (and may be on other threads: a pump may run on a thread of its
+/// own, [`super::Relay`]).
 #[derive(Clone)]
-pub struct OutputBudget(std::rc::Rc<SharedBudget>);
+pub struct OutputBudget(Arc<SharedBudget>);
 
 struct SharedBudget {
-    left: std::cell::Cell<u64>,
+    left: AtomicU64,
     /// The file system the output is written to, when it must keep room for others.
     disk: Option<DiskReserve>,
 }
@@ -31,7 +34,7 @@ struct DiskReserve {
     /// The file system's block: what a write may take from it however short.
     block: u64,
     /// Bytes that may be taken before the file system is asked again.
-    room: std::cell::Cell<u64>,
+    room: AtomicU64,
 }
 
 /// Output accepted between two looks at the file system's free space, at most: others
@@ -59,8 +62,8 @@ impl DiskReserve {
 impl OutputBudget {
     /// `bytes` to share.
     pub fn new(bytes: u64) -> OutputBudget {
-        OutputBudget(std::rc::Rc::new(SharedBudget {
-            left: std::cell::Cell::new(bytes),
+        OutputBudget(Arc::new(SharedBudget {
+            left: AtomicU64::new(bytes),
             disk: None,
         }))
     }
@@ -78,25 +81,25 @@ impl OutputBudget {
             // has no such limit.
             files_reserve: (st.files() / 16).clamp(1, MOST_FILES_RESERVED),
             block: st.block_size().max(st.fragment_size()).max(1),
-            room: std::cell::Cell::new(0),
+            room: AtomicU64::new(0),
         };
-        Ok(OutputBudget(std::rc::Rc::new(SharedBudget {
-            left: std::cell::Cell::new(bytes),
+        Ok(OutputBudget(Arc::new(SharedBudget {
+            left: AtomicU64::new(bytes),
             disk: Some(disk),
         })))
     }
 
     /// Bytes that may be accepted now.
     pub fn room(&self) -> u64 {
-        let left = self.0.left.get();
+        let left = self.0.left.load(Ordering::Relaxed);
         match &self.0.disk {
             None => left,
             Some(disk) => {
                 // Asked again before a read could need more than is known to be left.
-                if disk.room.get() < CHUNK as u64 {
-                    disk.room.set(disk.look());
+                if disk.room.load(Ordering::Relaxed) < CHUNK as u64 {
+                    disk.room.store(disk.look(), Ordering::Relaxed);
                 }
-                left.min(disk.room.get())
+                left.min(disk.room.load(Ordering::Relaxed))
             }
         }
     }
@@ -105,10 +108,12 @@ impl OutputBudget {
     /// log's last block is taken whole however little is written to it, so many short
     /// writes to many logs take more than their bytes (the next look then sees the rest).
     pub fn take(&self, n: u64) {
-        self.0.left.set(self.0.left.get().saturating_sub(n));
+        saturating_take(&self.0.left, n);
         if let Some(disk) = &self.0.disk {
-            let blocks = n.div_ceil(disk.block).saturating_mul(disk.block);
-            disk.room.set(disk.room.get().saturating_sub(blocks));
+            saturating_take(
+                &disk.room,
+                n.div_ceil(disk.block).saturating_mul(disk.block),
+            );
         }
     }
 
@@ -122,7 +127,7 @@ impl OutputBudget {
         let Some(disk) = &self.0.disk else {
             return Ok(());
         };
-        disk.room.set(0);
+        disk.room.store(0, Ordering::Relaxed);
         let Ok(st) = nix::sys::statvfs::fstatvfs(&disk.fd) else {
             return Ok(());
         };
@@ -147,6 +152,13 @@ impl OutputBudget {
 
     /// Bytes of the shared budget left (the file system's room aside).
     pub fn left(&self) -> u64 {
-        self.0.left.get()
+        self.0.left.load(Ordering::Relaxed)
     }
+}
+
+/// `counter -= n`, stopping at zero, whoever else takes from it meanwhile.
+fn saturating_take(counter: &AtomicU64, n: u64) {
+    let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+        Some(v.saturating_sub(n))
+    });
 }

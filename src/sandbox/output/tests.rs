@@ -39,6 +39,8 @@ fn output_under_the_cap_passes_whole_and_is_not_truncated() -> TestResult {
             pty: false,
             write_errno: None,
             lost: 0,
+            unwritten: 0,
+            stalled: false,
         }
     );
     Ok(())
@@ -598,5 +600,216 @@ fn output_to_a_datagram_socket_goes_in_records_it_takes() -> TestResult {
     }
     assert_eq!(got, 60_000);
     assert_eq!(pump.summary().write_errno, None);
+    Ok(())
+}
+
+#[test]
+fn a_relay_moves_output_on_its_own_thread_and_drains_it_at_the_end() -> TestResult {
+    let (out, out_sink) = file_sink()?;
+    let (err, err_sink) = file_sink()?;
+    let (pump, [w_out, w_err]) = OutputPump::new(Some(100), out_sink, err_sink)?;
+    let relay = Relay::start(pump, None)?;
+    std::fs::File::from(w_out).write_all(b"hello\n")?;
+    std::fs::File::from(w_err).write_all(b"oops\n")?;
+    let summary = relay.finish(None);
+    assert_eq!(contents(&out)?, b"hello\n");
+    assert_eq!(contents(&err)?, b"oops\n");
+    assert_eq!((summary.bytes, summary.unwritten), (11, 0));
+    assert!(
+        !summary.stalled && summary.write_error().is_none(),
+        "{summary:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_relay_whose_destination_stops_reading_says_what_it_could_not_write() -> TestResult {
+    // A pipe nobody reads: the relay drains until the deadline, then says what is left.
+    let (_dest_r, dest_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let (_err, err_sink) = file_sink()?;
+    let (pump, [w_out, w_err]) = OutputPump::new(None, dest_w, err_sink)?;
+    drop(w_err);
+    fcntl(&w_out, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    let deadline = Instant::now() + std::time::Duration::from_secs(1);
+    let relay = Relay::start(pump, Some(deadline))?;
+    let mut w_out = std::fs::File::from(w_out);
+    let chunk = vec![b'x'; 64 << 10];
+    // Until the destination and the payload's pipe are both full (nothing taken for a
+    // while), or the deadline.
+    let mut refused = 0;
+    while refused < 10 && Instant::now() < deadline {
+        match w_out.write(&chunk) {
+            Ok(n) if n > 0 => refused = 0,
+            Ok(_) => refused += 1,
+            Err(_) => {
+                refused += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+    drop(w_out);
+    let summary = relay.finish(None);
+    assert!(
+        Instant::now() < deadline + std::time::Duration::from_secs(2),
+        "the relay was waited for past its deadline"
+    );
+    assert!(!summary.stalled, "{summary:?}");
+    assert!(summary.unwritten > 0, "{summary:?}");
+    assert!(
+        summary
+            .write_error()
+            .is_some_and(|e| e.contains("took no more before the timeout")),
+        "{summary:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_relay_passes_a_new_window_size_on_to_the_sandboxs_terminal() -> TestResult {
+    let caller = tty::open_pty()?;
+    let raw = tty::RawMode::enter(caller.replica.as_fd())?;
+    let mut pump = OutputPump::with_cap(None);
+    let replica = pump.add_terminal(caller.replica.as_fd(), raw.saved(), false)?;
+    let relay = Relay::start(pump, Some(Instant::now()))?;
+    let size = libc::winsize {
+        ws_row: 31,
+        ws_col: 97,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize from a local that outlives the call.
+    let set = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&caller.master),
+            libc::TIOCSWINSZ,
+            &size,
+        )
+    };
+    assert_eq!(set, 0, "{}", io::Error::last_os_error());
+    assert!(relay.window_changed(), "the sandbox has a terminal");
+    let start = Instant::now();
+    while tty::window_width(replica.as_fd()) != Some(97)
+        && start.elapsed() < std::time::Duration::from_secs(5)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(tty::window_width(replica.as_fd()), Some(97));
+    drop(replica);
+    let _ = relay.finish(None);
+    Ok(())
+}
+
+#[test]
+fn a_held_relay_still_hears_that_the_sandbox_ended_after_any_number_of_window_changes() -> TestResult
+{
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    // The caller's terminal, so that window changes are passed on; the output goes to a
+    // pipe whose reader splices it into a socket nobody reads, which holds the pipe's
+    // lock once the socket is full: the relay's next write to the pipe waits for it.
+    let caller = tty::open_pty()?;
+    let raw = tty::RawMode::enter(caller.replica.as_fd())?;
+    let mut pump = OutputPump::with_cap(None);
+    let replica = pump.add_terminal(caller.replica.as_fd(), raw.saved(), false)?;
+    let (dest_r, dest_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let w_out = pump.add_output(dest_w)?;
+    let (full, peer) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?;
+    let holder = std::thread::spawn(move || {
+        // Returns once `peer` is closed (EPIPE), letting the pipe go.
+        use std::os::fd::AsRawFd;
+        loop {
+            // SAFETY: splice(2) on two descriptors this thread owns, no offsets.
+            let n = unsafe {
+                libc::splice(
+                    dest_r.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    full.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    1 << 20,
+                    0,
+                )
+            };
+            if n <= 0 {
+                break;
+            }
+        }
+    });
+    let relay = Relay::start(pump, None)?;
+    fcntl(&w_out, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    let mut w_out = std::fs::File::from(w_out);
+    let chunk = vec![b'x'; 64 << 10];
+    // Enough to fill the socket and the pipe, and hold the relay in its write.
+    for _ in 0..64 {
+        if w_out.write(&chunk).is_err() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    drop(w_out);
+    drop(replica);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Far more window changes than a pipe holds bytes.
+    for _ in 0..200_000 {
+        assert!(relay.window_changed());
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(relay.finish(None));
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // The reader lets go: the relay must now drain and end.
+    drop(peer);
+    let summary = rx.recv_timeout(std::time::Duration::from_secs(10));
+    let _ = holder.join();
+    let summary = summary.map_err(|_| "the relay never heard that the sandbox ended")?;
+    assert!(!summary.stalled, "{summary:?}");
+    Ok(())
+}
+
+#[test]
+fn a_stop_signal_ends_the_wait_for_a_relay_whose_destination_takes_nothing() -> TestResult {
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    // A run without a timeout whose caller stopped reading: once the command has ended,
+    // ^C ends the wait for its output.
+    let (_dest_r, dest_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let (_err, err_sink) = file_sink()?;
+    let (pump, [w_out, w_err]) = OutputPump::new(None, dest_w, err_sink)?;
+    drop(w_err);
+    fcntl(&w_out, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    let relay = Relay::start(pump, None)?;
+    let mut w_out = std::fs::File::from(w_out);
+    let chunk = vec![b'x'; 64 << 10];
+    let mut refused = 0;
+    while refused < 10 {
+        match w_out.write(&chunk) {
+            Ok(n) if n > 0 => refused = 0,
+            _ => {
+                refused += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+    drop(w_out);
+    // SIGINT, blocked in this thread alone and read from a signalfd, as `run` does.
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None)?;
+    let signals = SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
+    // SAFETY: gettid(2) takes nothing and cannot fail.
+    let me = unsafe { libc::gettid() };
+    let pid = std::process::id() as libc::pid_t;
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // SAFETY: tgkill(2) with plain integers: SIGINT to this process's test thread.
+        unsafe { libc::syscall(libc::SYS_tgkill, pid, me, libc::SIGINT) };
+    });
+    let summary = relay.finish(Some(&signals));
+    let _ = sender.join();
+    pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&set), None)?;
+    assert!(summary.stalled && summary.unwritten > 0, "{summary:?}");
     Ok(())
 }
