@@ -257,3 +257,60 @@ fn a_term_or_an_int_to_run_ends_a_command_that_stopped_itself() {
         assert_eq!(status.code(), Some(want), "{sig}");
     }
 }
+
+/// The field after the command name in `/proc/PID/stat`, counted from 0 (state, ppid,
+/// pgrp, ...).
+fn stat_field(pid: u32, n: usize) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.get(stat.rfind(')')?.checked_add(1)?..)?.to_string();
+    after.split_whitespace().nth(n)?.parse().ok()
+}
+
+/// What a terminal sends its foreground process group (^C) reaches the sandbox through
+/// `run` alone: pid 1 is in a process group of its own, so it neither gets the signal
+/// from the kernel a second time nor forwards it twice.
+#[test]
+fn a_signal_to_runs_process_group_reaches_the_sandbox_through_run_alone() {
+    if skip_unless_root("process groups") {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let mut run = Command::new(hatchery())
+        .args(["run", "--timeout", "30s", "--", "sleep", "20"])
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn run: {e}"));
+    let start = Instant::now();
+    let pid1 = loop {
+        let found = children_of(run.id())
+            .into_iter()
+            .find(|p| !children_of(*p).is_empty());
+        if let Some(p) = found {
+            break p;
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = run.kill();
+            let _ = run.wait();
+            panic!("the sandbox never started");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let group = stat_field(pid1, 2);
+    // ^C, as the terminal sends it: to the whole foreground group.
+    let _ = nix::sys::signal::killpg(Pid::from_raw(run.id() as i32), Signal::SIGINT);
+    let status = common::terminal::wait_child(&mut run, Duration::from_secs(30), "run");
+    assert_ne!(
+        group,
+        Some(run.id() as i32),
+        "pid 1 is in run's process group"
+    );
+    assert!(group.is_some(), "pid 1's process group could not be read");
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGINT),
+        "the ^C never reached the command"
+    );
+}

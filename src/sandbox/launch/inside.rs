@@ -60,6 +60,12 @@ fn contain_steps(mut ctx: ChildContext<'_>, chan: &OwnedFd) -> Result<Infallible
     // out (see `process::close_fds_from`); and a launcher holds descriptors for every
     // sandbox it runs, which the payload would otherwise have to close all over again.
     process::close_fds_from(3, &kept_fds(&ctx, chan));
+    // Out of the supervisor's process group: what a terminal sends its foreground group
+    // (^C's SIGINT, SIGQUIT, SIGWINCH) reaches the sandbox through the supervisor alone,
+    // which forwards it (or resizes the sandbox's own terminal). In the group, pid 1 got
+    // each one from the kernel too and forwarded it again: a command counting its ^Cs
+    // saw two, and one with a terminal of its own saw SIGWINCH before its new size.
+    nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0)).step("process group")?;
     // Off the host's network before anything else runs (see `namespaces::unshare_net`).
     if spec.namespaces.net {
         namespaces::unshare_net()?;
