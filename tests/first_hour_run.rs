@@ -726,3 +726,51 @@ fn a_payload_that_sends_its_pid_1_every_fault_signal_keeps_its_own_status() {
     assert_eq!(doc["exit_code"], 7, "{doc}");
     assert!(doc["signal"].is_null() && doc["error"].is_null(), "{doc}");
 }
+
+/// A stderr whose reader has gone (`hatchery run ... 2>&1 | head -1` once `head` exits):
+/// hatchery's line about how the run ended is lost, but the run still ends as it should,
+/// with its status and its report (writing the line panicked, exit 101, no report).
+#[test]
+fn a_stderr_whose_reader_is_gone_still_gets_the_run_its_status_and_report() {
+    if skip_unless_root("a_stderr_whose_reader_is_gone_still_gets_the_run_its_status_and_report") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let report = dir.path().join("report.json");
+    let (read_end, write_end) = match nix::unistd::pipe() {
+        Ok(p) => p,
+        Err(e) => panic!("pipe: {e}"),
+    };
+    drop(read_end);
+    let mut cmd = Command::new(hatchery());
+    cmd.arg("run")
+        .arg("--report")
+        .arg(&report)
+        .args(["--timeout", "1s", "--", "sleep", "10"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(write_end));
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => panic!("spawn: {e}"),
+    };
+    let start = std::time::Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if start.elapsed() > Duration::from_secs(30) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("hatchery did not end");
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("wait: {e}"),
+        }
+    };
+    assert_eq!(status.code(), Some(124), "{status:?}");
+    let v: Value = std::fs::read_to_string(&report)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_else(|| panic!("no report"));
+    assert_eq!(v["timed_out"], true, "{v}");
+}

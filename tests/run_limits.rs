@@ -700,11 +700,17 @@ fn a_log_line_that_cannot_be_written_never_holds_the_timeout() {
         Ok(c) => c,
         Err(e) => panic!("cannot start the reader: {e}"),
     };
-    let mut said = [0u8; 8];
-    let _ = reader
-        .stdout
-        .take()
-        .map(|mut o| std::io::Read::read(&mut o, &mut said));
+    // Its whole line, and its stdout kept open (a print whose end went into a closed pipe
+    // ended it with BrokenPipeError).
+    let mut said = Vec::new();
+    let mut out = reader.stdout.take();
+    while !said.contains(&b'\n') && said.len() < 64 {
+        let mut byte = [0u8; 1];
+        match out.as_mut().map(|o| std::io::Read::read(o, &mut byte)) {
+            Some(Ok(1)) => said.push(byte[0]),
+            _ => break,
+        }
+    }
     std::thread::sleep(Duration::from_millis(300));
 
     let dir = shared_tempdir();
@@ -723,7 +729,16 @@ fn a_log_line_that_cannot_be_written_never_holds_the_timeout() {
         Err(e) => panic!("cannot start hatchery: {e}"),
     };
     let start = std::time::Instant::now();
+    // Whether the report was there while the reader still held the pipe.
+    let mut report_while_held = false;
     let status = loop {
+        if !report_while_held && matches!(reader.try_wait(), Ok(None)) {
+            report_while_held = std::fs::read_to_string(&report)
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .is_some()
+                && matches!(reader.try_wait(), Ok(None));
+        }
         match run.try_wait() {
             Ok(Some(s)) => break Some(s),
             Ok(None) if start.elapsed() > Duration::from_secs(60) => break None,
@@ -733,6 +748,7 @@ fn a_log_line_that_cannot_be_written_never_holds_the_timeout() {
     };
     let _ = reader.kill();
     let _ = reader.wait();
+    drop(out);
     let Some(status) = status else {
         let _ = run.kill();
         let _ = run.wait();
@@ -759,6 +775,10 @@ fn a_log_line_that_cannot_be_written_never_holds_the_timeout() {
     assert!(
         lines.contains("removed a cgroup left by a hatchery process"),
         "the note of the sweep was lost: {lines}"
+    );
+    assert!(
+        report_while_held,
+        "the report waited for hatchery's own lines to be written: {lines}"
     );
 }
 

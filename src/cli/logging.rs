@@ -5,6 +5,7 @@
 //! people, one JSON object (`level` "ERROR", `fields.message`) with `--log-format json`,
 //! so that a script reading stderr as JSON lines never meets a line it cannot parse.
 
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing_subscriber::EnvFilter;
@@ -140,7 +141,12 @@ pub fn error_line(message: &str) {
     // Nor run to megabytes, whatever part of it a file or a peer chose.
     let message = &*hatchery::text::clip(message, MOST_LINE);
     if !JSON.load(Ordering::Relaxed) {
-        eprintln!("hatchery: {message}");
+        // In order with the log lines, off the supervisor's loop while those are; and not
+        // with `eprintln!`, which panics when stderr is gone (its reader exited): the line
+        // is lost, and the run goes on to write its report and exit with its status.
+        if let Some(line) = off_loop::take(format!("hatchery: {message}\n")) {
+            let _ = std::io::stderr().write_all(line.as_bytes());
+        }
         return;
     }
     if let Some(m) = message.strip_prefix("warning: ") {

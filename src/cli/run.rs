@@ -167,6 +167,10 @@ pub fn main(args: RunArgs) -> i32 {
         }
     };
     let requested = limits();
+    // hatchery's own lines are off the loop that enforces the timeout from here until the
+    // report is written (see `logging::off_loop`): a stderr that takes nothing holds
+    // neither the sandbox nor its report, only hatchery's exit.
+    let lines = super::logging::off_loop();
     let (code, report_body) = match run(args, report.is_some()) {
         Ok(Ran {
             outcome,
@@ -195,16 +199,16 @@ pub fn main(args: RunArgs) -> i32 {
             (code, report)
         }
     };
-    if let Some(target) = report {
-        if let Err(e) = report_body.write(&target) {
-            // Never leave the caller believing a report exists (or that a file someone
-            // else put there is hatchery's).
-            error_line!(
-                "cannot write the report {}: {e} (the command's exit status was {code})",
-                target.describe()
-            );
-            return super::exit::SETUP;
-        }
+    let written = report.map(|target| report_body.write(&target).map_err(|e| (target, e)));
+    drop(lines);
+    if let Some(Err((target, e))) = written {
+        // Never leave the caller believing a report exists (or that a file someone else
+        // put there is hatchery's).
+        error_line!(
+            "cannot write the report {}: {e} (the command's exit status was {code})",
+            target.describe()
+        );
+        return super::exit::SETUP;
     }
     code
 }
@@ -467,9 +471,6 @@ fn supervise(
     spec.stdio = stdio.fds.take();
     spec.controlling_terminal = stdio.controlling_terminal;
     let signals = forwarded_signals();
-    // hatchery's own log lines are off the loop that enforces the timeout from here on:
-    // see `logging::off_loop`.
-    let lines = super::logging::off_loop();
     let started = sandbox::start(spec, plan, host.cgroups.as_deref()).and_then(|mut sb| {
         // The broker, forked while this process is still single-threaded, holds the
         // sandbox's listeners from here on.
@@ -508,7 +509,6 @@ fn supervise(
     // command would fail with EAGAIN).
     drop(stdio.raw.take());
     stdio.give_back_flags();
-    drop(lines);
     result
 }
 

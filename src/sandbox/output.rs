@@ -391,6 +391,17 @@ impl OutputPump {
     /// one). Nothing is left that could write to them, so reading stops at the first
     /// empty read. Input is no longer read.
     pub fn drain(&mut self, deadline: Option<Instant>) {
+        self.drain_telling(deadline, |_| {});
+    }
+
+    /// [`OutputPump::drain`], calling `after_each_round` with the pump after every round
+    /// (a relay thread publishes what has passed so far, for a supervisor that may stop
+    /// waiting for it).
+    pub fn drain_telling(
+        &mut self,
+        deadline: Option<Instant>,
+        mut after_each_round: impl FnMut(&OutputPump),
+    ) {
         for s in &mut self.streams {
             if s.direction == Direction::Input {
                 s.close();
@@ -413,6 +424,7 @@ impl OutputPump {
                     }
                 }
             }
+            after_each_round(self);
             if self.is_done() {
                 return;
             }

@@ -4,7 +4,8 @@
 //! that enforces `--timeout` (`-v`'s note of a stale cgroup swept, `-vv`'s debug lines)
 //! held the timeout with it: the sandbox ran on for as long as the reader liked.
 //!
-//! From just before the sandbox starts ([`off_loop`]) lines are held; once nothing more is
+//! From before the sandbox starts until its report is written ([`off_loop`]) lines are
+//! held at first (hatchery's error lines with them, in order); once nothing more is
 //! forked ([`stream_off_loop`]) a thread of their own writes them, and later ones as they
 //! come. The thread is started only when there is a line to write: most runs log nothing,
 //! and a start pays for no thread it does not need. When the guard is dropped (the sandbox
@@ -69,15 +70,25 @@ impl Lines {
 
 /// Writes `text` to stderr through the descriptor itself: the standard stream's lock is
 /// not held while a write waits, so the supervisor's own lines after the run (which take
-/// it) wait only for the descriptor, as they would anyway.
+/// it) wait only for the descriptor, as they would anyway. A stderr left non-blocking (by
+/// the command, which may share its description; by the relay's brief `O_NONBLOCK` on a
+/// pty master) is waited for as a blocking one would be, not given up at EAGAIN.
 fn write_out(text: &str) {
+    use nix::errno::Errno;
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     let stderr = std::io::stderr();
     let mut left = text.as_bytes();
     while !left.is_empty() {
         match nix::unistd::write(stderr.as_fd(), left) {
             Ok(0) => return,
             Ok(n) => left = left.get(n..).unwrap_or_default(),
-            Err(nix::errno::Errno::EINTR) => {}
+            Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) => {
+                let mut fds = [PollFd::new(stderr.as_fd(), PollFlags::POLLOUT)];
+                if matches!(poll(&mut fds, PollTimeout::NONE), Err(e) if e != Errno::EINTR) {
+                    return;
+                }
+            }
             Err(_) => return,
         }
     }

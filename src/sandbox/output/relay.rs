@@ -191,8 +191,7 @@ impl Thread {
                 pump.window_changed();
             }
             if ended {
-                pump.drain(self.deadline);
-                self.publish(&pump);
+                pump.drain_telling(self.deadline, |p| self.publish(p));
                 return;
             }
         }

@@ -813,3 +813,19 @@ fn a_stop_signal_ends_the_wait_for_a_relay_whose_destination_takes_nothing() -> 
     assert!(summary.stalled && summary.unwritten > 0, "{summary:?}");
     Ok(())
 }
+
+#[test]
+fn a_drain_tells_what_has_passed_after_every_round() -> TestResult {
+    let (_out, out_sink) = file_sink()?;
+    let (_err, err_sink) = file_sink()?;
+    let (mut pump, [w_out, w_err]) = OutputPump::new(None, out_sink, err_sink)?;
+    drop(w_err);
+    let mut w_out = std::fs::File::from(w_out);
+    w_out.write_all(&[b'x'; 60_000])?;
+    drop(w_out);
+    let mut told = Vec::new();
+    pump.drain_telling(None, |p| told.push(p.summary().bytes));
+    // What a relay held in a later round would have published: everything so far.
+    assert_eq!(told.last(), Some(&60_000), "{told:?}");
+    Ok(())
+}
