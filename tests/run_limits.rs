@@ -595,24 +595,26 @@ fn a_killed_run_takes_its_sandbox_along() {
     let Some(_sweeps) = sweeps_shared_as_root("run killed") else {
         return;
     };
-    let marker = format!("run-kill-marker-{}", std::process::id());
+    kill_a_run(&format!("run-kill-marker-{}", std::process::id()));
+    // Its cgroup is removed by the next run (a SIGKILLed process cleans up nothing itself).
+    let out = hatchery_cmd(&["run", "--", "true"]);
+    assert_eq!(code(&out), 0);
+}
+
+/// Starts a `run` whose command line holds `marker`, kills it with SIGKILL once its
+/// sandbox runs, and waits for the sandbox to die with it: its cgroups are left behind.
+fn kill_a_run(marker: &str) {
     let mut child = match Command::new(hatchery())
-        .args([
-            "run",
-            "--timeout",
-            "60s",
-            "--",
-            "sh",
-            "-c",
-            &format!("sleep 300; : {marker}"),
-        ])
+        .args(["run", "--timeout", "60s", "--", "sh", "-c"])
+        .arg(format!("sleep 300; : {marker}"))
+        .stdin(std::process::Stdio::null())
         .spawn()
     {
         Ok(c) => c,
         Err(e) => panic!("spawn: {e}"),
     };
     wait_process(
-        &marker,
+        marker,
         true,
         Duration::from_secs(30),
         "the sandbox never started",
@@ -620,14 +622,11 @@ fn a_killed_run_takes_its_sandbox_along() {
     let _ = child.kill();
     let _ = child.wait();
     wait_process(
-        &marker,
+        marker,
         false,
         Duration::from_secs(10),
         "the sandbox outlived its supervisor",
     );
-    // Its cgroup is removed by the next run (a SIGKILLed process cleans up nothing itself).
-    let out = hatchery_cmd(&["run", "--", "true"]);
-    assert_eq!(code(&out), 0);
 }
 
 /// `run -v` notes each stale cgroup it sweeps, and sweeps while its sandbox runs. Its
@@ -641,30 +640,7 @@ fn a_log_line_that_cannot_be_written_never_holds_the_timeout() {
         return;
     };
     // A stale cgroup for the run below to sweep (and note): a run killed with SIGKILL.
-    let marker = format!("held-log-marker-{}", std::process::id());
-    let mut killed = match Command::new(hatchery())
-        .args(["run", "--timeout", "60s", "--", "sh", "-c"])
-        .arg(format!("sleep 300; : {marker}"))
-        .stdin(std::process::Stdio::null())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => panic!("spawn: {e}"),
-    };
-    wait_process(
-        &marker,
-        true,
-        Duration::from_secs(30),
-        "the sandbox never started",
-    );
-    let _ = killed.kill();
-    let _ = killed.wait();
-    wait_process(
-        &marker,
-        false,
-        Duration::from_secs(10),
-        "the sandbox outlived its supervisor",
-    );
+    kill_a_run(&format!("held-log-marker-{}", std::process::id()));
 
     let (read_end, write_end) = match nix::unistd::pipe() {
         Ok(p) => p,
