@@ -123,9 +123,15 @@ fn the_cap_counts_stdout_and_stderr_together() {
     if skip_unless_root("the_cap_counts_stdout_and_stderr_together") {
         return;
     }
+    // One line of each first, read before the flood (had the flood filled stdout's pipe
+    // before the relay's first read, stdout alone would have reached the cap).
     let (out, report) = run_with_report(
         &["--max-output", "5000", "--timeout", "30s"],
-        &["sh", "-c", "while :; do echo out; echo err >&2; done"],
+        &[
+            "sh",
+            "-c",
+            "echo out; echo err >&2; sleep 0.3; while :; do echo out; echo err >&2; done",
+        ],
     );
     let err = payload_stderr(&out);
     assert_eq!(out.stdout.len() + err.len(), 5000, "{report}");

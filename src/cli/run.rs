@@ -199,6 +199,15 @@ pub fn main(args: RunArgs) -> i32 {
             (code, report)
         }
     };
+    // A report file is written before hatchery's lines are; one to stdout, stderr or a
+    // terminal, where a person reads both, after them, whole (a line must not split it).
+    let lines = match report {
+        Some(OutputTarget::File { .. }) => Some(lines),
+        _ => {
+            drop(lines);
+            None
+        }
+    };
     let written = report.map(|target| report_body.write(&target).map_err(|e| (target, e)));
     drop(lines);
     if let Some(Err((target, e))) = written {

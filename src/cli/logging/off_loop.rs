@@ -68,24 +68,35 @@ impl Lines {
     }
 }
 
+/// How long lines wait, at most, for a non-blocking stderr that takes nothing.
+const NON_BLOCKING_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Writes `text` to stderr through the descriptor itself: the standard stream's lock is
 /// not held while a write waits, so the supervisor's own lines after the run (which take
 /// it) wait only for the descriptor, as they would anyway. A stderr left non-blocking (by
 /// the command, which may share its description; by the relay's brief `O_NONBLOCK` on a
-/// pty master) is waited for as a blocking one would be, not given up at EAGAIN.
+/// pty master) is waited for, not given up at the first EAGAIN; but for 10 s at most
+/// (then the rest is lost): a blocking stderr that takes nothing holds any program's
+/// exit, a non-blocking one was never meant to.
 fn write_out(text: &str) {
     use nix::errno::Errno;
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use nix::poll::{PollFd, PollFlags};
     let stderr = std::io::stderr();
     let mut left = text.as_bytes();
+    let mut deadline = None;
     while !left.is_empty() {
         match nix::unistd::write(stderr.as_fd(), left) {
             Ok(0) => return,
             Ok(n) => left = left.get(n..).unwrap_or_default(),
             Err(Errno::EINTR) => {}
             Err(Errno::EAGAIN) => {
+                let until = *deadline
+                    .get_or_insert_with(|| std::time::Instant::now() + NON_BLOCKING_PATIENCE);
+                if until <= std::time::Instant::now() {
+                    return;
+                }
                 let mut fds = [PollFd::new(stderr.as_fd(), PollFlags::POLLOUT)];
-                if matches!(poll(&mut fds, PollTimeout::NONE), Err(e) if e != Errno::EINTR) {
+                if hatchery::sandbox::wait::poll_until(&mut fds, Some(until), None).is_err() {
                     return;
                 }
             }
