@@ -737,10 +737,7 @@ fn a_stderr_whose_reader_is_gone_still_gets_the_run_its_status_and_report() {
     }
     let dir = shared_tempdir();
     let report = dir.path().join("report.json");
-    let (read_end, write_end) = match nix::unistd::pipe() {
-        Ok(p) => p,
-        Err(e) => panic!("pipe: {e}"),
-    };
+    let (read_end, write_end) = pipe_pair();
     drop(read_end);
     let mut cmd = Command::new(hatchery());
     cmd.arg("run")
@@ -754,19 +751,7 @@ fn a_stderr_whose_reader_is_gone_still_gets_the_run_its_status_and_report() {
         Ok(c) => c,
         Err(e) => panic!("spawn: {e}"),
     };
-    let start = std::time::Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if start.elapsed() > Duration::from_secs(30) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("hatchery did not end");
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => panic!("wait: {e}"),
-        }
-    };
+    let status = common::terminal::wait_child(&mut child, Duration::from_secs(30), "hatchery");
     assert_eq!(status.code(), Some(124), "{status:?}");
     let v: Value = std::fs::read_to_string(&report)
         .ok()

@@ -299,10 +299,7 @@ fn a_reader_that_holds_the_output_pipe_cannot_keep_the_sandbox_past_its_timeout(
     }
     let dir = shared_tempdir();
     let report = dir.path().join("report.json");
-    let (read_end, write_end) = match nix::unistd::pipe() {
-        Ok(p) => p,
-        Err(e) => panic!("pipe: {e}"),
-    };
+    let (read_end, write_end) = pipe_pair();
     // Bounded: the reader stops holding the pipe after 40 s whatever happens.
     let splicer = "import os, signal, socket\n\
                    signal.alarm(40)\n\
@@ -384,10 +381,7 @@ fn a_caller_that_stops_reading_cannot_keep_the_timeout_from_ending_the_run() {
     }
     // hatchery's stdout is a pipe this test never reads: once it is full, hatchery must go
     // on waiting for the timeout instead of blocking in write(2).
-    let (read_end, write_end) = match nix::unistd::pipe() {
-        Ok(p) => p,
-        Err(e) => panic!("pipe: {e}"),
-    };
+    let (read_end, write_end) = pipe_pair();
     let mut child = match Command::new(hatchery())
         .args([
             "run",

@@ -640,10 +640,7 @@ fn a_log_line_that_cannot_be_written_never_holds_the_timeout() {
     let Some(_sweeps) = sweeps_shared_as_root("a log line held by its reader") else {
         return;
     };
-    let (read_end, write_end) = match nix::unistd::pipe() {
-        Ok(p) => p,
-        Err(e) => panic!("pipe: {e}"),
-    };
+    let (read_end, write_end) = pipe_pair();
     let ours = match read_end.try_clone() {
         Ok(fd) => fd,
         Err(e) => panic!("{e}"),
@@ -737,19 +734,11 @@ fn a_log_line_that_cannot_be_written_never_holds_the_timeout() {
     let _ = reader.wait();
     let _ = prober.join();
     drop(out);
-    let status = loop {
-        match run.try_wait() {
-            Ok(Some(s)) => break Some(s),
-            Ok(None) if start.elapsed() > Duration::from_secs(90) => break None,
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => panic!("wait: {e}"),
-        }
-    };
-    let Some(status) = status else {
-        let _ = run.kill();
-        let _ = run.wait();
-        panic!("hatchery did not end once the reader let go");
-    };
+    let status = common::terminal::wait_child(
+        &mut run,
+        Duration::from_secs(60),
+        "hatchery, once the reader let go,",
+    );
     let mut lines = Vec::new();
     let _ = nix::fcntl::fcntl(
         &ours,

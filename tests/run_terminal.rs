@@ -362,10 +362,7 @@ fn a_callers_pipe_end_is_used_only_the_way_it_was_opened() {
     if skip_unless_root("a_callers_pipe_end_is_used_only_the_way_it_was_opened") {
         return;
     }
-    let (r, w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
-        Ok(p) => p,
-        Err(e) => panic!("pipe: {e}"),
-    };
+    let (r, w) = pipe_pair();
     if let Err(e) = nix::unistd::write(&w, b"SECRET for the pipe's reader\n") {
         panic!("{e}");
     }
@@ -383,10 +380,7 @@ fn a_callers_pipe_end_is_used_only_the_way_it_was_opened() {
     }
     assert_eq!(left, "SECRET for the pipe's reader\n");
 
-    let (r, w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
-        Ok(p) => p,
-        Err(e) => panic!("pipe: {e}"),
-    };
+    let (r, w) = pipe_pair();
     let out = match Command::new(hatchery())
         .args([
             "run",
@@ -689,10 +683,7 @@ fn a_caller_that_stops_reading_its_terminal_cannot_keep_the_timeout_from_ending_
 
     // The same with stdout a pipe nobody reads, the output cap pumping into it, and the
     // terminal on stdin relayed at the same time.
-    let (read_end, write_end) = match nix::unistd::pipe() {
-        Ok(p) => p,
-        Err(e) => panic!("pipe: {e}"),
-    };
+    let (read_end, write_end) = pipe_pair();
     let mut child = term.spawn(
         Session::ControllingTerminal,
         &hatchery(),

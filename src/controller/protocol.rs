@@ -206,18 +206,19 @@ impl WorkerFrame {
 /// its sender still knows the answer for its own. `None` unless it is a JSON object whose
 /// `call` is a string of at most [`MAX_CALL_BYTES`].
 pub fn call_of(body: &[u8]) -> Option<String> {
+    // Any other field is skipped unread; a `call` that is not a string fails the parse.
     #[derive(Deserialize)]
     struct Named {
-        call: Option<serde_json::Value>,
+        call: Option<String>,
     }
     // An object, not the array form serde would also read a struct from.
     if body.trim_ascii_start().first() != Some(&b'{') {
         return None;
     }
-    match serde_json::from_slice::<Named>(body).ok()?.call? {
-        serde_json::Value::String(c) if c.len() <= MAX_CALL_BYTES => Some(c),
-        _ => None,
-    }
+    serde_json::from_slice::<Named>(body)
+        .ok()?
+        .call
+        .filter(|c| c.len() <= MAX_CALL_BYTES)
 }
 
 impl WorkerReply {

@@ -16,6 +16,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// A pipe (read end, write end), close-on-exec (a child given an end as its stdio gets
+/// its own copy).
+pub fn pipe_pair() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+        Ok(p) => p,
+        Err(e) => panic!("pipe: {e}"),
+    }
+}
+
 /// The hatchery binary under test.
 pub fn hatchery() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_hatchery"))
